@@ -1,0 +1,293 @@
+-- read_feed for outbox-mode feeds (DESIGN.md 4.4), written as the template feed's procedure;
+-- changefeed.upgrade_feed copies it for every outbox-mode feed (see V10 for the markers).
+--
+-- Returns the next rows of shard @shard_id with ulid > @cursor, in ulid order, at most
+-- @page_size: ulid and the key columns, or with @with_event = 1 ulid and every column of the
+-- event row. If the caller created #read (ulid binary(16), <key columns>), the rows go there.
+--
+-- How a page is found:
+--   1. Fast path, no lock: the feed past the cursor. Readers that are behind stop here.
+--   2. Otherwise, if the shard's outbox has committed rows: a short transaction holding an
+--      exclusive, transaction-owned applock for (feed, shard), so one reader at a time moves.
+--   3. Re-read the feed past the cursor: a reader that waited for the lock while another
+--      moved the outbox returns those rows (a lost race never yields an empty page).
+--   4. Take up to @page_size committed outbox rows in order_sequence order. READPAST skips
+--      rows of writers that have not committed: a slow or abandoned writer never stalls the
+--      readers of its shard; its row is moved by a later call, after it commits.
+--   5. Lift the time hints to their running max, allocate ULIDs above every ULID of the
+--      shard (changefeed.ulid_at and the state row), append to the feed, delete from the
+--      outbox, commit. The committed feed of a shard is therefore append-only in ULID order,
+--      and ulid > @cursor never skips a row that commits later.
+-- With @wait_ms > 0 and nothing to return, it repeats 1-5 in short pauses until rows come or
+-- @wait_ms passes, holding no lock and no transaction while it pauses.
+create or alter procedure [changefeed].[read_feed:changefeed.__template__]
+    @shard_id int = 0,
+    @cursor binary(16) = 0x00000000000000000000000000000000,
+    @page_size int = 1000,
+    @wait_ms int = 0,
+    @with_event bit = 0
+as
+begin
+    set nocount, xact_abort on;
+    -- READPAST needs a locking isolation level: under a caller's SNAPSHOT it raises error
+    -- 650 and under SERIALIZABLE it would take range locks. This reverts on return.
+    set transaction isolation level read committed;
+
+    if @@trancount > 0
+        throw 51100, N'read_feed must be called outside a transaction: it commits its own short transaction when it moves outbox rows into the feed. Commit or roll back first.', 1;
+    if @shard_id is null
+        throw 51101, N'read_feed: @shard_id is null. Pass the shard to read (0 for an unsharded feed).', 1;
+    if @cursor is null
+        throw 51101, N'read_feed: @cursor is null. Pass 0x00 (16 zero bytes) to read from the start, or the ulid of the last row you processed.', 1;
+    if @page_size is null or @page_size < 1 or @page_size > 10000
+        throw 51101, N'read_feed: @page_size must be between 1 and 10000.', 1;
+    if @wait_ms is null or @wait_ms < 0 or @wait_ms > 3600000
+        throw 51101, N'read_feed: @wait_ms must be between 0 and 3600000 (one hour).', 1;
+
+    declare @with_event_rows bit = isnull(@with_event, 0);
+    declare @to_read_table bit = case when object_id(N'tempdb..#read') is null then 0 else 1 end;
+    if @to_read_table = 1 and @with_event_rows = 1
+        throw 51102, N'read_feed: #read exists, and it holds keys only, so @with_event = 1 cannot fill it. Drop #read to get events as a result set, or join #read to the event table yourself.', 1;
+
+    -- Table variables keep their rows through a rollback and need no tempdb metadata locks.
+    declare @rows [changefeed].[type:read:changefeed.__template__];
+    declare @moved table (order_sequence bigint not null primary key, ulid binary(16) not null);
+    declare @deadline datetime2(3) = dateadd(millisecond, @wait_ms, sysutcdatetime());
+    declare @epoch datetime2(3) = convert(datetime2(3), '19700101', 112);
+    -- Built from the feed table's object id, not its name: applock resources are limited to
+    -- 255 characters, and the id is the same for every reader of this feed.
+    declare @lock_resource nvarchar(255) = concat(
+        N'changefeed:', object_id(N'[changefeed].[feed:changefeed.__template__]'), N':', @shard_id
+    );
+    declare @lock_result int;
+    declare @message nvarchar(2048);
+    declare @pause_ms int = 5;
+    declare @pause datetime;
+    declare @state_ms bigint;
+    declare @state_high binary(8);
+    declare @state_next bigint;
+    declare @random16 binary(2);
+    declare @counter_start bigint;
+    declare @last_ulid binary(16);
+
+    while 1 = 1
+    begin
+        -- 1. Fast path.
+        insert into @rows (ulid, __template_key__)
+        select top (@page_size)
+            ulid,
+            __template_key__
+        from [changefeed].[feed:changefeed.__template__]
+        where shard_id = @shard_id and ulid > @cursor
+        order by ulid;
+
+        if @@rowcount > 0 break;
+
+        -- 2. Only take the lock when there is something committed to move; an idle feed's
+        -- long-poll then costs two index seeks a step and never queues on the applock.
+        if exists (
+            select 1
+            from [changefeed].[outbox:changefeed.__template__]
+                with (readcommittedlock, readpast, rowlock)
+            where shard_id = @shard_id
+        )
+        begin
+            begin try
+                begin transaction;
+
+                exec @lock_result = sys.sp_getapplock
+                    @Resource = @lock_resource,
+                    @LockMode = 'Exclusive',
+                    @LockOwner = 'Transaction',
+                    @LockTimeout = 10000;
+                if @lock_result < 0
+                begin
+                    set @message = concat(
+                        N'read_feed: the lock of shard ', @shard_id,
+                        N' was not granted (sp_getapplock returned ', @lock_result,
+                        N'; -1 timeout, -2 cancelled, -3 deadlock victim). Another reader held it for over 10 s. Retry the call.'
+                    );
+                    throw 51103, @message, 1;
+                end;
+
+                -- 3. Re-check under the lock.
+                insert into @rows (ulid, __template_key__)
+                select top (@page_size)
+                    ulid,
+                    __template_key__
+                from [changefeed].[feed:changefeed.__template__]
+                where shard_id = @shard_id and ulid > @cursor
+                order by ulid;
+
+                if @@rowcount = 0
+                begin
+                    -- 4. and 5. Move committed outbox rows into the feed.
+                    delete from @moved;
+                    set @state_ms = null;
+                    set @state_high = null;
+                    set @state_next = null;
+                    select
+                        @state_ms = last_ms,
+                        @state_high = ulid_high,
+                        @state_next = next_counter
+                    from [changefeed].[state:changefeed.__template__] with (updlock, holdlock)
+                    where shard_id = @shard_id;
+
+                    set @random16 = convert(binary(2), crypt_gen_random(2));
+                    -- Bit 62 cleared (-4611686018427387905 = 0xBFFFFFFFFFFFFFFF): adding up
+                    -- to 2^62 to the counter can then never overflow or change its sign.
+                    set @counter_start
+                        = convert(bigint, crypt_gen_random(8)) & -4611686018427387905;
+
+                    with taken as (
+                        select top (@page_size)
+                            order_sequence,
+                            time_hint
+                        from [changefeed].[outbox:changefeed.__template__]
+                            with (readcommittedlock, readpast, rowlock)
+                        where shard_id = @shard_id
+                        order by order_sequence
+                    ),
+
+                    lifted as (
+                        select
+                            order_sequence,
+                            max(
+                                case
+                                    when time_hint < @epoch then 0
+                                    else datediff_big(millisecond, @epoch, time_hint)
+                                end
+                            ) over (order by order_sequence rows unbounded preceding) as ms
+                        from taken
+                    ),
+
+                    numbered as (
+                        select
+                            order_sequence,
+                            ms,
+                            row_number() over (order by order_sequence) as position,
+                            row_number() over (
+                                partition by ms order by order_sequence
+                            ) as position_in_ms
+                        from lifted
+                    )
+
+                    insert into @moved (order_sequence, ulid)
+                    select
+                        n.order_sequence,
+                        a.ulid
+                    from numbered as n
+                    cross apply changefeed.ulid_at(
+                        n.ms, n.position, n.position_in_ms,
+                        @state_ms, @state_high, @state_next, @random16, @counter_start
+                    ) as a;
+
+                    if @@rowcount > 0
+                    begin
+                        insert into [changefeed].[feed:changefeed.__template__]
+                        (shard_id, ulid, __template_key__)
+                        select
+                            @shard_id,
+                            m.ulid,
+                            __template_key__
+                        from @moved as m
+                        -- FORCESEEK here and below: these rows are committed and ours, but a
+                        -- scan would also touch uncommitted writer rows and, under locking
+                        -- READ COMMITTED, wait for those writers.
+                        inner join [changefeed].[outbox:changefeed.__template__] as o
+                            with (forceseek)
+                            on o.shard_id = @shard_id and m.order_sequence = o.order_sequence;
+
+                        delete o
+                        from [changefeed].[outbox:changefeed.__template__] as o
+                            with (forceseek, rowlock)
+                        inner join @moved as m
+                            on o.shard_id = @shard_id and o.order_sequence = m.order_sequence;
+
+                        -- The state continues after the last ULID issued: its first 6 bytes
+                        -- are the shard's millisecond, its first 8 the high part.
+                        select top (1) @last_ulid = ulid
+                        from @moved
+                        order by order_sequence desc;
+
+                        if @state_ms is null
+                            insert into [changefeed].[state:changefeed.__template__]
+                            (shard_id, last_ms, ulid_high, next_counter, updated_at)
+                            values (
+                                @shard_id,
+                                convert(bigint, substring(@last_ulid, 1, 6)),
+                                convert(binary(8), substring(@last_ulid, 1, 8)),
+                                convert(bigint, substring(@last_ulid, 9, 8)) + 1,
+                                sysutcdatetime()
+                            );
+                        else
+                            update [changefeed].[state:changefeed.__template__]
+                            set
+                                last_ms = convert(bigint, substring(@last_ulid, 1, 6)),
+                                ulid_high = convert(binary(8), substring(@last_ulid, 1, 8)),
+                                next_counter = convert(bigint, substring(@last_ulid, 9, 8)) + 1,
+                                updated_at = sysutcdatetime()
+                            where shard_id = @shard_id;
+
+                        insert into @rows (ulid, __template_key__)
+                        select top (@page_size)
+                            ulid,
+                            __template_key__
+                        from [changefeed].[feed:changefeed.__template__]
+                        where shard_id = @shard_id and ulid > @cursor
+                        order by ulid;
+                    end;
+                end;
+
+                commit transaction;
+            end try
+            begin catch
+                if @@trancount > 0 rollback transaction;
+                throw;
+            end catch;
+
+            if exists (select 1 from @rows) break;
+        end;
+
+        if sysutcdatetime() >= @deadline break;
+
+        -- Pauses grow from 5 ms to 100 ms: a fresh event is seen quickly, an idle feed
+        -- costs at most ten cheap probes a second per waiting reader.
+        set @pause_ms = case
+            when @pause_ms > datediff(millisecond, sysutcdatetime(), @deadline)
+                then datediff(millisecond, sysutcdatetime(), @deadline)
+            else @pause_ms
+        end;
+        if @pause_ms > 0
+        begin
+            set @pause = dateadd(millisecond, @pause_ms, convert(datetime, 0));
+            waitfor delay @pause;
+        end;
+        set @pause_ms = case when @pause_ms * 2 > 100 then 100 when @pause_ms < 5 then 5 else @pause_ms * 2 end;
+    end;
+
+    if @to_read_table = 1
+        insert into #read (ulid, __template_key__)
+        select
+            ulid,
+            __template_key__
+        from @rows;
+    else if @with_event_rows = 1
+        -- A left join: an event row deleted since it was written still yields its ulid (with
+        -- nulls), so the caller's cursor moves past it instead of stalling on a short page.
+        select
+            r.ulid,
+            e.*
+        from @rows as r
+        -- FORCESEEK: writers insert the event and its outbox row in one transaction, so the
+        -- event table has uncommitted rows that a scan would wait for.
+        left outer join [changefeed].[__template__] as e with (forceseek)
+            on e.__template_key__ = r.__template_key__
+        order by r.ulid;
+    else
+        select
+            ulid,
+            __template_key__
+        from @rows
+        order by ulid;
+end

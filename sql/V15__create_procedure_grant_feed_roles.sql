@@ -1,0 +1,60 @@
+-- Creates a feed's two database roles when missing and grants them exactly what they need:
+--   [changefeed.writers:S.T]  INSERT on the outbox (the sequence default needs nothing more,
+--                             since the sequence and the table have the same owner);
+--   [changefeed.readers:S.T]  EXECUTE on read_feed and on the read type (declaring a table
+--                             variable of a table type needs EXECUTE on the type).
+-- Nothing else: a reader cannot touch the outbox, feed or state tables, and a writer cannot
+-- read. read_feed reaches the tables through ownership chaining (one owner, dbo).
+-- GRANT is idempotent, so upgrade_feed calls this after every generation.
+create or alter procedure [changefeed].[grant_feed_roles]
+    @schema_name sysname,
+    @table_name sysname
+as
+begin
+    set nocount, xact_abort on;
+
+    declare @writers nvarchar(300);
+    declare @readers nvarchar(300);
+    declare @writers_name sysname;
+    declare @readers_name sysname;
+    declare @outbox nvarchar(300);
+    declare @read_feed nvarchar(300);
+    declare @read_type nvarchar(300);
+    declare @sql nvarchar(max);
+
+    select
+        @writers = max(case when kind = N'changefeed.writers' then quoted_name end),
+        @readers = max(case when kind = N'changefeed.readers' then quoted_name end),
+        @writers_name = max(case when kind = N'changefeed.writers' then object_name end),
+        @readers_name = max(case when kind = N'changefeed.readers' then object_name end),
+        @outbox = max(case when kind = N'outbox' then quoted_name end),
+        @read_feed = max(case when kind = N'read_feed' then quoted_name end),
+        @read_type = max(case when kind = N'type:read' then quoted_name end)
+    from changefeed.feed_objects(@schema_name, @table_name);
+
+    begin try
+        begin transaction;
+
+        if database_principal_id(@writers_name) is null
+        begin
+            set @sql = N'create role ' + @writers + N';';
+            exec sys.sp_executesql @sql;
+        end;
+        if database_principal_id(@readers_name) is null
+        begin
+            set @sql = N'create role ' + @readers + N';';
+            exec sys.sp_executesql @sql;
+        end;
+
+        set @sql = N'grant insert on object::' + @outbox + N' to ' + @writers + N'; '
+            + N'grant execute on object::' + @read_feed + N' to ' + @readers + N'; '
+            + N'grant execute on type::' + @read_type + N' to ' + @readers + N';';
+        exec sys.sp_executesql @sql;
+
+        commit transaction;
+    end try
+    begin catch
+        if @@trancount > 0 rollback transaction;
+        throw;
+    end catch;
+end

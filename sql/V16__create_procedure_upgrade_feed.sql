@@ -1,0 +1,131 @@
+-- Regenerates the code objects of one feed (read_feed and its status view) from the current
+-- templates, then its grants and changefeed.feed_status. Tables are never touched. A
+-- migration that changes a template ends with exec changefeed.upgrade_all_feeds.
+--
+-- Each template is the definition of the template feed's object (V10-V12). Its marked names
+-- are replaced with the feed's, under a binary collation so the replacement is exact
+-- whatever the database's collation; names containing '__template' are refused upstream,
+-- so no replacement can touch text inserted by an earlier one.
+create or alter procedure [changefeed].[upgrade_feed]
+    @table_name nvarchar(4000)
+as
+begin
+    set nocount, xact_abort on;
+
+    declare @schema_name sysname;
+    declare @object_name sysname;
+    declare @problem nvarchar(2048);
+    declare @feed_id int;
+    declare @object_id int;
+    declare @key_list nvarchar(max);
+    declare @key_join nvarchar(max);
+    declare @kind nvarchar(128);
+    declare @template nvarchar(300);
+    declare @definition nvarchar(max);
+    declare @message nvarchar(2048);
+
+    select
+        @schema_name = schema_name,
+        @object_name = table_name,
+        @problem = problem
+    from changefeed.parse_feed_name(@table_name);
+    if @problem is not null throw 51000, @problem, 1;
+
+    select
+        @feed_id = feed_id,
+        @object_id = object_id
+    from changefeed.feeds
+    where schema_name = @schema_name and table_name = @object_name;
+    if @feed_id is null
+    begin
+        set @message = N'''' + @table_name
+            + N''' is not a feed. Set it up first: exec changefeed.setup_feed @table_name = N'''
+            + @table_name + N''', @outbox = 1.';
+        throw 51006, @message, 1;
+    end;
+    if isnull(object_id(quotename(@schema_name) + N'.' + quotename(@object_name), N'U'), 0)
+    <> @object_id
+    begin
+        set @message = N'The event table ''' + @table_name
+            + N''' was dropped or replaced since its feed was set up. Tear the feed down'
+            + N' (changefeed.teardown_feed) and set it up again.';
+        throw 51001, @message, 1;
+    end;
+
+    select
+        @key_list = string_agg(convert(nvarchar(max), quotename(column_name)), N', ')
+            within group (order by key_ordinal),
+        @key_join = string_agg(
+            convert(nvarchar(max), N'e.') + quotename(column_name)
+            + N' = r.' + quotename(column_name),
+            N' and '
+        ) within group (order by key_ordinal)
+    from changefeed.key_columns(@object_id);
+
+    begin try
+        begin transaction;
+
+        declare code_objects cursor local fast_forward for
+        select
+            f.kind,
+            t.quoted_name
+        from changefeed.feed_objects(@schema_name, @object_name) as f
+        inner join changefeed.feed_objects(N'changefeed', N'__template__') as t
+            on f.kind = t.kind
+        where f.object_class in ('P', 'V', 'FN')
+        order by f.drop_order desc;
+
+        open code_objects;
+        fetch next from code_objects into @kind, @template;
+        while @@fetch_status = 0
+        begin
+            set @definition = object_definition(object_id(@template));
+            if @definition is null or charindex(N'create or alter', @definition) = 0
+            begin
+                set @message = N'The template ' + @template
+                    + N' is missing or does not begin with create or alter. Re-apply the'
+                    + N' changefeed migrations.';
+                throw 51009, @message, 1;
+            end;
+
+            set @definition = replace(
+                @definition collate Latin1_General_100_BIN2,
+                N'e.__template_key__ = r.__template_key__',
+                @key_join
+            );
+            set @definition = replace(
+                @definition collate Latin1_General_100_BIN2, N'__template_key__', @key_list
+            );
+            set @definition = replace(
+                @definition collate Latin1_General_100_BIN2,
+                N'[changefeed].[__template__]',
+                quotename(@schema_name) + N'.' + quotename(@object_name)
+            );
+            set @definition = replace(
+                @definition collate Latin1_General_100_BIN2,
+                N'changefeed.__template__',
+                @schema_name + N'.' + @object_name
+            );
+            exec sys.sp_executesql @definition;
+
+            fetch next from code_objects into @kind, @template;
+        end;
+        close code_objects;
+        deallocate code_objects;
+
+        update changefeed.feeds
+        set
+            generator_version = changefeed.generator_version(),
+            upgraded_at = sysutcdatetime()
+        where feed_id = @feed_id;
+
+        exec changefeed.grant_feed_roles @schema_name = @schema_name, @table_name = @object_name;
+        exec changefeed.refresh_feed_status;
+
+        commit transaction;
+    end try
+    begin catch
+        if @@trancount > 0 rollback transaction;
+        throw;
+    end catch;
+end

@@ -1,0 +1,34 @@
+-- Regenerates the code of every registered feed from the current templates, in one
+-- transaction: after it, every feed runs the same generator version or none changed.
+create or alter procedure [changefeed].[upgrade_all_feeds]
+as
+begin
+    set nocount, xact_abort on;
+
+    declare @table_name nvarchar(300);
+
+    begin try
+        begin transaction;
+
+        declare feeds_to_upgrade cursor local fast_forward for
+        select schema_name + N'.' + table_name
+        from changefeed.feeds
+        order by feed_id;
+
+        open feeds_to_upgrade;
+        fetch next from feeds_to_upgrade into @table_name;
+        while @@fetch_status = 0
+        begin
+            exec changefeed.upgrade_feed @table_name = @table_name;
+            fetch next from feeds_to_upgrade into @table_name;
+        end;
+        close feeds_to_upgrade;
+        deallocate feeds_to_upgrade;
+
+        commit transaction;
+    end try
+    begin catch
+        if @@trancount > 0 rollback transaction;
+        throw;
+    end catch;
+end

@@ -1,0 +1,91 @@
+-- Drops everything setup_feed created for a feed: its code, read type, feed (with its whole
+-- history), outbox (with events not yet moved), sequence, state, roles (after removing their
+-- members) and its registry row. The event table itself is untouched. Idempotent: a call for
+-- a table that is not (or no longer) a feed drops whatever per-feed object is left, if any.
+-- DDL cannot take variables, hence dynamic SQL, built only from checked names.
+create or alter procedure [changefeed].[teardown_feed]
+    @table_name nvarchar(4000)
+as
+begin
+    set nocount, xact_abort on;
+
+    declare @schema_name sysname;
+    declare @object_name sysname;
+    declare @problem nvarchar(2048);
+    declare @object_class varchar(2);
+    declare @object_name_only sysname;
+    declare @quoted_name nvarchar(300);
+    declare @sql nvarchar(max);
+
+    select
+        @schema_name = schema_name,
+        @object_name = table_name,
+        @problem = problem
+    from changefeed.parse_feed_name(@table_name);
+    if @problem is not null throw 51000, @problem, 1;
+
+    -- The registry's spelling when the feed is registered (the catalog's, at setup time).
+    select
+        @schema_name = schema_name,
+        @object_name = table_name
+    from changefeed.feeds
+    where schema_name = @schema_name and table_name = @object_name;
+
+    begin try
+        begin transaction;
+
+        delete from changefeed.feeds
+        where schema_name = @schema_name and table_name = @object_name;
+        -- First, so that feed_status no longer refers to the status view dropped below.
+        exec changefeed.refresh_feed_status;
+
+        declare feed_objects cursor local fast_forward for
+        select
+            object_class,
+            object_name,
+            quoted_name
+        from changefeed.feed_objects(@schema_name, @object_name)
+        order by drop_order;
+
+        open feed_objects;
+        fetch next from feed_objects into @object_class, @object_name_only, @quoted_name;
+        while @@fetch_status = 0
+        begin
+            set @sql = case
+                when @object_class = 'P' then N'drop procedure if exists ' + @quoted_name
+                when @object_class = 'FN' then N'drop function if exists ' + @quoted_name
+                when @object_class = 'V' then N'drop view if exists ' + @quoted_name
+                when @object_class = 'TT' then N'drop type if exists ' + @quoted_name
+                when @object_class = 'U' then N'drop table if exists ' + @quoted_name
+                when @object_class = 'SO' then N'drop sequence if exists ' + @quoted_name
+                when
+                    @object_class = 'R' and database_principal_id(@object_name_only) is not null
+                    then (
+                        select isnull(
+                            string_agg(
+                                convert(nvarchar(max), N'alter role ') + @quoted_name
+                                + N' drop member ' + quotename(m.name),
+                                N'; '
+                            ) + N'; ',
+                            N''
+                        )
+                        from sys.database_role_members as rm
+                        inner join sys.database_principals as m
+                            on rm.member_principal_id = m.principal_id
+                        where rm.role_principal_id = database_principal_id(@object_name_only)
+                    ) + N'drop role ' + @quoted_name
+            end;
+            if @sql is not null exec sys.sp_executesql @sql;
+
+            fetch next from feed_objects into @object_class, @object_name_only, @quoted_name;
+        end;
+        close feed_objects;
+        deallocate feed_objects;
+
+        commit transaction;
+    end try
+    begin catch
+        if @@trancount > 0 rollback transaction;
+        throw;
+    end catch;
+end

@@ -1,0 +1,36 @@
+-- Every object changefeed creates for one feed, with its quoted name: the one place that
+-- spells the per-feed names '[changefeed].[<kind>:<schema>.<table>]' and the role names
+-- '[changefeed.writers:<schema>.<table>]' / '[changefeed.readers:<schema>.<table>]'.
+-- object_class: P procedure, FN scalar function, V view, TT table type, U table,
+-- SO sequence, R database role. drop_order lists code before the storage it uses.
+-- The inputs are parts already checked by changefeed.parse_feed_name.
+create or alter function [changefeed].[feed_objects] (
+    @schema_name sysname,
+    @table_name sysname
+)
+returns table
+as
+return
+select
+    k.kind,
+    k.object_class,
+    k.drop_order,
+    k.kind + N':' + @schema_name + N'.' + @table_name as object_name,
+    case
+        when k.object_class = 'R' then quotename(k.kind + N':' + @schema_name + N'.' + @table_name)
+        else
+            quotename(N'changefeed') + N'.'
+            + quotename(k.kind + N':' + @schema_name + N'.' + @table_name)
+    end as quoted_name
+from (
+    values
+    (N'read_feed', 'P', 1),
+    (N'status', 'V', 2),
+    (N'type:read', 'TT', 3),
+    (N'feed', 'U', 4),
+    (N'outbox', 'U', 5),
+    (N'sequence', 'SO', 6),
+    (N'state', 'U', 7),
+    (N'changefeed.writers', 'R', 8),
+    (N'changefeed.readers', 'R', 9)
+) as k (kind, object_class, drop_order);

@@ -1,0 +1,113 @@
+-- Creates the storage of an outbox-mode feed for the event table @object_id: its sequence,
+-- outbox, feed, state table and read type (DESIGN.md 4.4). Each part is created only when it
+-- is missing, so a call never drops or changes data. Internal: setup_feed calls it after it
+-- validated the name and the key, and the template feed (V10) is created by it too, so this
+-- is the only definition of the per-feed storage.
+--
+-- Lock escalation is disabled on every per-feed table: an escalated table lock from a writer's
+-- large insert would make the readers' READPAST scan of the outbox wait instead of skipping,
+-- and one from a reader's move would block the readers of every other shard.
+create or alter procedure [changefeed].[create_feed_storage]
+    @object_id int
+as
+begin
+    set nocount, xact_abort on;
+
+    declare @schema_name sysname = object_schema_name(@object_id);
+    declare @table_name sysname = object_name(@object_id);
+    declare @key_definitions nvarchar(max);
+    declare @key_list nvarchar(max);
+    declare @sequence nvarchar(300);
+    declare @outbox nvarchar(300);
+    declare @feed nvarchar(300);
+    declare @state nvarchar(300);
+    declare @read_type nvarchar(300);
+    declare @sql nvarchar(max);
+
+    select
+        @key_definitions = string_agg(
+            convert(nvarchar(max), quotename(column_name)) + N' ' + column_type + N' not null',
+            N', '
+        ) within group (order by key_ordinal),
+        @key_list = string_agg(
+            convert(nvarchar(max), quotename(column_name)), N', '
+        ) within group (order by key_ordinal)
+    from changefeed.key_columns(@object_id);
+
+    if @key_definitions is null
+        throw 51002, N'create_feed_storage: the event table has no primary key to copy.', 1;
+
+    select
+        @sequence = max(case when kind = N'sequence' then quoted_name end),
+        @outbox = max(case when kind = N'outbox' then quoted_name end),
+        @feed = max(case when kind = N'feed' then quoted_name end),
+        @state = max(case when kind = N'state' then quoted_name end),
+        @read_type = max(case when kind = N'type:read' then quoted_name end)
+    from changefeed.feed_objects(@schema_name, @table_name);
+
+    begin try
+        begin transaction;
+
+        if object_id(@sequence, N'SO') is null
+        begin
+            -- A cache makes next value cheap for concurrent writers; values skipped after a
+            -- restart leave gaps, which order_sequence tolerates (it orders, it does not count).
+            set @sql = N'create sequence ' + @sequence
+                + N' as bigint start with 1 increment by 1 cache 100;';
+            exec sys.sp_executesql @sql;
+        end;
+
+        if object_id(@outbox, N'U') is null
+        begin
+            set @sql = N'create table ' + @outbox + N' ('
+                + N'shard_id int not null default 0, '
+                + N'order_sequence bigint not null default (next value for ' + @sequence + N'), '
+                + N'time_hint datetime2(3) not null default sysutcdatetime(), '
+                + @key_definitions + N', '
+                + N'constraint ' + quotename(N'outbox_pk:' + @schema_name + N'.' + @table_name)
+                + N' primary key clustered (shard_id, order_sequence));'
+                + N' alter table ' + @outbox + N' set (lock_escalation = disable);';
+            exec sys.sp_executesql @sql;
+        end;
+
+        if object_id(@feed, N'U') is null
+        begin
+            set @sql = N'create table ' + @feed + N' ('
+                + N'shard_id int not null, '
+                + N'ulid binary(16) not null, '
+                + @key_definitions + N', '
+                + N'constraint ' + quotename(N'feed_pk:' + @schema_name + N'.' + @table_name)
+                + N' primary key clustered (shard_id, ulid));'
+                + N' alter table ' + @feed + N' set (lock_escalation = disable);';
+            exec sys.sp_executesql @sql;
+        end;
+
+        if object_id(@state, N'U') is null
+        begin
+            set @sql = N'create table ' + @state + N' ('
+                + N'shard_id int not null, '
+                + N'last_ms bigint not null, '
+                + N'ulid_high binary(8) not null, '
+                + N'next_counter bigint not null, '
+                + N'updated_at datetime2(3) not null, '
+                + N'constraint ' + quotename(N'state_pk:' + @schema_name + N'.' + @table_name)
+                + N' primary key clustered (shard_id));'
+                + N' alter table ' + @state + N' set (lock_escalation = disable);';
+            exec sys.sp_executesql @sql;
+        end;
+
+        if type_id(@read_type) is null
+        begin
+            set @sql = N'create type ' + @read_type + N' as table ('
+                + N'ulid binary(16) not null primary key, '
+                + @key_definitions + N');';
+            exec sys.sp_executesql @sql;
+        end;
+
+        commit transaction;
+    end try
+    begin catch
+        if @@trancount > 0 rollback transaction;
+        throw;
+    end catch;
+end
