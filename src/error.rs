@@ -1,1 +1,157 @@
-//! (being written)
+//! The one error type of the crate.
+
+use std::fmt;
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong, with SQL Server's error number kept where the server
+/// raised it, so callers can match on it (see the error table in README.md).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A feed name that cannot be used; the message says why and what to do.
+    #[error("invalid feed name {name:?}: {reason}")]
+    InvalidFeedName {
+        /// The name as given.
+        name: String,
+        /// What is wrong with it and how to fix it.
+        reason: String,
+    },
+    /// A cursor that cannot be parsed or built.
+    #[error("invalid cursor: {0}")]
+    InvalidCursor(String),
+    /// An error raised by SQL Server, with its number (e.g. 1205, 51101).
+    #[error("SQL Server error {number} (state {state}, class {class}): {message}")]
+    Server {
+        /// The error number (`ERROR_NUMBER()`).
+        number: u32,
+        /// The error state.
+        state: u8,
+        /// The severity class.
+        class: u8,
+        /// The server's message.
+        message: String,
+    },
+    /// A connection-level failure: I/O, TLS, protocol, a redirect to another host.
+    #[error("connection to SQL Server failed: {0}")]
+    Connection(String),
+    /// A value that could not be decoded into the requested Rust type.
+    #[error("cannot decode column {column}: {reason}")]
+    Decode {
+        /// The column (name or position) that failed.
+        column: String,
+        /// What did not fit.
+        reason: String,
+    },
+    /// Applying the migration bundle failed.
+    #[error("applying the changefeed migrations failed: {0}")]
+    Migration(String),
+    /// A setting is missing or wrong (connection string, environment variable).
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The server sent the session to another host (Azure SQL gateway); connecting there
+    /// again is the fix, which [`crate::connect`] does once.
+    #[error("SQL Server redirected the connection to {host}:{port}")]
+    Redirect {
+        /// The host to connect to.
+        host: String,
+        /// Its port.
+        port: u16,
+    },
+}
+
+/// SQL Server error numbers a client may retry: deadlock victim, lock timeout, our own
+/// "shard lock not granted", and the Azure SQL transient set (reconfiguration, failover,
+/// throttling, database not yet available).
+const TRANSIENT_SERVER_ERRORS: &[u32] = &[
+    1205, 1222, 51103, 4060, 4221, 10928, 10929, 40143, 40197, 40501, 40540, 40613, 49918, 49919,
+    49920,
+];
+
+impl Error {
+    /// The SQL Server error number, when the server raised the error.
+    pub fn server_number(&self) -> Option<u32> {
+        match self {
+            Error::Server { number, .. } => Some(*number),
+            _ => None,
+        }
+    }
+
+    /// Whether retrying the same call on a fresh connection may succeed: deadlocks, lock
+    /// timeouts, dropped connections and Azure's transient errors are; bad input and
+    /// missing permissions are not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Server { number, .. } => TRANSIENT_SERVER_ERRORS.contains(number),
+            Error::Connection(_) | Error::Redirect { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+impl From<tiberius::error::Error> for Error {
+    fn from(error: tiberius::error::Error) -> Self {
+        use tiberius::error::Error as T;
+        match error {
+            T::Server(token) => Error::Server {
+                number: token.code(),
+                state: token.state(),
+                class: token.class(),
+                message: token.message().to_owned(),
+            },
+            T::Routing { host, port } => Error::Redirect { host, port },
+            T::Io { .. } | T::Tls(_) | T::Protocol(_) => Error::Connection(error.to_string()),
+            T::Conversion(reason) => Error::Decode {
+                column: "?".to_owned(),
+                reason: reason.into_owned(),
+            },
+            other => Error::Connection(other.to_string()),
+        }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(error: std::io::Error) -> Self {
+        Error::Connection(error.to_string())
+    }
+}
+
+/// Wraps a column position or name for [`Error::Decode`].
+pub(crate) fn decode_error(column: impl fmt::Display, reason: impl fmt::Display) -> Error {
+    Error::Decode {
+        column: column.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(number: u32) -> Error {
+        Error::Server {
+            number,
+            state: 1,
+            class: 16,
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn deadlocks_and_lock_timeouts_are_transient() {
+        assert!(server(1205).is_transient());
+        assert!(server(1222).is_transient());
+        assert!(server(51103).is_transient());
+        assert!(Error::Connection("reset".into()).is_transient());
+    }
+
+    #[test]
+    fn bad_input_and_permissions_are_not_transient() {
+        assert!(!server(51101).is_transient());
+        assert!(!server(229).is_transient()); // permission denied
+        assert!(!Error::InvalidCursor("x".into()).is_transient());
+        assert_eq!(server(51101).server_number(), Some(51101));
+        assert_eq!(Error::Config("x".into()).server_number(), None);
+    }
+}

@@ -1,8 +1,29 @@
-//! changefeed: race-safe event feeds and transactional outboxes inside SQL Server.
+//! # changefeed
 //!
-//! The SQL bundle in `sql/` is the engine; this crate applies it and reads feeds.
+//! Race-safe event feeds and transactional outboxes inside Microsoft SQL Server.
+//!
+//! The engine is the T-SQL bundle in `sql/`, applied with [`migrations::migrate`]. A
+//! migration of yours then turns an event table into a feed with
+//! `exec changefeed.setup_feed @table_name = N'myservice.MyEvent', @outbox = 1`; writers
+//! insert the event's key into `[changefeed].[outbox:myservice.MyEvent]` in the same
+//! transaction as the event, and readers page through the feed with [`read_page`]: every
+//! committed event exactly once per consumer, in an order that never changes, with a
+//! cursor ([`Cursor`]) that is safe to resume from.
+//!
+//! This crate is a thin client: the procedures own the logic; it calls them, decodes rows
+//! and keeps the ULID allocator's reference model ([`allocator`]) for tests.
 
 pub mod allocator;
+pub mod connection;
 pub mod cursor;
 pub mod error;
 pub mod feed;
+pub mod migrations;
+pub mod reader;
+pub mod row;
+
+pub use connection::{Client, connect};
+pub use cursor::Cursor;
+pub use error::{Error, Result};
+pub use feed::Feed;
+pub use reader::{FeedRow, Page, ReadOptions, read_page};
