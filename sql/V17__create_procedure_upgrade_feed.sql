@@ -2,10 +2,8 @@
 -- templates, then its grants and changefeed.feed_status. Tables are never touched. A
 -- migration that changes a template ends with exec changefeed.upgrade_all_feeds.
 --
--- Each template is the definition of the template feed's object (V10-V12). Its marked names
--- are replaced with the feed's, under a binary collation so the replacement is exact
--- whatever the database's collation; names containing '__template' are refused upstream,
--- so no replacement can touch text inserted by an earlier one.
+-- Each template is the template feed's object (V10-V12); changefeed.copy_template copies it
+-- with the feed's names and key columns.
 create or alter procedure [changefeed].[upgrade_feed]
     @table_name nvarchar(4000)
 as
@@ -21,7 +19,6 @@ begin
     declare @key_join nvarchar(max);
     declare @kind nvarchar(128);
     declare @template nvarchar(300);
-    declare @definition nvarchar(max);
     declare @message nvarchar(2048);
 
     select
@@ -79,34 +76,13 @@ begin
         fetch next from code_objects into @kind, @template;
         while @@fetch_status = 0
         begin
-            set @definition = object_definition(object_id(@template));
-            if @definition is null or charindex(N'create or alter', @definition) = 0
-            begin
-                set @message = N'The template ' + @template
-                    + N' is missing or does not begin with create or alter. Re-apply the'
-                    + N' changefeed migrations.';
-                throw 51009, @message, 1;
-            end;
-
-            set @definition = replace(
-                @definition collate Latin1_General_100_BIN2,
-                N'e.__template_key__ = r.__template_key__',
-                @key_join
-            );
-            set @definition = replace(
-                @definition collate Latin1_General_100_BIN2, N'__template_key__', @key_list
-            );
-            set @definition = replace(
-                @definition collate Latin1_General_100_BIN2,
-                N'[changefeed].[__template__]',
-                quotename(@schema_name) + N'.' + quotename(@object_name)
-            );
-            set @definition = replace(
-                @definition collate Latin1_General_100_BIN2,
-                N'changefeed.__template__',
-                @schema_name + N'.' + @object_name
-            );
-            exec sys.sp_executesql @definition;
+            exec changefeed.copy_template
+                @template = @template,
+                @template_table = N'__template__',
+                @schema_name = @schema_name,
+                @table_name = @object_name,
+                @key_list = @key_list,
+                @key_join = @key_join;
 
             fetch next from code_objects into @kind, @template;
         end;

@@ -1,5 +1,6 @@
--- Regenerates the code of every registered feed from the current templates, in one
--- transaction: after it, every feed runs the same generator version or none changed.
+-- Regenerates the code of every registered feed and claim outbox from the current
+-- templates, in one transaction: after it, all run the same generator version or none
+-- changed. A migration that changes a template ends with exec changefeed.upgrade_all_feeds.
 create or alter procedure [changefeed].[upgrade_all_feeds]
 as
 begin
@@ -24,6 +25,21 @@ begin
         end;
         close feeds_to_upgrade;
         deallocate feeds_to_upgrade;
+
+        declare outboxes_to_upgrade cursor local fast_forward for
+        select schema_name + N'.' + table_name
+        from changefeed.outboxes
+        order by outbox_id;
+
+        open outboxes_to_upgrade;
+        fetch next from outboxes_to_upgrade into @table_name;
+        while @@fetch_status = 0
+        begin
+            exec changefeed.upgrade_outbox @table_name = @table_name;
+            fetch next from outboxes_to_upgrade into @table_name;
+        end;
+        close outboxes_to_upgrade;
+        deallocate outboxes_to_upgrade;
 
         commit transaction;
     end try

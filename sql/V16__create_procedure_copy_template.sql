@@ -1,0 +1,71 @@
+-- Creates (or alters) one object for a feed or an outbox by copying a template's definition
+-- and replacing its marked names (the generator behind upgrade_feed and upgrade_outbox).
+--
+-- @template          the quoted name of the template object, e.g.
+--                    [changefeed].[read_feed:changefeed.__template__]
+-- @template_table    the template's table within the changefeed schema, e.g. __template__
+-- @schema_name, @table_name   the real table (checked by parse_feed_name)
+-- @key_list, @key_join        the key column list '[a], [b]' and the join
+--                    'e.[a] = r.[a] and e.[b] = r.[b]' (null for templates without keys)
+--
+-- The replacements, in this order, under a binary collation so they are exact whatever the
+-- database's collation:
+--   e.__template_key__ = r.__template_key__   -> @key_join
+--   __template_key__                          -> @key_list
+--   [changefeed].[<template_table>]           -> [schema].[table]
+--   changefeed.<template_table>               -> schema.table (inside per-object names and
+--                                                the status view's literal)
+-- Names and key columns containing '__template' are refused upstream, so no replacement
+-- can touch text an earlier one inserted.
+create or alter procedure [changefeed].[copy_template]
+    @template nvarchar(300),
+    @template_table sysname,
+    @schema_name sysname,
+    @table_name sysname,
+    @key_list nvarchar(max) = null,
+    @key_join nvarchar(max) = null
+as
+begin
+    set nocount, xact_abort on;
+
+    declare @definition nvarchar(max) = object_definition(object_id(@template));
+    declare @message nvarchar(2048);
+
+    if @definition is null or charindex(N'create or alter', @definition) = 0
+    begin
+        set @message = N'The template ' + isnull(@template, N'(null)')
+            + N' is missing or does not begin with create or alter. Re-apply the'
+            + N' changefeed migrations.';
+        throw 51009, @message, 1;
+    end;
+    if (@key_list is null or @key_join is null)
+        and charindex(N'__template_key__', @definition collate Latin1_General_100_BIN2) > 0
+    begin
+        set @message = N'The template ' + @template
+            + N' uses key columns, but no key was given to copy_template.';
+        throw 51009, @message, 1;
+    end;
+
+    if @key_join is not null
+        set @definition = replace(
+            @definition collate Latin1_General_100_BIN2,
+            N'e.__template_key__ = r.__template_key__',
+            @key_join
+        );
+    if @key_list is not null
+        set @definition = replace(
+            @definition collate Latin1_General_100_BIN2, N'__template_key__', @key_list
+        );
+    set @definition = replace(
+        @definition collate Latin1_General_100_BIN2,
+        N'[changefeed].[' + @template_table + N']',
+        quotename(@schema_name) + N'.' + quotename(@table_name)
+    );
+    set @definition = replace(
+        @definition collate Latin1_General_100_BIN2,
+        N'changefeed.' + @template_table,
+        @schema_name + N'.' + @table_name
+    );
+
+    exec sys.sp_executesql @definition;
+end

@@ -1,0 +1,141 @@
+-- Creates or repairs a claim-style outbox table (DESIGN.md 4.5). Every part is guarded: a
+-- missing table is created whole; for an existing one (a partial install, a table created
+-- by hand) missing indexes and constraints are added, and missing columns are reported,
+-- since adding them to a table with rows is the owner's decision. Nothing is ever dropped.
+-- Internal: setup_outbox calls it after checking the name; V23 builds the template with it.
+--
+-- status: 0 pending, 1 processing, 2 done, 3 failed (due again at next_retry_at), 4 dead.
+-- attempts counts failures: mark_failed and expired claims, never a plain claim.
+-- Row store with a clustered bigint identity, never columnstore: claims are point updates.
+create or alter procedure [changefeed].[create_outbox_storage]
+    @schema_name sysname,
+    @table_name sysname,
+    @native_json bit = 0
+as
+begin
+    set nocount, xact_abort on;
+
+    declare @table nvarchar(300) = quotename(@schema_name) + N'.' + quotename(@table_name);
+    declare @json_type nvarchar(20) = case when @native_json = 1 then N'json' else N'nvarchar(max)' end;
+    declare @object_id int;
+    declare @missing nvarchar(max);
+    declare @message nvarchar(2048);
+    declare @sql nvarchar(max);
+
+    if @native_json = 1 and type_id(N'json') is null
+        throw 51307, N'setup_outbox: @native_json = 1 needs the json data type (Azure SQL Database, Azure SQL Managed Instance, SQL Server 2025). Use @native_json = 0 here: payloads are then nvarchar(max) checked with ISJSON.', 1;
+
+    begin try
+        begin transaction;
+
+        if object_id(@table, N'U') is null
+        begin
+            -- Constraint names are schema-scoped, so they carry the table's name.
+            set @sql = N'create table ' + @table + N' ('
+                + N'id bigint identity (1, 1) not null, '
+                + N'message_id nvarchar(64) not null default (convert(nvarchar(64), newid())), '
+                + N'topic nvarchar(256) not null, '
+                + N'aggregate_type nvarchar(128) null, '
+                + N'aggregate_id nvarchar(256) null, '
+                + N'partition_key nvarchar(256) null, '
+                + N'payload ' + @json_type + N' not null, '
+                + N'headers ' + @json_type + N' null, '
+                + N'trace_id nvarchar(128) null, '
+                + N'status tinyint not null default 0, '
+                + N'attempts int not null default 0, '
+                + N'claimed_at datetime2(3) null, '
+                + N'claim_token uniqueidentifier null, '
+                + N'next_retry_at datetime2(3) null, '
+                + N'created_at datetime2(3) not null default sysutcdatetime(), '
+                + N'processed_at datetime2(3) null, '
+                + N'last_error nvarchar(2000) null, '
+                + N'constraint ' + quotename(@table_name + N':pk')
+                + N' primary key clustered (id));';
+            exec sys.sp_executesql @sql;
+        end;
+
+        set @object_id = object_id(@table, N'U');
+
+        select @missing = string_agg(convert(nvarchar(max), required.name), N', ')
+        from (
+            values
+            (N'id'), (N'message_id'), (N'topic'), (N'aggregate_type'), (N'aggregate_id'),
+            (N'partition_key'), (N'payload'), (N'headers'), (N'trace_id'), (N'status'),
+            (N'attempts'), (N'claimed_at'), (N'claim_token'), (N'next_retry_at'),
+            (N'created_at'), (N'processed_at'), (N'last_error')
+        ) as required (name)
+        where not exists (
+            select 1
+            from sys.columns as c
+            where c.object_id = @object_id and c.name = required.name
+        );
+        if @missing is not null
+        begin
+            set @message = N'setup_outbox: the existing table ' + @table
+                + N' lacks the columns ' + @missing + N'. Add them (see README.md, claim'
+                + N' outbox) or drop the table if it holds nothing, then run setup_outbox again.';
+            throw 51306, @message, 1;
+        end;
+
+        if not exists (
+            select 1 from sys.indexes
+            where object_id = @object_id and name = N'message_id_unique'
+        )
+        begin
+            set @sql = N'create unique index message_id_unique on ' + @table + N' (message_id);';
+            exec sys.sp_executesql @sql;
+        end;
+        -- The head probe: is there an earlier open row of this aggregate?
+        if not exists (
+            select 1 from sys.indexes
+            where object_id = @object_id and name = N'head_of_aggregate'
+        )
+        begin
+            set @sql = N'create index head_of_aggregate on ' + @table
+                + N' (aggregate_id, id) include (status);';
+            exec sys.sp_executesql @sql;
+        end;
+        -- The claim scan touches open rows only, however many done rows accumulate.
+        if not exists (
+            select 1 from sys.indexes
+            where object_id = @object_id and name = N'open_messages'
+        )
+        begin
+            set @sql = N'create index open_messages on ' + @table
+                + N' (id) include (status, next_retry_at, claimed_at, aggregate_id)'
+                + N' where status in (0, 1, 3);';
+            exec sys.sp_executesql @sql;
+        end;
+        -- Retention: purge_done walks done rows by age.
+        if not exists (
+            select 1 from sys.indexes
+            where object_id = @object_id and name = N'done_by_processed_at'
+        )
+        begin
+            set @sql = N'create index done_by_processed_at on ' + @table
+                + N' (status, processed_at);';
+            exec sys.sp_executesql @sql;
+        end;
+
+        if object_id(quotename(@schema_name) + N'.' + quotename(@table_name + N':status_ck'), N'C') is null
+        begin
+            set @sql = N'alter table ' + @table + N' add constraint '
+                + quotename(@table_name + N':status_ck') + N' check (status between 0 and 4);';
+            exec sys.sp_executesql @sql;
+        end;
+        if @native_json = 0
+            and object_id(quotename(@schema_name) + N'.' + quotename(@table_name + N':json_ck'), N'C') is null
+        begin
+            set @sql = N'alter table ' + @table + N' add constraint '
+                + quotename(@table_name + N':json_ck')
+                + N' check (isjson(payload) = 1 and (headers is null or isjson(headers) = 1));';
+            exec sys.sp_executesql @sql;
+        end;
+
+        commit transaction;
+    end try
+    begin catch
+        if @@trancount > 0 rollback transaction;
+        throw;
+    end catch;
+end

@@ -1,0 +1,40 @@
+-- mark_failed for a claim-style outbox, written as the template outbox's procedure (V23).
+-- Fenced like mark_done. Counts an attempt. With @dead = 1 the message becomes dead
+-- (terminal: never claimed, never purged); otherwise it is failed and due again after
+-- @retry_after_ms, computed on the server's clock. Failed without a retry time is refused:
+-- it would be due at once and hot-loop. Returns one row, updated = 0 or 1.
+create or alter procedure [changefeed].[mark_failed:changefeed.__template_outbox__]
+    @id bigint,
+    @claim_token uniqueidentifier,
+    @retry_after_ms bigint = null,
+    @dead bit = 0,
+    @error nvarchar(2000) = null
+as
+begin
+    set nocount, xact_abort on;
+
+    if @id is null or @claim_token is null
+        throw 51302, N'mark_failed: @id and @claim_token are required (the claim_token that claim returned).', 1;
+    if isnull(@dead, 0) = 0 and @retry_after_ms is null
+        throw 51303, N'mark_failed: a failed message needs @retry_after_ms (when to try again), or @dead = 1 to give up on it.', 1;
+    if @retry_after_ms < 0 or @retry_after_ms > 31622400000
+        throw 51303, N'mark_failed: @retry_after_ms must be between 0 and 31622400000 (366 days).', 1;
+
+    -- Days first, then the rest: dateadd takes an int, which holds only ~24.8 days of ms.
+    declare @retry_at datetime2(3) = dateadd(
+        millisecond,
+        convert(int, @retry_after_ms % 86400000),
+        dateadd(day, convert(int, @retry_after_ms / 86400000), sysutcdatetime())
+    );
+
+    update [changefeed].[__template_outbox__]
+    set
+        status = case when @dead = 1 then 4 else 3 end,
+        attempts = attempts + 1,
+        next_retry_at = case when @dead = 1 then null else @retry_at end,
+        processed_at = case when @dead = 1 then sysutcdatetime() end,
+        last_error = @error
+    where id = @id and status = 1 and claim_token = @claim_token;
+
+    select @@rowcount as updated;
+end

@@ -1,0 +1,50 @@
+-- purge_done for a claim-style outbox, written as the template outbox's procedure (V23).
+-- Deletes done messages processed more than @older_than_ms ago (cutoff on the server's
+-- clock), @batch_size rows per statement so no statement holds many locks or escalates,
+-- and at most @max_rows in all (null: no limit). Dead messages are never purged. Returns
+-- one row, deleted = how many rows went. Call it outside a transaction, or every batch's
+-- locks are held until your commit.
+create or alter procedure [changefeed].[purge_done:changefeed.__template_outbox__]
+    @older_than_ms bigint,
+    @batch_size int = 1000,
+    @max_rows bigint = null
+as
+begin
+    set nocount, xact_abort on;
+
+    if @older_than_ms is null or @older_than_ms < 0 or @older_than_ms > 3155760000000
+        throw 51308, N'purge_done: @older_than_ms must be between 0 and 3155760000000 (100 years), e.g. 7776000000 for 90 days.', 1;
+    if @batch_size is null or @batch_size < 1 or @batch_size > 4000
+        throw 51308, N'purge_done: @batch_size must be between 1 and 4000 (below lock escalation).', 1;
+    if @max_rows < 1
+        throw 51308, N'purge_done: @max_rows must be positive, or null for no limit.', 1;
+
+    -- Days first, then the rest: dateadd takes an int, and 30 or 90 days of ms do not fit.
+    declare @cutoff datetime2(3) = dateadd(
+        millisecond,
+        -convert(int, @older_than_ms % 86400000),
+        dateadd(day, -convert(int, @older_than_ms / 86400000), sysutcdatetime())
+    );
+    declare @deleted bigint = 0;
+    declare @take int;
+    declare @count int;
+
+    while 1 = 1
+    begin
+        set @take = case
+            when @max_rows is not null and @max_rows - @deleted < @batch_size
+                then convert(int, @max_rows - @deleted)
+            else @batch_size
+        end;
+        if @take <= 0 break;
+
+        delete top (@take) from [changefeed].[__template_outbox__]
+        where status = 2 and processed_at < @cutoff;
+
+        set @count = @@rowcount;
+        set @deleted = @deleted + @count;
+        if @count < @take break;
+    end;
+
+    select @deleted as deleted;
+end

@@ -1,0 +1,68 @@
+-- Regenerates the procedures of one claim-style outbox from the current templates
+-- (V24-V29, copied by changefeed.copy_template). The table and its rows are untouched.
+create or alter procedure [changefeed].[upgrade_outbox]
+    @table_name nvarchar(4000)
+as
+begin
+    set nocount, xact_abort on;
+
+    declare @schema_name sysname;
+    declare @object_name sysname;
+    declare @problem nvarchar(2048);
+    declare @outbox_id int;
+    declare @template nvarchar(300);
+    declare @message nvarchar(2048);
+
+    select
+        @schema_name = schema_name,
+        @object_name = table_name,
+        @problem = problem
+    from changefeed.parse_feed_name(@table_name);
+    if @problem is not null throw 51000, @problem, 1;
+
+    select @outbox_id = outbox_id
+    from changefeed.outboxes
+    where schema_name = @schema_name and table_name = @object_name;
+    if @outbox_id is null
+    begin
+        set @message = N'''' + @table_name
+            + N''' is not a claim outbox. Set it up first: exec changefeed.setup_outbox'
+            + N' @table_name = N''' + @table_name + N'''.';
+        throw 51006, @message, 1;
+    end;
+
+    begin try
+        begin transaction;
+
+        declare templates cursor local fast_forward for
+        select t.quoted_name
+        from changefeed.outbox_objects(N'changefeed', N'__template_outbox__') as t
+        order by t.kind;
+
+        open templates;
+        fetch next from templates into @template;
+        while @@fetch_status = 0
+        begin
+            exec changefeed.copy_template
+                @template = @template,
+                @template_table = N'__template_outbox__',
+                @schema_name = @schema_name,
+                @table_name = @object_name;
+            fetch next from templates into @template;
+        end;
+        close templates;
+        deallocate templates;
+
+        update changefeed.outboxes
+        set
+            generator_version = changefeed.generator_version(),
+            upgraded_at = sysutcdatetime()
+        where outbox_id = @outbox_id;
+
+        commit transaction;
+    end try
+    begin catch
+        if @@trancount > 0 rollback transaction;
+        throw;
+    end catch;
+end

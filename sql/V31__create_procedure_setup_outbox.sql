@@ -1,0 +1,75 @@
+-- Creates a claim-style outbox: exec changefeed.setup_outbox @table_name = N'dbo.outbox'.
+-- The table (or the missing parts of an existing one: indexes, constraints), its registry
+-- row and its procedures [changefeed].[enqueue|claim|mark_done|mark_failed|requeue|
+-- purge_done:schema.table], in one transaction. Re-running it repairs a partial install and
+-- regenerates the procedures; it never drops data.
+create or alter procedure [changefeed].[setup_outbox]
+    @table_name nvarchar(4000) = N'dbo.outbox',
+    @native_json bit = 0
+as
+begin
+    set nocount, xact_abort on;
+
+    declare @schema_name sysname;
+    declare @object_name sysname;
+    declare @problem nvarchar(2048);
+    declare @message nvarchar(2048);
+    declare @object_id int;
+    declare @qualified_name nvarchar(300);
+
+    select
+        @schema_name = schema_name,
+        @object_name = table_name,
+        @problem = problem
+    from changefeed.parse_feed_name(@table_name);
+    if @problem is not null throw 51000, @problem, 1;
+    if schema_id(@schema_name) is null
+    begin
+        set @message = N'setup_outbox: the schema ''' + @schema_name
+            + N''' does not exist. Create it first (create schema ...).';
+        throw 51001, @message, 1;
+    end;
+    if exists (
+        select 1 from changefeed.feeds
+        where schema_name = @schema_name and table_name = @object_name
+    )
+    begin
+        set @message = N'setup_outbox: ''' + @table_name
+            + N''' is an event table with a feed. A claim outbox needs a table of its own.';
+        throw 51005, @message, 1;
+    end;
+
+    begin try
+        begin transaction;
+
+        exec changefeed.create_outbox_storage
+            @schema_name = @schema_name,
+            @table_name = @object_name,
+            @native_json = @native_json;
+
+        set @object_id = object_id(quotename(@schema_name) + N'.' + quotename(@object_name), N'U');
+        -- The catalog's spelling, so per-outbox names match the table's.
+        set @schema_name = object_schema_name(@object_id);
+        set @object_name = object_name(@object_id);
+        set @qualified_name = @schema_name + N'.' + @object_name;
+
+        if not exists (
+            select 1 from changefeed.outboxes with (updlock, holdlock)
+            where object_id = @object_id
+        )
+            insert into changefeed.outboxes
+            (object_id, schema_name, table_name, native_json, generator_version)
+            values (
+                @object_id, @schema_name, @object_name, isnull(@native_json, 0),
+                changefeed.generator_version()
+            );
+
+        exec changefeed.upgrade_outbox @table_name = @qualified_name;
+
+        commit transaction;
+    end try
+    begin catch
+        if @@trancount > 0 rollback transaction;
+        throw;
+    end catch;
+end
