@@ -2,7 +2,8 @@
 --   [changefeed.writers:S.T]  INSERT on the outbox (the sequence default needs nothing more,
 --                             since the sequence and the table have the same owner);
 --   [changefeed.readers:S.T]  EXECUTE on read_feed and on the read type (declaring a table
---                             variable of a table type needs EXECUTE on the type).
+--                             variable of a table type needs EXECUTE on the type), and on
+--                             save_cursor / load_cursor so consumers can keep their place.
 -- Nothing else: a reader cannot touch the outbox, feed or state tables, and a writer cannot
 -- read. read_feed reaches the tables through ownership chaining (one owner, dbo).
 -- GRANT is idempotent, so upgrade_feed calls this after every generation.
@@ -48,7 +49,9 @@ begin
 
         set @sql = N'grant insert on object::' + @outbox + N' to ' + @writers + N'; '
             + N'grant execute on object::' + @read_feed + N' to ' + @readers + N'; '
-            + N'grant execute on type::' + @read_type + N' to ' + @readers + N';';
+            + N'grant execute on type::' + @read_type + N' to ' + @readers + N'; '
+            + N'grant execute on object::[changefeed].[save_cursor] to ' + @readers + N'; '
+            + N'grant execute on object::[changefeed].[load_cursor] to ' + @readers + N';';
         exec sys.sp_executesql @sql;
 
         commit transaction;
