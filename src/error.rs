@@ -10,9 +10,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A feed name that cannot be used; the message says why and what to do.
-    #[error("invalid feed name {name:?}: {reason}")]
-    InvalidFeedName {
+    /// A table name (a feed's event table, an outbox) that cannot be used; the message
+    /// says why and what to do.
+    #[error("invalid table name {name:?}: {reason}")]
+    InvalidName {
         /// The name as given.
         name: String,
         /// What is wrong with it and how to fix it.

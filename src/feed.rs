@@ -15,6 +15,88 @@ pub const MAX_QUALIFIED_LEN: usize = MAX_OBJECT_NAME - LONGEST_KIND_PREFIX - 1;
 /// Reserved for the template feed whose code the generator copies.
 const RESERVED_MARKER: &str = "__template";
 
+/// A table name changefeed can generate objects for, as `schema.table`: a feed's event
+/// table or a claim outbox. The rule is the one `changefeed.parse_feed_name` applies.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TableName {
+    schema: String,
+    table: String,
+}
+
+impl TableName {
+    /// A name from its schema and table; see [`Feed`] for the rule.
+    pub fn new(schema: &str, table: &str) -> Result<Self> {
+        let name = format!("{schema}.{table}");
+        let invalid = |reason: String| Error::InvalidName {
+            name: name.clone(),
+            reason,
+        };
+        check_part("schema", schema).map_err(invalid)?;
+        check_part("table", table).map_err(invalid)?;
+        let length = schema.chars().count() + table.chars().count();
+        if length > MAX_QUALIFIED_LEN {
+            return Err(invalid(format!(
+                "schema and table together have {length} characters; at most \
+                 {MAX_QUALIFIED_LEN} fit, so that every generated object name stays within \
+                 SQL Server's 128"
+            )));
+        }
+        if schema == "changefeed" {
+            return Err(invalid(
+                "the changefeed schema belongs to changefeed; keep your tables in your own schema"
+                    .to_owned(),
+            ));
+        }
+        Ok(TableName {
+            schema: schema.to_owned(),
+            table: table.to_owned(),
+        })
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The table within its schema.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// `[schema].[table]`.
+    pub fn quoted(&self) -> String {
+        format!("[{}].[{}]", self.schema, self.table)
+    }
+
+    /// `[changefeed].[<kind>:schema.table]`, the name of one generated object.
+    pub fn object(&self, kind: &str) -> String {
+        format!("[changefeed].[{kind}:{self}]")
+    }
+}
+
+impl FromStr for TableName {
+    type Err = Error;
+
+    /// Parses `schema.table`. There must be exactly one dot; brackets are not accepted
+    /// (no valid name needs them).
+    fn from_str(name: &str) -> Result<Self> {
+        match name.split_once('.') {
+            Some((schema, table)) if !table.contains('.') => TableName::new(schema, table),
+            _ => Err(Error::InvalidName {
+                name: name.to_owned(),
+                reason: "write the table as \"schema.table\", with exactly one dot".to_owned(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for TableName {
+    /// `schema.table`, as it appears inside generated object names.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.schema, self.table)
+    }
+}
+
 /// An event table that is (or will be) a feed, as `schema.table`.
 ///
 /// Each part is 1–128 characters with no control character, none of `[ ] ' " .`, and no
@@ -32,59 +114,32 @@ const RESERVED_MARKER: &str = "__template";
 /// # Ok::<(), changefeed::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Feed {
-    schema: String,
-    table: String,
-}
+pub struct Feed(TableName);
 
 impl Feed {
     /// A feed from its schema and table.
     pub fn new(schema: &str, table: &str) -> Result<Self> {
-        let name = format!("{schema}.{table}");
-        let invalid = |reason: String| Error::InvalidFeedName {
-            name: name.clone(),
-            reason,
-        };
-        check_part("schema", schema).map_err(invalid)?;
-        check_part("table", table).map_err(invalid)?;
-        let length = schema.chars().count() + table.chars().count();
-        if length > MAX_QUALIFIED_LEN {
-            return Err(invalid(format!(
-                "schema and table together have {length} characters; at most \
-                 {MAX_QUALIFIED_LEN} fit, so that every per-feed object name stays within \
-                 SQL Server's 128"
-            )));
-        }
-        if schema == "changefeed" {
-            return Err(invalid(
-                "the changefeed schema belongs to changefeed; keep event tables in your own schema"
-                    .to_owned(),
-            ));
-        }
-        Ok(Feed {
-            schema: schema.to_owned(),
-            table: table.to_owned(),
-        })
+        TableName::new(schema, table).map(Feed)
     }
 
     /// The schema of the event table.
     pub fn schema(&self) -> &str {
-        &self.schema
+        self.0.schema()
     }
 
     /// The name of the event table within its schema.
     pub fn table(&self) -> &str {
-        &self.table
+        self.0.table()
     }
 
     /// `[schema].[table]`, the event table itself.
     pub fn quoted_table(&self) -> String {
-        format!("[{}].[{}]", self.schema, self.table)
+        self.0.quoted()
     }
 
     /// `[changefeed].[<kind>:schema.table]`, the name of one per-feed object.
     pub fn object(&self, kind: &str) -> String {
-        format!("[changefeed].[{kind}:{self}]")
+        self.0.object(kind)
     }
 
     /// `[changefeed].[read_feed:schema.table]`.
@@ -146,23 +201,16 @@ fn check_part(what: &str, part: &str) -> std::result::Result<(), String> {
 impl FromStr for Feed {
     type Err = Error;
 
-    /// Parses `schema.table`. There must be exactly one dot; brackets are not accepted
-    /// (no valid name needs them).
+    /// Parses `schema.table`, as [`TableName`] does.
     fn from_str(name: &str) -> Result<Self> {
-        match name.split_once('.') {
-            Some((schema, table)) if !table.contains('.') => Feed::new(schema, table),
-            _ => Err(Error::InvalidFeedName {
-                name: name.to_owned(),
-                reason: "write the feed as \"schema.table\", with exactly one dot".to_owned(),
-            }),
-        }
+        name.parse().map(Feed)
     }
 }
 
 impl fmt::Display for Feed {
     /// `schema.table`, as it appears inside per-feed object names.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.schema, self.table)
+        fmt::Display::fmt(&self.0, f)
     }
 }
 
@@ -209,7 +257,7 @@ mod tests {
         ] {
             let error = name.parse::<Feed>().expect_err(name);
             assert!(
-                matches!(&error, Error::InvalidFeedName { name: n, .. } if n == name),
+                matches!(&error, Error::InvalidName { name: n, .. } if n == name),
                 "{name}: {error}"
             );
         }

@@ -19,11 +19,13 @@ pub mod cursor;
 pub mod error;
 pub mod feed;
 pub mod migrations;
+pub mod outbox;
+pub mod outbox_store;
 pub mod reader;
 pub mod row;
 
 pub use connection::{Client, connect};
 pub use cursor::Cursor;
 pub use error::{Error, Result};
-pub use feed::Feed;
+pub use feed::{Feed, TableName};
 pub use reader::{FeedRow, Page, ReadOptions, read_page};

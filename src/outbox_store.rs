@@ -1,0 +1,369 @@
+//! [`OutboxStore`]: the claim-style outbox's procedures, called from Rust.
+//!
+//! Each method runs one procedure of `[changefeed].[<kind>:schema.table]` (created by
+//! `exec changefeed.setup_outbox`), passing every value as a parameter, and decodes its
+//! rows. The semantics live in the SQL (see README.md, "Claim outbox").
+
+use std::time::Duration;
+
+use tiberius::Row;
+
+use crate::connection::{Client, connect};
+use crate::error::{Error, Result, decode_error};
+use crate::feed::TableName;
+use crate::outbox::{ClaimStore, ClaimToken, ClaimedMessage, Enqueued, Headers, NewMessage};
+use crate::row::Column;
+
+/// The procedures of one claim outbox table.
+///
+/// ```no_run
+/// # async fn run(client: &mut changefeed::Client) -> changefeed::Result<()> {
+/// use changefeed::outbox::NewMessage;
+/// use changefeed::outbox_store::OutboxStore;
+///
+/// let outbox: OutboxStore = "dbo.outbox".parse()?;
+/// client.simple_query("begin transaction").await?.into_results().await?;
+/// // ... the business change, on the same connection ...
+/// let message = NewMessage::new("orders", serde_json::json!({"order": 42})).aggregate("order", "42");
+/// outbox.enqueue(client, &message).await?;
+/// client.simple_query("commit").await?.into_results().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxStore {
+    table: TableName,
+}
+
+impl std::str::FromStr for OutboxStore {
+    type Err = Error;
+
+    fn from_str(name: &str) -> Result<Self> {
+        name.parse().map(OutboxStore::new)
+    }
+}
+
+fn duration_ms(what: &str, duration: Duration) -> Result<i64> {
+    i64::try_from(duration.as_millis())
+        .map_err(|_| Error::Config(format!("{what} of {duration:?} is too long")))
+}
+
+impl OutboxStore {
+    /// The store of the outbox table `table`.
+    pub fn new(table: TableName) -> Self {
+        OutboxStore { table }
+    }
+
+    /// The outbox table.
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    /// Enqueues a message inside the transaction open on `client` (the server refuses,
+    /// with error 51300, when none is open). A `message_id` already in the outbox is not
+    /// enqueued twice: the existing row comes back.
+    pub async fn enqueue(&self, client: &mut Client, message: &NewMessage) -> Result<Enqueued> {
+        let payload = message.payload.to_string();
+        let headers = if message.headers.is_empty() {
+            None
+        } else {
+            Some(serde_json::to_string(&message.headers).map_err(|e| decode_error("headers", e))?)
+        };
+        let sql = format!(
+            "exec {} @topic = @P1, @payload = @P2, @aggregate_type = @P3, @aggregate_id = @P4, \
+             @partition_key = @P5, @headers = @P6, @message_id = @P7, @trace_id = @P8",
+            self.table.object("enqueue")
+        );
+        let rows = client
+            .query(
+                sql,
+                &[
+                    &message.topic.as_str(),
+                    &payload.as_str(),
+                    &message.aggregate_type.as_deref(),
+                    &message.aggregate_id.as_deref(),
+                    &message.partition_key.as_deref(),
+                    &headers.as_deref(),
+                    &message.message_id.as_deref(),
+                    &message.trace_id.as_deref(),
+                ],
+            )
+            .await?
+            .into_first_result()
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| decode_error("enqueue", "the procedure returned no row"))?;
+        Ok(Enqueued {
+            id: i64::column(row, 0)?,
+            message_id: String::column(row, 1)?,
+        })
+    }
+
+    /// Claims up to `batch_size` due messages (1..=10000) for `claim_timeout`
+    /// (1 ms..=24 h), head of aggregate only, ordered by id.
+    pub async fn claim(
+        &self,
+        client: &mut Client,
+        batch_size: u32,
+        claim_timeout: Duration,
+    ) -> Result<Vec<ClaimedMessage>> {
+        let sql = format!(
+            "exec {} @batch_size = @P1, @claim_timeout_ms = @P2",
+            self.table.object("claim")
+        );
+        let batch_size = i32::try_from(batch_size).unwrap_or(i32::MAX);
+        let timeout_ms = i32::try_from(claim_timeout.as_millis()).unwrap_or(i32::MAX);
+        let rows = client
+            .query(sql, &[&batch_size, &timeout_ms])
+            .await?
+            .into_first_result()
+            .await?;
+        rows.iter().map(claimed_message).collect()
+    }
+
+    /// Marks messages done; returns how many were still held under `token`.
+    pub async fn mark_done(
+        &self,
+        client: &mut Client,
+        ids: &[i64],
+        token: ClaimToken,
+    ) -> Result<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let ids = serde_json::to_string(ids).map_err(|e| decode_error("ids", e))?;
+        let sql = format!(
+            "exec {} @ids = @P1, @claim_token = @P2",
+            self.table.object("mark_done")
+        );
+        let rows = client
+            .query(sql, &[&ids.as_str(), &token.0])
+            .await?
+            .into_first_result()
+            .await?;
+        count(&rows, "updated")
+    }
+
+    /// Marks a message failed (due again after `retry_after`) or dead; counts an attempt.
+    /// Returns 1 if the message was still held under `token`, else 0.
+    pub async fn mark_failed(
+        &self,
+        client: &mut Client,
+        id: i64,
+        token: ClaimToken,
+        retry_after: Option<Duration>,
+        dead: bool,
+        error: &str,
+    ) -> Result<u64> {
+        let retry_ms = retry_after
+            .map(|d| duration_ms("retry_after", d))
+            .transpose()?;
+        let error: String = error.chars().take(2000).collect();
+        let sql = format!(
+            "exec {} @id = @P1, @claim_token = @P2, @retry_after_ms = @P3, @dead = @P4, @error = @P5",
+            self.table.object("mark_failed")
+        );
+        let rows = client
+            .query(sql, &[&id, &token.0, &retry_ms, &dead, &error.as_str()])
+            .await?
+            .into_first_result()
+            .await?;
+        count(&rows, "updated")
+    }
+
+    /// Hands a message back as failed, due after `after`, attempts unchanged. With a token
+    /// it is fenced (a relay hands back what it holds); with `None` it redrives a dead or
+    /// failed message (an operator's call).
+    pub async fn requeue(
+        &self,
+        client: &mut Client,
+        id: i64,
+        token: Option<ClaimToken>,
+        after: Duration,
+    ) -> Result<u64> {
+        let after_ms = duration_ms("after", after)?;
+        let sql = format!(
+            "exec {} @id = @P1, @claim_token = @P2, @retry_after_ms = @P3",
+            self.table.object("requeue")
+        );
+        let token = token.map(|t| t.0);
+        let rows = client
+            .query(sql, &[&id, &token, &after_ms])
+            .await?
+            .into_first_result()
+            .await?;
+        count(&rows, "updated")
+    }
+
+    /// Deletes done messages processed more than `older_than` ago, `batch_size` rows per
+    /// statement (1..=4000), at most `max_rows` in all. Dead messages are kept.
+    pub async fn purge_done(
+        &self,
+        client: &mut Client,
+        older_than: Duration,
+        batch_size: u32,
+        max_rows: Option<u64>,
+    ) -> Result<u64> {
+        let older_than_ms = duration_ms("older_than", older_than)?;
+        let batch_size = i32::try_from(batch_size).unwrap_or(i32::MAX);
+        let max_rows = max_rows.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+        let sql = format!(
+            "exec {} @older_than_ms = @P1, @batch_size = @P2, @max_rows = @P3",
+            self.table.object("purge_done")
+        );
+        let rows = client
+            .query(sql, &[&older_than_ms, &batch_size, &max_rows])
+            .await?
+            .into_first_result()
+            .await?;
+        count(&rows, "deleted")
+    }
+}
+
+fn count(rows: &[Row], what: &str) -> Result<u64> {
+    let row = rows
+        .first()
+        .ok_or_else(|| decode_error(what, "the procedure returned no row"))?;
+    let value = match row.try_get::<i64, usize>(0) {
+        Ok(Some(value)) => value,
+        _ => i64::from(i32::column(row, 0)?),
+    };
+    u64::try_from(value).map_err(|e| decode_error(what, e))
+}
+
+fn claimed_message(row: &Row) -> Result<ClaimedMessage> {
+    let payload: String = String::column(row, 6)?;
+    let headers: Option<String> = Option::<String>::column(row, 7)?;
+    Ok(ClaimedMessage {
+        id: i64::column(row, 0)?,
+        message_id: String::column(row, 1)?,
+        topic: String::column(row, 2)?,
+        aggregate_type: Option::<String>::column(row, 3)?,
+        aggregate_id: Option::<String>::column(row, 4)?,
+        partition_key: Option::<String>::column(row, 5)?,
+        payload: serde_json::from_str(&payload).map_err(|e| decode_error("payload", e))?,
+        headers: match headers {
+            Some(text) => parse_headers(&text)?,
+            None => Headers::new(),
+        },
+        trace_id: Option::<String>::column(row, 8)?,
+        attempts: i32::column(row, 9)?,
+        claim_token: ClaimToken(tiberius::Uuid::column(row, 10)?),
+    })
+}
+
+/// Headers are a JSON object; values that are not strings (enqueued from SQL by hand) are
+/// kept as their JSON text rather than refused, so one odd row cannot stall a relay.
+fn parse_headers(text: &str) -> Result<Headers> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| decode_error("headers", e))?;
+    let object = value
+        .as_object()
+        .ok_or_else(|| decode_error("headers", "not a JSON object"))?;
+    Ok(object
+        .iter()
+        .map(|(key, value)| {
+            let text = match value {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (key.clone(), text)
+        })
+        .collect())
+}
+
+/// A [`ClaimStore`] over SQL Server for a relay: it owns one connection, opened from the
+/// ADO string on first use and again after a connection-level failure.
+pub struct SqlClaimStore {
+    store: OutboxStore,
+    ado: String,
+    client: Option<Client>,
+}
+
+impl SqlClaimStore {
+    /// A store for `outbox` that connects with `ado_connection_string`.
+    pub fn new(outbox: OutboxStore, ado_connection_string: impl Into<String>) -> Self {
+        SqlClaimStore {
+            store: outbox,
+            ado: ado_connection_string.into(),
+            client: None,
+        }
+    }
+
+    async fn with_client<T>(
+        &mut self,
+        call: impl AsyncFnOnce(&OutboxStore, &mut Client) -> Result<T>,
+    ) -> Result<T> {
+        if self.client.is_none() {
+            self.client = Some(connect(&self.ado).await?);
+        }
+        let client = self.client.as_mut().expect("connected above");
+        let result = call(&self.store, client).await;
+        if let Err(Error::Connection(_) | Error::Redirect { .. }) = &result {
+            // The session is gone or unusable: the next call opens a fresh one.
+            self.client = None;
+        }
+        result
+    }
+}
+
+impl ClaimStore for SqlClaimStore {
+    async fn claim(
+        &mut self,
+        batch_size: u32,
+        claim_timeout: Duration,
+    ) -> Result<Vec<ClaimedMessage>> {
+        self.with_client(async |store, client| store.claim(client, batch_size, claim_timeout).await)
+            .await
+    }
+
+    async fn mark_done(&mut self, ids: &[i64], token: ClaimToken) -> Result<u64> {
+        self.with_client(async |store, client| store.mark_done(client, ids, token).await)
+            .await
+    }
+
+    async fn mark_failed(
+        &mut self,
+        id: i64,
+        token: ClaimToken,
+        retry_after: Option<Duration>,
+        dead: bool,
+        error: &str,
+    ) -> Result<u64> {
+        self.with_client(async |store, client| {
+            store
+                .mark_failed(client, id, token, retry_after, dead, error)
+                .await
+        })
+        .await
+    }
+
+    async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
+        self.with_client(async |store, client| store.requeue(client, id, Some(token), after).await)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_validated_and_procedures_named() {
+        let store: OutboxStore = "dbo.outbox".parse().unwrap();
+        assert_eq!(
+            store.table().object("claim"),
+            "[changefeed].[claim:dbo.outbox]"
+        );
+        assert!("dbo.outbox]; drop table x".parse::<OutboxStore>().is_err());
+    }
+
+    #[test]
+    fn headers_keep_non_string_values_as_json_text() {
+        let headers = parse_headers(r#"{"a":"x","n":5,"o":{"k":true}}"#).unwrap();
+        assert_eq!(headers["a"], "x");
+        assert_eq!(headers["n"], "5");
+        assert_eq!(headers["o"], r#"{"k":true}"#);
+        assert!(parse_headers("[1]").is_err());
+    }
+}
