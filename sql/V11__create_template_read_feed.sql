@@ -253,9 +253,10 @@ begin
 
         -- Pauses grow from 5 ms to 100 ms: a fresh event is seen quickly, an idle feed
         -- costs at most ten cheap probes a second per waiting reader.
+        -- Never pause past the deadline (at most an hour away, so the int holds it).
         set @pause_ms = case
-            when @pause_ms > datediff(millisecond, sysutcdatetime(), @deadline)
-                then datediff(millisecond, sysutcdatetime(), @deadline)
+            when @pause_ms > datediff_big(millisecond, sysutcdatetime(), @deadline)
+                then convert(int, datediff_big(millisecond, sysutcdatetime(), @deadline))
             else @pause_ms
         end;
         if @pause_ms > 0

@@ -42,7 +42,7 @@ impl Cursor {
             .map(|d| d.as_millis())
             .unwrap_or(0)
             .min((1u128 << 48) - 1);
-        Cursor(Ulid((ms as u128) << 80))
+        Cursor(Ulid(ms << 80))
     }
 
     /// The cursor at a row's ULID: the next read returns the rows after it.
