@@ -1,6 +1,9 @@
 -- Creates a feed's two database roles when missing and grants them exactly what they need:
---   [changefeed.writers:S.T]  INSERT on the outbox (the sequence default needs nothing more,
---                             since the sequence and the table have the same owner);
+--   [changefeed.writers:S.T]  outbox mode: INSERT on the outbox (the sequence default needs
+--                             nothing more: the sequence and the table have one owner);
+--                             serialized-writer mode: EXECUTE on lock_feed and the ulid
+--                             function (inserting into the event table is the application's
+--                             own grant);
 --   [changefeed.readers:S.T]  EXECUTE on read_feed and on the read type (declaring a table
 --                             variable of a table type needs EXECUTE on the type), and on
 --                             save_cursor / load_cursor so consumers can keep their place.
@@ -9,7 +12,8 @@
 -- GRANT is idempotent, so upgrade_feed calls this after every generation.
 create or alter procedure [changefeed].[grant_feed_roles]
     @schema_name sysname,
-    @table_name sysname
+    @table_name sysname,
+    @mode varchar(20) = 'outbox'
 as
 begin
     set nocount, xact_abort on;
@@ -21,6 +25,8 @@ begin
     declare @outbox nvarchar(300);
     declare @read_feed nvarchar(300);
     declare @read_type nvarchar(300);
+    declare @lock_feed nvarchar(300);
+    declare @ulid_function nvarchar(300);
     declare @sql nvarchar(max);
 
     select
@@ -30,7 +36,9 @@ begin
         @readers_name = max(case when kind = N'changefeed.readers' then object_name end),
         @outbox = max(case when kind = N'outbox' then quoted_name end),
         @read_feed = max(case when kind = N'read_feed' then quoted_name end),
-        @read_type = max(case when kind = N'type:read' then quoted_name end)
+        @read_type = max(case when kind = N'type:read' then quoted_name end),
+        @lock_feed = max(case when kind = N'lock_feed' then quoted_name end),
+        @ulid_function = max(case when kind = N'ulid' then quoted_name end)
     from changefeed.feed_objects(@schema_name, @table_name);
 
     begin try
@@ -47,7 +55,13 @@ begin
             exec sys.sp_executesql @sql;
         end;
 
-        set @sql = N'grant insert on object::' + @outbox + N' to ' + @writers + N'; '
+        set @sql = case
+            when @mode = 'serialize_writers'
+                then
+                    N'grant execute on object::' + @lock_feed + N' to ' + @writers + N'; '
+                    + N'grant execute on object::' + @ulid_function + N' to ' + @writers + N'; '
+            else N'grant insert on object::' + @outbox + N' to ' + @writers + N'; '
+        end
             + N'grant execute on object::' + @read_feed + N' to ' + @readers + N'; '
             + N'grant execute on type::' + @read_type + N' to ' + @readers + N'; '
             + N'grant execute on object::[changefeed].[save_cursor] to ' + @readers + N'; '

@@ -7,11 +7,14 @@
 -- @schema_name, @table_name   the real table (checked by parse_feed_name)
 -- @key_list, @key_join        the key column list '[a], [b]' and the join
 --                    'e.[a] = r.[a] and e.[b] = r.[b]' (null for templates without keys)
+-- @shard_column, @ulid_column the event table's shard and ULID columns of a
+--                    serialized-writer feed (null otherwise)
 --
 -- The replacements, in this order, under a binary collation so they are exact whatever the
 -- database's collation:
 --   e.__template_key__ = r.__template_key__   -> @key_join
 --   __template_key__                          -> @key_list
+--   __template_shard__, __template_ulid__     -> [shard column], [ulid column]
 --   [changefeed].[<template_table>]           -> [schema].[table]
 --   changefeed.<template_table>               -> schema.table (inside per-object names and
 --                                                the status view's literal)
@@ -23,7 +26,9 @@ create or alter procedure [changefeed].[copy_template]
     @schema_name sysname,
     @table_name sysname,
     @key_list nvarchar(max) = null,
-    @key_join nvarchar(max) = null
+    @key_join nvarchar(max) = null,
+    @shard_column sysname = null,
+    @ulid_column sysname = null
 as
 begin
     set nocount, xact_abort on;
@@ -46,6 +51,17 @@ begin
         throw 51009, @message, 1;
     end;
 
+    if (@shard_column is null or @ulid_column is null)
+        and (
+            charindex(N'__template_shard__', @definition collate Latin1_General_100_BIN2) > 0
+            or charindex(N'__template_ulid__', @definition collate Latin1_General_100_BIN2) > 0
+        )
+    begin
+        set @message = N'The template ' + @template
+            + N' uses the shard and ulid columns, but none were given to copy_template.';
+        throw 51009, @message, 1;
+    end;
+
     if @key_join is not null
         set @definition = replace(
             @definition collate Latin1_General_100_BIN2,
@@ -55,6 +71,18 @@ begin
     if @key_list is not null
         set @definition = replace(
             @definition collate Latin1_General_100_BIN2, N'__template_key__', @key_list
+        );
+    if @shard_column is not null
+        set @definition = replace(
+            @definition collate Latin1_General_100_BIN2,
+            N'__template_shard__',
+            quotename(@shard_column)
+        );
+    if @ulid_column is not null
+        set @definition = replace(
+            @definition collate Latin1_General_100_BIN2,
+            N'__template_ulid__',
+            quotename(@ulid_column)
         );
     set @definition = replace(
         @definition collate Latin1_General_100_BIN2,

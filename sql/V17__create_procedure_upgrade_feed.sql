@@ -1,9 +1,12 @@
--- Regenerates the code objects of one feed (read_feed and its status view) from the current
--- templates, then its grants and changefeed.feed_status. Tables are never touched. A
--- migration that changes a template ends with exec changefeed.upgrade_all_feeds.
+-- Regenerates the code objects of one feed from the current templates (read_feed and its
+-- status view; for a serialized-writer feed also lock_feed and the ulid function), then its
+-- grants and changefeed.feed_status. Tables are never touched. A migration that changes a
+-- template ends with exec changefeed.upgrade_all_feeds.
 --
--- Each template is the template feed's object (V10-V12); changefeed.copy_template copies it
--- with the feed's names and key columns.
+-- The templates are the objects of the template feed of the feed's mode: the outbox-mode
+-- template feed changefeed.__template__ (V10-V12) or the serialized-writer one
+-- changefeed.__template_serialized__ (V36-V40). changefeed.copy_template copies each with
+-- the feed's names, key columns, and shard and ulid columns.
 create or alter procedure [changefeed].[upgrade_feed]
     @table_name nvarchar(4000)
 as
@@ -15,6 +18,10 @@ begin
     declare @problem nvarchar(2048);
     declare @feed_id int;
     declare @object_id int;
+    declare @mode varchar(20);
+    declare @shard_column sysname;
+    declare @ulid_column sysname;
+    declare @template_table sysname;
     declare @key_list nvarchar(max);
     declare @key_join nvarchar(max);
     declare @kind nvarchar(128);
@@ -30,7 +37,10 @@ begin
 
     select
         @feed_id = feed_id,
-        @object_id = object_id
+        @object_id = object_id,
+        @mode = mode,
+        @shard_column = shard_column,
+        @ulid_column = ulid_column
     from changefeed.feeds
     where schema_name = @schema_name and table_name = @object_name;
     if @feed_id is null
@@ -59,6 +69,11 @@ begin
         ) within group (order by key_ordinal)
     from changefeed.key_columns(@object_id);
 
+    set @template_table = case
+        when @mode = 'serialize_writers' then N'__template_serialized__'
+        else N'__template__'
+    end;
+
     begin try
         begin transaction;
 
@@ -67,9 +82,9 @@ begin
             f.kind,
             t.quoted_name
         from changefeed.feed_objects(@schema_name, @object_name) as f
-        inner join changefeed.feed_objects(N'changefeed', N'__template__') as t
+        inner join changefeed.feed_objects(N'changefeed', @template_table) as t
             on f.kind = t.kind
-        where f.object_class in ('P', 'V', 'FN')
+        where f.object_class in ('P', 'V', 'FN') and f.mode in ('both', @mode)
         order by f.drop_order desc;
 
         open code_objects;
@@ -78,11 +93,13 @@ begin
         begin
             exec changefeed.copy_template
                 @template = @template,
-                @template_table = N'__template__',
+                @template_table = @template_table,
                 @schema_name = @schema_name,
                 @table_name = @object_name,
                 @key_list = @key_list,
-                @key_join = @key_join;
+                @key_join = @key_join,
+                @shard_column = @shard_column,
+                @ulid_column = @ulid_column;
 
             fetch next from code_objects into @kind, @template;
         end;
@@ -95,7 +112,10 @@ begin
             upgraded_at = sysutcdatetime()
         where feed_id = @feed_id;
 
-        exec changefeed.grant_feed_roles @schema_name = @schema_name, @table_name = @object_name;
+        exec changefeed.grant_feed_roles
+            @schema_name = @schema_name,
+            @table_name = @object_name,
+            @mode = @mode;
         exec changefeed.refresh_feed_status;
 
         commit transaction;

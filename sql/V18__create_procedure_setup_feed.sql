@@ -1,5 +1,9 @@
--- Makes an event table a feed: exec changefeed.setup_feed @table_name = N'schema.table',
--- @outbox = 1. Call it from your own migration, once per event table. It creates the feed's
+-- Makes an event table a feed. Call it from your own migration, once per event table:
+--   exec changefeed.setup_feed @table_name = N'schema.table', @outbox = 1;
+--   exec changefeed.setup_feed @table_name = N'schema.table', @serialize_writers = 1,
+--       @shard_column = N'Shard', @ulid_column = N'ULID';
+-- Serialized-writer mode needs an int shard column, a binary(16) ULID column and a unique
+-- index on exactly (shard, ulid): read_feed pages through that index. It creates the feed's
 -- storage, registers it, generates its code, creates its roles and refreshes feed_status,
 -- all in one transaction. A second call with the same arguments changes nothing; a call that
 -- asks for another mode is refused (tear the feed down first).
@@ -21,6 +25,10 @@ begin
     declare @registered_mode varchar(20);
     declare @message nvarchar(2048);
     declare @qualified_name nvarchar(300);
+    declare @shard_name sysname;
+    declare @ulid_name sysname;
+    declare @registered_shard sysname;
+    declare @registered_ulid sysname;
 
     select
         @schema_name = schema_name,
@@ -32,10 +40,17 @@ begin
     if isnull(@outbox, 0) + isnull(@serialize_writers, 0) <> 1
         throw 51004, N'setup_feed: choose exactly one mode: @outbox = 1 or @serialize_writers = 1.', 1;
     if @serialize_writers = 1
-        throw 51007, N'setup_feed: @serialize_writers = 1 is not available in this version of the changefeed bundle. Use @outbox = 1, or apply a newer bundle.', 1;
-    if @shard_column is not null or @ulid_column is not null
-        throw 51004, N'setup_feed: @shard_column and @ulid_column belong to @serialize_writers = 1. An outbox-mode feed takes its shard from the outbox row; leave them null.', 1;
-    set @mode = 'outbox';
+    begin
+        if @shard_column is null or @ulid_column is null
+            throw 51004, N'setup_feed: @serialize_writers = 1 needs @shard_column (an int column) and @ulid_column (a binary(16) column) of the event table.', 1;
+        set @mode = 'serialize_writers';
+    end
+    else
+    begin
+        if @shard_column is not null or @ulid_column is not null
+            throw 51004, N'setup_feed: @shard_column and @ulid_column belong to @serialize_writers = 1. An outbox-mode feed takes its shard from the outbox row; leave them null.', 1;
+        set @mode = 'outbox';
+    end;
 
     set @object_id = object_id(quotename(@schema_name) + N'.' + quotename(@object_name), N'U');
     if @object_id is null
@@ -68,28 +83,107 @@ begin
     order by key_ordinal;
     if @problem is not null throw 51008, @problem, 1;
 
+    if @mode = 'serialize_writers'
+    begin
+        -- The catalog's spelling of each column, and its type.
+        select @shard_name = name
+        from sys.columns
+        where object_id = @object_id and name = @shard_column
+            and system_type_id = type_id(N'int') and user_type_id = type_id(N'int');
+        select @ulid_name = name
+        from sys.columns
+        where object_id = @object_id and name = @ulid_column
+            and system_type_id = type_id(N'binary') and max_length = 16;
+        if @shard_name is null or @ulid_name is null
+        begin
+            set @message = N'setup_feed: ''' + @qualified_name + N''' needs an int column '''
+                + @shard_column + N''' and a binary(16) column ''' + @ulid_column
+                + N'''; ' + case
+                    when @shard_name is null then N'the shard column is missing or not int.'
+                    else N'the ULID column is missing or not binary(16) (a GUID type would sort its bytes out of order).'
+                end;
+            throw 51010, @message, 1;
+        end;
+        if charindex(N'__template', @shard_name collate Latin1_General_100_BIN2) > 0
+            or charindex(N'__template', @ulid_name collate Latin1_General_100_BIN2) > 0
+            throw 51008, N'setup_feed: the shard and ULID column names must not contain ''__template'', which changefeed reserves. Rename the column.', 1;
+        if not exists (
+            select 1
+            from sys.indexes as i
+            where
+                i.object_id = @object_id
+                and i.is_unique = 1
+                and i.has_filter = 0
+                and (
+                    select count(*)
+                    from sys.index_columns as ic
+                    where
+                        ic.object_id = i.object_id
+                        and ic.index_id = i.index_id
+                        and ic.key_ordinal > 0
+                ) = 2
+                and exists (
+                    select 1
+                    from sys.index_columns as ic
+                    inner join sys.columns as c
+                        on ic.object_id = c.object_id and ic.column_id = c.column_id
+                    where
+                        ic.object_id = i.object_id and ic.index_id = i.index_id
+                        and ic.key_ordinal = 1 and c.name = @shard_name
+                )
+                and exists (
+                    select 1
+                    from sys.index_columns as ic
+                    inner join sys.columns as c
+                        on ic.object_id = c.object_id and ic.column_id = c.column_id
+                    where
+                        ic.object_id = i.object_id and ic.index_id = i.index_id
+                        and ic.key_ordinal = 2 and c.name = @ulid_name
+                )
+        )
+        begin
+            set @message = N'setup_feed: ''' + @qualified_name + N''' needs a unique index on'
+                + N' exactly (' + @shard_name + N', ' + @ulid_name + N'), unfiltered, for'
+                + N' read_feed to page through: create unique index ... on '
+                + quotename(@schema_name) + N'.' + quotename(@object_name) + N' ('
+                + quotename(@shard_name) + N', ' + quotename(@ulid_name) + N').';
+            throw 51011, @message, 1;
+        end;
+    end;
+
     begin try
         begin transaction;
 
         -- UPDLOCK, HOLDLOCK: two concurrent setup_feed calls for one table serialize here
         -- instead of both creating the feed.
-        select @registered_mode = mode
+        select
+            @registered_mode = mode,
+            @registered_shard = shard_column,
+            @registered_ulid = ulid_column
         from changefeed.feeds with (updlock, holdlock)
         where object_id = @object_id;
 
         if @registered_mode is null
         begin
-            exec changefeed.create_feed_storage @object_id = @object_id;
+            exec changefeed.create_feed_storage @object_id = @object_id, @mode = @mode;
 
-            insert into changefeed.feeds (object_id, schema_name, table_name, mode, generator_version)
-            values (@object_id, @schema_name, @object_name, @mode, changefeed.generator_version());
+            insert into changefeed.feeds
+            (object_id, schema_name, table_name, mode, shard_column, ulid_column, generator_version)
+            values (
+                @object_id, @schema_name, @object_name, @mode, @shard_name, @ulid_name,
+                changefeed.generator_version()
+            );
 
             exec changefeed.upgrade_feed @table_name = @qualified_name;
         end
-        else if @registered_mode <> @mode
+        else if
+            @registered_mode <> @mode
+            or isnull(@registered_shard, N'') <> isnull(@shard_name, N'')
+            or isnull(@registered_ulid, N'') <> isnull(@ulid_name, N'')
         begin
             set @message = N'setup_feed: ''' + @qualified_name + N''' is already a feed in '
-                + @registered_mode + N' mode. To change its mode, tear it down first'
+                + @registered_mode + N' mode' + isnull(N' on (' + @registered_shard + N', '
+                + @registered_ulid + N')', N'') + N'. To change that, tear it down first'
                 + N' (exec changefeed.teardown_feed), which drops its feed history.';
             throw 51005, @message, 1;
         end;

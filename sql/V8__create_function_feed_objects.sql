@@ -3,6 +3,7 @@
 -- '[changefeed.writers:<schema>.<table>]' / '[changefeed.readers:<schema>.<table>]'.
 -- object_class: P procedure, FN scalar function, V view, TT table type, U table,
 -- SO sequence, R database role. drop_order lists code before the storage it uses.
+-- mode: the feed mode that has the object ('outbox', 'serialize_writers', or 'both').
 -- The inputs are parts already checked by changefeed.parse_feed_name.
 create or alter function [changefeed].[feed_objects] (
     @schema_name sysname,
@@ -15,6 +16,7 @@ select
     k.kind,
     k.object_class,
     k.drop_order,
+    k.mode,
     k.kind + N':' + @schema_name + N'.' + @table_name as object_name,
     case
         when k.object_class = 'R' then quotename(k.kind + N':' + @schema_name + N'.' + @table_name)
@@ -24,13 +26,15 @@ select
     end as quoted_name
 from (
     values
-    (N'read_feed', 'P', 1),
-    (N'status', 'V', 2),
-    (N'type:read', 'TT', 3),
-    (N'feed', 'U', 4),
-    (N'outbox', 'U', 5),
-    (N'sequence', 'SO', 6),
-    (N'state', 'U', 7),
-    (N'changefeed.writers', 'R', 8),
-    (N'changefeed.readers', 'R', 9)
-) as k (kind, object_class, drop_order);
+    (N'read_feed', 'P', 1, 'both'),
+    (N'status', 'V', 2, 'both'),
+    (N'lock_feed', 'P', 3, 'serialize_writers'),
+    (N'ulid', 'FN', 4, 'serialize_writers'),
+    (N'type:read', 'TT', 5, 'both'),
+    (N'feed', 'U', 6, 'outbox'),
+    (N'outbox', 'U', 7, 'outbox'),
+    (N'sequence', 'SO', 8, 'outbox'),
+    (N'state', 'U', 9, 'both'),
+    (N'changefeed.writers', 'R', 10, 'both'),
+    (N'changefeed.readers', 'R', 11, 'both')
+) as k (kind, object_class, drop_order, mode);

@@ -1,6 +1,6 @@
--- Creates the storage of an outbox-mode feed for the event table @object_id: its sequence,
--- outbox, feed, state table and read type (DESIGN.md 4.4). Each part is created only when it
--- is missing, so a call never drops or changes data. Internal: setup_feed calls it after it
+-- Creates the storage of a feed for the event table @object_id (DESIGN.md 4.4): the state
+-- table and read type of every feed, and for @mode = 'outbox' its sequence, outbox and feed
+-- tables. Each part is created only when it is missing, so a call never drops or changes data. Internal: setup_feed calls it after it
 -- validated the name and the key, and the template feed (V10) is created by it too, so this
 -- is the only definition of the per-feed storage.
 --
@@ -8,7 +8,8 @@
 -- large insert would make the readers' READPAST scan of the outbox wait instead of skipping,
 -- and one from a reader's move would block the readers of every other shard.
 create or alter procedure [changefeed].[create_feed_storage]
-    @object_id int
+    @object_id int,
+    @mode varchar(20) = 'outbox'
 as
 begin
     set nocount, xact_abort on;
@@ -48,7 +49,7 @@ begin
     begin try
         begin transaction;
 
-        if object_id(@sequence, N'SO') is null
+        if @mode = 'outbox' and object_id(@sequence, N'SO') is null
         begin
             -- A cache makes next value cheap for concurrent writers; values skipped after a
             -- restart leave gaps, which order_sequence tolerates (it orders, it does not count).
@@ -57,7 +58,7 @@ begin
             exec sys.sp_executesql @sql;
         end;
 
-        if object_id(@outbox, N'U') is null
+        if @mode = 'outbox' and object_id(@outbox, N'U') is null
         begin
             set @sql = N'create table ' + @outbox + N' ('
                 + N'shard_id int not null default 0, '
@@ -70,7 +71,7 @@ begin
             exec sys.sp_executesql @sql;
         end;
 
-        if object_id(@feed, N'U') is null
+        if @mode = 'outbox' and object_id(@feed, N'U') is null
         begin
             set @sql = N'create table ' + @feed + N' ('
                 + N'shard_id int not null, '

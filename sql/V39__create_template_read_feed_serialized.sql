@@ -1,0 +1,90 @@
+-- read_feed for serialized-writer feeds, written as the template feed's procedure (V36);
+-- the same parameters, results and #read contract as the outbox-mode read_feed (V11), so
+-- one client reads both modes.
+--
+-- Rows come straight from the event table through its unique (shard, ulid) index: writers
+-- of a shard commit one at a time in ULID order (lock_feed), so ulid > @cursor never skips a
+-- row that commits later. No READPAST here: it would also skip committed rows that another
+-- session holds locked (an update of an old event), and the cursor would pass them for good.
+-- Under locking READ COMMITTED a reader therefore waits for a writer's open transaction
+-- (POWEROFF.md); under READ_COMMITTED_SNAPSHOT it reads the committed rows and never waits.
+create or alter procedure [changefeed].[read_feed:changefeed.__template_serialized__]
+    @shard_id int = 0,
+    @cursor binary(16) = 0x00000000000000000000000000000000,
+    @page_size int = 1000,
+    @wait_ms int = 0,
+    @with_event bit = 0
+as
+begin
+    set nocount, xact_abort on;
+    set transaction isolation level read committed;
+
+    if @@trancount > 0
+        throw 51100, N'read_feed must be called outside a transaction: a page read inside one would hold its locks until your commit and stall the shard''s writers. Commit or roll back first.', 1;
+    if @shard_id is null
+        throw 51101, N'read_feed: @shard_id is null. Pass the shard to read (0 for an unsharded feed).', 1;
+    if @cursor is null
+        throw 51101, N'read_feed: @cursor is null. Pass 0x00 (16 zero bytes) to read from the start, or the ulid of the last row you processed.', 1;
+    if @page_size is null or @page_size < 1 or @page_size > 10000
+        throw 51101, N'read_feed: @page_size must be between 1 and 10000.', 1;
+    if @wait_ms is null or @wait_ms < 0 or @wait_ms > 3600000
+        throw 51101, N'read_feed: @wait_ms must be between 0 and 3600000 (one hour).', 1;
+
+    declare @with_event_rows bit = isnull(@with_event, 0);
+    declare @to_read_table bit = case when object_id(N'tempdb..#read') is null then 0 else 1 end;
+    if @to_read_table = 1 and @with_event_rows = 1
+        throw 51102, N'read_feed: #read exists, and it holds keys only, so @with_event = 1 cannot fill it. Drop #read to get events as a result set, or join #read to the event table yourself.', 1;
+
+    declare @rows [changefeed].[type:read:changefeed.__template_serialized__];
+    declare @deadline datetime2(3) = dateadd(millisecond, @wait_ms, sysutcdatetime());
+    declare @pause_ms int = 5;
+    declare @pause datetime;
+
+    while 1 = 1
+    begin
+        insert into @rows (ulid, __template_key__)
+        select top (@page_size)
+            __template_ulid__,
+            __template_key__
+        from [changefeed].[__template_serialized__]
+        where __template_shard__ = @shard_id and __template_ulid__ > @cursor
+        order by __template_ulid__;
+
+        if @@rowcount > 0 break;
+        if sysutcdatetime() >= @deadline break;
+
+        -- Pauses grow from 5 ms to 100 ms, never past the deadline (at most an hour away).
+        set @pause_ms = case
+            when @pause_ms > datediff_big(millisecond, sysutcdatetime(), @deadline)
+                then convert(int, datediff_big(millisecond, sysutcdatetime(), @deadline))
+            else @pause_ms
+        end;
+        if @pause_ms > 0
+        begin
+            set @pause = dateadd(millisecond, @pause_ms, convert(datetime, 0));
+            waitfor delay @pause;
+        end;
+        set @pause_ms = case when @pause_ms * 2 > 100 then 100 when @pause_ms < 5 then 5 else @pause_ms * 2 end;
+    end;
+
+    if @to_read_table = 1
+        insert into #read (ulid, __template_key__)
+        select
+            ulid,
+            __template_key__
+        from @rows;
+    else if @with_event_rows = 1
+        select
+            r.ulid,
+            e.*
+        from @rows as r
+        left outer join [changefeed].[__template_serialized__] as e
+            on e.__template_key__ = r.__template_key__
+        order by r.ulid;
+    else
+        select
+            ulid,
+            __template_key__
+        from @rows
+        order by ulid;
+end
