@@ -240,6 +240,22 @@ pub struct UlidRange {
 }
 
 impl UlidRange {
+    /// The range the server's `lock_feed` reserved: `len` counters from `first_counter`
+    /// under `high`. Returns `None` when the range would run past the counter's headroom
+    /// (it would not be strictly increasing), which a server-made range never does.
+    pub fn from_parts(high: [u8; 8], first_counter: i64, len: i64) -> Option<UlidRange> {
+        let last = first_counter.checked_add(len.checked_sub(1)?)?;
+        // Crossing from -1 to 0 would sort backwards in byte order.
+        if len < 1 || (first_counter < 0 && last >= 0) {
+            return None;
+        }
+        Some(UlidRange {
+            high,
+            first_counter,
+            len,
+        })
+    }
+
     /// The first ULID of the range, the one `lock_feed` returns.
     pub fn first(&self) -> Ulid {
         ulid_from_high(self.high, self.first_counter)

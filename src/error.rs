@@ -63,11 +63,11 @@ pub enum Error {
 }
 
 /// SQL Server error numbers a client may retry: deadlock victim, lock timeout, our own
-/// "shard lock not granted", and the Azure SQL transient set (reconfiguration, failover,
+/// "shard lock not granted" (read_feed 51103, lock_feed 51202), and the Azure SQL transient set (reconfiguration, failover,
 /// throttling, database not yet available).
 const TRANSIENT_SERVER_ERRORS: &[u32] = &[
-    1205, 1222, 51103, 4060, 4221, 10928, 10929, 40143, 40197, 40501, 40540, 40613, 49918, 49919,
-    49920,
+    1205, 1222, 51103, 51202, 4060, 4221, 10928, 10929, 40143, 40197, 40501, 40540, 40613, 49918,
+    49919, 49920,
 ];
 
 impl Error {

@@ -22,7 +22,9 @@ pub mod migrations;
 pub mod outbox;
 pub mod outbox_store;
 pub mod reader;
+pub mod relay;
 pub mod row;
+pub mod writer;
 
 pub use connection::{Client, connect};
 pub use cursor::Cursor;

@@ -1,0 +1,128 @@
+//! Helpers for writers.
+//!
+//! **Outbox mode** needs no helper: insert the event's key into the outbox in the same
+//! transaction as the event, e.g.
+//! `insert into [changefeed].[outbox:myservice.MyEvent] (shard_id, id) values (0, @id)`
+//! ([`crate::Feed::outbox_table`] gives the name). Writers never wait for each other.
+//!
+//! **Serialized-writer mode**: [`lock_feed`] locks the shard until your transaction ends and
+//! reserves 10^11 ULIDs, which you can use as the events' keys. Keep that transaction short
+//! and, best, entirely on the server, so that a client that dies cannot leave the shard
+//! locked (POWEROFF.md):
+//!
+//! ```sql
+//! set xact_abort on;
+//! begin try
+//!     begin transaction;
+//!     declare @ulid binary(16);
+//!     exec [changefeed].[lock_feed:myservice.MyEvent] @shard_id = 0, @lock_timeout_ms = 5000,
+//!         @ulid = @ulid output;
+//!     insert into myservice.MyEvent (Shard, ULID, Payload)
+//!     select 0, [changefeed].[ulid:myservice.MyEvent](row_number() over (order by n)), payload
+//!     from @new_events;
+//!     commit;
+//! end try
+//! begin catch
+//!     if @@trancount > 0 rollback;
+//!     throw;
+//! end catch;
+//! ```
+
+use std::time::Duration;
+
+use crate::allocator::{RESERVATION_SIZE, UlidRange};
+use crate::connection::Client;
+use crate::error::{Error, Result, decode_error};
+use crate::feed::Feed;
+use crate::row::Column;
+
+/// Calls `[changefeed].[lock_feed:schema.table]` inside the transaction open on `client`
+/// and returns the reserved range. The shard stays locked until that transaction commits
+/// or rolls back; `lock_timeout` bounds the wait for another writer (`None`: no bound),
+/// after which the server raises 51202 and rolls the transaction back.
+///
+/// `time_hint` (UTC) sets the ULIDs' time; `None` uses the server's clock. The ULIDs are
+/// never earlier than the shard's last ones.
+///
+/// ```no_run
+/// # async fn run(client: &mut changefeed::Client) -> changefeed::Result<()> {
+/// use changefeed::Feed;
+/// use changefeed::writer::lock_feed;
+/// use std::time::Duration;
+///
+/// let feed: Feed = "myservice.MyEvent".parse()?;
+/// client.simple_query("begin transaction").await?.into_results().await?;
+/// let range = lock_feed(client, &feed, 0, None, Some(Duration::from_secs(5))).await?;
+/// let first = range.first(); // use range.nth(i) for the i-th event of this transaction
+/// // insert the events with their ULIDs here, on the same connection, then:
+/// client.simple_query("commit").await?.into_results().await?;
+/// # Ok(()) }
+/// ```
+pub async fn lock_feed(
+    client: &mut Client,
+    feed: &Feed,
+    shard: i32,
+    time_hint: Option<time::PrimitiveDateTime>,
+    lock_timeout: Option<Duration>,
+) -> Result<UlidRange> {
+    let timeout_ms: i32 = match lock_timeout {
+        None => -1,
+        Some(d) => i32::try_from(d.as_millis()).map_err(|_| {
+            Error::Config(format!(
+                "a lock timeout of {d:?} is too long; use None to wait without a bound"
+            ))
+        })?,
+    };
+    let sql = format!(
+        "declare @high binary(8), @low bigint; \
+         exec {} @shard_id = @P1, @time_hint = @P2, @lock_timeout_ms = @P3, \
+         @ulid_high = @high output, @ulid_low = @low output; \
+         select @high as ulid_high, @low as ulid_low;",
+        feed.object("lock_feed")
+    );
+    let rows = client
+        .query(sql, &[&shard, &time_hint, &timeout_ms])
+        .await?
+        .into_first_result()
+        .await?;
+    let row = rows
+        .first()
+        .ok_or_else(|| decode_error("lock_feed", "the call returned no row"))?;
+    let high: Vec<u8> = Vec::<u8>::column(row, 0)?;
+    let high: [u8; 8] = high
+        .try_into()
+        .map_err(|_| decode_error("ulid_high", "not 8 bytes"))?;
+    let low = i64::column(row, 1)?;
+    UlidRange::from_parts(high, low, RESERVATION_SIZE)
+        .ok_or_else(|| decode_error("ulid_low", "the reserved range has no headroom"))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::allocator::{Allocator, FixedRandom, RESERVATION_SIZE, UlidRange, ulid_counter};
+
+    #[test]
+    fn a_server_range_rebuilt_from_its_parts_equals_the_models() {
+        let mut allocator = Allocator::new();
+        let mut random = FixedRandom::new(0xABCD, 12345);
+        let range = allocator.reserve(1_700_000_000_000, RESERVATION_SIZE, &mut random);
+        let rebuilt =
+            UlidRange::from_parts(range.high(), range.first_counter(), RESERVATION_SIZE).unwrap();
+        assert_eq!(rebuilt, range);
+        assert_eq!(
+            ulid_counter(rebuilt.nth(2).unwrap()),
+            range.first_counter() + 1
+        );
+        assert_eq!(rebuilt.nth(RESERVATION_SIZE), Some(range.last()));
+        assert_eq!(rebuilt.nth(RESERVATION_SIZE + 1), None);
+        assert_eq!(rebuilt.nth(0), None);
+    }
+
+    #[test]
+    fn ranges_without_headroom_are_refused() {
+        assert!(UlidRange::from_parts([0; 8], -5, 10).is_none());
+        assert!(UlidRange::from_parts([0; 8], i64::MAX - 1, 10).is_none());
+        assert!(UlidRange::from_parts([0; 8], 0, 0).is_none());
+        assert!(UlidRange::from_parts([0; 8], -15, 10).is_some());
+    }
+}
