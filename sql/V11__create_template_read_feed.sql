@@ -9,6 +9,7 @@
 --   1. Fast path, no lock: the feed past the cursor. Readers that are behind stop here.
 --   2. Otherwise, if the shard's outbox has committed rows: a short transaction holding an
 --      exclusive, transaction-owned applock for (feed, shard), so one reader at a time moves.
+--      If it has none, a locking re-read of the feed (see there) before giving up.
 --   3. Re-read the feed past the cursor: a reader that waited for the lock while another
 --      moved the outbox returns those rows (a lost race never yields an empty page).
 --   4. Take up to @page_size committed outbox rows in order_sequence order. READPAST skips
@@ -25,7 +26,8 @@ create or alter procedure [changefeed].[read_feed:changefeed.__template__]
     @cursor binary(16) = 0x00000000000000000000000000000000,
     @page_size int = 1000,
     @wait_ms int = 0,
-    @with_event bit = 0
+    @with_event bit = 0,
+    @use_read_table bit = 1
 as
 begin
     set nocount, xact_abort on;
@@ -45,7 +47,12 @@ begin
         throw 51101, N'read_feed: @wait_ms must be between 0 and 3600000 (one hour).', 1;
 
     declare @with_event_rows bit = isnull(@with_event, 0);
-    declare @to_read_table bit = case when object_id(N'tempdb..#read') is null then 0 else 1 end;
+    -- A client library passes @use_read_table = 0: a #read left in a pooled session by
+    -- other code must not swallow its pages.
+    declare @to_read_table bit = case
+        when isnull(@use_read_table, 1) = 1 and object_id(N'tempdb..#read') is not null then 1
+        else 0
+    end;
     if @to_read_table = 1 and @with_event_rows = 1
         throw 51102, N'read_feed: #read exists, and it holds keys only, so @with_event = 1 cannot fill it. Drop #read to get events as a result set, or join #read to the event table yourself.', 1;
 
@@ -54,10 +61,11 @@ begin
     declare @moved table (order_sequence bigint not null primary key, ulid binary(16) not null);
     declare @deadline datetime2(3) = dateadd(millisecond, @wait_ms, sysutcdatetime());
     declare @epoch datetime2(3) = convert(datetime2(3), '19700101', 112);
-    -- Built from the feed table's object id, not its name: applock resources are limited to
-    -- 255 characters, and the id is the same for every reader of this feed.
+    -- A literal that the generator fills with the feed's name (at most 109 characters, so
+    -- the resource stays within sp_getapplock's 255). Not object_id(): inside a procedure it
+    -- answers with the caller's metadata visibility, which is NULL for a reader login.
     declare @lock_resource nvarchar(255) = concat(
-        N'changefeed:', object_id(N'[changefeed].[feed:changefeed.__template__]'), N':', @shard_id
+        N'changefeed:read_feed:changefeed.__template__:', @shard_id
     );
     declare @lock_result int;
     declare @message nvarchar(2048);
@@ -184,6 +192,8 @@ begin
 
                     if @@rowcount > 0
                     begin
+                        -- Insert into the feed before deleting from the outbox: a reader
+                        -- that skips the deleted rows then finds these (see the else below).
                         insert into [changefeed].[feed:changefeed.__template__]
                         (shard_id, ulid, __template_key__)
                         select
@@ -191,16 +201,22 @@ begin
                             m.ulid,
                             __template_key__
                         from @moved as m
-                        -- FORCESEEK here and below: these rows are committed and ours, but a
-                        -- scan would also touch uncommitted writer rows and, under locking
-                        -- READ COMMITTED, wait for those writers.
+                        -- FORCESEEK on both key columns, here and below: these rows are
+                        -- committed and ours, but a scan (or a range seek on shard_id alone)
+                        -- would also touch uncommitted writer rows and, under locking READ
+                        -- COMMITTED, wait for those writers.
                         inner join [changefeed].[outbox:changefeed.__template__] as o
-                            with (forceseek)
+                            with (
+                                forceseek ([outbox_pk:changefeed.__template__] (shard_id, order_sequence))
+                            )
                             on o.shard_id = @shard_id and m.order_sequence = o.order_sequence;
 
                         delete o
                         from [changefeed].[outbox:changefeed.__template__] as o
-                            with (forceseek, rowlock)
+                            with (
+                                forceseek ([outbox_pk:changefeed.__template__] (shard_id, order_sequence)),
+                                rowlock
+                            )
                         inner join @moved as m
                             on o.shard_id = @shard_id and o.order_sequence = m.order_sequence;
 
@@ -247,6 +263,23 @@ begin
             end catch;
 
             if exists (select 1 from @rows) break;
+        end
+        else
+        begin
+            -- The outbox looked empty, but another reader may be moving it right now: its
+            -- deleted outbox rows were skipped by READPAST, and under READ_COMMITTED_SNAPSHOT
+            -- the fast path could not see its new feed rows. A mover inserts its feed rows
+            -- before it deletes the outbox rows, so a locking read of the feed finds them
+            -- and waits for its commit; a lost race never returns an empty page.
+            insert into @rows (ulid, __template_key__)
+            select top (@page_size)
+                ulid,
+                __template_key__
+            from [changefeed].[feed:changefeed.__template__] with (readcommittedlock)
+            where shard_id = @shard_id and ulid > @cursor
+            order by ulid;
+
+            if @@rowcount > 0 break;
         end;
 
         if sysutcdatetime() >= @deadline break;

@@ -10,7 +10,7 @@ with shards as (
     from [changefeed].[state:changefeed.__template__]
     union
     select shard_id
-    from [changefeed].[outbox:changefeed.__template__] with (readcommittedlock, readpast)
+    from [changefeed].[outbox:changefeed.__template__] with (readcommittedlock, readpast, rowlock)
 )
 
 select
@@ -29,7 +29,7 @@ outer apply (
     select
         count_big(*) as outbox_depth,
         min(o.time_hint) as oldest_pending_at
-    from [changefeed].[outbox:changefeed.__template__] as o with (readcommittedlock, readpast)
+    from [changefeed].[outbox:changefeed.__template__] as o with (readcommittedlock, readpast, rowlock)
     where o.shard_id = s.shard_id
 ) as pending
 outer apply (

@@ -51,6 +51,10 @@ pub enum Error {
     /// A setting is missing or wrong (connection string, environment variable).
     #[error("configuration: {0}")]
     Config(String),
+    /// The relay's publisher failed in a way the relay cannot retry around (a fatal error,
+    /// a panic, outcomes that do not match the batch); the message says what happened.
+    #[error("publisher: {0}")]
+    Publisher(String),
     /// The server sent the session to another host (Azure SQL gateway); connecting there
     /// again is the fix, which [`crate::connect`] does once.
     #[error("SQL Server redirected the connection to {host}:{port}")]
@@ -63,11 +67,12 @@ pub enum Error {
 }
 
 /// SQL Server error numbers a client may retry: deadlock victim, lock timeout, our own
-/// "shard lock not granted" (read_feed 51103, lock_feed 51202), and the Azure SQL transient set (reconfiguration, failover,
+/// "lock not granted" errors (generators 51012, read_feed 51103, lock_feed 51202), and the
+/// Azure SQL transient set (reconfiguration, failover,
 /// throttling, database not yet available).
 const TRANSIENT_SERVER_ERRORS: &[u32] = &[
-    1205, 1222, 51103, 51202, 4060, 4221, 10928, 10929, 40143, 40197, 40501, 40540, 40613, 49918,
-    49919, 49920,
+    1205, 1222, 51012, 51103, 51202, 4060, 4221, 10928, 10929, 40143, 40197, 40501, 40540, 40613,
+    49918, 49919, 49920,
 ];
 
 impl Error {

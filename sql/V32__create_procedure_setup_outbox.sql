@@ -41,6 +41,7 @@ begin
 
     begin try
         begin transaction;
+        exec changefeed.lock_generators;
 
         exec changefeed.create_outbox_storage
             @schema_name = @schema_name,

@@ -33,6 +33,7 @@ begin
 
     begin try
         begin transaction;
+        exec changefeed.lock_generators;
 
         delete from changefeed.feeds
         where schema_name = @schema_name and table_name = @object_name;

@@ -28,9 +28,13 @@ begin
     if @lock_timeout_ms is null or @lock_timeout_ms < -1
         throw 51201, N'lock_feed: @lock_timeout_ms must be -1 (wait as long as it takes) or a number of milliseconds >= 0.', 1;
 
-    declare @state_object_id int = object_id(N'[changefeed].[state:changefeed.__template_serialized__]');
-    declare @lock_resource nvarchar(255) = concat(N'changefeed.lock_feed:', @state_object_id, N':', @shard_id);
-    declare @context_key sysname = concat(N'changefeed.ulid:', @state_object_id);
+    -- Literals the generator fills with the feed's name; not object_id(), which inside a
+    -- procedure answers with the caller's metadata visibility (NULL for a writer login).
+    -- The context key is at most 16 + 109 characters, within sysname's 128.
+    declare @lock_resource nvarchar(255) = concat(
+        N'changefeed:lock_feed:changefeed.__template_serialized__:', @shard_id
+    );
+    declare @context_key sysname = N'changefeed.ulid:changefeed.__template_serialized__';
     declare @epoch datetime2(3) = convert(datetime2(3), '19700101', 112);
     declare @hint datetime2(3) = isnull(@time_hint, sysutcdatetime());
     declare @lock_result int;

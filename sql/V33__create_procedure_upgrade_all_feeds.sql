@@ -10,6 +10,7 @@ begin
 
     begin try
         begin transaction;
+        exec changefeed.lock_generators;
 
         declare feeds_to_upgrade cursor local fast_forward for
         select schema_name + N'.' + table_name

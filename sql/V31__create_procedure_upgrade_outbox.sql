@@ -33,6 +33,7 @@ begin
 
     begin try
         begin transaction;
+        exec changefeed.lock_generators;
 
         declare templates cursor local fast_forward for
         select t.quoted_name

@@ -37,7 +37,8 @@ begin
     from changefeed.parse_feed_name(@table_name);
     if @problem is not null throw 51000, @problem, 1;
 
-    if isnull(@outbox, 0) + isnull(@serialize_writers, 0) <> 1
+    -- bit + bit is not defined (error 402): add them as int.
+    if convert(int, isnull(@outbox, 0)) + convert(int, isnull(@serialize_writers, 0)) <> 1
         throw 51004, N'setup_feed: choose exactly one mode: @outbox = 1 or @serialize_writers = 1.', 1;
     if @serialize_writers = 1
     begin
@@ -153,6 +154,7 @@ begin
 
     begin try
         begin transaction;
+        exec changefeed.lock_generators;
 
         -- UPDLOCK, HOLDLOCK: two concurrent setup_feed calls for one table serialize here
         -- instead of both creating the feed.

@@ -76,6 +76,7 @@ begin
 
     begin try
         begin transaction;
+        exec changefeed.lock_generators;
 
         declare code_objects cursor local fast_forward for
         select

@@ -13,7 +13,8 @@ create or alter procedure [changefeed].[read_feed:changefeed.__template_serializ
     @cursor binary(16) = 0x00000000000000000000000000000000,
     @page_size int = 1000,
     @wait_ms int = 0,
-    @with_event bit = 0
+    @with_event bit = 0,
+    @use_read_table bit = 1
 as
 begin
     set nocount, xact_abort on;
@@ -31,7 +32,12 @@ begin
         throw 51101, N'read_feed: @wait_ms must be between 0 and 3600000 (one hour).', 1;
 
     declare @with_event_rows bit = isnull(@with_event, 0);
-    declare @to_read_table bit = case when object_id(N'tempdb..#read') is null then 0 else 1 end;
+    -- A client library passes @use_read_table = 0: a #read left in a pooled session by
+    -- other code must not swallow its pages.
+    declare @to_read_table bit = case
+        when isnull(@use_read_table, 1) = 1 and object_id(N'tempdb..#read') is not null then 1
+        else 0
+    end;
     if @to_read_table = 1 and @with_event_rows = 1
         throw 51102, N'read_feed: #read exists, and it holds keys only, so @with_event = 1 cannot fill it. Drop #read to get events as a result set, or join #read to the event table yourself.', 1;
 

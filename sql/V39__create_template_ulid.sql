@@ -9,12 +9,8 @@ as
 begin
     declare @range varbinary(24) = convert(
         varbinary(24),
-        session_context(
-            concat(
-                N'changefeed.ulid:',
-                object_id(N'[changefeed].[state:changefeed.__template_serialized__]')
-            )
-        )
+        -- The key lock_feed wrote; a literal, as there (see V38).
+        session_context(N'changefeed.ulid:changefeed.__template_serialized__')
     );
     declare @problem nvarchar(200) = case
         when

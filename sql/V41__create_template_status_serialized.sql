@@ -14,9 +14,9 @@ select
     changefeed.ulid_time(head.head_ulid) as head_at,
     st.updated_at as state_updated_at
 from [changefeed].[state:changefeed.__template_serialized__] as st
-    with (readcommittedlock, readpast)
+    with (readcommittedlock, readpast, rowlock)
 outer apply (
     select max(e.__template_ulid__) as head_ulid
-    from [changefeed].[__template_serialized__] as e with (readcommittedlock, readpast)
+    from [changefeed].[__template_serialized__] as e with (readcommittedlock, readpast, rowlock)
     where e.__template_shard__ = st.shard_id
 ) as head;

@@ -1,0 +1,172 @@
+//! The relay's settings and their validation.
+
+use std::time::Duration;
+
+use super::policy::RetryPolicy;
+use crate::error::{Error, Result};
+
+/// The largest claim the outbox's `claim` procedure accepts.
+pub const MAX_BATCH_SIZE: u32 = 10_000;
+
+/// The longest claim timeout (and poll interval) the relay accepts: 24 hours.
+pub const MAX_CLAIM_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How a [`Relay`](super::Relay) claims, waits and retries.
+///
+/// ```
+/// use std::time::Duration;
+/// use changefeed::relay::RelayConfig;
+///
+/// let config = RelayConfig {
+///     batch_size: 500,
+///     poll_interval: Duration::from_millis(200),
+///     ..RelayConfig::default()
+/// };
+/// config.validate()?;
+/// # Ok::<(), changefeed::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct RelayConfig {
+    /// Messages per claim, 1..=10000. Default: 100.
+    pub batch_size: u32,
+    /// How long the relay sleeps after a claim that found nothing (a
+    /// [`RelayHandle::wake`](super::RelayHandle::wake) ends the sleep early), 1 ms..=24 h.
+    /// Default: 500 ms.
+    pub poll_interval: Duration,
+    /// How long a claim holds its messages before another claim may take them back (and
+    /// count an attempt), 1 ms..=24 h. Default: 30 s. Also the longest the relay waits for
+    /// one `publish` (or dead-letter publish) call: past it the claim may already belong to
+    /// another relay, so the batch is treated as a retriable failure.
+    pub claim_timeout: Duration,
+    /// Back-off and the limit on failures. Default: [`RetryPolicy::default`].
+    pub retry: RetryPolicy,
+}
+
+impl RelayConfig {
+    /// The default batch size, 100.
+    pub const DEFAULT_BATCH_SIZE: u32 = 100;
+    /// The default poll interval, 500 ms.
+    pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+    /// The default claim timeout, 30 s.
+    pub const DEFAULT_CLAIM_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// Checks every setting; the [`Error::Config`] names the field, the value and the
+    /// accepted range.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=MAX_BATCH_SIZE).contains(&self.batch_size) {
+            return Err(Error::Config(format!(
+                "relay batch_size is {}; it must be between 1 and {MAX_BATCH_SIZE}",
+                self.batch_size
+            )));
+        }
+        check_duration("poll_interval", self.poll_interval)?;
+        check_duration("claim_timeout", self.claim_timeout)?;
+        self.retry.validate()
+    }
+}
+
+fn check_duration(field: &str, value: Duration) -> Result<()> {
+    if value < Duration::from_millis(1) || value > MAX_CLAIM_TIMEOUT {
+        return Err(Error::Config(format!(
+            "relay {field} is {value:?}; it must be between 1 ms and 24 h"
+        )));
+    }
+    Ok(())
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            batch_size: Self::DEFAULT_BATCH_SIZE,
+            poll_interval: Self::DEFAULT_POLL_INTERVAL,
+            claim_timeout: Self::DEFAULT_CLAIM_TIMEOUT,
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_error(config: RelayConfig) -> String {
+        match config.validate() {
+            Err(Error::Config(message)) => message,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid_and_documented() {
+        let c = RelayConfig::default();
+        assert_eq!(c.batch_size, 100);
+        assert_eq!(c.poll_interval, Duration::from_millis(500));
+        assert_eq!(c.claim_timeout, Duration::from_secs(30));
+        assert_eq!(c.retry, RetryPolicy::default());
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn batch_size_bounds() {
+        for ok in [1, 100, 10_000] {
+            RelayConfig {
+                batch_size: ok,
+                ..RelayConfig::default()
+            }
+            .validate()
+            .unwrap();
+        }
+        for bad in [0, 10_001, u32::MAX] {
+            let message = config_error(RelayConfig {
+                batch_size: bad,
+                ..RelayConfig::default()
+            });
+            assert!(message.contains("batch_size"), "{message}");
+            assert!(message.contains("10000"), "{message}");
+        }
+    }
+
+    #[test]
+    fn claim_timeout_bounds() {
+        for ok in [Duration::from_millis(1), MAX_CLAIM_TIMEOUT] {
+            RelayConfig {
+                claim_timeout: ok,
+                ..RelayConfig::default()
+            }
+            .validate()
+            .unwrap();
+        }
+        for bad in [
+            Duration::ZERO,
+            Duration::from_micros(999),
+            MAX_CLAIM_TIMEOUT + Duration::from_millis(1),
+        ] {
+            let message = config_error(RelayConfig {
+                claim_timeout: bad,
+                ..RelayConfig::default()
+            });
+            assert!(message.contains("claim_timeout"), "{message}");
+        }
+    }
+
+    #[test]
+    fn poll_interval_bounds() {
+        let message = config_error(RelayConfig {
+            poll_interval: Duration::ZERO,
+            ..RelayConfig::default()
+        });
+        assert!(message.contains("poll_interval"), "{message}");
+    }
+
+    #[test]
+    fn retry_policy_is_validated_too() {
+        let message = config_error(RelayConfig {
+            retry: RetryPolicy {
+                max_attempts: 0,
+                ..RetryPolicy::default()
+            },
+            ..RelayConfig::default()
+        });
+        assert!(message.contains("max_attempts"), "{message}");
+    }
+}

@@ -1,0 +1,193 @@
+//! The broker side of the relay: [`Publisher`], its per-message outcomes, and the
+//! dead-letter headers.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::outbox::{ClaimedMessage, Headers};
+
+/// Dead-letter header: the topic the message was meant for.
+pub const HEADER_ORIGINAL_TOPIC: &str = "x-original-topic";
+/// Dead-letter header: the message's failed attempts, this last one included.
+pub const HEADER_ATTEMPTS: &str = "x-attempts";
+/// Dead-letter header: the last error's message.
+pub const HEADER_ERROR: &str = "x-error";
+/// Dead-letter header: the last error's kind (`retriable`, `poison`, `fatal`).
+pub const HEADER_ERROR_KIND: &str = "x-error-kind";
+
+/// What kind of failure a publish was, which decides what the relay does with the message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// A failure that may pass (broker unreachable, timeout, leader election): the message
+    /// is marked failed and retried after the [`RetryPolicy`](super::RetryPolicy)'s delay,
+    /// or marked dead when this failure reaches `max_attempts`.
+    Retriable,
+    /// This message can never be published (too large, rejected by a schema, cannot be
+    /// serialized): it is marked dead at once and handed to the dead-letter publish. The
+    /// rest of the batch is unaffected.
+    Poison,
+    /// The publisher cannot work at all (bad credentials, missing topic, wrong
+    /// configuration): the message is marked dead and dead-lettered like a poison one, the
+    /// rest of the batch is acknowledged, and then the relay stops with an error, because
+    /// every further claim would fail the same way and burn the attempts of healthy
+    /// messages.
+    Fatal,
+    /// The broker asks to slow down: the message is handed back without counting an
+    /// attempt, due again after the retry policy's `initial` delay, and the relay waits that
+    /// long before its next claim.
+    Backpressure,
+}
+
+impl ErrorKind {
+    /// The lower-case name used in the `x-error-kind` header and in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Retriable => "retriable",
+            ErrorKind::Poison => "poison",
+            ErrorKind::Fatal => "fatal",
+            ErrorKind::Backpressure => "backpressure",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why one message could not be published.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} publish error: {message}")]
+pub struct PublishError {
+    /// What the relay should do about it.
+    pub kind: ErrorKind,
+    /// What went wrong, for the outbox's error column, the dead-letter headers and logs.
+    pub message: String,
+}
+
+impl PublishError {
+    /// An error of `kind`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        PublishError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// A failure worth retrying later.
+    pub fn retriable(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Retriable, message)
+    }
+
+    /// A message that can never be published.
+    pub fn poison(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Poison, message)
+    }
+
+    /// A publisher that cannot work at all; stops the relay.
+    pub fn fatal(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Fatal, message)
+    }
+
+    /// The broker asks to slow down.
+    pub fn backpressure(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Backpressure, message)
+    }
+}
+
+/// The result of publishing one message.
+pub type PublishOutcome = Result<(), PublishError>;
+
+/// Sends claimed messages to a broker.
+///
+/// The relay calls [`publish`](Self::publish) with each claimed batch and acknowledges
+/// every message by its outcome. Delivery is at least once: a message whose
+/// acknowledgement is lost (a crash, an expired claim) is published again, so publish
+/// [`ClaimedMessage::message_id`] for consumers to drop duplicates.
+///
+/// ```
+/// use changefeed::outbox::ClaimedMessage;
+/// use changefeed::relay::{PublishError, PublishOutcome, Publisher};
+///
+/// /// Prints each message as a JSON line.
+/// struct Stdout;
+///
+/// impl Publisher for Stdout {
+///     async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+///         batch
+///             .iter()
+///             .map(|m| match serde_json::to_string(&m.payload) {
+///                 Ok(json) => {
+///                     println!("{} {} {json}", m.topic, m.message_id);
+///                     Ok(())
+///                 }
+///                 Err(e) => Err(PublishError::poison(e.to_string())),
+///             })
+///             .collect()
+///     }
+/// }
+/// ```
+pub trait Publisher: Send + Sync {
+    /// Publishes a batch and returns one outcome per message, in the batch's order.
+    ///
+    /// A message's failure must not fail the others: return its own error and carry on.
+    /// Returning fewer or more outcomes than messages, panicking, or taking longer than
+    /// the claim timeout are bugs the relay survives: it reports them through
+    /// [`Hooks::on_loop_error`](super::Hooks::on_loop_error) and treats every message
+    /// without an outcome as a retriable failure.
+    fn publish(&self, batch: &[ClaimedMessage])
+    -> impl Future<Output = Vec<PublishOutcome>> + Send;
+
+    /// Hands a message that just went dead to a dead-letter destination. `headers` are
+    /// the message's own headers plus [`HEADER_ORIGINAL_TOPIC`], [`HEADER_ATTEMPTS`],
+    /// [`HEADER_ERROR`] and [`HEADER_ERROR_KIND`].
+    ///
+    /// The default does nothing: the dead row stays in the outbox (dead rows are never
+    /// purged), which is a dead-letter queue of its own. An error here is reported through
+    /// [`Hooks::on_dead_letter_failed`](super::Hooks::on_dead_letter_failed) and the message
+    /// is marked dead anyway: retrying it would publish a message already judged
+    /// unpublishable, and its dead row keeps it for an operator.
+    fn publish_dead_letter(
+        &self,
+        message: &ClaimedMessage,
+        headers: &Headers,
+    ) -> impl Future<Output = Result<(), PublishError>> + Send {
+        let _ = (message, headers);
+        async { Ok(()) }
+    }
+}
+
+/// Lets a caller keep a handle on the publisher it gave the relay.
+impl<P: Publisher> Publisher for Arc<P> {
+    fn publish(
+        &self,
+        batch: &[ClaimedMessage],
+    ) -> impl Future<Output = Vec<PublishOutcome>> + Send {
+        (**self).publish(batch)
+    }
+
+    fn publish_dead_letter(
+        &self,
+        message: &ClaimedMessage,
+        headers: &Headers,
+    ) -> impl Future<Output = Result<(), PublishError>> + Send {
+        (**self).publish_dead_letter(message, headers)
+    }
+}
+
+/// The headers of a dead letter: the message's own, plus where it was going, how many
+/// attempts it failed (`attempts`, this failure included) and the last error.
+pub fn dead_letter_headers(
+    message: &ClaimedMessage,
+    attempts: u32,
+    error: &PublishError,
+) -> Headers {
+    let mut headers = message.headers.clone();
+    headers.insert(HEADER_ORIGINAL_TOPIC.to_owned(), message.topic.clone());
+    headers.insert(HEADER_ATTEMPTS.to_owned(), attempts.to_string());
+    headers.insert(HEADER_ERROR.to_owned(), error.message.clone());
+    headers.insert(HEADER_ERROR_KIND.to_owned(), error.kind.as_str().to_owned());
+    headers
+}

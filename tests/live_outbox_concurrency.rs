@@ -1,0 +1,1942 @@
+//! Live concurrency tests of outbox-mode feeds (DESIGN.md 4.4 and 6): writers and readers
+//! on their own connections, slow and abandoned writers, readers racing for the shard lock,
+//! the reader and writer roles with real logins, and concurrent `setup_feed`.
+//!
+//! They need a SQL Server (`CHANGEFEED_TEST_MSSQL`, or Docker for testcontainers) and are
+//! `#[ignore]`d: run them with
+//! `cargo test --test live_outbox_concurrency -- --ignored`.
+//! Every scenario runs twice, with READ_COMMITTED_SNAPSHOT off and on, each in a database
+//! of its own. Every task, every wait and every loop is bounded, so a stuck reader or a
+//! writer that blocks a reader fails the test with a message instead of hanging it.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use changefeed::{Client, Cursor, Feed, FeedRow, Page, ReadOptions, read_page};
+use common::{TestDb, exec, rows, scalar_i64};
+use futures::FutureExt;
+use tokio::sync::Barrier;
+use tokio::task::JoinHandle;
+use ulid::Ulid;
+
+/// The longest any one task (writer, reader, racer) may run before the test calls it stuck.
+const TASK_LIMIT: Duration = Duration::from_secs(240);
+/// Load readers must have seen every event this long after they and the writers started.
+const LOAD_DEADLINE: Duration = Duration::from_secs(180);
+/// A single call that must not wait for anybody (a read next to an open writer transaction,
+/// a status query) gets this long before the test declares it blocked. The open transactions
+/// these calls run next to never end by themselves, so a blocked call would wait forever.
+const NOT_BLOCKED_LIMIT: Duration = Duration::from_secs(20);
+/// Small pages, so that in the load tests the readers' pages interleave with moves.
+const LOAD_PAGE_SIZE: u32 = 50;
+/// A caught-up load reader pauses this long before it polls its shards again.
+const IDLE_PAUSE: Duration = Duration::from_millis(5);
+/// Transient errors (deadlock victim, lock timeout, dropped connection) a task tolerates
+/// per call before it fails; `FeedReader::stream` would retry them too (DESIGN.md 5).
+const MAX_TRANSIENT_RETRIES: u32 = 20;
+
+/// The key of the load tests' event tables: (writer, seq).
+type WriterKey = (i32, i32);
+
+// ------------------------------------------------------------------------------------------
+// 1. The load matrix
+// ------------------------------------------------------------------------------------------
+
+/// One row of the load matrix of DESIGN.md 6.
+#[derive(Clone, Copy, Debug)]
+struct Load {
+    writers: usize,
+    readers: usize,
+    events_per_writer: usize,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn load_10_writers_5_readers_100_events_on_1_and_4_shards() {
+    let load = Load {
+        writers: 10,
+        readers: 5,
+        events_per_writer: 100,
+    };
+    common::under_both_isolations("load_10x5x100", |db| async move {
+        load_on_1_and_4_shards(&db, load).await;
+        db
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn load_1_writer_20_readers_1000_events_on_1_and_4_shards() {
+    let load = Load {
+        writers: 1,
+        readers: 20,
+        events_per_writer: 1000,
+    };
+    common::under_both_isolations("load_1x20x1000", |db| async move {
+        load_on_1_and_4_shards(&db, load).await;
+        db
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn load_10_writers_10_readers_200_events_on_1_and_4_shards() {
+    let load = Load {
+        writers: 10,
+        readers: 10,
+        events_per_writer: 200,
+    };
+    common::under_both_isolations("load_10x10x200", |db| async move {
+        load_on_1_and_4_shards(&db, load).await;
+        db
+    })
+    .await;
+}
+
+async fn load_on_1_and_4_shards(db: &TestDb, load: Load) {
+    for shards in [1, 4] {
+        run_load(db, load, shards).await;
+    }
+}
+
+/// W writers commit N events each (one transaction per event, each writer waiting for its
+/// previous commit, so the ordering contract applies to a writer's own events) while R
+/// readers, each an independent consumer with its own cursors, read the feed from the start.
+///
+/// Writer w writes to shard `w % shards`. Every reader reads *all* shards round-robin, one
+/// page per shard per turn, instead of one reader group per shard: every reader is then a
+/// complete consumer of the feed whose whole view can be compared with every other reader's,
+/// and each shard's lock is contended by all R readers at once (R racers per shard rather
+/// than R/4). With one writer and 4 shards, shards 1-3 stay empty: readers keep polling
+/// empty shards between pages of the busy one, which must cost them nothing.
+async fn run_load(db: &TestDb, load: Load, shards: i32) {
+    let table = format!(
+        "load_w{}_r{}_n{}_s{shards}",
+        load.writers, load.readers, load.events_per_writer
+    );
+    eprintln!("-- {table}: {load:?} over {shards} shard(s) in {}", db.name);
+    let mut admin = db.client().await;
+    let feed = create_feed(
+        &mut admin,
+        &table,
+        "writer int not null, seq int not null, payload nvarchar(50) null",
+        "writer, seq",
+    )
+    .await;
+    let expected = load.writers * load.events_per_writer;
+    // Writers and readers start together, once every connection is open.
+    let barrier = Arc::new(Barrier::new(load.writers + load.readers));
+
+    let mut writers = Vec::new();
+    for writer in 0..load.writers {
+        let (database, feed, barrier) = (db.name.clone(), feed.clone(), barrier.clone());
+        writers.push(spawn_bounded(
+            format!("{table}: writer {writer}"),
+            TASK_LIMIT,
+            async move {
+                let mut client = common::connect_to(&database).await;
+                barrier.wait().await;
+                let writer = writer as i32;
+                let shard = writer % shards;
+                for seq in 0..load.events_per_writer as i32 {
+                    commit_writer_event(&mut client, &database, &feed, shard, writer, seq).await?;
+                }
+                Ok(())
+            },
+        ));
+    }
+
+    let mut readers = Vec::new();
+    for reader in 0..load.readers {
+        let (database, feed, barrier) = (db.name.clone(), feed.clone(), barrier.clone());
+        readers.push(spawn_bounded(
+            format!("{table}: reader {reader}"),
+            TASK_LIMIT,
+            async move {
+                let mut client = common::connect_to(&database).await;
+                barrier.wait().await;
+                let deadline = Instant::now() + LOAD_DEADLINE;
+                read_whole_feed(&mut client, &database, &feed, shards, expected, deadline).await
+            },
+        ));
+    }
+
+    // Writers first: when one fails, the readers would only run into their deadline.
+    for handle in writers {
+        if let Err(message) = join_result(handle).await {
+            for reader in &readers {
+                reader.abort();
+            }
+            panic!("{message}");
+        }
+    }
+    let mut logs = Vec::new();
+    for handle in readers {
+        logs.push(join(handle).await);
+    }
+
+    // Per reader: exactly once, per-writer order, ULIDs strictly increasing per shard.
+    let mut reference: Option<BTreeMap<(i32, Ulid), WriterKey>> = None;
+    for (reader, log) in logs.iter().enumerate() {
+        let mapping = check_reader_log(&table, reader, log, load, shards);
+        match &reference {
+            None => reference = Some(mapping),
+            Some(first) => {
+                // Independent consumers read one and the same feed.
+                if *first != mapping {
+                    let differing: Vec<_> = first
+                        .iter()
+                        .filter(|(position, key)| mapping.get(position) != Some(key))
+                        .take(5)
+                        .collect();
+                    panic!(
+                        "{table}: reader {reader} saw another feed than reader 0 (first \
+                         differences, as reader 0 saw them: {differing:?}); every consumer \
+                         must see the same ulid -> key mapping per shard"
+                    );
+                }
+            }
+        }
+    }
+    let reference = reference.expect("at least one reader");
+
+    // The server agrees: the feed holds exactly what the readers saw, the outbox is empty.
+    let feed_rows = rows(
+        &mut admin,
+        &format!(
+            "select shard_id, ulid, writer, seq from {} order by shard_id, ulid;",
+            feed.object("feed")
+        ),
+    )
+    .await
+    .expect("read the feed table");
+    let stored: BTreeMap<(i32, Ulid), WriterKey> = feed_rows
+        .iter()
+        .map(|row| {
+            let shard: i32 = row.get(0).expect("shard_id");
+            let ulid = ulid_of(row.get::<&[u8], _>(1).expect("ulid"));
+            let key = (
+                row.get::<i32, _>(2).expect("writer"),
+                row.get::<i32, _>(3).expect("seq"),
+            );
+            ((shard, ulid), key)
+        })
+        .collect();
+    assert_eq!(
+        stored.len(),
+        expected,
+        "{table}: the feed table holds {} rows for {expected} committed events",
+        stored.len()
+    );
+    assert!(
+        stored == reference,
+        "{table}: the feed table differs from what the readers saw"
+    );
+    let left = scalar_i64(
+        &mut admin,
+        &format!("select count_big(*) from {};", feed.outbox_table()),
+    )
+    .await;
+    assert_eq!(
+        left, 0,
+        "{table}: {left} outbox rows were never moved although every event was read"
+    );
+}
+
+/// Reads every shard round-robin from the start until `expected` rows came back, then
+/// checks that the feed has nothing more. Returns the rows per shard, in the order read.
+async fn read_whole_feed(
+    client: &mut Client,
+    database: &str,
+    feed: &Feed,
+    shards: i32,
+    expected: usize,
+    deadline: Instant,
+) -> Result<Vec<Vec<FeedRow<WriterKey>>>, String> {
+    let options = ReadOptions {
+        page_size: LOAD_PAGE_SIZE,
+        wait_ms: 0,
+    };
+    let mut cursors = vec![Cursor::START; shards as usize];
+    let mut seen: Vec<Vec<FeedRow<WriterKey>>> = vec![Vec::new(); shards as usize];
+    let mut total = 0usize;
+    while total < expected {
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "stuck: saw {total} of {expected} committed events within {LOAD_DEADLINE:?} \
+                 (per shard: {:?}, cursors: {:?})",
+                seen.iter().map(Vec::len).collect::<Vec<_>>(),
+                cursors.iter().map(ToString::to_string).collect::<Vec<_>>()
+            ));
+        }
+        let mut progressed = false;
+        for shard in 0..shards {
+            let index = shard as usize;
+            let page =
+                read_retrying::<WriterKey>(client, database, feed, shard, cursors[index], options)
+                    .await?;
+            if page.rows.len() > options.page_size as usize {
+                return Err(format!(
+                    "shard {shard}: a page of {} rows for a page size of {}",
+                    page.rows.len(),
+                    options.page_size
+                ));
+            }
+            progressed |= !page.rows.is_empty();
+            total += page.rows.len();
+            cursors[index] = page.next_cursor;
+            seen[index].extend(page.rows);
+        }
+        if !progressed {
+            tokio::time::sleep(IDLE_PAUSE).await;
+        }
+    }
+    // Every event was seen: the feed must hold nothing more (no late duplicate).
+    for shard in 0..shards {
+        let index = shard as usize;
+        let page =
+            read_retrying::<WriterKey>(client, database, feed, shard, cursors[index], options)
+                .await?;
+        if !page.rows.is_empty() {
+            return Err(format!(
+                "shard {shard}: after all {expected} events, the feed still returned {} more \
+                 rows: {:?}",
+                page.rows.len(),
+                page.rows.iter().map(|row| row.key).collect::<Vec<_>>()
+            ));
+        }
+    }
+    Ok(seen)
+}
+
+/// Checks one reader's log and returns its (shard, ulid) -> key mapping.
+fn check_reader_log(
+    table: &str,
+    reader: usize,
+    log: &[Vec<FeedRow<WriterKey>>],
+    load: Load,
+    shards: i32,
+) -> BTreeMap<(i32, Ulid), WriterKey> {
+    let mut mapping = BTreeMap::new();
+    let mut first_seen: HashMap<WriterKey, (i32, Ulid)> = HashMap::new();
+    let mut per_writer: Vec<Vec<i32>> = vec![Vec::new(); load.writers];
+    for (shard, rows) in log.iter().enumerate() {
+        let shard = shard as i32;
+        let mut previous: Option<Ulid> = None;
+        for row in rows {
+            let (writer, seq) = row.key;
+            if let Some(previous) = previous {
+                assert!(
+                    row.ulid > previous,
+                    "{table}: reader {reader}, shard {shard}: ulid {} of {:?} is not above \
+                     the previous ulid {previous}: ULIDs must strictly increase in a shard",
+                    row.ulid,
+                    row.key
+                );
+            }
+            previous = Some(row.ulid);
+            assert!(
+                (0..load.writers as i32).contains(&writer)
+                    && (0..load.events_per_writer as i32).contains(&seq),
+                "{table}: reader {reader}, shard {shard}: a key nobody wrote: {:?}",
+                row.key
+            );
+            assert_eq!(
+                writer % shards,
+                shard,
+                "{table}: reader {reader}: event {:?} was written to shard {} but read from \
+                 shard {shard}",
+                row.key,
+                writer % shards
+            );
+            if let Some((first_shard, first_ulid)) = first_seen.insert(row.key, (shard, row.ulid)) {
+                panic!(
+                    "{table}: reader {reader} saw event {:?} twice: at ulid {first_ulid} \
+                     (shard {first_shard}) and at ulid {} (shard {shard})",
+                    row.key, row.ulid
+                );
+            }
+            per_writer[writer as usize].push(seq);
+            mapping.insert((shard, row.ulid), row.key);
+        }
+    }
+    let expected = load.writers * load.events_per_writer;
+    if first_seen.len() != expected {
+        let missing: Vec<WriterKey> = (0..load.writers as i32)
+            .flat_map(|w| (0..load.events_per_writer as i32).map(move |s| (w, s)))
+            .filter(|key| !first_seen.contains_key(key))
+            .take(10)
+            .collect();
+        panic!(
+            "{table}: reader {reader} saw {} distinct events of {expected} committed; \
+             missing (first 10): {missing:?}",
+            first_seen.len()
+        );
+    }
+    let in_order: Vec<i32> = (0..load.events_per_writer as i32).collect();
+    for (writer, seqs) in per_writer.iter().enumerate() {
+        if *seqs != in_order {
+            let first_wrong = seqs
+                .iter()
+                .zip(&in_order)
+                .position(|(seen, wanted)| seen != wanted);
+            panic!(
+                "{table}: reader {reader} saw writer {writer}'s events out of commit order \
+                 (first difference at position {first_wrong:?}: {:?}); each of them \
+                 committed before the next began, so the feed must keep their order",
+                first_wrong.map(|at| &seqs[at..(at + 5).min(seqs.len())])
+            );
+        }
+    }
+    mapping
+}
+
+// ------------------------------------------------------------------------------------------
+// 2. A slow writer does not delay the readers of its shard
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn slow_uncommitted_writer_does_not_delay_readers_of_its_shard() {
+    common::under_both_isolations("slow_writer", |db| async move {
+        slow_writer_scenario(&db).await;
+        db
+    })
+    .await;
+}
+
+async fn slow_writer_scenario(db: &TestDb) {
+    const SHARD: i32 = 1;
+    const HOLD: Duration = Duration::from_secs(5);
+    const LATENCY: Duration = Duration::from_secs(1);
+    let options = ReadOptions {
+        page_size: 100,
+        wait_ms: 0,
+    };
+    let mut admin = db.client().await;
+    let feed = create_feed(
+        &mut admin,
+        "slow_writer",
+        "writer int not null, seq int not null, payload nvarchar(50) null",
+        "writer, seq",
+    )
+    .await;
+    let mut writer_a = db.client().await;
+    let mut writer_b = db.client().await;
+    let mut reader = db.client().await;
+    // Warm up the reader's connection and read_feed's plan on another shard, so the timed
+    // call below measures waiting, not the first compilation.
+    read_page::<WriterKey>(&mut reader, &feed, 0, Cursor::START, options)
+        .await
+        .expect("warm-up read of an empty shard");
+
+    // A takes its order_sequence first, so its row is ahead of B's in the outbox, and
+    // keeps its transaction open.
+    exec(&mut writer_a, &open_writer_transaction(&feed, SHARD, 1, 1))
+        .await
+        .expect("writer A inserts its event and outbox row");
+    let a_began = Instant::now();
+    assert_eq!(
+        scalar_i64(&mut writer_a, "select @@trancount;").await,
+        1,
+        "writer A's transaction must stay open between batches"
+    );
+    bounded(
+        "writer B's commit next to A's open transaction",
+        NOT_BLOCKED_LIMIT,
+        commit_event(&mut writer_b, &feed, SHARD, 2, 1),
+    )
+    .await
+    .expect("writer B commits");
+
+    let started = Instant::now();
+    let page = bounded(
+        "the read next to writer A's open transaction",
+        NOT_BLOCKED_LIMIT,
+        read_page::<WriterKey>(&mut reader, &feed, SHARD, Cursor::START, options),
+    )
+    .await
+    .expect("read_page");
+    let took = started.elapsed();
+    assert_eq!(
+        keys(&page),
+        vec![(2, 1)],
+        "{:?}: the reader must return B's committed row and not A's uncommitted one",
+        db.isolation
+    );
+    assert!(
+        took <= LATENCY,
+        "{:?}: the read took {took:?}: an uncommitted writer must not delay the readers of \
+         its shard (limit {LATENCY:?})",
+        db.isolation
+    );
+    let b_ulid = page.rows[0].ulid;
+
+    // Until A commits, no read returns its row, and none waits for it.
+    let mut polls = 0;
+    while a_began.elapsed() < HOLD {
+        for cursor in [Cursor::START, page.next_cursor] {
+            let started = Instant::now();
+            let again = bounded(
+                "a read while writer A holds its row",
+                NOT_BLOCKED_LIMIT,
+                read_page::<WriterKey>(&mut reader, &feed, SHARD, cursor, options),
+            )
+            .await
+            .expect("read_page while A is open");
+            let took = started.elapsed();
+            let wanted = if cursor == Cursor::START {
+                vec![(2, 1)]
+            } else {
+                Vec::new()
+            };
+            assert_eq!(
+                keys(&again),
+                wanted,
+                "{:?}: read from {cursor} while A is uncommitted",
+                db.isolation
+            );
+            assert!(
+                took <= LATENCY,
+                "{:?}: a read while A is open took {took:?}",
+                db.isolation
+            );
+        }
+        polls += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(polls > 0);
+    assert_eq!(
+        scalar_i64(&mut writer_a, "select @@trancount;").await,
+        1,
+        "writer A's transaction must still be open after {HOLD:?}"
+    );
+
+    exec(&mut writer_a, "commit transaction;")
+        .await
+        .expect("writer A commits");
+    let after = bounded(
+        "the read after writer A committed",
+        NOT_BLOCKED_LIMIT,
+        read_page::<WriterKey>(&mut reader, &feed, SHARD, page.next_cursor, options),
+    )
+    .await
+    .expect("read_page after A's commit");
+    assert_eq!(
+        keys(&after),
+        vec![(1, 1)],
+        "{:?}: after A commits, the next read returns A's row",
+        db.isolation
+    );
+    assert!(
+        after.rows[0].ulid > b_ulid,
+        "{:?}: A's row got ulid {} which is not above B's {b_ulid}; a row moved later must \
+         come later in the shard",
+        db.isolation,
+        after.rows[0].ulid
+    );
+    let replay = read_page::<WriterKey>(&mut reader, &feed, SHARD, Cursor::START, options)
+        .await
+        .expect("replay from the start");
+    assert_eq!(keys(&replay), vec![(2, 1), (1, 1)]);
+}
+
+// ------------------------------------------------------------------------------------------
+// 3. An abandoned writer never blocks readers and leaves no trace
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn abandoned_writer_never_blocks_readers_and_leaves_no_trace() {
+    common::under_both_isolations("abandoned", |db| async move {
+        abandoned_writer_scenario(&db).await;
+        db
+    })
+    .await;
+}
+
+async fn abandoned_writer_scenario(db: &TestDb) {
+    const SHARD: i32 = 0;
+    let options = ReadOptions {
+        page_size: 100,
+        wait_ms: 0,
+    };
+    let mut admin = db.client().await;
+    let feed = create_feed(
+        &mut admin,
+        "abandoned",
+        "writer int not null, seq int not null, payload nvarchar(50) null",
+        "writer, seq",
+    )
+    .await;
+
+    // Writer 1 will vanish with its transaction open; writer 2 will roll back explicitly.
+    let mut vanishing = db.client().await;
+    exec(&mut vanishing, &open_writer_transaction(&feed, SHARD, 1, 1))
+        .await
+        .expect("the vanishing writer inserts");
+    let mut rolling_back = db.client().await;
+    exec(
+        &mut rolling_back,
+        &open_writer_transaction(&feed, SHARD, 2, 1),
+    )
+    .await
+    .expect("the rolling-back writer inserts");
+
+    // A committed writer is not blocked by either, nor is a reader.
+    let mut committer = db.client().await;
+    for seq in 1..=3 {
+        bounded(
+            "a commit next to abandoned transactions",
+            NOT_BLOCKED_LIMIT,
+            commit_event(&mut committer, &feed, SHARD, 3, seq),
+        )
+        .await
+        .expect("writer 3 commits");
+    }
+    let mut reader = db.client().await;
+    let page = bounded(
+        "a read next to abandoned transactions",
+        NOT_BLOCKED_LIMIT,
+        read_page::<WriterKey>(&mut reader, &feed, SHARD, Cursor::START, options),
+    )
+    .await
+    .expect("read_page next to abandoned writers");
+    assert_eq!(
+        keys(&page),
+        vec![(3, 1), (3, 2), (3, 3)],
+        "{:?}: readers get the committed rows and skip the open ones",
+        db.isolation
+    );
+    // The dashboard does not wait for the open writers either, and counts committed rows.
+    let depth = bounded(
+        "feed_status next to abandoned transactions",
+        NOT_BLOCKED_LIMIT,
+        scalar_i64(
+            &mut admin,
+            "select isnull(sum(outbox_depth), 0) from changefeed.feed_status \
+             where feed = N'dbo.abandoned';",
+        ),
+    )
+    .await;
+    assert_eq!(depth, 0, "feed_status counts committed outbox rows only");
+
+    // Abandon: one rolls back, the other's connection is dropped without a commit, which
+    // makes SQL Server roll its transaction back when it notices the closed socket.
+    exec(&mut rolling_back, "rollback transaction;")
+        .await
+        .expect("rollback");
+    drop(vanishing);
+
+    // Bounded wait for the server to finish the dropped session's rollback. NOLOCK sees
+    // uncommitted rows, so it tells when they are really gone.
+    let gone_by = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = scalar_i64(
+            &mut admin,
+            &format!(
+                "select (select count_big(*) from {} with (nolock) where writer in (1, 2)) \
+                 + (select count_big(*) from {} with (nolock) where writer in (1, 2));",
+                feed.outbox_table(),
+                feed.quoted_table()
+            ),
+        )
+        .await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < gone_by,
+            "{left} rows of the abandoned writers are still there 60 s after their \
+             connection was dropped / rolled back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // No trace: not in the event table, the outbox, the feed, nor any read.
+    let events = scalar_i64(
+        &mut admin,
+        &format!(
+            "select count_big(*) from {} where writer in (1, 2);",
+            feed.quoted_table()
+        ),
+    )
+    .await;
+    assert_eq!(events, 0, "rolled-back events are gone");
+    let outbox = scalar_i64(
+        &mut admin,
+        &format!("select count_big(*) from {};", feed.outbox_table()),
+    )
+    .await;
+    assert_eq!(outbox, 0, "the outbox is empty after the rollbacks");
+    let in_feed = scalar_i64(
+        &mut admin,
+        &format!(
+            "select count_big(*) from {} where writer in (1, 2);",
+            feed.object("feed")
+        ),
+    )
+    .await;
+    assert_eq!(in_feed, 0, "no rolled-back key reached the feed");
+    let nothing = read_page::<WriterKey>(&mut reader, &feed, SHARD, page.next_cursor, options)
+        .await
+        .expect("read after the rollbacks");
+    assert_eq!(keys(&nothing), Vec::<WriterKey>::new());
+
+    // The shard goes on: a later commit is read after the earlier ones.
+    commit_event(&mut committer, &feed, SHARD, 3, 4)
+        .await
+        .expect("a commit after the rollbacks");
+    let next = read_page::<WriterKey>(&mut reader, &feed, SHARD, page.next_cursor, options)
+        .await
+        .expect("read the later commit");
+    assert_eq!(keys(&next), vec![(3, 4)]);
+    assert!(next.rows[0].ulid > page.rows[2].ulid);
+    let replay = read_page::<WriterKey>(&mut reader, &feed, SHARD, Cursor::START, options)
+        .await
+        .expect("replay");
+    assert_eq!(keys(&replay), vec![(3, 1), (3, 2), (3, 3), (3, 4)]);
+}
+
+// ------------------------------------------------------------------------------------------
+// 4. Two readers racing at the head both get the rows
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn readers_racing_at_the_head_both_return_the_rows() {
+    common::under_both_isolations("head_race", |db| async move {
+        head_race_scenario(&db).await;
+        db
+    })
+    .await;
+}
+
+async fn head_race_scenario(db: &TestDb) {
+    const ROUNDS: i32 = 20;
+    const EVENTS: i32 = 200;
+    let options = ReadOptions {
+        page_size: 1000,
+        wait_ms: 0,
+    };
+    let mut admin = db.client().await;
+    let feed = create_feed(
+        &mut admin,
+        "head_race",
+        "lap int not null, n int not null",
+        "lap, n",
+    )
+    .await;
+    let mut racers = [Some(db.client().await), Some(db.client().await)];
+    let mut cursor = Cursor::START;
+
+    for round in 0..ROUNDS {
+        // K events, each committed in its own transaction, before the race starts.
+        exec(
+            &mut admin,
+            &format!(
+                "set xact_abort on; declare @n int = 0; \
+                 while @n < {EVENTS} begin \
+                   begin transaction; \
+                   insert into {table} (lap, n) values ({round}, @n); \
+                   insert into {outbox} (shard_id, lap, n) values (0, {round}, @n); \
+                   commit transaction; \
+                   set @n += 1; \
+                 end;",
+                table = feed.quoted_table(),
+                outbox = feed.outbox_table(),
+            ),
+        )
+        .await
+        .expect("commit the round's events");
+
+        // Both start together at the barrier. The lost race has more than one window (the
+        // loser may reach the lock while the winner holds it, or check the outbox while the
+        // winner is moving it), so in most rounds one racer starts a little later after the
+        // barrier, sweeping 0-5.4 ms in 0.6 ms steps; rounds 0 and 10 start at once.
+        let delayed = (round % 2) as usize;
+        let offset = Duration::from_micros((round as u64 % 10) * 600);
+        let barrier = Arc::new(Barrier::new(2));
+        let mut handles = Vec::new();
+        for (racer, slot) in racers.iter_mut().enumerate() {
+            let mut client = slot.take().expect("racer connection");
+            let (feed, barrier) = (feed.clone(), barrier.clone());
+            handles.push(spawn_bounded(
+                format!("round {round}: racer {racer}"),
+                TASK_LIMIT,
+                async move {
+                    barrier.wait().await;
+                    if racer == delayed && !offset.is_zero() {
+                        // tokio's timer ticks in milliseconds; spin for sub-ms offsets.
+                        let until = Instant::now() + offset;
+                        while Instant::now() < until {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    let page = read_page::<(i32, i32)>(&mut client, &feed, 0, cursor, options)
+                        .await
+                        .map_err(|error| format!("read_page: {error}"))?;
+                    Ok((client, page))
+                },
+            ));
+        }
+        let mut pages = Vec::new();
+        for (racer, handle) in handles.into_iter().enumerate() {
+            let (client, page) = join(handle).await;
+            racers[racer] = Some(client);
+            pages.push(page);
+        }
+
+        let wanted: Vec<(i32, i32)> = (0..EVENTS).map(|n| (round, n)).collect();
+        for (racer, page) in pages.iter().enumerate() {
+            let mut got = keys(page);
+            let in_order = page.rows.windows(2).all(|pair| pair[0].ulid < pair[1].ulid);
+            got.sort_unstable();
+            assert!(
+                got == wanted,
+                "{:?}, round {round}: racer {racer} (the delayed one: {}, offset {offset:?}) \
+                 returned {} rows instead of the {EVENTS} committed before it started; the \
+                 loser of the race at the head must return the winner's rows, never an \
+                 empty or short page",
+                db.isolation,
+                racer == delayed,
+                page.rows.len()
+            );
+            assert!(
+                in_order,
+                "round {round}: racer {racer}'s page is not in ulid order"
+            );
+        }
+        assert_eq!(
+            pages[0], pages[1],
+            "round {round}: both racers read from the same cursor and must get the same page"
+        );
+        let left = scalar_i64(
+            &mut admin,
+            &format!("select count_big(*) from {};", feed.outbox_table()),
+        )
+        .await;
+        assert_eq!(left, 0, "round {round}: the outbox was not emptied");
+        assert!(pages[0].next_cursor > cursor);
+        cursor = pages[0].next_cursor;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 5. Roles with real logins
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn reader_and_writer_roles_with_real_logins() {
+    common::under_both_isolations("roles", |db| async move {
+        let reader = Login::new("reader", &db);
+        let writer = Login::new("writer", &db);
+        let outcome = AssertUnwindSafe(roles_scenario(&db, &reader, &writer))
+            .catch_unwind()
+            .await;
+        // Logins are server-level: they outlive the test database, so drop them even when
+        // the scenario failed.
+        drop_logins(&db, &[&reader, &writer]).await;
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+        db
+    })
+    .await;
+}
+
+async fn roles_scenario(db: &TestDb, reader_login: &Login, writer_login: &Login) {
+    let mut admin = db.client().await;
+    let feed = create_feed(
+        &mut admin,
+        "role_events",
+        "id int not null, payload nvarchar(100) not null",
+        "id",
+    )
+    .await;
+    reader_login
+        .create(&mut admin, &feed.readers_role(), None)
+        .await;
+    // The event table is the application's own: it grants its writers INSERT on it, so that
+    // they can write the event and its outbox row in one transaction. changefeed grants
+    // only the outbox.
+    writer_login
+        .create(
+            &mut admin,
+            &feed.writers_role(),
+            Some(&format!("grant insert on {} to", feed.quoted_table())),
+        )
+        .await;
+
+    let mut reader = reader_login.connect(db).await;
+    let mut writer = writer_login.connect(db).await;
+    for (login, client, role) in [
+        (reader_login, &mut reader, feed.readers_role()),
+        (writer_login, &mut writer, feed.writers_role()),
+    ] {
+        let identity = rows(
+            client,
+            &format!(
+                "select suser_sname(), db_name(), is_member(N'{}');",
+                role.trim_start_matches('[').trim_end_matches(']')
+            ),
+        )
+        .await
+        .expect("who am I");
+        let row = &identity[0];
+        assert_eq!(row.get::<&str, _>(0), Some(login.name.as_str()));
+        assert_eq!(row.get::<&str, _>(1), Some(db.name.as_str()));
+        assert_eq!(
+            row.get::<i32, _>(2),
+            Some(1),
+            "{} is a member of {role}",
+            login.name
+        );
+    }
+
+    // Writer: event + outbox row in one transaction, through the sequence default, with
+    // no permission on the sequence itself.
+    let sequence_permission = scalar_i64(
+        &mut writer,
+        &format!(
+            "select isnull(has_perms_by_name(N'{}', N'OBJECT', N'UPDATE'), 0);",
+            feed.object("sequence")
+        ),
+    )
+    .await;
+    assert_eq!(
+        sequence_permission, 0,
+        "the writer must not need (nor have) UPDATE on the sequence"
+    );
+    for (id, payload, shard) in [(1, "one", None), (2, "two", None), (3, "three", Some(0))] {
+        let outbox_insert = match shard {
+            None => format!("insert into {} (id) values ({id});", feed.outbox_table()),
+            Some(shard) => format!(
+                "insert into {} (shard_id, id) values ({shard}, {id});",
+                feed.outbox_table()
+            ),
+        };
+        exec(
+            &mut writer,
+            &format!(
+                "set xact_abort on; begin transaction; \
+                 insert into {} (id, payload) values ({id}, N'{payload}'); {outbox_insert} \
+                 commit transaction;",
+                feed.quoted_table()
+            ),
+        )
+        .await
+        .unwrap_or_else(|error| {
+            panic!("a member of the writers role must be able to insert into the outbox: {error}")
+        });
+    }
+
+    // Writer: no reading.
+    match read_page::<i32>(&mut writer, &feed, 0, Cursor::START, ReadOptions::default()).await {
+        Ok(page) => panic!(
+            "the writer login executed read_feed (got {} rows); writers must not read",
+            page.rows.len()
+        ),
+        Err(error) => assert_eq!(
+            error.server_number(),
+            Some(229),
+            "exec read_feed as a writer must fail with 229 (EXECUTE denied), got {error}"
+        ),
+    }
+    for (sql, what) in [
+        (
+            format!("select * from {};", feed.outbox_table()),
+            "writer selects from the outbox",
+        ),
+        (
+            format!("select * from {};", feed.object("feed")),
+            "writer selects from the feed",
+        ),
+        (
+            format!("select * from {};", feed.object("state")),
+            "writer selects from the state",
+        ),
+        (
+            format!("delete from {};", feed.outbox_table()),
+            "writer deletes from the outbox",
+        ),
+        (
+            format!(
+                "update {} set time_hint = sysutcdatetime();",
+                feed.outbox_table()
+            ),
+            "writer updates the outbox",
+        ),
+    ] {
+        expect_denied(&mut writer, &sql, what).await;
+    }
+
+    // Reader: read_page works, and moves the outbox through ownership chaining (it is the
+    // first reader of the feed).
+    let page = read_page::<i32>(&mut reader, &feed, 0, Cursor::START, ReadOptions::default())
+        .await
+        .unwrap_or_else(|error| {
+            panic!("a member of the readers role must be able to read the feed: {error}")
+        });
+    assert_eq!(
+        page.rows.iter().map(|row| row.key).collect::<Vec<_>>(),
+        vec![1, 2, 3],
+        "the reader login reads every committed event"
+    );
+    // @with_event = 1 joins the event table, which the reader cannot select from directly.
+    let with_event = read_with_event(&mut reader, &feed, Cursor::START).await;
+    assert_eq!(
+        with_event,
+        vec![
+            (page.rows[0].ulid, 1, "one".to_owned()),
+            (page.rows[1].ulid, 2, "two".to_owned()),
+            (page.rows[2].ulid, 3, "three".to_owned()),
+        ],
+        "read_feed @with_event = 1 as the reader login"
+    );
+
+    // Reader: nothing else.
+    let zero_ulid = "0x00000000000000000000000000000000";
+    for (sql, what) in [
+        (
+            format!("select * from {};", feed.outbox_table()),
+            "reader selects from the outbox",
+        ),
+        (
+            format!("select * from {};", feed.object("feed")),
+            "reader selects from the feed",
+        ),
+        (
+            format!("select * from {};", feed.object("state")),
+            "reader selects from the state",
+        ),
+        (
+            format!("insert into {} (id) values (99);", feed.outbox_table()),
+            "reader inserts into the outbox",
+        ),
+        (
+            format!("delete from {};", feed.outbox_table()),
+            "reader deletes from the outbox",
+        ),
+        (
+            format!(
+                "insert into {} (shard_id, ulid, id) values (0, {zero_ulid}, 99);",
+                feed.object("feed")
+            ),
+            "reader inserts into the feed",
+        ),
+        (
+            format!("delete from {};", feed.object("feed")),
+            "reader deletes from the feed",
+        ),
+        (
+            format!("update {} set next_counter = 0;", feed.object("state")),
+            "reader updates the state",
+        ),
+        (
+            format!("delete from {};", feed.object("state")),
+            "reader deletes from the state",
+        ),
+        (
+            format!("select * from {};", feed.quoted_table()),
+            "reader selects from the event table",
+        ),
+        (
+            "exec changefeed.setup_feed @table_name = N'dbo.role_events', @outbox = 1;".to_owned(),
+            "reader calls setup_feed",
+        ),
+    ] {
+        expect_denied(&mut reader, &sql, what).await;
+    }
+
+    // None of the refused statements changed anything.
+    let state = rows(
+        &mut admin,
+        &format!(
+            "select (select count_big(*) from {}), (select count_big(*) from {}), \
+                    (select count_big(*) from {}), (select count_big(*) from {});",
+            feed.outbox_table(),
+            feed.object("feed"),
+            feed.object("state"),
+            feed.quoted_table()
+        ),
+    )
+    .await
+    .expect("count the feed's tables");
+    let counts: Vec<i64> = (0..4)
+        .map(|i| state[0].get::<i64, _>(i).expect("count"))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![0, 3, 1, 3],
+        "outbox, feed, state and event rows after the refused statements"
+    );
+
+    close(reader).await;
+    close(writer).await;
+}
+
+/// `read_feed @with_event = 1`, which `read_page` does not offer: (ulid, id, payload) rows.
+async fn read_with_event(
+    client: &mut Client,
+    feed: &Feed,
+    cursor: Cursor,
+) -> Vec<(Ulid, i32, String)> {
+    let sql = format!(
+        "exec {} @shard_id = @P1, @cursor = @P2, @page_size = @P3, @wait_ms = 0, @with_event = 1",
+        feed.read_feed_procedure()
+    );
+    let cursor_bytes = cursor.to_bytes();
+    let result = client
+        .query(sql, &[&0i32, &&cursor_bytes[..], &100i32])
+        .await
+        .unwrap_or_else(|error| panic!("read_feed @with_event = 1 as a reader: {error}"))
+        .into_first_result()
+        .await
+        .unwrap_or_else(|error| panic!("read_feed @with_event = 1 as a reader: {error}"));
+    result
+        .iter()
+        .map(|row| {
+            (
+                ulid_of(row.get::<&[u8], _>(0).expect("ulid")),
+                row.get::<i32, _>(1).expect("id"),
+                row.get::<&str, _>(2).expect("payload").to_owned(),
+            )
+        })
+        .collect()
+}
+
+// ------------------------------------------------------------------------------------------
+// 5b. A reader login takes the same shard lock as every other reader
+// ------------------------------------------------------------------------------------------
+
+/// read_feed names its shard lock after `object_id(N'[changefeed].[feed:...]')`. Inside a
+/// procedure, metadata functions answer with the *caller's* permissions, not the owner's
+/// (ownership chaining does not extend to metadata visibility), and a member of the readers
+/// role has no permission on the feed table. If `object_id` answers NULL for it, its lock is
+/// `changefeed::<shard>` instead of `changefeed:<id>:<shard>`: it moves the outbox while a
+/// dbo reader holds the shard's lock, and the "a lost race returns the winner's rows"
+/// guarantee no longer holds between such readers and others. This test holds the shard
+/// lock by the name read_feed is meant to use, first shows that a dbo reader waits for it
+/// (so the name is right), then requires the same of a reader login.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn reader_login_waits_for_the_same_shard_lock_as_other_readers() {
+    common::under_both_isolations("shard_lock", |db| async move {
+        let reader = Login::new("lockreader", &db);
+        let outcome = AssertUnwindSafe(shard_lock_scenario(&db, &reader))
+            .catch_unwind()
+            .await;
+        drop_logins(&db, &[&reader]).await;
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+        db
+    })
+    .await;
+}
+
+async fn shard_lock_scenario(db: &TestDb, reader_login: &Login) {
+    // Far below read_feed's 10 s lock timeout, far above a read that does not wait.
+    const HOLD: Duration = Duration::from_secs(2);
+    let mut admin = db.client().await;
+    let feed = create_feed(
+        &mut admin,
+        "lock_events",
+        "id int not null, payload nvarchar(50) null",
+        "id",
+    )
+    .await;
+    reader_login
+        .create(&mut admin, &feed.readers_role(), None)
+        .await;
+    let mut holder = db.client().await;
+
+    let mut cursor = Cursor::START;
+    for (phase, ids) in [("dbo reader", [1, 2, 3]), ("reader login", [4, 5, 6])] {
+        for id in ids {
+            exec(
+                &mut admin,
+                &format!(
+                    "set xact_abort on; begin transaction; \
+                     insert into {} (id) values ({id}); insert into {} (id) values ({id}); \
+                     commit transaction;",
+                    feed.quoted_table(),
+                    feed.outbox_table()
+                ),
+            )
+            .await
+            .expect("commit an event");
+        }
+        let lock = rows(
+            &mut holder,
+            &format!(
+                "begin transaction; \
+                 declare @resource nvarchar(255) = concat(N'changefeed:', object_id(N'{}'), N':', 0); \
+                 declare @result int; \
+                 exec @result = sys.sp_getapplock @Resource = @resource, \
+                     @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0; \
+                 select @result;",
+                feed.object("feed")
+            ),
+        )
+        .await
+        .expect("take the shard lock");
+        assert_eq!(lock[0].get::<i32, _>(0), Some(0), "the shard lock was free");
+
+        let mut client = if phase == "dbo reader" {
+            db.client().await
+        } else {
+            reader_login.connect(db).await
+        };
+        let feed_for_read = feed.clone();
+        let read = spawn_bounded(format!("{phase}: read"), TASK_LIMIT, async move {
+            let page = read_page::<i32>(
+                &mut client,
+                &feed_for_read,
+                0,
+                cursor,
+                ReadOptions::default(),
+            )
+            .await
+            .map_err(|error| format!("read_page: {error}"))?;
+            Ok((client, page))
+        });
+        tokio::time::sleep(HOLD).await;
+        let waited = !read.is_finished();
+        exec(&mut holder, "commit transaction;")
+            .await
+            .expect("release the shard lock");
+        let (client, page) = join(read).await;
+        assert_eq!(
+            page.rows.iter().map(|row| row.key).collect::<Vec<_>>(),
+            ids.to_vec(),
+            "{phase}: the read returns the committed events once the lock is free"
+        );
+        if phase == "dbo reader" {
+            assert!(
+                waited,
+                "test precondition: a dbo reader did not wait for the lock named \
+                 changefeed:<object_id of the feed table>:<shard>; read_feed no longer uses \
+                 that name, so this test must follow it"
+            );
+            drop(client);
+        } else {
+            assert!(
+                waited,
+                "{:?}: a member of {} moved the outbox while the shard lock \
+                 changefeed:<feed object_id>:0 was held: read_feed computes its lock name \
+                 with object_id() on the feed table, which answers NULL for a caller without \
+                 permission on it (metadata visibility is not covered by ownership \
+                 chaining), so reader logins lock 'changefeed::0', shared by every feed and \
+                 distinct from dbo's lock",
+                db.isolation,
+                feed.readers_role()
+            );
+            close(client).await;
+        }
+        cursor = page.next_cursor;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 6. Concurrent setup_feed
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn concurrent_setup_feed_creates_exactly_one_feed() {
+    common::under_both_isolations("setup_race", |db| async move {
+        setup_race_scenario(&db).await;
+        db
+    })
+    .await;
+}
+
+async fn setup_race_scenario(db: &TestDb) {
+    const ROUNDS: usize = 4;
+    const RACERS: usize = 2;
+    let mut admin = db.client().await;
+    let mut racers: Vec<Option<Client>> = Vec::new();
+    for _ in 0..RACERS {
+        racers.push(Some(db.client().await));
+    }
+
+    for round in 0..ROUNDS {
+        let table = format!("setup_race_{round}");
+        exec(
+            &mut admin,
+            &format!(
+                "create table [dbo].[{table}] (id int not null, payload nvarchar(50) null, \
+                 constraint [pk_{table}] primary key clustered (id));"
+            ),
+        )
+        .await
+        .expect("create the event table");
+        let feed = Feed::new("dbo", &table).expect("a valid feed name");
+
+        let barrier = Arc::new(Barrier::new(RACERS));
+        let mut handles = Vec::new();
+        for (racer, slot) in racers.iter_mut().enumerate() {
+            let mut client = slot.take().expect("racer connection");
+            let (barrier, table) = (barrier.clone(), table.clone());
+            handles.push(spawn_bounded(
+                format!("{table}: setup_feed racer {racer}"),
+                TASK_LIMIT,
+                async move {
+                    barrier.wait().await;
+                    let outcome = exec(
+                        &mut client,
+                        &format!(
+                            "exec changefeed.setup_feed @table_name = N'dbo.{table}', @outbox = 1;"
+                        ),
+                    )
+                    .await;
+                    let open = scalar_i64(&mut client, "select @@trancount;").await;
+                    Ok((client, outcome, open))
+                },
+            ));
+        }
+        let mut succeeded = 0;
+        for (racer, handle) in handles.into_iter().enumerate() {
+            let (client, outcome, open) = join(handle).await;
+            racers[racer] = Some(client);
+            assert_eq!(
+                open, 0,
+                "{table}: racer {racer}'s setup_feed left a transaction open"
+            );
+            match outcome {
+                Ok(()) => succeeded += 1,
+                Err(error) => {
+                    // "Fails cleanly": a server error, rolled back, connection usable.
+                    assert!(
+                        error.server_number().is_some(),
+                        "{table}: racer {racer} failed without a server error: {error}"
+                    );
+                    eprintln!("-- {table}: racer {racer} failed cleanly: {error}");
+                }
+            }
+        }
+        assert!(
+            succeeded >= 1,
+            "{table}: no concurrent setup_feed succeeded"
+        );
+
+        check_one_feed(&mut admin, &feed).await;
+        // A later call is a no-op, and leaves the same single feed.
+        exec(
+            &mut admin,
+            &format!("exec changefeed.setup_feed @table_name = N'dbo.{table}', @outbox = 1;"),
+        )
+        .await
+        .expect("setup_feed again is idempotent");
+        check_one_feed(&mut admin, &feed).await;
+
+        // And the feed works, and appears once in feed_status.
+        exec(
+            &mut admin,
+            &format!(
+                "set xact_abort on; begin transaction; \
+                 insert into {} (id) values (1); insert into {} (id) values (1); \
+                 commit transaction;",
+                feed.quoted_table(),
+                feed.outbox_table()
+            ),
+        )
+        .await
+        .expect("write an event");
+        let page = read_page::<i32>(&mut admin, &feed, 0, Cursor::START, ReadOptions::default())
+            .await
+            .expect("read the raced feed");
+        assert_eq!(
+            page.rows.iter().map(|row| row.key).collect::<Vec<_>>(),
+            vec![1]
+        );
+        let status_rows = scalar_i64(
+            &mut admin,
+            &format!(
+                "select count_big(*) from changefeed.feed_status where feed = N'dbo.{table}';"
+            ),
+        )
+        .await;
+        assert_eq!(
+            status_rows, 1,
+            "{table}: feed_status must list the feed's one shard once"
+        );
+    }
+}
+
+/// Exactly one registry row and one complete set of per-feed objects, roles and grants.
+async fn check_one_feed(admin: &mut Client, feed: &Feed) {
+    let (schema, table) = (feed.schema(), feed.table());
+    let registered = scalar_i64(
+        admin,
+        &format!(
+            "select count_big(*) from changefeed.feeds \
+             where schema_name = N'{schema}' and table_name = N'{table}';"
+        ),
+    )
+    .await;
+    assert_eq!(registered, 1, "{feed}: registry rows");
+    let objects = scalar_i64(
+        admin,
+        &format!(
+            "select count_big(*) from sys.objects \
+             where schema_id = schema_id(N'changefeed') and name in ( \
+               N'read_feed:{feed}', N'status:{feed}', N'feed:{feed}', N'outbox:{feed}', \
+               N'state:{feed}', N'sequence:{feed}');"
+        ),
+    )
+    .await;
+    assert_eq!(
+        objects, 6,
+        "{feed}: read_feed, status, feed, outbox, state, sequence"
+    );
+    let types = scalar_i64(
+        admin,
+        &format!(
+            "select count_big(*) from sys.types \
+             where is_user_defined = 1 and name = N'type:read:{feed}';"
+        ),
+    )
+    .await;
+    assert_eq!(types, 1, "{feed}: the read type");
+    let roles = scalar_i64(
+        admin,
+        &format!(
+            "select count_big(*) from sys.database_principals where type = 'R' and name in \
+             (N'changefeed.writers:{feed}', N'changefeed.readers:{feed}');"
+        ),
+    )
+    .await;
+    assert_eq!(roles, 2, "{feed}: the writers and readers roles");
+    let grants = scalar_i64(
+        admin,
+        &format!(
+            "select count_big(*) from sys.database_permissions \
+             where state = 'G' and grantee_principal_id in ( \
+               database_principal_id(N'changefeed.writers:{feed}'), \
+               database_principal_id(N'changefeed.readers:{feed}'));"
+        ),
+    )
+    .await;
+    assert_eq!(
+        grants, 3,
+        "{feed}: INSERT on the outbox, EXECUTE on read_feed and on the read type"
+    );
+    let everything = scalar_i64(
+        admin,
+        &format!(
+            "select count_big(*) from changefeed.feed_objects(N'{schema}', N'{table}') as o \
+             where case o.object_class \
+                     when 'TT' then type_id(o.quoted_name) \
+                     when 'R' then database_principal_id(o.object_name) \
+                     else object_id(o.quoted_name) \
+                   end is null;"
+        ),
+    )
+    .await;
+    assert_eq!(
+        everything, 0,
+        "{feed}: a per-feed object of feed_objects is missing"
+    );
+}
+
+/// setup_feed for two *different* tables at once. Each call ends by rebuilding
+/// changefeed.feed_status from the registry (refresh_feed_status); a call that reads the
+/// registry while the other's row is not yet committed must neither drop the other's feed
+/// from feed_status (the last rebuild wins) nor deadlock on it. A call may still fail
+/// cleanly (a server error, nothing left open); it is then retried alone, as a migration
+/// tool would. Afterwards every registered feed is in feed_status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn concurrent_setup_feed_of_different_tables_keeps_every_feed_in_feed_status() {
+    common::under_both_isolations("setup_pairs", |db| async move {
+        setup_pairs_scenario(&db).await;
+        db
+    })
+    .await;
+}
+
+async fn setup_pairs_scenario(db: &TestDb) {
+    const ROUNDS: usize = 6;
+    let mut admin = db.client().await;
+    // Feeds that exist already: with registry keys spread out, the racers' key-range locks
+    // on changefeed.feeds (setup_feed's UPDLOCK, HOLDLOCK probe) may fall into different
+    // ranges and stop serializing the two calls.
+    for spread in 0..4 {
+        create_feed(
+            &mut admin,
+            &format!("spread_{spread}"),
+            "id int not null",
+            "id",
+        )
+        .await;
+    }
+    let mut racers = [Some(db.client().await), Some(db.client().await)];
+
+    for round in 0..ROUNDS {
+        let tables = [format!("pair_{round}_a"), format!("pair_{round}_b")];
+        for table in &tables {
+            exec(
+                &mut admin,
+                &format!(
+                    "create table [dbo].[{table}] (id int not null, \
+                     constraint [pk_{table}] primary key clustered (id));"
+                ),
+            )
+            .await
+            .expect("create the event table");
+        }
+        let barrier = Arc::new(Barrier::new(2));
+        let mut handles = Vec::new();
+        for (racer, slot) in racers.iter_mut().enumerate() {
+            let mut client = slot.take().expect("racer connection");
+            let (barrier, table) = (barrier.clone(), tables[racer].clone());
+            handles.push(spawn_bounded(
+                format!("{table}: setup_feed"),
+                TASK_LIMIT,
+                async move {
+                    barrier.wait().await;
+                    let outcome = exec(
+                        &mut client,
+                        &format!(
+                            "exec changefeed.setup_feed @table_name = N'dbo.{table}', @outbox = 1;"
+                        ),
+                    )
+                    .await;
+                    let open = scalar_i64(&mut client, "select @@trancount;").await;
+                    Ok((client, outcome, open))
+                },
+            ));
+        }
+        for (racer, handle) in handles.into_iter().enumerate() {
+            let (client, outcome, open) = join(handle).await;
+            racers[racer] = Some(client);
+            let table = &tables[racer];
+            assert_eq!(open, 0, "{table}: setup_feed left a transaction open");
+            if let Err(error) = outcome {
+                assert!(
+                    error.server_number().is_some(),
+                    "{table}: setup_feed failed without a server error: {error}"
+                );
+                eprintln!("-- {table}: setup_feed failed cleanly, retrying alone: {error}");
+                exec(
+                    &mut admin,
+                    &format!(
+                        "exec changefeed.setup_feed @table_name = N'dbo.{table}', @outbox = 1;"
+                    ),
+                )
+                .await
+                .unwrap_or_else(|error| panic!("{table}: setup_feed retried alone: {error}"));
+            }
+        }
+    }
+
+    let registered = scalar_i64(&mut admin, "select count_big(*) from changefeed.feeds;").await;
+    assert_eq!(registered, (4 + 2 * ROUNDS) as i64, "registered feeds");
+    let missing = rows(
+        &mut admin,
+        "select f.schema_name + N'.' + f.table_name from changefeed.feeds as f \
+         where charindex(N'[status:' + f.schema_name + N'.' + f.table_name + N']', \
+                         object_definition(object_id(N'changefeed.feed_status'))) = 0 \
+         order by f.feed_id;",
+    )
+    .await
+    .expect("compare feed_status with the registry");
+    let missing: Vec<String> = missing
+        .iter()
+        .map(|row| row.get::<&str, _>(0).unwrap_or("?").to_owned())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{:?}: registered feeds missing from changefeed.feed_status: {missing:?}. \
+         refresh_feed_status rebuilds the view from a registry read that does not see a \
+         concurrent setup_feed's uncommitted row, and the last rebuild wins",
+        db.isolation
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// Helpers
+// ------------------------------------------------------------------------------------------
+
+/// Creates `[dbo].[table]` and makes it an outbox-mode feed.
+async fn create_feed(admin: &mut Client, table: &str, columns: &str, key: &str) -> Feed {
+    exec(
+        admin,
+        &format!(
+            "create table [dbo].[{table}] ({columns}, \
+             constraint [pk_{table}] primary key clustered ({key}));"
+        ),
+    )
+    .await
+    .unwrap_or_else(|error| panic!("create table dbo.{table}: {error}"));
+    exec(
+        admin,
+        &format!("exec changefeed.setup_feed @table_name = N'dbo.{table}', @outbox = 1;"),
+    )
+    .await
+    .unwrap_or_else(|error| panic!("setup_feed dbo.{table}: {error}"));
+    Feed::new("dbo", table).expect("a valid feed name")
+}
+
+/// The batch that inserts event (writer, seq) and its outbox row and leaves the
+/// transaction open.
+fn open_writer_transaction(feed: &Feed, shard: i32, writer: i32, seq: i32) -> String {
+    format!(
+        "set xact_abort on; begin transaction; \
+         insert into {} (writer, seq, payload) values ({writer}, {seq}, N'{writer}-{seq}'); \
+         insert into {} (shard_id, writer, seq) values ({shard}, {writer}, {seq});",
+        feed.quoted_table(),
+        feed.outbox_table()
+    )
+}
+
+/// Commits event (writer, seq) and its outbox row in one transaction, in one batch.
+async fn commit_event(
+    client: &mut Client,
+    feed: &Feed,
+    shard: i32,
+    writer: i32,
+    seq: i32,
+) -> Result<(), changefeed::Error> {
+    let batch = format!(
+        "{} commit transaction;",
+        open_writer_transaction(feed, shard, writer, seq)
+    );
+    exec(client, &batch).await
+}
+
+/// [`commit_event`] for a load writer: a transient failure (deadlock victim, lock timeout,
+/// dropped connection) is retried, after checking whether the commit made it. Retrying the
+/// same event before the next keeps the writer's commit order.
+async fn commit_writer_event(
+    client: &mut Client,
+    database: &str,
+    feed: &Feed,
+    shard: i32,
+    writer: i32,
+    seq: i32,
+) -> Result<(), String> {
+    let mut failures = 0;
+    loop {
+        match commit_event(client, feed, shard, writer, seq).await {
+            Ok(()) => return Ok(()),
+            Err(error) if error.is_transient() && failures < MAX_TRANSIENT_RETRIES => {
+                failures += 1;
+                eprintln!("-- writer {writer}, event {seq}: transient error, retrying: {error}");
+                if matches!(error, changefeed::Error::Connection(_)) {
+                    *client = common::connect_to(database).await;
+                }
+                let _ = exec(client, "if @@trancount > 0 rollback transaction;").await;
+                let committed = scalar_i64(
+                    client,
+                    &format!(
+                        "select count_big(*) from {} where writer = {writer} and seq = {seq};",
+                        feed.quoted_table()
+                    ),
+                )
+                .await;
+                if committed > 0 {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
+            }
+            Err(error) => {
+                return Err(format!("commit of event ({writer}, {seq}) failed: {error}"));
+            }
+        }
+    }
+}
+
+/// `read_page`, retrying transient errors on a fresh connection when the old one broke.
+/// A failed call returned nothing, so the same cursor is read again: no row is lost or
+/// repeated.
+async fn read_retrying<K: changefeed::row::FromRow>(
+    client: &mut Client,
+    database: &str,
+    feed: &Feed,
+    shard: i32,
+    cursor: Cursor,
+    options: ReadOptions,
+) -> Result<Page<FeedRow<K>>, String> {
+    let mut failures = 0;
+    loop {
+        match read_page::<K>(client, feed, shard, cursor, options).await {
+            Ok(page) => return Ok(page),
+            Err(error) if error.is_transient() && failures < MAX_TRANSIENT_RETRIES => {
+                failures += 1;
+                eprintln!("-- shard {shard}: transient read error, retrying: {error}");
+                if matches!(error, changefeed::Error::Connection(_)) {
+                    *client = common::connect_to(database).await;
+                }
+                tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
+            }
+            Err(error) => {
+                return Err(format!(
+                    "read_page(shard {shard}, cursor {cursor}) failed: {error}"
+                ));
+            }
+        }
+    }
+}
+
+/// The keys of a page, in page order.
+fn keys<K: Clone>(page: &Page<FeedRow<K>>) -> Vec<K> {
+    page.rows.iter().map(|row| row.key.clone()).collect()
+}
+
+fn ulid_of(bytes: &[u8]) -> Ulid {
+    Cursor::from_bytes(bytes)
+        .expect("a ulid is binary(16)")
+        .ulid()
+}
+
+/// A statement that must be refused with a permission error.
+async fn expect_denied(client: &mut Client, sql: &str, what: &str) {
+    match exec(client, sql).await {
+        Ok(()) => panic!("{what}: `{sql}` succeeded; it must fail with permission error 229/230"),
+        Err(error) => assert!(
+            matches!(error.server_number(), Some(229 | 230)),
+            "{what}: `{sql}` failed with {error}; expected permission error 229 or 230"
+        ),
+    }
+}
+
+/// Runs `future`, failing the test when it takes longer than `limit`.
+async fn bounded<T>(what: &str, limit: Duration, future: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, future).await {
+        Ok(value) => value,
+        Err(_) => panic!("{what} did not finish within {limit:?}: it is blocked"),
+    }
+}
+
+/// Spawns `task` with a time limit: a task past it reports itself stuck.
+fn spawn_bounded<T, F>(what: String, limit: Duration, task: F) -> JoinHandle<Result<T, String>>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, String>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        match tokio::time::timeout(limit, task).await {
+            Ok(result) => result.map_err(|error| format!("{what}: {error}")),
+            Err(_) => Err(format!(
+                "{what} did not finish within {limit:?}: it is stuck"
+            )),
+        }
+    })
+}
+
+/// The task's result; a panic in the task is re-raised here with its own message.
+async fn join_result<T>(handle: JoinHandle<Result<T, String>>) -> Result<T, String> {
+    match handle.await {
+        Ok(result) => result,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(error) => Err(format!("task cancelled: {error}")),
+    }
+}
+
+/// The task's value, or the test fails with the task's message.
+async fn join<T>(handle: JoinHandle<Result<T, String>>) -> T {
+    join_result(handle)
+        .await
+        .unwrap_or_else(|message| panic!("{message}"))
+}
+
+/// Closes a connection now, so the server ends its session before the login is dropped.
+async fn close(client: Client) {
+    let _ = client.close().await;
+}
+
+// ------------------------------------------------------------------------------------------
+// Logins
+// ------------------------------------------------------------------------------------------
+
+/// A SQL login and its database user, created for one test database.
+struct Login {
+    name: String,
+    password: String,
+}
+
+impl Login {
+    /// `cf_<what>_<database>` with a fresh random password (letters, digits and '!': safe
+    /// unquoted in an ADO string and in an N'...' literal).
+    fn new(what: &str, db: &TestDb) -> Login {
+        Login {
+            name: format!("cf_{what}_{}", db.name),
+            password: format!("Cf1!{:032x}", rand::random::<u128>()),
+        }
+    }
+
+    /// Creates the login and its user in the test database, adds the user to `role`
+    /// (bracketed), and runs `extra_grant` (e.g. `grant insert on t to`) for it.
+    async fn create(&self, admin: &mut Client, role: &str, extra_grant: Option<&str>) {
+        let name = &self.name;
+        let grant = extra_grant
+            .map(|grant| format!("{grant} [{name}];"))
+            .unwrap_or_default();
+        exec(
+            admin,
+            &format!(
+                "if suser_id(N'{name}') is not null drop login [{name}]; \
+                 create login [{name}] with password = N'{password}', check_policy = off; \
+                 create user [{name}] for login [{name}]; \
+                 alter role {role} add member [{name}]; {grant}",
+                password = self.password
+            ),
+        )
+        .await
+        .unwrap_or_else(|error| panic!("create login {name}: {error}"));
+    }
+
+    /// A connection as this login to the test database, with `changefeed::connect` and an
+    /// ADO string rebuilt from the test server's.
+    async fn connect(&self, db: &TestDb) -> Client {
+        let ado = ado_as(&db.ado(), &self.name, &self.password, &db.name);
+        let mut last_error = None;
+        for _ in 0..10 {
+            match changefeed::connect(&ado).await {
+                Ok(client) => return client,
+                Err(error) => {
+                    last_error = Some(error);
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            }
+        }
+        panic!("cannot connect as {}: {last_error:?}", self.name);
+    }
+}
+
+/// Drops the logins' users and the logins, best effort: a login cannot be dropped while a
+/// session of it is open, so its sessions (only ever this test's) are ended first.
+async fn drop_logins(db: &TestDb, logins: &[&Login]) {
+    let mut admin = db.client().await;
+    for login in logins {
+        let name = &login.name;
+        if let Err(error) = exec(
+            &mut admin,
+            &format!("if database_principal_id(N'{name}') is not null drop user [{name}];"),
+        )
+        .await
+        {
+            eprintln!("-- cleanup: drop user {name}: {error}");
+        }
+        let mut dropped = false;
+        for _ in 0..20 {
+            let _ = exec(
+                &mut admin,
+                &format!(
+                    "declare @kill nvarchar(max) = (select string_agg(concat(N'kill ', \
+                     session_id), N'; ') from sys.dm_exec_sessions where login_name = N'{name}' \
+                     and session_id <> @@spid); if @kill is not null exec (@kill);"
+                ),
+            )
+            .await;
+            match exec(
+                &mut admin,
+                &format!("if suser_id(N'{name}') is not null drop login [{name}];"),
+            )
+            .await
+            {
+                Ok(()) => {
+                    dropped = true;
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+        if !dropped {
+            eprintln!("-- cleanup: could not drop login {name}; drop it by hand");
+        }
+    }
+}
+
+/// The test server's ADO string with its credentials and database replaced: every
+/// `key=value` pair is kept except user, password, database and integrated security
+/// (quoted values, which may contain ';', are kept whole).
+fn ado_as(server_ado: &str, user: &str, password: &str, database: &str) -> String {
+    const REPLACED: &[&str] = &[
+        "uid",
+        "username",
+        "user",
+        "user id",
+        "password",
+        "pwd",
+        "database",
+        "initial catalog",
+        "databasename",
+        "integratedsecurity",
+        "integrated security",
+        "authentication",
+    ];
+    let mut pairs: Vec<String> = ado_pairs(server_ado)
+        .into_iter()
+        .filter(|pair| {
+            let key = pair
+                .split_once('=')
+                .map_or(pair.as_str(), |(key, _)| key)
+                .trim()
+                .to_ascii_lowercase();
+            !REPLACED.contains(&key.as_str())
+        })
+        .collect();
+    pairs.push(format!("user={user}"));
+    pairs.push(format!("password={password}"));
+    pairs.push(format!("database={database}"));
+    pairs.join(";")
+}
+
+/// Splits an ADO string into its `key=value` pairs, keeping values quoted with '...',
+/// "..." (a doubled quote inside stays) or {...} whole.
+fn ado_pairs(ado: &str) -> Vec<String> {
+    let mut pairs = Vec::new();
+    let mut current = String::new();
+    let mut quote: Option<char> = None;
+    let mut chars = ado.chars().peekable();
+    while let Some(c) = chars.next() {
+        if let Some(closing) = quote {
+            current.push(c);
+            if c == closing {
+                if closing != '}' && chars.peek() == Some(&closing) {
+                    current.push(chars.next().expect("peeked"));
+                } else {
+                    quote = None;
+                }
+            }
+            continue;
+        }
+        let value_starts = current
+            .split_once('=')
+            .is_some_and(|(_, value)| value.trim().is_empty());
+        match c {
+            ';' => {
+                if !current.trim().is_empty() {
+                    pairs.push(current.trim().to_owned());
+                }
+                current.clear();
+            }
+            '\'' | '"' if value_starts => {
+                quote = Some(c);
+                current.push(c);
+            }
+            '{' if value_starts => {
+                quote = Some('}');
+                current.push(c);
+            }
+            _ => current.push(c),
+        }
+    }
+    if !current.trim().is_empty() {
+        pairs.push(current.trim().to_owned());
+    }
+    pairs
+}

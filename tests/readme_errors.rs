@@ -1,0 +1,64 @@
+//! README.md's error table is the contract callers code against: it must list every error
+//! number the SQL bundle raises, and nothing it does not.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Numbers after `throw` in the bundle (comments are not stripped: a number only mentioned in
+/// a comment after the word throw would count, which the bundle does not do).
+fn thrown_numbers() -> BTreeSet<u32> {
+    let mut numbers = BTreeSet::new();
+    for entry in std::fs::read_dir(root().join("sql")).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        let lower = text.to_lowercase();
+        let mut rest = lower.as_str();
+        while let Some(at) = rest.find("throw ") {
+            rest = &rest[at + "throw ".len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            if let Ok(number) = digits.parse() {
+                numbers.insert(number);
+            }
+        }
+    }
+    numbers
+}
+
+/// Numbers in the first column of README's error table (rows starting with `| 51`).
+fn documented_numbers() -> BTreeSet<u32> {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    readme
+        .lines()
+        .filter_map(|line| line.strip_prefix("| "))
+        .filter_map(|rest| rest.split(' ').next())
+        .filter_map(|first| first.parse::<u32>().ok())
+        .filter(|n| (51000..52000).contains(n))
+        .collect()
+}
+
+#[test]
+fn every_thrown_error_is_documented_and_every_documented_error_is_thrown() {
+    let thrown = thrown_numbers();
+    let documented = documented_numbers();
+    assert!(!thrown.is_empty(), "found no THROW in sql/");
+    let undocumented: Vec<_> = thrown.difference(&documented).collect();
+    let stale: Vec<_> = documented.difference(&thrown).collect();
+    assert!(
+        undocumented.is_empty(),
+        "add these to README.md's error table: {undocumented:?}"
+    );
+    assert!(
+        stale.is_empty(),
+        "README.md documents errors no SQL file raises: {stale:?}"
+    );
+}
+
+#[test]
+fn every_number_is_in_the_project_range() {
+    for number in thrown_numbers() {
+        assert!((51000..52000).contains(&number), "{number}");
+    }
+}

@@ -1,0 +1,1384 @@
+//! The relay against an in-memory claim store (token fencing, head of aggregate, reaper)
+//! and a scripted publisher: every row of the failure table, waking, shutdown, and the
+//! faults a relay must survive.
+//!
+//! Every test runs on tokio's paused clock: time moves only when every task is waiting,
+//! and then straight to the next timer, so delays are exact and a 60 s wait costs nothing.
+//! Waits that must *not* happen are made 60 s long while a test gives up after 5 s.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use changefeed::Error;
+use changefeed::outbox::{ClaimStore, ClaimToken, ClaimedMessage, Headers};
+use changefeed::relay::{
+    BatchReport, ErrorKind, Hooks, PublishError, PublishOutcome, Publisher, Relay, RelayConfig,
+    RelayHandle, RetryPolicy,
+};
+use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout};
+
+// ---------------------------------------------------------------- the fake store
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    Pending,
+    Processing,
+    Done,
+    Failed,
+    Dead,
+}
+
+#[derive(Clone, Debug)]
+struct Row {
+    id: i64,
+    topic: String,
+    aggregate_id: Option<String>,
+    headers: Headers,
+    status: Status,
+    attempts: i32,
+    token: Option<ClaimToken>,
+    claimed_at: Option<Instant>,
+    next_retry_at: Option<Instant>,
+    last_error: Option<String>,
+}
+
+impl Row {
+    fn message(&self, token: ClaimToken) -> ClaimedMessage {
+        ClaimedMessage {
+            id: self.id,
+            message_id: format!("m-{}", self.id),
+            topic: self.topic.clone(),
+            aggregate_type: self.aggregate_id.as_ref().map(|_| "test".to_owned()),
+            aggregate_id: self.aggregate_id.clone(),
+            partition_key: self.aggregate_id.clone(),
+            payload: serde_json::json!({ "n": self.id }),
+            headers: self.headers.clone(),
+            trace_id: None,
+            attempts: self.attempts,
+            claim_token: token,
+        }
+    }
+}
+
+/// A store call as the relay made it; `changed` is what the store answered.
+#[derive(Clone, Debug, PartialEq)]
+enum Call {
+    Claim,
+    Done {
+        ids: Vec<i64>,
+        changed: u64,
+    },
+    Failed {
+        id: i64,
+        retry_after: Option<Duration>,
+        dead: bool,
+        error: String,
+        changed: u64,
+    },
+    Requeue {
+        id: i64,
+        after: Duration,
+        changed: u64,
+    },
+    Error(&'static str),
+}
+
+/// Pauses the next claim after it has taken its snapshot, until released.
+#[derive(Default)]
+struct ClaimGate {
+    started: Notify,
+    release: Notify,
+}
+
+#[derive(Default)]
+struct StoreState {
+    rows: Vec<Row>,
+    next_token: u128,
+    calls: Vec<Call>,
+    claim_times: Vec<Instant>,
+    claim_errors: VecDeque<Error>,
+    done_errors: VecDeque<Error>,
+    claim_gate: Option<Arc<ClaimGate>>,
+}
+
+impl StoreState {
+    fn fresh_token(&mut self) -> ClaimToken {
+        self.next_token += 1;
+        ClaimToken(tiberius::Uuid::from_u128(self.next_token))
+    }
+
+    /// The claim procedure's rules: due rows only, head of aggregate only, ordered by id,
+    /// one fresh token, an expired claim's reclaim counts an attempt.
+    fn claim(&mut self, batch_size: u32, claim_timeout: Duration) -> Vec<ClaimedMessage> {
+        let now = Instant::now();
+        let token = self.fresh_token();
+        let mut heads = HashSet::new();
+        let mut claimed = Vec::new();
+        for row in &mut self.rows {
+            if claimed.len() >= batch_size as usize {
+                break;
+            }
+            if !matches!(
+                row.status,
+                Status::Pending | Status::Processing | Status::Failed
+            ) {
+                continue;
+            }
+            if let Some(aggregate) = &row.aggregate_id
+                && !heads.insert(aggregate.clone())
+            {
+                continue; // an earlier open row of the aggregate blocks this one
+            }
+            let due = match row.status {
+                Status::Pending => true,
+                Status::Failed => row.next_retry_at.is_some_and(|t| t <= now),
+                Status::Processing => row.claimed_at.is_some_and(|t| t + claim_timeout <= now),
+                _ => false,
+            };
+            if !due {
+                continue;
+            }
+            if row.status == Status::Processing {
+                row.attempts += 1;
+            }
+            row.status = Status::Processing;
+            row.token = Some(token);
+            row.claimed_at = Some(now);
+            claimed.push(row.message(token));
+        }
+        claimed
+    }
+
+    fn held(&mut self, id: i64, token: ClaimToken) -> Option<&mut Row> {
+        self.rows
+            .iter_mut()
+            .find(|r| r.id == id && r.status == Status::Processing && r.token == Some(token))
+    }
+}
+
+#[derive(Clone, Default)]
+struct FakeStore(Arc<Mutex<StoreState>>);
+
+impl FakeStore {
+    fn state(&self) -> std::sync::MutexGuard<'_, StoreState> {
+        self.0.lock().unwrap()
+    }
+
+    fn enqueue(&self, aggregate: Option<&str>) -> i64 {
+        self.enqueue_with(|row| row.aggregate_id = aggregate.map(str::to_owned))
+    }
+
+    fn enqueue_with(&self, edit: impl FnOnce(&mut Row)) -> i64 {
+        let mut state = self.state();
+        let id = state.rows.len() as i64 + 1;
+        let mut row = Row {
+            id,
+            topic: "orders".to_owned(),
+            aggregate_id: None,
+            headers: Headers::new(),
+            status: Status::Pending,
+            attempts: 0,
+            token: None,
+            claimed_at: None,
+            next_retry_at: None,
+            last_error: None,
+        };
+        edit(&mut row);
+        state.rows.push(row);
+        id
+    }
+
+    fn row(&self, id: i64) -> Row {
+        self.state().rows[id as usize - 1].clone()
+    }
+
+    fn status(&self, id: i64) -> Status {
+        self.row(id).status
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        self.state().calls.clone()
+    }
+
+    /// The acknowledgements only, in order.
+    fn acks(&self) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|c| !matches!(c, Call::Claim | Call::Error(_)))
+            .collect()
+    }
+
+    fn claim_times(&self) -> Vec<Instant> {
+        self.state().claim_times.clone()
+    }
+
+    /// Another relay re-claims `id` after its claim expired: the row gets a new token.
+    fn steal(&self, id: i64) {
+        let mut state = self.state();
+        let token = state.fresh_token();
+        state.rows[id as usize - 1].token = Some(token);
+    }
+
+    fn gate_next_claim(&self) -> Arc<ClaimGate> {
+        let gate = Arc::new(ClaimGate::default());
+        self.state().claim_gate = Some(Arc::clone(&gate));
+        gate
+    }
+}
+
+fn server_error(number: u32) -> Error {
+    Error::Server {
+        number,
+        state: 1,
+        class: 13,
+        message: "Transaction was deadlocked".to_owned(),
+    }
+}
+
+impl ClaimStore for FakeStore {
+    async fn claim(
+        &mut self,
+        batch_size: u32,
+        claim_timeout: Duration,
+    ) -> changefeed::Result<Vec<ClaimedMessage>> {
+        let (claimed, gate) = {
+            let mut state = self.state();
+            state.claim_times.push(Instant::now());
+            if let Some(error) = state.claim_errors.pop_front() {
+                state.calls.push(Call::Error("claim"));
+                return Err(error);
+            }
+            state.calls.push(Call::Claim);
+            (
+                state.claim(batch_size, claim_timeout),
+                state.claim_gate.take(),
+            )
+        };
+        if let Some(gate) = gate {
+            gate.started.notify_one();
+            gate.release.notified().await;
+        }
+        Ok(claimed)
+    }
+
+    async fn mark_done(&mut self, ids: &[i64], token: ClaimToken) -> changefeed::Result<u64> {
+        let mut state = self.state();
+        if let Some(error) = state.done_errors.pop_front() {
+            state.calls.push(Call::Error("mark_done"));
+            return Err(error);
+        }
+        let mut changed = 0;
+        for id in ids {
+            if let Some(row) = state.held(*id, token) {
+                row.status = Status::Done;
+                changed += 1;
+            }
+        }
+        state.calls.push(Call::Done {
+            ids: ids.to_vec(),
+            changed,
+        });
+        Ok(changed)
+    }
+
+    async fn mark_failed(
+        &mut self,
+        id: i64,
+        token: ClaimToken,
+        retry_after: Option<Duration>,
+        dead: bool,
+        error: &str,
+    ) -> changefeed::Result<u64> {
+        if retry_after.is_none() && !dead {
+            // The procedure refuses failed-with-no-retry-time: it would hot-loop.
+            return Err(Error::Server {
+                number: 51120,
+                state: 1,
+                class: 16,
+                message: "mark_failed needs a retry time or dead".to_owned(),
+            });
+        }
+        let mut state = self.state();
+        let now = Instant::now();
+        let changed = match state.held(id, token) {
+            Some(row) => {
+                row.attempts += 1;
+                row.last_error = Some(error.to_owned());
+                if dead {
+                    row.status = Status::Dead;
+                } else {
+                    row.status = Status::Failed;
+                    row.next_retry_at = retry_after.map(|d| now + d);
+                }
+                1
+            }
+            None => 0,
+        };
+        state.calls.push(Call::Failed {
+            id,
+            retry_after,
+            dead,
+            error: error.to_owned(),
+            changed,
+        });
+        Ok(changed)
+    }
+
+    async fn requeue(
+        &mut self,
+        id: i64,
+        token: ClaimToken,
+        after: Duration,
+    ) -> changefeed::Result<u64> {
+        let mut state = self.state();
+        let now = Instant::now();
+        let changed = match state.held(id, token) {
+            Some(row) => {
+                row.status = Status::Failed;
+                row.next_retry_at = Some(now + after);
+                1
+            }
+            None => 0,
+        };
+        state.calls.push(Call::Requeue { id, after, changed });
+        Ok(changed)
+    }
+}
+
+// ---------------------------------------------------------------- the fake publisher
+
+type Action = Box<dyn FnOnce() + Send>;
+
+/// Publishes by script: each message takes the next outcome scripted for its id, or the
+/// default (`Ok`).
+#[derive(Default)]
+struct FakePublisher {
+    scripts: Mutex<HashMap<i64, VecDeque<PublishOutcome>>>,
+    default_error: Mutex<Option<PublishError>>,
+    /// Every publish call: when, and the ids of its batch.
+    batches: Mutex<Vec<(Instant, Vec<i64>)>>,
+    dead_letters: Mutex<Vec<(i64, Headers)>>,
+    dead_letter_error: Mutex<Option<PublishError>>,
+    /// Runs once, inside the next publish call.
+    during_publish: Mutex<Option<Action>>,
+    /// How long the next publish call takes.
+    slow_once: Mutex<Option<Duration>>,
+    panics: AtomicUsize,
+    /// Makes the next publish call return this many outcomes.
+    outcome_count_once: Mutex<Option<usize>>,
+}
+
+impl FakePublisher {
+    fn script(&self, id: i64, outcomes: impl IntoIterator<Item = PublishOutcome>) {
+        self.scripts
+            .lock()
+            .unwrap()
+            .insert(id, outcomes.into_iter().collect());
+    }
+
+    fn always_fail(&self, error: PublishError) {
+        *self.default_error.lock().unwrap() = Some(error);
+    }
+
+    fn during_publish(&self, action: impl FnOnce() + Send + 'static) {
+        *self.during_publish.lock().unwrap() = Some(Box::new(action));
+    }
+
+    fn batches(&self) -> Vec<Vec<i64>> {
+        self.batches
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, ids)| ids.clone())
+            .collect()
+    }
+
+    fn publishes_of(&self, id: i64) -> usize {
+        self.batches().iter().filter(|b| b.contains(&id)).count()
+    }
+
+    fn dead_letters(&self) -> Vec<(i64, Headers)> {
+        self.dead_letters.lock().unwrap().clone()
+    }
+}
+
+impl Publisher for FakePublisher {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        let ids: Vec<i64> = batch.iter().map(|m| m.id).collect();
+        self.batches.lock().unwrap().push((Instant::now(), ids));
+        let action = self.during_publish.lock().unwrap().take();
+        if let Some(action) = action {
+            action();
+        }
+        let slow = self.slow_once.lock().unwrap().take();
+        if let Some(delay) = slow {
+            sleep(delay).await;
+        }
+        if self
+            .panics
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            panic!("publisher exploded");
+        }
+        let mut outcomes: Vec<PublishOutcome> = {
+            let mut scripts = self.scripts.lock().unwrap();
+            let default = self.default_error.lock().unwrap().clone();
+            batch
+                .iter()
+                .map(|m| {
+                    scripts
+                        .get_mut(&m.id)
+                        .and_then(VecDeque::pop_front)
+                        .unwrap_or_else(|| default.clone().map_or(Ok(()), Err))
+                })
+                .collect()
+        };
+        if let Some(n) = self.outcome_count_once.lock().unwrap().take() {
+            outcomes.resize_with(n, || Ok(()));
+        }
+        outcomes
+    }
+
+    async fn publish_dead_letter(
+        &self,
+        message: &ClaimedMessage,
+        headers: &Headers,
+    ) -> Result<(), PublishError> {
+        self.dead_letters
+            .lock()
+            .unwrap()
+            .push((message.id, headers.clone()));
+        match self.dead_letter_error.lock().unwrap().clone() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- recording hooks
+
+#[derive(Clone, Debug, PartialEq)]
+enum Event {
+    Claimed(usize),
+    Published(usize),
+    Failed(i64, ErrorKind),
+    Requeued(i64),
+    Dead(i64, ErrorKind),
+    Fatal(i64),
+    DeadLetterFailed(i64),
+    ClaimLost(u64),
+    LoopError(String),
+}
+
+#[derive(Default)]
+struct Recorder {
+    events: Mutex<Vec<Event>>,
+    /// Panic in every hook, after recording the event.
+    panic: bool,
+}
+
+impl Recorder {
+    fn panicking() -> Self {
+        Recorder {
+            panic: true,
+            ..Recorder::default()
+        }
+    }
+
+    fn record(&self, event: Event) {
+        self.events.lock().unwrap().push(event);
+        if self.panic {
+            panic!("hook exploded");
+        }
+    }
+
+    fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap().clone()
+    }
+
+    fn loop_errors(&self) -> Vec<String> {
+        self.events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::LoopError(message) => Some(message),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl Hooks for Recorder {
+    fn on_claimed(&self, count: usize) {
+        self.record(Event::Claimed(count));
+    }
+    fn on_published(&self, count: usize) {
+        self.record(Event::Published(count));
+    }
+    fn on_failed(&self, id: i64, error: &PublishError) {
+        self.record(Event::Failed(id, error.kind));
+    }
+    fn on_requeued(&self, id: i64, _error: &PublishError) {
+        self.record(Event::Requeued(id));
+    }
+    fn on_dead(&self, id: i64, error: &PublishError) {
+        self.record(Event::Dead(id, error.kind));
+    }
+    fn on_fatal(&self, id: i64, _error: &PublishError) {
+        self.record(Event::Fatal(id));
+    }
+    fn on_dead_letter_failed(&self, id: i64, _error: &PublishError) {
+        self.record(Event::DeadLetterFailed(id));
+    }
+    fn on_claim_lost(&self, count: u64) {
+        self.record(Event::ClaimLost(count));
+    }
+    fn on_loop_error(&self, error: &Error) {
+        self.record(Event::LoopError(error.to_string()));
+    }
+}
+
+// ---------------------------------------------------------------- harness
+
+const LONG: Duration = Duration::from_secs(60);
+const PATIENCE: Duration = Duration::from_secs(5);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Quick polling, exact (jitter-free) 10 ms × 2^n retries, 5 attempts.
+fn config() -> RelayConfig {
+    RelayConfig {
+        batch_size: 100,
+        poll_interval: ms(20),
+        claim_timeout: Duration::from_secs(10),
+        retry: RetryPolicy {
+            initial: ms(10),
+            max: Duration::from_secs(1),
+            multiplier: 2.0,
+            max_attempts: 5,
+            jitter: false,
+        },
+    }
+}
+
+struct Running {
+    shutdown: Arc<Mutex<Option<oneshot::Sender<()>>>>,
+    task: JoinHandle<changefeed::Result<()>>,
+    handle: RelayHandle,
+}
+
+impl Running {
+    /// Signals shutdown and waits for `run` to return.
+    async fn stop(self) -> changefeed::Result<()> {
+        if let Some(tx) = self.shutdown.lock().unwrap().take() {
+            let _ = tx.send(());
+        }
+        self.finish().await
+    }
+
+    /// Waits for `run` to return by itself.
+    async fn finish(self) -> changefeed::Result<()> {
+        timeout(PATIENCE, self.task)
+            .await
+            .expect("the relay did not return")
+            .expect("the relay task panicked")
+    }
+}
+
+fn start(
+    store: &FakeStore,
+    publisher: &Arc<FakePublisher>,
+    hooks: &Arc<Recorder>,
+    config: RelayConfig,
+) -> Running {
+    let relay = Relay::new(store.clone(), Arc::clone(publisher), config)
+        .unwrap()
+        .with_hooks(Arc::clone(hooks));
+    let handle = relay.handle();
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(relay.run(async {
+        let _ = rx.await;
+    }));
+    Running {
+        shutdown: Arc::new(Mutex::new(Some(tx))),
+        task,
+        handle,
+    }
+}
+
+fn fakes() -> (FakeStore, Arc<FakePublisher>, Arc<Recorder>) {
+    (
+        FakeStore::default(),
+        Arc::new(FakePublisher::default()),
+        Arc::new(Recorder::default()),
+    )
+}
+
+async fn eventually(what: &str, condition: impl Fn() -> bool) {
+    let waited = timeout(PATIENCE, async {
+        while !condition() {
+            sleep(ms(2)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "gave up waiting for: {what}");
+}
+
+// ---------------------------------------------------------------- the failure table
+
+#[tokio::test(start_paused = true)]
+async fn ok_messages_are_marked_done_in_one_call() {
+    let (store, publisher, hooks) = fakes();
+    for _ in 0..3 {
+        store.enqueue(None);
+    }
+    let relay = start(&store, &publisher, &hooks, config());
+    eventually("all done", || {
+        (1..=3).all(|id| store.status(id) == Status::Done)
+    })
+    .await;
+    relay.stop().await.unwrap();
+
+    assert_eq!(
+        store.acks(),
+        [Call::Done {
+            ids: vec![1, 2, 3],
+            changed: 3
+        }]
+    );
+    let events = hooks.events();
+    assert!(events.contains(&Event::Claimed(3)), "{events:?}");
+    assert!(events.contains(&Event::Published(3)), "{events:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn retriable_failure_marks_failed_with_the_policy_delay() {
+    let (store, publisher, hooks) = fakes();
+    let id = store.enqueue(None);
+    publisher.script(id, [Err(PublishError::retriable("broker down")), Ok(())]);
+    let relay = start(&store, &publisher, &hooks, config());
+    eventually("retried and done", || store.status(id) == Status::Done).await;
+    relay.stop().await.unwrap();
+
+    assert_eq!(
+        store.acks(),
+        [
+            Call::Failed {
+                id,
+                retry_after: Some(ms(10)),
+                dead: false,
+                error: "retriable: broker down".to_owned(),
+                changed: 1
+            },
+            Call::Done {
+                ids: vec![id],
+                changed: 1
+            }
+        ]
+    );
+    assert_eq!(store.row(id).attempts, 1);
+    assert_eq!(publisher.publishes_of(id), 2);
+    assert!(
+        hooks
+            .events()
+            .contains(&Event::Failed(id, ErrorKind::Retriable))
+    );
+    assert!(publisher.dead_letters().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn retriable_delays_grow_until_max_attempts_then_dead() {
+    let (store, publisher, hooks) = fakes();
+    let id = store.enqueue(None);
+    publisher.always_fail(PublishError::retriable("broker down"));
+    let mut config = config();
+    config.retry.max_attempts = 4;
+    let relay = start(&store, &publisher, &hooks, config);
+    eventually("dead", || store.status(id) == Status::Dead).await;
+    relay.stop().await.unwrap();
+
+    let plan: Vec<_> = store
+        .acks()
+        .into_iter()
+        .map(|call| match call {
+            Call::Failed {
+                retry_after, dead, ..
+            } => (retry_after, dead),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        plan,
+        [
+            (Some(ms(10)), false),
+            (Some(ms(20)), false),
+            (Some(ms(40)), false),
+            (None, true)
+        ]
+    );
+    assert_eq!(store.row(id).attempts, 4);
+    assert_eq!(publisher.publishes_of(id), 4);
+    let dead_letters = publisher.dead_letters();
+    assert_eq!(dead_letters.len(), 1);
+    assert_eq!(dead_letters[0].1["x-attempts"], "4");
+    assert_eq!(dead_letters[0].1["x-error-kind"], "retriable");
+    let events = hooks.events();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, Event::Failed(..)))
+            .count(),
+        3
+    );
+    assert!(events.contains(&Event::Dead(id, ErrorKind::Retriable)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn poison_is_dead_at_once_with_a_dead_letter() {
+    let (store, publisher, hooks) = fakes();
+    let poison = store.enqueue(None);
+    let fine = store.enqueue(None);
+    publisher.script(poison, [Err(PublishError::poison("cannot serialize"))]);
+    let relay = start(&store, &publisher, &hooks, config());
+    eventually("settled", || {
+        store.status(poison) == Status::Dead && store.status(fine) == Status::Done
+    })
+    .await;
+    relay.stop().await.unwrap();
+
+    assert_eq!(publisher.publishes_of(poison), 1);
+    assert_eq!(store.row(poison).attempts, 1);
+    assert_eq!(
+        store.row(poison).last_error.as_deref(),
+        Some("poison: cannot serialize")
+    );
+    assert!(store.acks().contains(&Call::Failed {
+        id: poison,
+        retry_after: None,
+        dead: true,
+        error: "poison: cannot serialize".to_owned(),
+        changed: 1
+    }));
+    assert_eq!(publisher.dead_letters().len(), 1);
+    let events = hooks.events();
+    assert!(events.contains(&Event::Dead(poison, ErrorKind::Poison)));
+    assert!(!events.iter().any(|e| matches!(e, Event::Fatal(_))));
+}
+
+#[tokio::test(start_paused = true)]
+async fn fatal_is_dead_and_stops_the_relay_after_acknowledging_its_batch() {
+    let (store, publisher, hooks) = fakes();
+    let ok = store.enqueue(None);
+    let fatal = store.enqueue(None);
+    let retriable = store.enqueue(None);
+    let later = store.enqueue(None);
+    publisher.script(fatal, [Err(PublishError::fatal("bad credentials"))]);
+    publisher.script(retriable, [Err(PublishError::retriable("timeout"))]);
+    let config = RelayConfig {
+        batch_size: 3,
+        ..config()
+    };
+    let relay = start(&store, &publisher, &hooks, config);
+
+    let error = relay
+        .finish()
+        .await
+        .expect_err("a fatal error stops the relay");
+    match &error {
+        Error::Publisher(message) => {
+            assert!(message.contains("fatal"), "{message}");
+            assert!(message.contains("message 2"), "{message}");
+            assert!(message.contains("bad credentials"), "{message}");
+        }
+        other => panic!("expected a publisher error, got {other:?}"),
+    }
+    // The whole batch was acknowledged; nothing was claimed after it.
+    assert_eq!(store.status(ok), Status::Done);
+    assert_eq!(store.status(fatal), Status::Dead);
+    assert_eq!(store.status(retriable), Status::Failed);
+    assert_eq!(store.status(later), Status::Pending);
+    assert_eq!(store.claim_times().len(), 1);
+    assert_eq!(publisher.dead_letters().len(), 1);
+    assert_eq!(publisher.dead_letters()[0].1["x-error-kind"], "fatal");
+    let events = hooks.events();
+    assert!(events.contains(&Event::Fatal(fatal)), "{events:?}");
+    assert!(events.contains(&Event::Dead(fatal, ErrorKind::Fatal)));
+    assert!(events.contains(&Event::Failed(retriable, ErrorKind::Retriable)));
+    assert!(hooks.loop_errors().iter().any(|m| m.contains("fatal")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn backpressure_requeues_without_counting_an_attempt_and_slows_polling() {
+    let (store, publisher, hooks) = fakes();
+    let id = store.enqueue(None);
+    publisher.script(id, [Err(PublishError::backpressure("slow down")), Ok(())]);
+    let mut config = config();
+    config.retry.initial = ms(200);
+    let relay = start(&store, &publisher, &hooks, config);
+    eventually("done", || store.status(id) == Status::Done).await;
+    relay.stop().await.unwrap();
+
+    assert_eq!(
+        store.acks(),
+        [
+            Call::Requeue {
+                id,
+                after: ms(200),
+                changed: 1
+            },
+            Call::Done {
+                ids: vec![id],
+                changed: 1
+            }
+        ]
+    );
+    assert_eq!(store.row(id).attempts, 0, "backpressure is not an attempt");
+    // Without backpressure a batch that moved nothing waits poll_interval (20 ms); with
+    // it, the relay waits retry.initial before the next claim.
+    let claims = store.claim_times();
+    let gap = claims[1] - claims[0];
+    assert!(gap >= ms(200) && gap < ms(202), "{gap:?}");
+    assert!(hooks.events().contains(&Event::Requeued(id)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn partial_batch_is_handled_per_message() {
+    let (store, publisher, hooks) = fakes();
+    let ids: Vec<i64> = (0..5).map(|_| store.enqueue(None)).collect();
+    publisher.script(ids[1], [Err(PublishError::retriable("timeout"))]);
+    publisher.script(ids[2], [Err(PublishError::poison("too large"))]);
+    publisher.script(ids[3], [Err(PublishError::backpressure("throttled"))]);
+    let mut config = config();
+    config.retry.initial = Duration::from_secs(1); // nothing comes due during the test
+    let relay = start(&store, &publisher, &hooks, config);
+    eventually("first batch acknowledged", || store.acks().len() == 4).await;
+    relay.stop().await.unwrap();
+
+    assert_eq!(
+        store.acks(),
+        [
+            Call::Done {
+                ids: vec![ids[0], ids[4]],
+                changed: 2
+            },
+            Call::Failed {
+                id: ids[1],
+                retry_after: Some(Duration::from_secs(1)),
+                dead: false,
+                error: "retriable: timeout".to_owned(),
+                changed: 1
+            },
+            Call::Requeue {
+                id: ids[3],
+                after: Duration::from_secs(1),
+                changed: 1
+            },
+            Call::Failed {
+                id: ids[2],
+                retry_after: None,
+                dead: true,
+                error: "poison: too large".to_owned(),
+                changed: 1
+            },
+        ]
+    );
+    assert_eq!(publisher.batches()[0], ids);
+    let events = hooks.events();
+    assert!(events.contains(&Event::Published(2)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_message_does_not_stall_other_aggregates_and_its_own_waits() {
+    let (store, publisher, hooks) = fakes();
+    let a1 = store.enqueue(Some("a"));
+    let b1 = store.enqueue(Some("b"));
+    let a2 = store.enqueue(Some("a"));
+    let b2 = store.enqueue(Some("b"));
+    publisher.script(a1, [Err(PublishError::retriable("flaky")), Ok(())]);
+    let mut config = config();
+    config.retry.initial = ms(100);
+    let relay = start(&store, &publisher, &hooks, config);
+    eventually("all done", || {
+        [a1, b1, a2, b2]
+            .iter()
+            .all(|id| store.status(*id) == Status::Done)
+    })
+    .await;
+    relay.stop().await.unwrap();
+
+    let batches = publisher.batches();
+    // Head of aggregate: a1 and b1 first; then b2 at once while a1 waits out its retry;
+    // a2 only after a1 went through.
+    assert_eq!(batches[0], [a1, b1]);
+    assert_eq!(batches[1], [b2]);
+    let a1_ok = batches.iter().rposition(|b| b.contains(&a1)).unwrap();
+    let a2_first = batches.iter().position(|b| b.contains(&a2)).unwrap();
+    assert!(a1_ok < a2_first, "{batches:?}");
+    assert_eq!(publisher.publishes_of(a2), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dead_letter_headers_name_the_topic_attempts_and_error() {
+    let (store, publisher, hooks) = fakes();
+    let id = store.enqueue_with(|row| {
+        row.topic = "billing.invoices".to_owned();
+        row.attempts = 2;
+        row.headers
+            .insert("traceparent".to_owned(), "00-abc".to_owned());
+    });
+    publisher.script(id, [Err(PublishError::poison("schema rejected"))]);
+    let relay = start(&store, &publisher, &hooks, config());
+    eventually("dead", || store.status(id) == Status::Dead).await;
+    relay.stop().await.unwrap();
+
+    let expected: Headers = [
+        ("traceparent", "00-abc"),
+        ("x-original-topic", "billing.invoices"),
+        ("x-attempts", "3"),
+        ("x-error", "schema rejected"),
+        ("x-error-kind", "poison"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    assert_eq!(publisher.dead_letters(), [(id, expected)]);
+    assert_eq!(store.row(id).attempts, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_dead_letter_still_marks_dead_and_is_reported() {
+    let (store, publisher, hooks) = fakes();
+    let id = store.enqueue(None);
+    publisher.script(id, [Err(PublishError::poison("bad payload"))]);
+    *publisher.dead_letter_error.lock().unwrap() = Some(PublishError::retriable("dlq down"));
+    let relay = start(&store, &publisher, &hooks, config());
+    eventually("dead", || store.status(id) == Status::Dead).await;
+    relay.stop().await.unwrap();
+
+    let events = hooks.events();
+    let reported = events
+        .iter()
+        .position(|e| *e == Event::DeadLetterFailed(id));
+    let dead = events
+        .iter()
+        .position(|e| *e == Event::Dead(id, ErrorKind::Poison));
+    assert!(
+        reported.is_some() && reported < dead,
+        "dead-letter failure reported, then dead: {events:?}"
+    );
+    assert_eq!(
+        publisher.publishes_of(id),
+        1,
+        "a dead message is not retried"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn messages_whose_claims_expired_too_often_go_dead_without_publishing() {
+    let (store, publisher, hooks) = fakes();
+    // Five expired claims (e.g. publishing it crashed the process five times).
+    let id = store.enqueue_with(|row| row.attempts = 5);
+    let fine = store.enqueue(None);
+    let relay = start(&store, &publisher, &hooks, config());
+    eventually("settled", || {
+        store.status(id) == Status::Dead && store.status(fine) == Status::Done
+    })
+    .await;
+    relay.stop().await.unwrap();
+
+    assert_eq!(publisher.publishes_of(id), 0);
+    assert_eq!(publisher.dead_letters().len(), 1);
+    assert!(hooks.events().contains(&Event::Dead(id, ErrorKind::Poison)));
+}
+
+// ---------------------------------------------------------------- publisher faults
+
+#[tokio::test(start_paused = true)]
+async fn wrong_number_of_outcomes_retries_the_whole_batch_and_reports_it() {
+    let (store, publisher, hooks) = fakes();
+    let ids: Vec<i64> = (0..3).map(|_| store.enqueue(None)).collect();
+    *publisher.outcome_count_once.lock().unwrap() = Some(2);
+    let relay = start(&store, &publisher, &hooks, config());
+    eventually("all done", || {
+        ids.iter().all(|id| store.status(*id) == Status::Done)
+    })
+    .await;
+    relay.stop().await.unwrap();
+
+    let acks = store.acks();
+    for (i, id) in ids.iter().enumerate() {
+        assert!(
+            matches!(&acks[i], Call::Failed { id: f, dead: false, .. } if f == id),
+            "{acks:?}"
+        );
+    }
+    assert_eq!(
+        acks[3],
+        Call::Done {
+            ids: ids.clone(),
+            changed: 3
+        }
+    );
+    assert!(
+        hooks
+            .loop_errors()
+            .iter()
+            .any(|m| m.contains("returned 2 outcomes for a batch of 3")),
+        "{:?}",
+        hooks.events()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_publisher_does_not_kill_the_relay() {
+    let (store, publisher, hooks) = fakes();
+    let id = store.enqueue(None);
+    publisher.panics.store(1, Ordering::SeqCst);
+    let relay = start(&store, &publisher, &hooks, config());
+    eventually("done", || store.status(id) == Status::Done).await;
+    relay.stop().await.unwrap();
+
+    assert_eq!(
+        store.row(id).attempts,
+        1,
+        "the panic counted as a retriable failure"
+    );
+    assert!(
+        hooks
+            .loop_errors()
+            .iter()
+            .any(|m| m.contains("panicked") && m.contains("publisher exploded"))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_publisher_is_cut_off_at_the_claim_timeout() {
+    let (store, publisher, hooks) = fakes();
+    let id = store.enqueue(None);
+    *publisher.slow_once.lock().unwrap() = Some(LONG);
+    let config = RelayConfig {
+        claim_timeout: ms(100),
+        ..config()
+    };
+    let relay = start(&store, &publisher, &hooks, config);
+    eventually("done", || store.status(id) == Status::Done).await;
+    relay.stop().await.unwrap();
+
+    assert_eq!(store.row(id).attempts, 1);
+    assert!(
+        hooks
+            .loop_errors()
+            .iter()
+            .any(|m| m.contains("claim timeout"))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn panicking_hooks_do_not_kill_the_relay() {
+    let store = FakeStore::default();
+    let publisher = Arc::new(FakePublisher::default());
+    let hooks = Arc::new(Recorder::panicking());
+    let ok = store.enqueue(None);
+    let retried = store.enqueue(None);
+    let poison = store.enqueue(None);
+    publisher.script(retried, [Err(PublishError::retriable("x")), Ok(())]);
+    publisher.script(poison, [Err(PublishError::poison("x"))]);
+    store.state().claim_errors.push_back(server_error(1205));
+    let relay = start(&store, &publisher, &hooks, config());
+    eventually("settled", || {
+        store.status(ok) == Status::Done
+            && store.status(retried) == Status::Done
+            && store.status(poison) == Status::Dead
+    })
+    .await;
+    relay.stop().await.unwrap();
+
+    let events = hooks.events();
+    for expected in [
+        Event::Claimed(3),
+        Event::Published(1),
+        Event::Failed(retried, ErrorKind::Retriable),
+        Event::Dead(poison, ErrorKind::Poison),
+    ] {
+        assert!(events.contains(&expected), "{expected:?} in {events:?}");
+    }
+    assert!(matches!(events[0], Event::LoopError(_)));
+}
+
+// ---------------------------------------------------------------- store faults
+
+#[tokio::test(start_paused = true)]
+async fn a_transient_claim_error_is_reported_and_retried() {
+    let (store, publisher, hooks) = fakes();
+    let id = store.enqueue(None);
+    {
+        let mut state = store.state();
+        state.claim_errors.push_back(server_error(1205));
+        state
+            .claim_errors
+            .push_back(Error::Connection("connection reset".into()));
+    }
+    let relay = start(&store, &publisher, &hooks, config());
+    eventually("done", || store.status(id) == Status::Done).await;
+    relay.stop().await.unwrap();
+
+    let errors = hooks.loop_errors();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(errors[0].contains("1205"));
+    assert!(errors[1].contains("connection reset"));
+    let calls = store.calls();
+    assert_eq!(
+        calls[..3],
+        [Call::Error("claim"), Call::Error("claim"), Call::Claim]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_error_on_acknowledgement_is_retried() {
+    let (store, publisher, hooks) = fakes();
+    let id = store.enqueue(None);
+    store.state().done_errors.push_back(server_error(1205));
+    let relay = start(&store, &publisher, &hooks, config());
+    eventually("done", || store.status(id) == Status::Done).await;
+    relay.stop().await.unwrap();
+
+    assert_eq!(
+        store.calls()[..3],
+        [
+            Call::Claim,
+            Call::Error("mark_done"),
+            Call::Done {
+                ids: vec![id],
+                changed: 1
+            }
+        ]
+    );
+    assert_eq!(publisher.publishes_of(id), 1, "not published twice");
+    assert_eq!(hooks.loop_errors().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_claim_is_reported() {
+    let (store, publisher, hooks) = fakes();
+    let id = store.enqueue(None);
+    let thief = store.clone();
+    // Another relay re-claims the message while this one is publishing it.
+    publisher.during_publish(move || thief.steal(id));
+    let relay = start(&store, &publisher, &hooks, config());
+    eventually("acknowledged", || !store.acks().is_empty()).await;
+    relay.stop().await.unwrap();
+
+    assert_eq!(
+        store.acks()[0],
+        Call::Done {
+            ids: vec![id],
+            changed: 0
+        }
+    );
+    assert_eq!(
+        store.status(id),
+        Status::Processing,
+        "the other claim keeps it"
+    );
+    assert!(hooks.events().contains(&Event::ClaimLost(1)));
+}
+
+// ---------------------------------------------------------------- polling and waking
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_claim_waits_the_poll_interval() {
+    let (store, publisher, hooks) = fakes();
+    let config = RelayConfig {
+        poll_interval: ms(100),
+        ..config()
+    };
+    let relay = start(&store, &publisher, &hooks, config);
+    sleep(ms(350)).await;
+    relay.stop().await.unwrap();
+
+    let claims = store.claim_times();
+    assert!(claims.len() >= 2, "{claims:?}");
+    for pair in claims.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(gap >= ms(100) && gap < ms(102), "{gap:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_batch_is_followed_by_an_immediate_claim() {
+    let (store, publisher, hooks) = fakes();
+    let ids: Vec<i64> = (0..5).map(|_| store.enqueue(None)).collect();
+    let config = RelayConfig {
+        batch_size: 2,
+        poll_interval: LONG,
+        ..config()
+    };
+    let relay = start(&store, &publisher, &hooks, config);
+    eventually("all done without a poll wait", || {
+        ids.iter().all(|id| store.status(*id) == Status::Done)
+    })
+    .await;
+    relay.stop().await.unwrap();
+    assert_eq!(publisher.batches(), [vec![1, 2], vec![3, 4], vec![5]]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wake_ends_an_idle_wait() {
+    let (store, publisher, hooks) = fakes();
+    let config = RelayConfig {
+        poll_interval: LONG,
+        ..config()
+    };
+    let relay = start(&store, &publisher, &hooks, config);
+    eventually("first claim", || !store.claim_times().is_empty()).await;
+    let id = store.enqueue(None);
+    relay.handle.wake();
+    eventually("woken and done", || store.status(id) == Status::Done).await;
+    relay.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wake_during_a_batch_is_not_lost() {
+    let (store, publisher, hooks) = fakes();
+    let mut config = config();
+    config.poll_interval = LONG;
+    config.retry.initial = LONG; // the failed message is not due again during the test
+    config.retry.max = LONG;
+    let relay = start(&store, &publisher, &hooks, config);
+    eventually("first (empty) claim", || !store.claim_times().is_empty()).await;
+
+    // The first message fails, so the relay would go on to sleep poll_interval; while it
+    // is being published a second message is enqueued and the relay woken.
+    let first = store.enqueue(None);
+    publisher.script(first, [Err(PublishError::retriable("flaky"))]);
+    let (enqueuer, handle) = (store.clone(), relay.handle.clone());
+    publisher.during_publish(move || {
+        enqueuer.enqueue(None);
+        handle.wake();
+    });
+    relay.handle.wake();
+    eventually("the second message, without waiting 60 s", || {
+        store.state().rows.len() == 2 && store.status(2) == Status::Done
+    })
+    .await;
+    relay.stop().await.unwrap();
+    assert_eq!(store.status(first), Status::Failed);
+    let times = publisher.batches.lock().unwrap().clone();
+    assert_eq!(times[1].1, [2]);
+    assert_eq!(
+        times[1].0 - times[0].0,
+        Duration::ZERO,
+        "claimed again at once, not after a timer"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wake_during_a_claim_is_not_lost() {
+    let (store, publisher, hooks) = fakes();
+    let gate = store.gate_next_claim();
+    let config = RelayConfig {
+        poll_interval: LONG,
+        ..config()
+    };
+    let relay = start(&store, &publisher, &hooks, config);
+    // The claim has looked at the table (and found nothing) but not returned yet.
+    timeout(PATIENCE, gate.started.notified()).await.unwrap();
+    let id = store.enqueue(None);
+    relay.handle.wake();
+    gate.release.notify_one();
+    eventually("claimed again at once", || store.status(id) == Status::Done).await;
+    relay.stop().await.unwrap();
+}
+
+// ---------------------------------------------------------------- shutdown
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_drains_the_in_flight_batch() {
+    let (store, publisher, hooks) = fakes();
+    let ids: Vec<i64> = (0..2).map(|_| store.enqueue(None)).collect();
+    let slot = Arc::new(Mutex::new(None::<oneshot::Sender<()>>));
+    let during = Arc::clone(&slot);
+    let enqueuer = store.clone();
+    *publisher.slow_once.lock().unwrap() = Some(ms(200));
+    publisher.during_publish(move || {
+        // Shutdown arrives mid-publish, along with a message that must wait for the next
+        // relay.
+        enqueuer.enqueue(None);
+        let _ = during.lock().unwrap().take().unwrap().send(());
+    });
+    let relay = start(&store, &publisher, &hooks, config());
+    *slot.lock().unwrap() = relay.shutdown.lock().unwrap().take();
+
+    relay.finish().await.unwrap();
+    assert!(ids.iter().all(|id| store.status(*id) == Status::Done));
+    assert_eq!(store.status(3), Status::Pending);
+    assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_while_idle_returns_promptly() {
+    let (store, publisher, hooks) = fakes();
+    let config = RelayConfig {
+        poll_interval: LONG,
+        ..config()
+    };
+    let relay = start(&store, &publisher, &hooks, config);
+    eventually("idle", || !store.claim_times().is_empty()).await;
+    relay.stop().await.unwrap();
+}
+
+// ---------------------------------------------------------------- run_once and config
+
+#[tokio::test(start_paused = true)]
+async fn run_once_processes_one_batch_and_reports_it() {
+    let (store, publisher, hooks) = fakes();
+    let ids: Vec<i64> = (0..4).map(|_| store.enqueue(None)).collect();
+    publisher.script(ids[1], [Err(PublishError::retriable("x"))]);
+    publisher.script(ids[2], [Err(PublishError::poison("x"))]);
+    publisher.script(ids[3], [Err(PublishError::backpressure("x"))]);
+    let mut relay = Relay::new(store.clone(), Arc::clone(&publisher), config())
+        .unwrap()
+        .with_hooks(Arc::clone(&hooks));
+
+    let report: BatchReport = relay.run_once().await.unwrap();
+    assert_eq!(
+        (
+            report.claimed,
+            report.published,
+            report.failed,
+            report.dead,
+            report.requeued
+        ),
+        (4, 1, 1, 1, 1)
+    );
+    assert_eq!(report.claim_lost, 0);
+    assert_eq!(report.unacknowledged, 0);
+
+    let empty = relay.run_once().await.unwrap();
+    assert_eq!(empty, BatchReport::default());
+
+    let fatal = store.enqueue(None);
+    publisher.script(fatal, [Err(PublishError::fatal("revoked"))]);
+    assert!(matches!(relay.run_once().await, Err(Error::Publisher(_))));
+    assert_eq!(store.status(fatal), Status::Dead);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_config_is_refused() {
+    let (store, publisher, _) = fakes();
+    let config = RelayConfig {
+        batch_size: 0,
+        ..config()
+    };
+    match Relay::new(store, publisher, config) {
+        Err(Error::Config(message)) => assert!(message.contains("batch_size"), "{message}"),
+        Err(other) => panic!("expected a config error, got {other:?}"),
+        Ok(_) => panic!("batch_size 0 was accepted"),
+    }
+}
