@@ -8,6 +8,22 @@ use crate::error::{Error, Result};
 /// A tiberius client on a tokio TCP stream: what every function of this crate takes.
 pub type Client = tiberius::Client<Compat<TcpStream>>;
 
+/// The environment variable the command-line tool and the examples read the connection
+/// string from.
+pub const URL_VARIABLE: &str = "CHANGEFEED_URL";
+
+/// The connection string from [`URL_VARIABLE`], or an error that says what to set.
+pub fn url_from_env() -> Result<String> {
+    match std::env::var(URL_VARIABLE) {
+        Ok(url) if !url.trim().is_empty() => Ok(url),
+        _ => Err(Error::Config(format!(
+            "{URL_VARIABLE} is not set: set it to an ADO.NET connection string, e.g. \
+             {URL_VARIABLE}='server=tcp:localhost,1433;user=sa;password=...;\
+             TrustServerCertificate=true'"
+        ))),
+    }
+}
+
 /// Connects with an ADO.NET-style connection string, e.g.
 /// `server=tcp:localhost,1433;user=sa;password=...;database=app;TrustServerCertificate=true`.
 ///

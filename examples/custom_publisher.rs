@@ -1,0 +1,108 @@
+//! A custom `Publisher`: how a real broker client plugs into the relay, and how it tells the
+//! relay what each failure means.
+//!
+//! This one "publishes" into an in-memory topic map and simulates a broker's answers:
+//! a payload with `"poison": true` can never be published (dead + dead-letter), a topic
+//! named `slow` pushes back (requeued without counting an attempt), and everything else
+//! succeeds. A dead-letter hand-off writes to a `dead-letters` topic with the headers the
+//! relay adds (original topic, attempts, error).
+//!
+//! ```sh
+//! CHANGEFEED_URL='...' cargo run --example custom_publisher
+//! ```
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use changefeed::outbox::{ClaimedMessage, Headers, NewMessage};
+use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
+use changefeed::relay::{PublishError, PublishOutcome, Publisher, Relay, RelayConfig};
+
+#[derive(Default)]
+struct InMemoryBroker {
+    topics: Mutex<BTreeMap<String, Vec<serde_json::Value>>>,
+}
+
+impl Publisher for InMemoryBroker {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        let mut topics = self.topics.lock().expect("not poisoned");
+        batch
+            .iter()
+            .map(|message| {
+                if message.payload.get("poison") == Some(&serde_json::Value::Bool(true)) {
+                    return Err(PublishError::poison("the broker rejects this payload"));
+                }
+                if message.topic == "slow" {
+                    return Err(PublishError::backpressure("topic 'slow' is throttled"));
+                }
+                topics
+                    .entry(message.topic.clone())
+                    .or_default()
+                    .push(message.payload.clone());
+                Ok(())
+            })
+            .collect()
+    }
+
+    async fn publish_dead_letter(
+        &self,
+        message: &ClaimedMessage,
+        headers: &Headers,
+    ) -> Result<(), PublishError> {
+        let mut topics = self.topics.lock().expect("not poisoned");
+        topics
+            .entry("dead-letters".to_owned())
+            .or_default()
+            .push(serde_json::json!({ "payload": message.payload, "headers": headers }));
+        Ok(())
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let mut client = support::connect_and_migrate().await;
+    support::exec(
+        &mut client,
+        "exec changefeed.setup_outbox @table_name = N'dbo.custom_publisher_outbox';",
+    )
+    .await
+    .unwrap_or_else(|e| support::exit_with(e));
+    let outbox: OutboxStore = "dbo.custom_publisher_outbox".parse().expect("a valid name");
+
+    support::exec(&mut client, "begin transaction;")
+        .await
+        .unwrap_or_else(|e| support::exit_with(e));
+    for message in [
+        NewMessage::new("orders", serde_json::json!({ "order": 1 })),
+        NewMessage::new("orders", serde_json::json!({ "order": 2, "poison": true })),
+        NewMessage::new("slow", serde_json::json!({ "order": 3 })),
+    ] {
+        outbox
+            .enqueue(&mut client, &message)
+            .await
+            .unwrap_or_else(|e| support::exit_with(e));
+    }
+    support::exec(&mut client, "commit;")
+        .await
+        .unwrap_or_else(|e| support::exit_with(e));
+
+    let url = changefeed::connection::url_from_env().unwrap_or_else(|e| support::exit_with(e));
+    let broker = std::sync::Arc::new(InMemoryBroker::default());
+    let relay = Relay::new(
+        SqlClaimStore::new(outbox, url),
+        std::sync::Arc::clone(&broker),
+        RelayConfig::default(),
+    )
+    .unwrap_or_else(|e| support::exit_with(e));
+    // Run for a few seconds, then drain and show what the broker received.
+    let shutdown = tokio::time::sleep(Duration::from_secs(5));
+    if let Err(error) = relay.run(shutdown).await {
+        support::exit_with(error);
+    }
+    let topics = broker.topics.lock().expect("not poisoned");
+    println!("{}", serde_json::to_string_pretty(&*topics).expect("JSON"));
+}

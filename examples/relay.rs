@@ -1,0 +1,81 @@
+//! A claim-outbox relay that publishes to stdout as JSON lines.
+//!
+//! ```sh
+//! CHANGEFEED_URL='server=tcp:localhost,1433;user=sa;password=...;database=app;TrustServerCertificate=true' \
+//!   cargo run --example relay
+//! ```
+//!
+//! It applies the changefeed migrations, creates the claim outbox `dbo.outbox` if needed,
+//! enqueues three demo messages (two of one aggregate, so they come out in order), and relays
+//! until Ctrl-C, then finishes the batch in flight and stops.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use changefeed::outbox::{ClaimedMessage, NewMessage};
+use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
+use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
+
+/// Writes each message as one JSON line. Writing to stdout cannot fail in a way a retry
+/// would fix, so every message succeeds.
+struct StdoutPublisher;
+
+impl Publisher for StdoutPublisher {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        batch
+            .iter()
+            .map(|message| {
+                let line = serde_json::json!({
+                    "id": message.id,
+                    "message_id": message.message_id,
+                    "topic": message.topic,
+                    "key": message.partition_key,
+                    "headers": message.headers,
+                    "payload": message.payload,
+                    "attempts": message.attempts,
+                });
+                println!("{line}");
+                Ok(())
+            })
+            .collect()
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let mut client = support::connect_and_migrate().await;
+    support::exec(
+        &mut client,
+        "exec changefeed.setup_outbox @table_name = N'dbo.outbox';",
+    )
+    .await
+    .unwrap_or_else(|e| support::exit_with(e));
+
+    let outbox: OutboxStore = "dbo.outbox".parse().expect("a valid name");
+    support::exec(&mut client, "begin transaction;")
+        .await
+        .unwrap_or_else(|e| support::exit_with(e));
+    for (n, aggregate) in [(1, "order-1"), (2, "order-1"), (3, "order-2")] {
+        let message = NewMessage::new("orders", serde_json::json!({ "demo": n }))
+            .aggregate("order", aggregate);
+        outbox
+            .enqueue(&mut client, &message)
+            .await
+            .unwrap_or_else(|e| support::exit_with(e));
+    }
+    support::exec(&mut client, "commit;")
+        .await
+        .unwrap_or_else(|e| support::exit_with(e));
+
+    let url = changefeed::connection::url_from_env().unwrap_or_else(|e| support::exit_with(e));
+    let store = SqlClaimStore::new(outbox, url);
+    let relay = Relay::new(store, StdoutPublisher, RelayConfig::default())
+        .unwrap_or_else(|e| support::exit_with(e));
+    eprintln!("relaying dbo.outbox to stdout; Ctrl-C stops");
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    if let Err(error) = relay.run(shutdown).await {
+        support::exit_with(error);
+    }
+}
