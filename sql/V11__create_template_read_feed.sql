@@ -21,6 +21,9 @@
 --      and ulid > @cursor never skips a row that commits later.
 -- With @wait_ms > 0 and nothing to return, it repeats 1-5 in short pauses until rows come or
 -- @wait_ms passes, holding no lock and no transaction while it pauses.
+-- A cursor below the shard's low-water mark (events past it were purged by purge_feed)
+-- raises 51104 instead of silently skipping them; the all-zero cursor reads from the oldest
+-- retained event.
 create or alter procedure [changefeed].[read_feed:changefeed.__template__]
     @shard_id int = 0,
     @cursor binary(16) = 0x00000000000000000000000000000000,
@@ -298,6 +301,29 @@ begin
             waitfor delay @pause;
         end;
         set @pause_ms = case when @pause_ms * 2 > 100 then 100 when @pause_ms < 5 then 5 else @pause_ms * 2 end;
+    end;
+
+    -- Checked after the page was read, not before: a purge that commits in between would
+    -- otherwise remove rows past the cursor unnoticed. The purge moves purged_through in the
+    -- same transaction as its delete, so a page that missed purged rows is caught here.
+    if @cursor <> 0x00000000000000000000000000000000
+    begin
+        declare @purged_through binary(16) = (
+            select purged_through
+            from [changefeed].[state:changefeed.__template__]
+            where shard_id = @shard_id
+        );
+        if @cursor < @purged_through
+        begin
+            set @message = concat(
+                N'read_feed: cursor expired: events after ', convert(nvarchar(34), @cursor, 1),
+                N' up to ', convert(nvarchar(34), @purged_through, 1),
+                N' in shard ', @shard_id, N' were purged. Resume from 0x00 (the oldest retained',
+                N' event) or from a later cursor, knowing those events are gone; register the',
+                N' consumer''s cursor (changefeed.save_cursor) so purge_feed keeps what it has not read.'
+            );
+            throw 51104, @message, 1;
+        end;
     end;
 
     if @to_read_table = 1

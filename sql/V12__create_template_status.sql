@@ -21,7 +21,8 @@ select
     pending.oldest_pending_at,
     head.head_ulid,
     changefeed.ulid_time(head.head_ulid) as head_at,
-    st.updated_at as state_updated_at
+    st.updated_at as state_updated_at,
+    st.purged_through
 from shards as s
 left outer join [changefeed].[state:changefeed.__template__] as st
     on s.shard_id = st.shard_id

@@ -16,13 +16,15 @@ begin
     set nocount, xact_abort on;
 
     declare @table nvarchar(300) = quotename(@schema_name) + N'.' + quotename(@table_name);
-    declare @json_type nvarchar(20) = case when @native_json = 1 then N'json' else N'nvarchar(max)' end;
+    declare @json_type nvarchar(20) = case
+        when isnull(@native_json, 0) = 1 then N'json' else N'nvarchar(max)'
+    end;
     declare @object_id int;
     declare @missing nvarchar(max);
     declare @message nvarchar(2048);
     declare @sql nvarchar(max);
 
-    if @native_json = 1 and type_id(N'json') is null
+    if isnull(@native_json, 0) = 1 and type_id(N'json') is null
         throw 51307, N'setup_outbox: @native_json = 1 needs the json data type (Azure SQL Database, Azure SQL Managed Instance, SQL Server 2025). Use @native_json = 0 here: payloads are then nvarchar(max) checked with ISJSON.', 1;
 
     begin try
@@ -33,10 +35,13 @@ begin
             -- Constraint names are schema-scoped, so they carry the table's name.
             set @sql = N'create table ' + @table + N' ('
                 + N'id bigint identity (1, 1) not null, '
-                + N'message_id nvarchar(64) not null default (convert(nvarchar(64), newid())), '
+                -- Binary collation: keys and aggregate ids compare exactly, so 'ABC' and
+                -- 'abc' are two messages and two aggregates under any database collation.
+                + N'message_id nvarchar(64) collate Latin1_General_100_BIN2 not null'
+                + N' default (convert(nvarchar(64), newid())), '
                 + N'topic nvarchar(256) not null, '
                 + N'aggregate_type nvarchar(128) null, '
-                + N'aggregate_id nvarchar(256) null, '
+                + N'aggregate_id nvarchar(256) collate Latin1_General_100_BIN2 null, '
                 + N'partition_key nvarchar(256) null, '
                 + N'payload ' + @json_type + N' not null, '
                 + N'headers ' + @json_type + N' null, '
@@ -123,7 +128,7 @@ begin
                 + quotename(@table_name + N':status_ck') + N' check (status between 0 and 4);';
             exec sys.sp_executesql @sql;
         end;
-        if @native_json = 0
+        if isnull(@native_json, 0) = 0
             and object_id(quotename(@schema_name) + N'.' + quotename(@table_name + N':json_ck'), N'C') is null
         begin
             set @sql = N'alter table ' + @table + N' add constraint '

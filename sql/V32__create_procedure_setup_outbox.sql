@@ -54,10 +54,15 @@ begin
         set @object_name = object_name(@object_id);
         set @qualified_name = @schema_name + N'.' + @object_name;
 
-        if not exists (
-            select 1 from changefeed.outboxes with (updlock, holdlock)
-            where object_id = @object_id
-        )
+        -- By name: a table dropped and created again has a new object id but is the same
+        -- outbox, and its registry row follows it.
+        update changefeed.outboxes with (updlock, holdlock)
+        set
+            object_id = @object_id,
+            native_json = isnull(@native_json, 0)
+        where schema_name = @schema_name and table_name = @object_name;
+
+        if @@rowcount = 0
             insert into changefeed.outboxes
             (object_id, schema_name, table_name, native_json, generator_version)
             values (

@@ -12,7 +12,8 @@ select
     convert(datetime2(3), null) as oldest_pending_at,
     head.head_ulid,
     changefeed.ulid_time(head.head_ulid) as head_at,
-    st.updated_at as state_updated_at
+    st.updated_at as state_updated_at,
+    st.purged_through
 from [changefeed].[state:changefeed.__template_serialized__] as st
     with (readcommittedlock, readpast, rowlock)
 outer apply (

@@ -27,6 +27,7 @@ select
 from (
     values
     (N'read_feed', 'P', 1, 'both'),
+    (N'purge_feed', 'P', 1, 'outbox'),
     (N'status', 'V', 2, 'both'),
     (N'lock_feed', 'P', 3, 'serialize_writers'),
     (N'ulid', 'FN', 4, 'serialize_writers'),

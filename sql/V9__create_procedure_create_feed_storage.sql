@@ -91,6 +91,9 @@ begin
                 + N'ulid_high binary(8) not null, '
                 + N'next_counter bigint not null, '
                 + N'updated_at datetime2(3) not null, '
+                -- The low-water mark: the largest ULID purge_feed deleted. A cursor below
+                -- it has lost events, and read_feed says so.
+                + N'purged_through binary(16) null, '
                 + N'constraint ' + quotename(N'state_pk:' + @schema_name + N'.' + @table_name)
                 + N' primary key clustered (shard_id));'
                 + N' alter table ' + @state + N' set (lock_escalation = disable);';

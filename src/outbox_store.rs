@@ -62,6 +62,7 @@ impl OutboxStore {
     /// with error 51300, when none is open). A `message_id` already in the outbox is not
     /// enqueued twice: the existing row comes back.
     pub async fn enqueue(&self, client: &mut Client, message: &NewMessage) -> Result<Enqueued> {
+        check_payload(&message.payload)?;
         let payload = message.payload.to_string();
         let headers = if message.headers.is_empty() {
             None
@@ -220,6 +221,19 @@ impl OutboxStore {
     }
 }
 
+/// The outbox checks payloads with ISJSON, which (before SQL Server 2022) accepts only JSON
+/// objects and arrays: refuse anything else here, with the reason, instead of a server error.
+fn check_payload(payload: &serde_json::Value) -> Result<()> {
+    if payload.is_object() || payload.is_array() {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "an outbox payload must be a JSON object or array, not {payload}; wrap the value, \
+             e.g. {{\"value\": {payload}}}"
+        )))
+    }
+}
+
 fn count(rows: &[Row], what: &str) -> Result<u64> {
     let row = rows
         .first()
@@ -356,6 +370,20 @@ mod tests {
             "[changefeed].[claim:dbo.outbox]"
         );
         assert!("dbo.outbox]; drop table x".parse::<OutboxStore>().is_err());
+    }
+
+    #[test]
+    fn payloads_must_be_objects_or_arrays() {
+        assert!(check_payload(&serde_json::json!({"a": 1})).is_ok());
+        assert!(check_payload(&serde_json::json!([1, 2])).is_ok());
+        for scalar in [
+            serde_json::json!("text"),
+            serde_json::json!(42),
+            serde_json::json!(null),
+        ] {
+            let error = check_payload(&scalar).unwrap_err().to_string();
+            assert!(error.contains("object or array"), "{error}");
+        }
     }
 
     #[test]

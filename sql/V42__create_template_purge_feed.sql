@@ -1,0 +1,192 @@
+-- purge_feed for outbox-mode feeds, written as the template feed's procedure (V10); copied
+-- for every outbox-mode feed by upgrade_feed. (In serialized-writer mode the feed is your
+-- own event table: deleting its old events is your decision, not changefeed's.)
+--
+-- Deletes feed rows older than a cutoff, oldest first, in batches of @batch_size rows, each
+-- batch its own short transaction (a reader waits at most for one batch), at most @max_rows
+-- rows per shard (null: no limit). The cutoff is the earlier of:
+--   @older_than_ms   rows whose ULID time is more than this long ago (server clock)
+--   @before          rows whose ULID is below this one
+-- Unless @force = 1, a shard's rows are deleted only up to the lowest cursor that a consumer
+-- registered in changefeed.consumer_cursor saved for it: a consumer that is behind holds the
+-- purge back. A consumer that never saved a cursor is not protected.
+-- Each batch moves the shard's low-water mark (state.purged_through) to the largest ULID it
+-- deleted, in the same transaction; read_feed refuses a cursor below it (51104).
+-- @dry_run = 1 deletes nothing and reports what would go.
+--
+-- Returns one row per shard: shard_id, deleted (or would_delete), purged_through, and why
+-- it stopped ('cutoff reached', 'held back by consumer <name>', 'max rows reached').
+create or alter procedure [changefeed].[purge_feed:changefeed.__template__]
+    @shard_id int = null,
+    @older_than_ms bigint = null,
+    @before binary(16) = null,
+    @batch_size int = 5000,
+    @max_rows bigint = null,
+    @force bit = 0,
+    @dry_run bit = 0
+as
+begin
+    set nocount, xact_abort on;
+
+    if @@trancount > 0
+        throw 51400, N'purge_feed must be called outside a transaction: each batch commits on its own so that no reader waits for more than one batch.', 1;
+    if @older_than_ms is null and @before is null
+        throw 51401, N'purge_feed: give a cutoff: @older_than_ms (e.g. 2592000000 for 30 days) and/or @before (a ULID).', 1;
+    if @older_than_ms < 0 or @older_than_ms > 3155760000000
+        throw 51401, N'purge_feed: @older_than_ms must be between 0 and 3155760000000 (100 years).', 1;
+    if @batch_size is null or @batch_size < 1 or @batch_size > 50000
+        throw 51401, N'purge_feed: @batch_size must be between 1 and 50000.', 1;
+    if @max_rows < 1
+        throw 51401, N'purge_feed: @max_rows must be positive, or null for no limit.', 1;
+
+    declare @epoch datetime2(3) = convert(datetime2(3), '19700101', 112);
+    declare @cutoff_ms bigint = datediff_big(millisecond, @epoch, sysutcdatetime()) - @older_than_ms;
+    -- Rows below this ULID are old enough: the cutoff millisecond with a zero tail.
+    declare @upto binary(16) = case
+        when @older_than_ms is null then @before
+        when @cutoff_ms <= 0 then 0x00000000000000000000000000000000
+        when @before is not null and @before < convert(binary(16), convert(binary(6), @cutoff_ms) + 0x00000000000000000000)
+            then @before
+        else convert(binary(16), convert(binary(6), @cutoff_ms) + 0x00000000000000000000)
+    end;
+    declare @report table (
+        shard_id int not null primary key,
+        deleted bigint not null,
+        purged_through binary(16) null,
+        stopped_because nvarchar(300) not null
+    );
+    declare @batch table (ulid binary(16) not null primary key);
+    declare @shard int;
+    declare @hold binary(16);
+    declare @holder nvarchar(200);
+    declare @deleted bigint;
+    declare @take int;
+    declare @count int;
+    declare @last binary(16);
+    declare @reason nvarchar(300);
+
+    declare shards cursor local fast_forward for
+    select shard_id
+    from [changefeed].[state:changefeed.__template__]
+    where @shard_id is null or shard_id = @shard_id
+    order by shard_id;
+
+    open shards;
+    fetch next from shards into @shard;
+    while @@fetch_status = 0
+    begin
+        set @hold = null;
+        set @holder = null;
+        if isnull(@force, 0) = 0
+            select top (1)
+                @hold = [cursor],
+                @holder = consumer
+            from changefeed.consumer_cursor
+            where feed = N'changefeed.__template__' and shard_id = @shard
+            order by [cursor], consumer;
+
+        set @deleted = 0;
+        set @reason = N'cutoff reached';
+        while 1 = 1
+        begin
+            set @take = case
+                when @max_rows is not null and @max_rows - @deleted < @batch_size
+                    then convert(int, @max_rows - @deleted)
+                else @batch_size
+            end;
+            if @take <= 0
+            begin
+                set @reason = N'max rows reached';
+                break;
+            end;
+
+            delete from @batch;
+            begin try
+                begin transaction;
+
+                -- A consumer has processed the rows up to and including its cursor.
+                insert into @batch (ulid)
+                select top (@take) ulid
+                from [changefeed].[feed:changefeed.__template__]
+                where
+                    shard_id = @shard
+                    and ulid < @upto
+                    and (@hold is null or ulid <= @hold)
+                order by ulid;
+                set @count = @@rowcount;
+
+                if @count > 0 and isnull(@dry_run, 0) = 0
+                begin
+                    delete f
+                    from [changefeed].[feed:changefeed.__template__] as f
+                    inner join @batch as b
+                        on f.shard_id = @shard and f.ulid = b.ulid;
+
+                    update [changefeed].[state:changefeed.__template__]
+                    set purged_through = (select max(ulid) from @batch)
+                    where
+                        shard_id = @shard
+                        and (purged_through is null or purged_through < (select max(ulid) from @batch));
+                end;
+
+                commit transaction;
+            end try
+            begin catch
+                if @@trancount > 0 rollback transaction;
+                throw;
+            end catch;
+
+            set @deleted = @deleted + @count;
+            if @count < @take break;
+            -- A dry run counts one batch at a time over the same rows: count the rest at once.
+            if isnull(@dry_run, 0) = 1
+            begin
+                select @deleted = count_big(*)
+                from [changefeed].[feed:changefeed.__template__]
+                where
+                    shard_id = @shard
+                    and ulid < @upto
+                    and (@hold is null or ulid <= @hold);
+                if @max_rows is not null and @deleted > @max_rows
+                begin
+                    set @deleted = @max_rows;
+                    set @reason = N'max rows reached';
+                end;
+                break;
+            end;
+        end;
+
+        -- Short of the cutoff because a consumer has not read further?
+        if @reason = N'cutoff reached'
+            and @hold is not null
+            and @hold < @upto
+            and exists (
+                select 1
+                from [changefeed].[feed:changefeed.__template__]
+                where shard_id = @shard and ulid > @hold and ulid < @upto
+            )
+            set @reason = N'held back by consumer ' + @holder;
+
+        insert into @report (shard_id, deleted, purged_through, stopped_because)
+        select
+            @shard,
+            @deleted,
+            purged_through,
+            @reason
+        from [changefeed].[state:changefeed.__template__]
+        where shard_id = @shard;
+
+        fetch next from shards into @shard;
+    end;
+    close shards;
+    deallocate shards;
+
+    select
+        shard_id,
+        deleted,
+        purged_through,
+        stopped_because,
+        convert(bit, isnull(@dry_run, 0)) as dry_run
+    from @report
+    order by shard_id;
+end

@@ -1,0 +1,31 @@
+-- How far behind each registered consumer is: one row per saved cursor, with the time its
+-- cursor stands at, the head of that feed shard, and the lag between them in milliseconds
+-- (null when the shard has no head yet). expired is 1 when events past the cursor were
+-- purged (read_feed would raise 51104). Built on feed_status, so it covers every feed.
+create or alter view [changefeed].[consumer_lag]
+as
+select
+    c.consumer,
+    c.feed,
+    c.shard_id,
+    c.[cursor],
+    changefeed.ulid_time(c.[cursor]) as cursor_at,
+    s.head_ulid,
+    s.head_at,
+    case
+        when s.head_ulid is null or s.head_ulid <= c.[cursor] then 0
+        else datediff_big(millisecond, changefeed.ulid_time(c.[cursor]), s.head_at)
+    end as lag_ms,
+    s.outbox_depth as not_yet_in_feed,
+    convert(
+        bit,
+        case
+            when c.[cursor] <> 0x00000000000000000000000000000000 and c.[cursor] < s.purged_through
+                then 1
+            else 0
+        end
+    ) as expired,
+    c.updated_at as cursor_saved_at
+from changefeed.consumer_cursor as c
+left outer join changefeed.feed_status as s
+    on c.feed = s.feed and c.shard_id = s.shard_id;
