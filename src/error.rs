@@ -34,6 +34,15 @@ pub enum Error {
         /// The server's message.
         message: String,
     },
+    /// `read_feed` refused the cursor because events after it were purged (server error
+    /// 51104): the consumer has lost events. Not transient: resume from
+    /// [`crate::Cursor::START`] (the oldest retained event) or a later cursor, knowing what is
+    /// gone, and register the consumer's cursor so purges wait for it (README, "Retention").
+    #[error("cursor expired (SQL Server error 51104): {message}")]
+    CursorExpired {
+        /// The server's message, naming the cursor and the low-water mark.
+        message: String,
+    },
     /// A connection-level failure: I/O, TLS, protocol, a redirect to another host.
     #[error("connection to SQL Server failed: {0}")]
     Connection(String),
@@ -66,6 +75,9 @@ pub enum Error {
     },
 }
 
+/// read_feed's "cursor expired" error.
+const CURSOR_EXPIRED: u32 = 51104;
+
 /// SQL Server error numbers a client may retry: deadlock victim, lock timeout, our own
 /// "lock not granted" errors (generators 51012, read_feed 51103, lock_feed 51202), and the
 /// Azure SQL transient set (reconfiguration, failover,
@@ -80,7 +92,23 @@ impl Error {
     pub fn server_number(&self) -> Option<u32> {
         match self {
             Error::Server { number, .. } => Some(*number),
+            Error::CursorExpired { .. } => Some(CURSOR_EXPIRED),
             _ => None,
+        }
+    }
+
+    /// The error for a server error number: [`Error::CursorExpired`] for 51104, else
+    /// [`Error::Server`].
+    pub fn from_server(number: u32, state: u8, class: u8, message: String) -> Error {
+        if number == CURSOR_EXPIRED {
+            Error::CursorExpired { message }
+        } else {
+            Error::Server {
+                number,
+                state,
+                class,
+                message,
+            }
         }
     }
 
@@ -100,12 +128,12 @@ impl From<tiberius::error::Error> for Error {
     fn from(error: tiberius::error::Error) -> Self {
         use tiberius::error::Error as T;
         match error {
-            T::Server(token) => Error::Server {
-                number: token.code(),
-                state: token.state(),
-                class: token.class(),
-                message: token.message().to_owned(),
-            },
+            T::Server(token) => Error::from_server(
+                token.code(),
+                token.state(),
+                token.class(),
+                token.message().to_owned(),
+            ),
             T::Routing { host, port } => Error::Redirect { host, port },
             T::Io { .. } | T::Tls(_) | T::Protocol(_) => Error::Connection(error.to_string()),
             T::Conversion(reason) => Error::Decode {
@@ -150,6 +178,20 @@ mod tests {
         assert!(server(1222).is_transient());
         assert!(server(51103).is_transient());
         assert!(Error::Connection("reset".into()).is_transient());
+    }
+
+    #[test]
+    fn an_expired_cursor_is_its_own_variant_and_final() {
+        let error = Error::from_server(
+            51104,
+            1,
+            16,
+            "read_feed: cursor expired: events after 0x01 up to 0x02 in shard 0 were purged."
+                .into(),
+        );
+        assert!(matches!(&error, Error::CursorExpired { message } if message.contains("purged")));
+        assert_eq!(error.server_number(), Some(51104));
+        assert!(!error.is_transient());
     }
 
     #[test]
