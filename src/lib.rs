@@ -10,17 +10,23 @@
 //! committed event exactly once per consumer, in an order that never changes, with a
 //! cursor ([`Cursor`]) that is safe to resume from.
 //!
+//! [`FeedReader`] follows a shard as an endless stream of typed pages over a connection
+//! [`Pool`] (server long-poll, retries on a fresh connection without loss or repeat);
+//! [`CursorStore`] keeps each consumer's cursor, in its own transaction if it likes.
+//!
 //! This crate is a thin client: the procedures own the logic; it calls them, decodes rows
 //! and keeps the ULID allocator's reference model ([`allocator`]) for tests.
 
 pub mod allocator;
 pub mod connection;
 pub mod cursor;
+pub mod cursor_store;
 pub mod error;
 pub mod feed;
 pub mod migrations;
 pub mod outbox;
 pub mod outbox_store;
+pub mod pool;
 pub mod reader;
 pub mod relay;
 pub mod row;
@@ -28,6 +34,9 @@ pub mod writer;
 
 pub use connection::{Client, connect};
 pub use cursor::Cursor;
+pub use cursor_store::CursorStore;
 pub use error::{Error, Result};
 pub use feed::{Feed, TableName};
+pub use pool::Pool;
+pub use reader::{FeedEvent, FeedReader, FeedReaderOptions, read_events};
 pub use reader::{FeedRow, Page, ReadOptions, read_page};

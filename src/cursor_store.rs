@@ -1,0 +1,171 @@
+//! [`CursorStore`]: consumers' cursors kept in `changefeed.consumer_cursor`.
+//!
+//! Any number of independent consumers read one feed; each names itself and keeps its own
+//! cursor per shard. All of them see the same rows with the same ULIDs, in the same order.
+//!
+//! # Exactly-once processing
+//!
+//! When a consumer's side effects go to the same database, save the cursor in the same
+//! transaction as the side effects: either both commit or neither does, so after a crash
+//! the consumer resumes exactly after the last page whose effects are committed.
+//!
+//! `read_feed` must be called outside a transaction (it commits its own short one), so read
+//! on one connection (a [`crate::reader::FeedReader`]) and apply on another:
+//!
+//! ```no_run
+//! # async fn run(reader: changefeed::reader::FeedReader, sink: &mut changefeed::Client)
+//! # -> changefeed::Result<()> {
+//! use changefeed::cursor_store::CursorStore;
+//! use changefeed::{Cursor, Feed};
+//! use futures::StreamExt;
+//!
+//! let feed = reader.feed().clone();
+//! let start = CursorStore::load(sink, "billing", &feed, 0).await?.unwrap_or(Cursor::START);
+//! let mut pages = std::pin::pin!(reader.stream::<i64>(0, start));
+//! while let Some(page) = pages.next().await {
+//!     let page = page?;
+//!     sink.simple_query("BEGIN TRAN").await?.into_results().await?;
+//!     for row in &page.rows {
+//!         sink.execute("insert into billing.Seen (event_id) values (@P1)", &[&row.key]).await?;
+//!     }
+//!     CursorStore::save(sink, "billing", &feed, 0, page.next_cursor).await?;
+//!     sink.simple_query("COMMIT").await?.into_results().await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! If anything fails before `COMMIT`, roll back (or drop the connection; a pooled one is
+//! rolled back on its next check-out) and restart from [`CursorStore::load`]: the rows of the
+//! failed page come again and their effects are applied once.
+//!
+//! Consumer names are compared with the database's collation: on a case-insensitive
+//! database `Billing` and `billing` are the same consumer.
+
+use crate::connection::Client;
+use crate::cursor::Cursor;
+use crate::error::{Error, Result, decode_error};
+use crate::feed::Feed;
+
+/// The longest consumer name, in UTF-16 code units (the column is `nvarchar(200)`).
+pub const MAX_CONSUMER_LEN: usize = 200;
+
+/// Loads and saves consumers' cursors with `changefeed.load_cursor` and
+/// `changefeed.save_cursor`. It holds no state: every call takes the connection to use.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CursorStore;
+
+impl CursorStore {
+    /// The cursor `consumer` last saved for `shard` of `feed`, or `None` when it never saved
+    /// one (start wherever you decide: [`Cursor::START`] to replay everything, or
+    /// [`Cursor::at`] a point in time).
+    pub async fn load(
+        client: &mut Client,
+        consumer: &str,
+        feed: &Feed,
+        shard: i32,
+    ) -> Result<Option<Cursor>> {
+        check_consumer(consumer)?;
+        let feed_name = feed.to_string();
+        let row = client
+            .query(
+                "exec changefeed.load_cursor @consumer = @P1, @feed = @P2, @shard_id = @P3",
+                &[&consumer, &feed_name.as_str(), &shard],
+            )
+            .await?
+            .into_row()
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let bytes = row
+            .try_get::<&[u8], usize>(0)
+            .map_err(|error| decode_error("cursor", error))?
+            .ok_or_else(|| decode_error("cursor", "NULL"))?;
+        Cursor::from_bytes(bytes).map(Some)
+    }
+
+    /// Saves `cursor` as where `consumer` stands in `shard` of `feed`.
+    ///
+    /// It runs in the caller's transaction when one is open on `client` (and commits or
+    /// rolls back with it), else on its own. Any cursor may be saved, an earlier one too:
+    /// that is how a consumer rewinds. A feed that does not exist is SQL Server error 51006.
+    pub async fn save(
+        client: &mut Client,
+        consumer: &str,
+        feed: &Feed,
+        shard: i32,
+        cursor: Cursor,
+    ) -> Result<()> {
+        check_consumer(consumer)?;
+        let feed_name = feed.to_string();
+        let bytes = cursor.to_bytes();
+        client
+            .execute(
+                "exec changefeed.save_cursor @consumer = @P1, @feed = @P2, @shard_id = @P3, \
+                 @cursor = @P4",
+                &[&consumer, &feed_name.as_str(), &shard, &&bytes[..]],
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// Checks a consumer name before it reaches SQL: 1 to [`MAX_CONSUMER_LEN`] UTF-16 code
+/// units, no control characters, no leading or trailing whitespace (SQL Server ignores
+/// trailing spaces when comparing, so `a` and `a ` would be one consumer).
+pub fn check_consumer(consumer: &str) -> Result<()> {
+    let invalid = |reason: &str| {
+        Err(Error::Config(format!(
+            "invalid consumer name {consumer:?}: {reason}"
+        )))
+    };
+    if consumer.is_empty() {
+        return invalid("it is empty; name the consumer (1 to 200 characters)");
+    }
+    let units = consumer.encode_utf16().count();
+    if units > MAX_CONSUMER_LEN {
+        return invalid(&format!(
+            "it has {units} UTF-16 code units; at most {MAX_CONSUMER_LEN} fit in nvarchar(200)"
+        ));
+    }
+    if consumer.chars().any(char::is_control) {
+        return invalid("it contains a control character");
+    }
+    if consumer.starts_with(char::is_whitespace) || consumer.ends_with(char::is_whitespace) {
+        return invalid("it begins or ends with whitespace");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consumer_names_are_checked_before_sql() {
+        for good in [
+            "billing",
+            "a",
+            "équipe-1 / replay",
+            &"x".repeat(200),
+            "it's; drop",
+        ] {
+            check_consumer(good).unwrap_or_else(|e| panic!("{good:?}: {e}"));
+        }
+        let too_long_in_utf16 = "😀".repeat(101); // 101 chars, 202 UTF-16 units
+        for bad in [
+            "",
+            &"x".repeat(201),
+            too_long_in_utf16.as_str(),
+            "a\nb",
+            "a\u{0}",
+            " billing",
+            "billing ",
+            "\t",
+        ] {
+            let error = check_consumer(bad).expect_err(bad);
+            assert!(matches!(error, Error::Config(_)), "{bad:?}: {error}");
+            assert!(error.to_string().contains("invalid consumer name"));
+        }
+    }
+}
