@@ -87,21 +87,22 @@ begin
     if @mode = 'serialize_writers'
     begin
         -- The catalog's spelling of each column, and its type.
+        -- NOT NULL: read_feed never returns a row whose shard or ULID is null.
         select @shard_name = name
         from sys.columns
-        where object_id = @object_id and name = @shard_column
+        where object_id = @object_id and name = @shard_column and is_nullable = 0
             and system_type_id = type_id(N'int') and user_type_id = type_id(N'int');
         select @ulid_name = name
         from sys.columns
-        where object_id = @object_id and name = @ulid_column
+        where object_id = @object_id and name = @ulid_column and is_nullable = 0
             and system_type_id = type_id(N'binary') and max_length = 16;
         if @shard_name is null or @ulid_name is null
         begin
             set @message = N'setup_feed: ''' + @qualified_name + N''' needs an int column '''
                 + @shard_column + N''' and a binary(16) column ''' + @ulid_column
                 + N'''; ' + case
-                    when @shard_name is null then N'the shard column is missing or not int.'
-                    else N'the ULID column is missing or not binary(16) (a GUID type would sort its bytes out of order).'
+                    when @shard_name is null then N'the shard column is missing, nullable or not int.'
+                    else N'the ULID column is missing, nullable or not binary(16) (a GUID type would sort its bytes out of order).'
                 end;
             throw 51010, @message, 1;
         end;
@@ -115,6 +116,7 @@ begin
                 i.object_id = @object_id
                 and i.is_unique = 1
                 and i.has_filter = 0
+                and i.is_disabled = 0
                 and (
                     select count(*)
                     from sys.index_columns as ic

@@ -6,8 +6,15 @@
 -- of a shard commit one at a time in ULID order (lock_feed), so ulid > @cursor never skips a
 -- row that commits later. No READPAST here: it would also skip committed rows that another
 -- session holds locked (an update of an old event), and the cursor would pass them for good.
--- Under locking READ COMMITTED a reader therefore waits for a writer's open transaction
--- (POWEROFF.md); under READ_COMMITTED_SNAPSHOT it reads the committed rows and never waits.
+--
+-- Under READ_COMMITTED_SNAPSHOT a page is read from committed row versions: a writer's rows
+-- appear all at once at its commit, and the reader never waits. Under locking READ COMMITTED
+-- a plain scan is not enough: a writer may insert ulid(2) before ulid(1); a reader blocked on
+-- ulid(2) would resume past ulid(1), inserted behind its position, and skip it for good. So
+-- there the page is read holding a shared applock on the resource lock_feed holds
+-- exclusively: the reader waits until no writer of the shard is inside its transaction
+-- (POWEROFF.md), and then every row it can see is committed.
+-- When the setting cannot be read (no permission on sys.databases), the lock is taken.
 create or alter procedure [changefeed].[read_feed:changefeed.__template_serialized__]
     @shard_id int = 0,
     @cursor binary(16) = 0x00000000000000000000000000000000,
@@ -45,18 +52,58 @@ begin
     declare @deadline datetime2(3) = dateadd(millisecond, @wait_ms, sysutcdatetime());
     declare @pause_ms int = 5;
     declare @pause datetime;
+    declare @lock_result int;
+    declare @message nvarchar(2048);
+    declare @versioned_reads bit = (
+        select is_read_committed_snapshot_on
+        from sys.databases
+        where database_id = db_id()
+    );
+    -- The name lock_feed uses; a literal filled in by the generator (see V38).
+    declare @lock_resource nvarchar(255) = concat(
+        N'changefeed:lock_feed:changefeed.__template_serialized__:', @shard_id
+    );
 
     while 1 = 1
     begin
-        insert into @rows (ulid, __template_key__)
-        select top (@page_size)
-            __template_ulid__,
-            __template_key__
-        from [changefeed].[__template_serialized__]
-        where __template_shard__ = @shard_id and __template_ulid__ > @cursor
-        order by __template_ulid__;
+        begin try
+            begin transaction;
 
-        if @@rowcount > 0 break;
+            if isnull(@versioned_reads, 0) = 0
+            begin
+                exec @lock_result = sys.sp_getapplock
+                    @Resource = @lock_resource,
+                    @LockMode = 'Shared',
+                    @LockOwner = 'Transaction',
+                    @LockTimeout = 10000;
+                if @lock_result < 0
+                begin
+                    set @message = concat(
+                        N'read_feed: a writer of shard ', @shard_id,
+                        N' kept its transaction open for over 10 s (sp_getapplock returned ',
+                        @lock_result, N'), and under locking READ COMMITTED the shard cannot be',
+                        N' read past an open writer. Retry the call; see POWEROFF.md.'
+                    );
+                    throw 51103, @message, 1;
+                end;
+            end;
+
+            insert into @rows (ulid, __template_key__)
+            select top (@page_size)
+                __template_ulid__,
+                __template_key__
+            from [changefeed].[__template_serialized__]
+            where __template_shard__ = @shard_id and __template_ulid__ > @cursor
+            order by __template_ulid__;
+
+            commit transaction;
+        end try
+        begin catch
+            if @@trancount > 0 rollback transaction;
+            throw;
+        end catch;
+
+        if exists (select 1 from @rows) break;
         if sysutcdatetime() >= @deadline break;
 
         -- Pauses grow from 5 ms to 100 ms, never past the deadline (at most an hour away).

@@ -40,3 +40,8 @@ pub use feed::{Feed, TableName};
 pub use pool::Pool;
 pub use reader::{FeedEvent, FeedReader, FeedReaderOptions, read_events};
 pub use reader::{FeedRow, Page, ReadOptions, read_page};
+
+/// README.md's Rust examples, compiled as doctests so the README cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -38,8 +38,11 @@ use crate::row::Column;
 
 /// Calls `[changefeed].[lock_feed:schema.table]` inside the transaction open on `client`
 /// and returns the reserved range. The shard stays locked until that transaction commits
-/// or rolls back; `lock_timeout` bounds the wait for another writer (`None`: no bound),
-/// after which the server raises 51202 and rolls the transaction back.
+/// or rolls back; `lock_timeout` bounds the wait for another writer, after which the server
+/// raises 51202 and rolls the transaction back. Keep it below the connection's command
+/// timeout (tiberius: 30 s by default): `None` asks the server to wait without a bound, but
+/// the client then gives up at its command timeout while the request stays queued on the
+/// server until the connection is dropped.
 ///
 /// `time_hint` (UTC) sets the ULIDs' time; `None` uses the server's clock. The ULIDs are
 /// never earlier than the shard's last ones.
