@@ -12,16 +12,16 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use changefeed::{Client, Cursor, Feed, FeedRow, Page, ReadOptions, read_page};
+use common::logins::{Login, drop_logins};
+use common::tasks::{bounded, close, expect_denied, join, join_result, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
 use futures::FutureExt;
 use tokio::sync::Barrier;
-use tokio::task::JoinHandle;
 use ulid::Ulid;
 
 /// The longest any one task (writer, reader, racer) may run before the test calls it stuck.
@@ -863,7 +863,7 @@ async fn roles_scenario(db: &TestDb, reader_login: &Login, writer_login: &Login)
     )
     .await;
     reader_login
-        .create(&mut admin, &feed.readers_role(), None)
+        .create(&mut admin, &[feed.readers_role()], &[])
         .await;
     // The event table is the application's own: it grants its writers INSERT on it, so that
     // they can write the event and its outbox row in one transaction. changefeed grants
@@ -871,8 +871,8 @@ async fn roles_scenario(db: &TestDb, reader_login: &Login, writer_login: &Login)
     writer_login
         .create(
             &mut admin,
-            &feed.writers_role(),
-            Some(&format!("grant insert on {} to", feed.quoted_table())),
+            &[feed.writers_role()],
+            &[format!("grant insert on {} to", feed.quoted_table())],
         )
         .await;
 
@@ -1156,7 +1156,7 @@ async fn shard_lock_scenario(db: &TestDb, reader_login: &Login) {
     )
     .await;
     reader_login
-        .create(&mut admin, &feed.readers_role(), None)
+        .create(&mut admin, &[feed.readers_role()], &[])
         .await;
     let mut holder = db.client().await;
 
@@ -1699,244 +1699,4 @@ fn ulid_of(bytes: &[u8]) -> Ulid {
     Cursor::from_bytes(bytes)
         .expect("a ulid is binary(16)")
         .ulid()
-}
-
-/// A statement that must be refused with a permission error.
-async fn expect_denied(client: &mut Client, sql: &str, what: &str) {
-    match exec(client, sql).await {
-        Ok(()) => panic!("{what}: `{sql}` succeeded; it must fail with permission error 229/230"),
-        Err(error) => assert!(
-            matches!(error.server_number(), Some(229 | 230)),
-            "{what}: `{sql}` failed with {error}; expected permission error 229 or 230"
-        ),
-    }
-}
-
-/// Runs `future`, failing the test when it takes longer than `limit`.
-async fn bounded<T>(what: &str, limit: Duration, future: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(limit, future).await {
-        Ok(value) => value,
-        Err(_) => panic!("{what} did not finish within {limit:?}: it is blocked"),
-    }
-}
-
-/// Spawns `task` with a time limit: a task past it reports itself stuck.
-fn spawn_bounded<T, F>(what: String, limit: Duration, task: F) -> JoinHandle<Result<T, String>>
-where
-    T: Send + 'static,
-    F: Future<Output = Result<T, String>> + Send + 'static,
-{
-    tokio::spawn(async move {
-        match tokio::time::timeout(limit, task).await {
-            Ok(result) => result.map_err(|error| format!("{what}: {error}")),
-            Err(_) => Err(format!(
-                "{what} did not finish within {limit:?}: it is stuck"
-            )),
-        }
-    })
-}
-
-/// The task's result; a panic in the task is re-raised here with its own message.
-async fn join_result<T>(handle: JoinHandle<Result<T, String>>) -> Result<T, String> {
-    match handle.await {
-        Ok(result) => result,
-        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-        Err(error) => Err(format!("task cancelled: {error}")),
-    }
-}
-
-/// The task's value, or the test fails with the task's message.
-async fn join<T>(handle: JoinHandle<Result<T, String>>) -> T {
-    join_result(handle)
-        .await
-        .unwrap_or_else(|message| panic!("{message}"))
-}
-
-/// Closes a connection now, so the server ends its session before the login is dropped.
-async fn close(client: Client) {
-    let _ = client.close().await;
-}
-
-// ------------------------------------------------------------------------------------------
-// Logins
-// ------------------------------------------------------------------------------------------
-
-/// A SQL login and its database user, created for one test database.
-struct Login {
-    name: String,
-    password: String,
-}
-
-impl Login {
-    /// `cf_<what>_<database>` with a fresh random password (letters, digits and '!': safe
-    /// unquoted in an ADO string and in an N'...' literal).
-    fn new(what: &str, db: &TestDb) -> Login {
-        Login {
-            name: format!("cf_{what}_{}", db.name),
-            password: format!("Cf1!{:032x}", rand::random::<u128>()),
-        }
-    }
-
-    /// Creates the login and its user in the test database, adds the user to `role`
-    /// (bracketed), and runs `extra_grant` (e.g. `grant insert on t to`) for it.
-    async fn create(&self, admin: &mut Client, role: &str, extra_grant: Option<&str>) {
-        let name = &self.name;
-        let grant = extra_grant
-            .map(|grant| format!("{grant} [{name}];"))
-            .unwrap_or_default();
-        exec(
-            admin,
-            &format!(
-                "if suser_id(N'{name}') is not null drop login [{name}]; \
-                 create login [{name}] with password = N'{password}', check_policy = off; \
-                 create user [{name}] for login [{name}]; \
-                 alter role {role} add member [{name}]; {grant}",
-                password = self.password
-            ),
-        )
-        .await
-        .unwrap_or_else(|error| panic!("create login {name}: {error}"));
-    }
-
-    /// A connection as this login to the test database, with `changefeed::connect` and an
-    /// ADO string rebuilt from the test server's.
-    async fn connect(&self, db: &TestDb) -> Client {
-        let ado = ado_as(&db.ado(), &self.name, &self.password, &db.name);
-        let mut last_error = None;
-        for _ in 0..10 {
-            match changefeed::connect(&ado).await {
-                Ok(client) => return client,
-                Err(error) => {
-                    last_error = Some(error);
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                }
-            }
-        }
-        panic!("cannot connect as {}: {last_error:?}", self.name);
-    }
-}
-
-/// Drops the logins' users and the logins, best effort: a login cannot be dropped while a
-/// session of it is open, so its sessions (only ever this test's) are ended first.
-async fn drop_logins(db: &TestDb, logins: &[&Login]) {
-    let mut admin = db.client().await;
-    for login in logins {
-        let name = &login.name;
-        if let Err(error) = exec(
-            &mut admin,
-            &format!("if database_principal_id(N'{name}') is not null drop user [{name}];"),
-        )
-        .await
-        {
-            eprintln!("-- cleanup: drop user {name}: {error}");
-        }
-        let mut dropped = false;
-        for _ in 0..20 {
-            let _ = exec(
-                &mut admin,
-                &format!(
-                    "declare @kill nvarchar(max) = (select string_agg(concat(N'kill ', \
-                     session_id), N'; ') from sys.dm_exec_sessions where login_name = N'{name}' \
-                     and session_id <> @@spid); if @kill is not null exec (@kill);"
-                ),
-            )
-            .await;
-            match exec(
-                &mut admin,
-                &format!("if suser_id(N'{name}') is not null drop login [{name}];"),
-            )
-            .await
-            {
-                Ok(()) => {
-                    dropped = true;
-                    break;
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-            }
-        }
-        if !dropped {
-            eprintln!("-- cleanup: could not drop login {name}; drop it by hand");
-        }
-    }
-}
-
-/// The test server's ADO string with its credentials and database replaced: every
-/// `key=value` pair is kept except user, password, database and integrated security
-/// (quoted values, which may contain ';', are kept whole).
-fn ado_as(server_ado: &str, user: &str, password: &str, database: &str) -> String {
-    const REPLACED: &[&str] = &[
-        "uid",
-        "username",
-        "user",
-        "user id",
-        "password",
-        "pwd",
-        "database",
-        "initial catalog",
-        "databasename",
-        "integratedsecurity",
-        "integrated security",
-        "authentication",
-    ];
-    let mut pairs: Vec<String> = ado_pairs(server_ado)
-        .into_iter()
-        .filter(|pair| {
-            let key = pair
-                .split_once('=')
-                .map_or(pair.as_str(), |(key, _)| key)
-                .trim()
-                .to_ascii_lowercase();
-            !REPLACED.contains(&key.as_str())
-        })
-        .collect();
-    pairs.push(format!("user={user}"));
-    pairs.push(format!("password={password}"));
-    pairs.push(format!("database={database}"));
-    pairs.join(";")
-}
-
-/// Splits an ADO string into its `key=value` pairs, keeping values quoted with '...',
-/// "..." (a doubled quote inside stays) or {...} whole.
-fn ado_pairs(ado: &str) -> Vec<String> {
-    let mut pairs = Vec::new();
-    let mut current = String::new();
-    let mut quote: Option<char> = None;
-    let mut chars = ado.chars().peekable();
-    while let Some(c) = chars.next() {
-        if let Some(closing) = quote {
-            current.push(c);
-            if c == closing {
-                if closing != '}' && chars.peek() == Some(&closing) {
-                    current.push(chars.next().expect("peeked"));
-                } else {
-                    quote = None;
-                }
-            }
-            continue;
-        }
-        let value_starts = current
-            .split_once('=')
-            .is_some_and(|(_, value)| value.trim().is_empty());
-        match c {
-            ';' => {
-                if !current.trim().is_empty() {
-                    pairs.push(current.trim().to_owned());
-                }
-                current.clear();
-            }
-            '\'' | '"' if value_starts => {
-                quote = Some(c);
-                current.push(c);
-            }
-            '{' if value_starts => {
-                quote = Some('}');
-                current.push(c);
-            }
-            _ => current.push(c),
-        }
-    }
-    if !current.trim().is_empty() {
-        pairs.push(current.trim().to_owned());
-    }
-    pairs
 }

@@ -14,6 +14,9 @@ use changefeed::Client;
 use futures::TryStreamExt;
 use tiberius::{Config, QueryItem, Row};
 
+pub mod logins;
+pub mod tasks;
+
 /// The environment variable naming the test server.
 pub const SERVER_VARIABLE: &str = "CHANGEFEED_TEST_MSSQL";
 
@@ -91,7 +94,8 @@ fn start_container() -> Server {
     Server { ado }
 }
 
-fn config(database: &str) -> Config {
+/// The harness's connection configuration for `database` of the test server.
+pub fn config(database: &str) -> Config {
     let mut config = Config::from_ado_string(&server().ado)
         .unwrap_or_else(|error| panic!("{SERVER_VARIABLE} is not a valid ADO string: {error}"));
     config.database(database);
