@@ -81,6 +81,16 @@ begin
     declare @counter_start bigint;
     declare @last_ulid binary(16);
 
+    -- An expired cursor must not long-poll before it is refused: no waiting for it. The
+    -- refusal itself comes from the check after the page is read (see there).
+    if @cursor <> 0x00000000000000000000000000000000
+        and @cursor < (
+            select purged_through
+            from [changefeed].[state:changefeed.__template__]
+            where shard_id = @shard_id
+        )
+        set @deadline = sysutcdatetime();
+
     while 1 = 1
     begin
         -- 1. Fast path.

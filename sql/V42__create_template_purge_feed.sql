@@ -9,7 +9,9 @@
 --   @before          rows whose ULID is below this one
 -- Unless @force = 1, a shard's rows are deleted only up to the lowest cursor that a consumer
 -- registered in changefeed.consumer_cursor saved for it: a consumer that is behind holds the
--- purge back. A consumer that never saved a cursor is not protected.
+-- purge back. A consumer that never saved a cursor is not protected, and the lowest cursor
+-- is read once per shard when the purge reaches it: a consumer that registers or rewinds
+-- while a purge runs is protected from the next purge on.
 -- Each batch moves the shard's low-water mark (state.purged_through) to the largest ULID it
 -- deleted, in the same transaction; read_feed refuses a cursor below it (51104).
 -- @dry_run = 1 deletes nothing and reports what would go.
@@ -121,6 +123,8 @@ begin
                     from [changefeed].[feed:changefeed.__template__] as f
                     inner join @batch as b
                         on f.shard_id = @shard and f.ulid = b.ulid;
+                    -- What this call deleted (a concurrent purge may have taken some).
+                    set @count = @@rowcount;
 
                     update [changefeed].[state:changefeed.__template__]
                     set purged_through = (select max(ulid) from @batch)
@@ -137,7 +141,7 @@ begin
             end catch;
 
             set @deleted = @deleted + @count;
-            if @count < @take break;
+            if (select count(*) from @batch) < @take break;
             -- A dry run counts one batch at a time over the same rows: count the rest at once.
             if isnull(@dry_run, 0) = 1
             begin
@@ -156,6 +160,18 @@ begin
             end;
         end;
 
+        -- "max rows reached" only when eligible rows are left (a dry run counted exactly).
+        if @reason = N'max rows reached'
+            and isnull(@dry_run, 0) = 0
+            and not exists (
+                select 1
+                from [changefeed].[feed:changefeed.__template__]
+                where
+                    shard_id = @shard
+                    and ulid < @upto
+                    and (@hold is null or ulid <= @hold)
+            )
+            set @reason = N'cutoff reached';
         -- Short of the cutoff because a consumer has not read further?
         if @reason = N'cutoff reached'
             and @hold is not null

@@ -117,7 +117,11 @@ impl Error {
     /// missing permissions are not.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Server { number, .. } => TRANSIENT_SERVER_ERRORS.contains(number),
+            // Severity 20 and above ends the session (e.g. 596 after a KILL): the call may
+            // well succeed on a fresh connection.
+            Error::Server { number, class, .. } => {
+                *class >= 20 || TRANSIENT_SERVER_ERRORS.contains(number)
+            }
             Error::Connection(_) | Error::Redirect { .. } => true,
             _ => false,
         }
@@ -192,6 +196,13 @@ mod tests {
         assert!(matches!(&error, Error::CursorExpired { message } if message.contains("purged")));
         assert_eq!(error.server_number(), Some(51104));
         assert!(!error.is_transient());
+    }
+
+    #[test]
+    fn errors_that_end_the_session_are_transient() {
+        let killed = Error::from_server(596, 1, 21, "session is in the kill state".into());
+        assert!(killed.is_transient());
+        assert!(Error::from_server(0, 0, 20, String::new()).is_transient());
     }
 
     #[test]
