@@ -11,99 +11,47 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use changefeed::{Client, Cursor, Feed, FeedRow, Page, ReadOptions, read_page};
+use changefeed::{Client, Cursor, Feed, ReadOptions, read_page};
+use common::load::{
+    Load, MAX_TRANSIENT_RETRIES, TASK_LIMIT, WriterKey, check_stored, keys, load_on_1_and_4_shards,
+    ulid_of, write_and_read,
+};
 use common::logins::{Login, drop_logins};
-use common::tasks::{bounded, close, expect_denied, join, join_result, spawn_bounded};
+use common::tasks::{bounded, close, expect_denied, join, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
 use futures::FutureExt;
 use tokio::sync::Barrier;
 use ulid::Ulid;
 
-/// The longest any one task (writer, reader, racer) may run before the test calls it stuck.
-const TASK_LIMIT: Duration = Duration::from_secs(240);
-/// Load readers must have seen every event this long after they and the writers started.
-const LOAD_DEADLINE: Duration = Duration::from_secs(180);
 /// A single call that must not wait for anybody (a read next to an open writer transaction,
 /// a status query) gets this long before the test declares it blocked. The open transactions
 /// these calls run next to never end by themselves, so a blocked call would wait forever.
 const NOT_BLOCKED_LIMIT: Duration = Duration::from_secs(20);
-/// Small pages, so that in the load tests the readers' pages interleave with moves.
-const LOAD_PAGE_SIZE: u32 = 50;
-/// A caught-up load reader pauses this long before it polls its shards again.
-const IDLE_PAUSE: Duration = Duration::from_millis(5);
-/// Transient errors (deadlock victim, lock timeout, dropped connection) a task tolerates
-/// per call before it fails; `FeedReader::stream` would retry them too (DESIGN.md 5).
-const MAX_TRANSIENT_RETRIES: u32 = 20;
-
-/// The key of the load tests' event tables: (writer, seq).
-type WriterKey = (i32, i32);
 
 // ------------------------------------------------------------------------------------------
 // 1. The load matrix
 // ------------------------------------------------------------------------------------------
 
-/// One row of the load matrix of DESIGN.md 6.
-#[derive(Clone, Copy, Debug)]
-struct Load {
-    writers: usize,
-    readers: usize,
-    events_per_writer: usize,
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn load_10_writers_5_readers_100_events_on_1_and_4_shards() {
-    let load = Load {
-        writers: 10,
-        readers: 5,
-        events_per_writer: 100,
-    };
-    common::under_both_isolations("load_10x5x100", |db| async move {
-        load_on_1_and_4_shards(&db, load).await;
-        db
-    })
-    .await;
+    load_on_1_and_4_shards("load_10x5x100", Load::new(10, 5, 100), run_load).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn load_1_writer_20_readers_1000_events_on_1_and_4_shards() {
-    let load = Load {
-        writers: 1,
-        readers: 20,
-        events_per_writer: 1000,
-    };
-    common::under_both_isolations("load_1x20x1000", |db| async move {
-        load_on_1_and_4_shards(&db, load).await;
-        db
-    })
-    .await;
+    load_on_1_and_4_shards("load_1x20x1000", Load::new(1, 20, 1000), run_load).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn load_10_writers_10_readers_200_events_on_1_and_4_shards() {
-    let load = Load {
-        writers: 10,
-        readers: 10,
-        events_per_writer: 200,
-    };
-    common::under_both_isolations("load_10x10x200", |db| async move {
-        load_on_1_and_4_shards(&db, load).await;
-        db
-    })
-    .await;
-}
-
-async fn load_on_1_and_4_shards(db: &TestDb, load: Load) {
-    for shards in [1, 4] {
-        run_load(db, load, shards).await;
-    }
+    load_on_1_and_4_shards("load_10x10x200", Load::new(10, 10, 200), run_load).await;
 }
 
 /// W writers commit N events each (one transaction per event, each writer waiting for its
@@ -117,11 +65,7 @@ async fn load_on_1_and_4_shards(db: &TestDb, load: Load) {
 /// than R/4). With one writer and 4 shards, shards 1-3 stay empty: readers keep polling
 /// empty shards between pages of the busy one, which must cost them nothing.
 async fn run_load(db: &TestDb, load: Load, shards: i32) {
-    let table = format!(
-        "load_w{}_r{}_n{}_s{shards}",
-        load.writers, load.readers, load.events_per_writer
-    );
-    eprintln!("-- {table}: {load:?} over {shards} shard(s) in {}", db.name);
+    let table = load.table("load", shards);
     let mut admin = db.client().await;
     let feed = create_feed(
         &mut admin,
@@ -130,115 +74,35 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
         "writer, seq",
     )
     .await;
-    let expected = load.writers * load.events_per_writer;
-    // Writers and readers start together, once every connection is open.
-    let barrier = Arc::new(Barrier::new(load.writers + load.readers));
-
-    let mut writers = Vec::new();
-    for writer in 0..load.writers {
-        let (database, feed, barrier) = (db.name.clone(), feed.clone(), barrier.clone());
-        writers.push(spawn_bounded(
-            format!("{table}: writer {writer}"),
-            TASK_LIMIT,
-            async move {
-                let mut client = common::connect_to(&database).await;
-                barrier.wait().await;
-                let writer = writer as i32;
-                let shard = writer % shards;
-                for seq in 0..load.events_per_writer as i32 {
-                    commit_writer_event(&mut client, &database, &feed, shard, writer, seq).await?;
-                }
-                Ok(())
-            },
-        ));
-    }
-
-    let mut readers = Vec::new();
-    for reader in 0..load.readers {
-        let (database, feed, barrier) = (db.name.clone(), feed.clone(), barrier.clone());
-        readers.push(spawn_bounded(
-            format!("{table}: reader {reader}"),
-            TASK_LIMIT,
-            async move {
-                let mut client = common::connect_to(&database).await;
-                barrier.wait().await;
-                let deadline = Instant::now() + LOAD_DEADLINE;
-                read_whole_feed(&mut client, &database, &feed, shards, expected, deadline).await
-            },
-        ));
-    }
-
-    // Writers first: when one fails, the readers would only run into their deadline.
-    for handle in writers {
-        if let Err(message) = join_result(handle).await {
-            for reader in &readers {
-                reader.abort();
+    // Each writer commits its events one by one, each with its outbox row in one transaction.
+    let (_, reference) = write_and_read(
+        db,
+        &table,
+        &feed,
+        shards,
+        load,
+        move |mut client, database, feed, shard, writer| async move {
+            for seq in 0..load.events_per_writer as i32 {
+                commit_writer_event(&mut client, &database, &feed, shard, writer, seq).await?;
             }
-            panic!("{message}");
-        }
-    }
-    let mut logs = Vec::new();
-    for handle in readers {
-        logs.push(join(handle).await);
-    }
-
-    // Per reader: exactly once, per-writer order, ULIDs strictly increasing per shard.
-    let mut reference: Option<BTreeMap<(i32, Ulid), WriterKey>> = None;
-    for (reader, log) in logs.iter().enumerate() {
-        let mapping = check_reader_log(&table, reader, log, load, shards);
-        match &reference {
-            None => reference = Some(mapping),
-            Some(first) => {
-                // Independent consumers read one and the same feed.
-                if *first != mapping {
-                    let differing: Vec<_> = first
-                        .iter()
-                        .filter(|(position, key)| mapping.get(position) != Some(key))
-                        .take(5)
-                        .collect();
-                    panic!(
-                        "{table}: reader {reader} saw another feed than reader 0 (first \
-                         differences, as reader 0 saw them: {differing:?}); every consumer \
-                         must see the same ulid -> key mapping per shard"
-                    );
-                }
-            }
-        }
-    }
-    let reference = reference.expect("at least one reader");
+            Ok(())
+        },
+    )
+    .await;
 
     // The server agrees: the feed holds exactly what the readers saw, the outbox is empty.
-    let feed_rows = rows(
+    check_stored(
         &mut admin,
+        &table,
+        "the feed table",
         &format!(
             "select shard_id, ulid, writer, seq from {} order by shard_id, ulid;",
             feed.object("feed")
         ),
+        &reference,
+        load.events(),
     )
-    .await
-    .expect("read the feed table");
-    let stored: BTreeMap<(i32, Ulid), WriterKey> = feed_rows
-        .iter()
-        .map(|row| {
-            let shard: i32 = row.get(0).expect("shard_id");
-            let ulid = ulid_of(row.get::<&[u8], _>(1).expect("ulid"));
-            let key = (
-                row.get::<i32, _>(2).expect("writer"),
-                row.get::<i32, _>(3).expect("seq"),
-            );
-            ((shard, ulid), key)
-        })
-        .collect();
-    assert_eq!(
-        stored.len(),
-        expected,
-        "{table}: the feed table holds {} rows for {expected} committed events",
-        stored.len()
-    );
-    assert!(
-        stored == reference,
-        "{table}: the feed table differs from what the readers saw"
-    );
+    .await;
     let left = scalar_i64(
         &mut admin,
         &format!("select count_big(*) from {};", feed.outbox_table()),
@@ -248,154 +112,6 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
         left, 0,
         "{table}: {left} outbox rows were never moved although every event was read"
     );
-}
-
-/// Reads every shard round-robin from the start until `expected` rows came back, then
-/// checks that the feed has nothing more. Returns the rows per shard, in the order read.
-async fn read_whole_feed(
-    client: &mut Client,
-    database: &str,
-    feed: &Feed,
-    shards: i32,
-    expected: usize,
-    deadline: Instant,
-) -> Result<Vec<Vec<FeedRow<WriterKey>>>, String> {
-    let options = ReadOptions {
-        page_size: LOAD_PAGE_SIZE,
-        wait_ms: 0,
-    };
-    let mut cursors = vec![Cursor::START; shards as usize];
-    let mut seen: Vec<Vec<FeedRow<WriterKey>>> = vec![Vec::new(); shards as usize];
-    let mut total = 0usize;
-    while total < expected {
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "stuck: saw {total} of {expected} committed events within {LOAD_DEADLINE:?} \
-                 (per shard: {:?}, cursors: {:?})",
-                seen.iter().map(Vec::len).collect::<Vec<_>>(),
-                cursors.iter().map(ToString::to_string).collect::<Vec<_>>()
-            ));
-        }
-        let mut progressed = false;
-        for shard in 0..shards {
-            let index = shard as usize;
-            let page =
-                read_retrying::<WriterKey>(client, database, feed, shard, cursors[index], options)
-                    .await?;
-            if page.rows.len() > options.page_size as usize {
-                return Err(format!(
-                    "shard {shard}: a page of {} rows for a page size of {}",
-                    page.rows.len(),
-                    options.page_size
-                ));
-            }
-            progressed |= !page.rows.is_empty();
-            total += page.rows.len();
-            cursors[index] = page.next_cursor;
-            seen[index].extend(page.rows);
-        }
-        if !progressed {
-            tokio::time::sleep(IDLE_PAUSE).await;
-        }
-    }
-    // Every event was seen: the feed must hold nothing more (no late duplicate).
-    for shard in 0..shards {
-        let index = shard as usize;
-        let page =
-            read_retrying::<WriterKey>(client, database, feed, shard, cursors[index], options)
-                .await?;
-        if !page.rows.is_empty() {
-            return Err(format!(
-                "shard {shard}: after all {expected} events, the feed still returned {} more \
-                 rows: {:?}",
-                page.rows.len(),
-                page.rows.iter().map(|row| row.key).collect::<Vec<_>>()
-            ));
-        }
-    }
-    Ok(seen)
-}
-
-/// Checks one reader's log and returns its (shard, ulid) -> key mapping.
-fn check_reader_log(
-    table: &str,
-    reader: usize,
-    log: &[Vec<FeedRow<WriterKey>>],
-    load: Load,
-    shards: i32,
-) -> BTreeMap<(i32, Ulid), WriterKey> {
-    let mut mapping = BTreeMap::new();
-    let mut first_seen: HashMap<WriterKey, (i32, Ulid)> = HashMap::new();
-    let mut per_writer: Vec<Vec<i32>> = vec![Vec::new(); load.writers];
-    for (shard, rows) in log.iter().enumerate() {
-        let shard = shard as i32;
-        let mut previous: Option<Ulid> = None;
-        for row in rows {
-            let (writer, seq) = row.key;
-            if let Some(previous) = previous {
-                assert!(
-                    row.ulid > previous,
-                    "{table}: reader {reader}, shard {shard}: ulid {} of {:?} is not above \
-                     the previous ulid {previous}: ULIDs must strictly increase in a shard",
-                    row.ulid,
-                    row.key
-                );
-            }
-            previous = Some(row.ulid);
-            assert!(
-                (0..load.writers as i32).contains(&writer)
-                    && (0..load.events_per_writer as i32).contains(&seq),
-                "{table}: reader {reader}, shard {shard}: a key nobody wrote: {:?}",
-                row.key
-            );
-            assert_eq!(
-                writer % shards,
-                shard,
-                "{table}: reader {reader}: event {:?} was written to shard {} but read from \
-                 shard {shard}",
-                row.key,
-                writer % shards
-            );
-            if let Some((first_shard, first_ulid)) = first_seen.insert(row.key, (shard, row.ulid)) {
-                panic!(
-                    "{table}: reader {reader} saw event {:?} twice: at ulid {first_ulid} \
-                     (shard {first_shard}) and at ulid {} (shard {shard})",
-                    row.key, row.ulid
-                );
-            }
-            per_writer[writer as usize].push(seq);
-            mapping.insert((shard, row.ulid), row.key);
-        }
-    }
-    let expected = load.writers * load.events_per_writer;
-    if first_seen.len() != expected {
-        let missing: Vec<WriterKey> = (0..load.writers as i32)
-            .flat_map(|w| (0..load.events_per_writer as i32).map(move |s| (w, s)))
-            .filter(|key| !first_seen.contains_key(key))
-            .take(10)
-            .collect();
-        panic!(
-            "{table}: reader {reader} saw {} distinct events of {expected} committed; \
-             missing (first 10): {missing:?}",
-            first_seen.len()
-        );
-    }
-    let in_order: Vec<i32> = (0..load.events_per_writer as i32).collect();
-    for (writer, seqs) in per_writer.iter().enumerate() {
-        if *seqs != in_order {
-            let first_wrong = seqs
-                .iter()
-                .zip(&in_order)
-                .position(|(seen, wanted)| seen != wanted);
-            panic!(
-                "{table}: reader {reader} saw writer {writer}'s events out of commit order \
-                 (first difference at position {first_wrong:?}: {:?}); each of them \
-                 committed before the next began, so the feed must keep their order",
-                first_wrong.map(|at| &seqs[at..(at + 5).min(seqs.len())])
-            );
-        }
-    }
-    mapping
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1656,47 +1372,4 @@ async fn commit_writer_event(
             }
         }
     }
-}
-
-/// `read_page`, retrying transient errors on a fresh connection when the old one broke.
-/// A failed call returned nothing, so the same cursor is read again: no row is lost or
-/// repeated.
-async fn read_retrying<K: changefeed::row::FromRow>(
-    client: &mut Client,
-    database: &str,
-    feed: &Feed,
-    shard: i32,
-    cursor: Cursor,
-    options: ReadOptions,
-) -> Result<Page<FeedRow<K>>, String> {
-    let mut failures = 0;
-    loop {
-        match read_page::<K>(client, feed, shard, cursor, options).await {
-            Ok(page) => return Ok(page),
-            Err(error) if error.is_transient() && failures < MAX_TRANSIENT_RETRIES => {
-                failures += 1;
-                eprintln!("-- shard {shard}: transient read error, retrying: {error}");
-                if matches!(error, changefeed::Error::Connection(_)) {
-                    *client = common::connect_to(database).await;
-                }
-                tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
-            }
-            Err(error) => {
-                return Err(format!(
-                    "read_page(shard {shard}, cursor {cursor}) failed: {error}"
-                ));
-            }
-        }
-    }
-}
-
-/// The keys of a page, in page order.
-fn keys<K: Clone>(page: &Page<FeedRow<K>>) -> Vec<K> {
-    page.rows.iter().map(|row| row.key.clone()).collect()
-}
-
-fn ulid_of(bytes: &[u8]) -> Ulid {
-    Cursor::from_bytes(bytes)
-        .expect("a ulid is binary(16)")
-        .ulid()
 }

@@ -14,7 +14,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -26,8 +26,12 @@ use changefeed::allocator::{
 };
 use changefeed::writer::lock_feed;
 use changefeed::{Client, Cursor, Feed, FeedRow, Page, ReadOptions, read_page};
+use common::load::{
+    Load, MAX_TRANSIENT_RETRIES, WriterKey, check_stored, keys, load_on_1_and_4_shards,
+    write_and_read,
+};
 use common::logins::{Login, drop_logins};
-use common::tasks::{bounded, close, expect_denied, join, join_result, spawn_bounded};
+use common::tasks::{bounded, close, expect_denied};
 use common::{Isolation, TestDb, exec, rows, scalar_i64};
 use futures::FutureExt;
 use tiberius::Row;
@@ -35,25 +39,14 @@ use time::PrimitiveDateTime;
 use time::macros::datetime;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Barrier, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::compat::TokioAsyncWriteCompatExt;
 use ulid::Ulid;
 
-/// The longest any one task (writer, reader) may run before the test calls it stuck.
-const TASK_LIMIT: Duration = Duration::from_secs(240);
-/// Load readers must have seen every event this long after they and the writers started.
-const LOAD_DEADLINE: Duration = Duration::from_secs(180);
 /// A single call that must not wait for anybody gets this long before the test declares it
 /// blocked.
 const NOT_BLOCKED_LIMIT: Duration = Duration::from_secs(20);
-/// Small pages, so that in the load tests the readers' pages interleave with commits.
-const LOAD_PAGE_SIZE: u32 = 50;
-/// A caught-up load reader pauses this long before it polls its shards again.
-const IDLE_PAUSE: Duration = Duration::from_millis(5);
-/// Transient errors (deadlock victim, lock timeout, dropped connection) a task tolerates
-/// per call before it fails.
-const MAX_TRANSIENT_RETRIES: u32 = 20;
 /// Load writers bound their wait for the shard lock below tiberius' 30 s command timeout,
 /// so that the server, not the client library, reports a wait that long (as 51202).
 const LOAD_LOCK_TIMEOUT_MS: i32 = 20_000;
@@ -65,9 +58,6 @@ const NEEDS_LOCK_FEED: &str = "needs lock_feed";
 const OUT_OF_RANGE: &str = "takes @i from 1 to 100000000000";
 /// Bit 62, cleared in every fresh counter start (DESIGN.md 4.3).
 const BIT_62: i64 = 1 << 62;
-
-/// The key of the tables with (writer, seq) primary keys.
-type WriterKey = (i32, i32);
 
 // ------------------------------------------------------------------------------------------
 // 1. Range arithmetic against the allocator model
@@ -380,14 +370,6 @@ async fn read_state(client: &mut Client, feed: &Feed, shard: i32) -> Option<Shar
 // 2. The load matrix: commit order is ULID order, nothing is skipped
 // ------------------------------------------------------------------------------------------
 
-/// One row of the load matrix of DESIGN.md 6.
-#[derive(Clone, Copy, Debug)]
-struct Load {
-    writers: usize,
-    readers: usize,
-    events_per_writer: usize,
-}
-
 /// One committed event as its writer saw it: the ULID its `lock_feed` returned, when the
 /// writer sent the batch (before `lock_feed` could start) and when the commit came back.
 #[derive(Clone, Copy, Debug)]
@@ -402,35 +384,13 @@ struct Written {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn load_10_writers_5_readers_100_events_on_1_and_4_shards() {
-    let load = Load {
-        writers: 10,
-        readers: 5,
-        events_per_writer: 100,
-    };
-    common::under_both_isolations("ser_load_10x5x100", |db| async move {
-        for shards in [1, 4] {
-            run_load(&db, load, shards).await;
-        }
-        db
-    })
-    .await;
+    load_on_1_and_4_shards("ser_load_10x5x100", Load::new(10, 5, 100), run_load).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn load_10_writers_10_readers_200_events_on_1_and_4_shards() {
-    let load = Load {
-        writers: 10,
-        readers: 10,
-        events_per_writer: 200,
-    };
-    common::under_both_isolations("ser_load_10x10x200", |db| async move {
-        for shards in [1, 4] {
-            run_load(&db, load, shards).await;
-        }
-        db
-    })
-    .await;
+    load_on_1_and_4_shards("ser_load_10x10x200", Load::new(10, 10, 200), run_load).await;
 }
 
 /// W writers commit N events each, one per server-side transaction (lock_feed, insert with
@@ -444,11 +404,7 @@ async fn load_10_writers_10_readers_200_events_on_1_and_4_shards() {
 /// each event's ULID is the @ulid its lock_feed returned (ulid(1) = @ulid); and the ordering
 /// contract: when A's commit had come back before B's batch was sent, ulid(A) < ulid(B).
 async fn run_load(db: &TestDb, load: Load, shards: i32) {
-    let table = format!(
-        "ser_load_w{}_r{}_n{}_s{shards}",
-        load.writers, load.readers, load.events_per_writer
-    );
-    eprintln!("-- {table}: {load:?} over {shards} shard(s) in {}", db.name);
+    let table = load.table("ser_load", shards);
     let mut admin = db.client().await;
     let feed = create_serialized_feed(
         &mut admin,
@@ -457,106 +413,41 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
         "writer, seq",
     )
     .await;
-    let expected = load.writers * load.events_per_writer;
-    let barrier = Arc::new(Barrier::new(load.writers + load.readers));
-
-    let mut writers = Vec::new();
-    for writer in 0..load.writers {
-        let (database, feed, barrier) = (db.name.clone(), feed.clone(), barrier.clone());
-        writers.push(spawn_bounded(
-            format!("{table}: writer {writer}"),
-            TASK_LIMIT,
-            async move {
-                let mut client = common::connect_to(&database).await;
-                barrier.wait().await;
-                let writer = writer as i32;
-                let shard = writer % shards;
-                let mut written = Vec::with_capacity(load.events_per_writer);
-                for seq in 0..load.events_per_writer as i32 {
-                    written.push(
-                        commit_load_event(&mut client, &database, &feed, shard, (writer, seq))
-                            .await?,
-                    );
-                }
-                Ok(written)
-            },
-        ));
-    }
-
-    let mut readers = Vec::new();
-    for reader in 0..load.readers {
-        let (database, feed, barrier) = (db.name.clone(), feed.clone(), barrier.clone());
-        readers.push(spawn_bounded(
-            format!("{table}: reader {reader}"),
-            TASK_LIMIT,
-            async move {
-                let mut client = common::connect_to(&database).await;
-                barrier.wait().await;
-                let deadline = Instant::now() + LOAD_DEADLINE;
-                read_whole_feed(&mut client, &database, &feed, shards, expected, deadline).await
-            },
-        ));
-    }
-
-    let mut written: Vec<Written> = Vec::with_capacity(expected);
-    for handle in writers {
-        match join_result(handle).await {
-            Ok(events) => written.extend(events),
-            Err(message) => {
-                for reader in &readers {
-                    reader.abort();
-                }
-                panic!("{message}");
+    let expected = load.events();
+    // Each writer commits its events one by one, each in one server-side batch, and keeps
+    // the ULID its lock_feed returned and when the batch was sent and came back.
+    let (written, reference) = write_and_read(
+        db,
+        &table,
+        &feed,
+        shards,
+        load,
+        move |mut client, database, feed, shard, writer| async move {
+            let mut written = Vec::with_capacity(load.events_per_writer);
+            for seq in 0..load.events_per_writer as i32 {
+                written.push(
+                    commit_load_event(&mut client, &database, &feed, shard, (writer, seq)).await?,
+                );
             }
-        }
-    }
-    let mut logs = Vec::new();
-    for handle in readers {
-        logs.push(join(handle).await);
-    }
-
-    let mut reference: Option<BTreeMap<(i32, Ulid), WriterKey>> = None;
-    for (reader, log) in logs.iter().enumerate() {
-        let mapping = check_reader_log(&table, reader, log, load, shards);
-        match &reference {
-            None => reference = Some(mapping),
-            Some(first) => assert!(
-                *first == mapping,
-                "{table}: reader {reader} saw another feed than reader 0; every consumer must \
-                 see the same ulid -> event mapping per shard"
-            ),
-        }
-    }
-    let reference = reference.expect("at least one reader");
+            Ok(written)
+        },
+    )
+    .await;
+    let written: Vec<Written> = written.into_iter().flatten().collect();
 
     // The table holds exactly what the readers saw.
-    let stored: BTreeMap<(i32, Ulid), WriterKey> = rows(
+    check_stored(
         &mut admin,
+        &table,
+        "the event table",
         &format!(
             "select Shard, ULID, writer, seq from {} order by Shard, ULID;",
             feed.quoted_table()
         ),
-    )
-    .await
-    .expect("read the event table")
-    .iter()
-    .map(|row| {
-        (
-            (i32_at(row, 0, "Shard"), ulid_at(row, 1, "ULID")),
-            (i32_at(row, 2, "writer"), i32_at(row, 3, "seq")),
-        )
-    })
-    .collect();
-    assert_eq!(
-        stored.len(),
+        &reference,
         expected,
-        "{table}: the table holds {} events for {expected} commits",
-        stored.len()
-    );
-    assert!(
-        stored == reference,
-        "{table}: the event table differs from what the readers saw"
-    );
+    )
+    .await;
 
     // Each event got the first ULID of its writer's range: ulid(1) = @ulid.
     let by_key: HashMap<WriterKey, (i32, Ulid)> = reference
@@ -676,148 +567,6 @@ fn check_commit_order(table: &str, written: &[Written], shards: i32) -> usize {
         }
     }
     checked
-}
-
-/// Reads every shard round-robin from the start until `expected` rows came back, failing
-/// as soon as a shard returns a ULID that is not above the last one read from it. Then
-/// checks that the feed has nothing more. Returns the rows per shard, in the order read.
-async fn read_whole_feed(
-    client: &mut Client,
-    database: &str,
-    feed: &Feed,
-    shards: i32,
-    expected: usize,
-    deadline: Instant,
-) -> Result<Vec<Vec<FeedRow<WriterKey>>>, String> {
-    let options = options(LOAD_PAGE_SIZE);
-    let mut cursors = vec![Cursor::START; shards as usize];
-    let mut seen: Vec<Vec<FeedRow<WriterKey>>> = vec![Vec::new(); shards as usize];
-    let mut total = 0usize;
-    while total < expected {
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "stuck: saw {total} of {expected} committed events within {LOAD_DEADLINE:?} \
-                 (per shard: {:?}); a committed event the cursor has passed is lost for good",
-                seen.iter().map(Vec::len).collect::<Vec<_>>()
-            ));
-        }
-        let mut progressed = false;
-        for shard in 0..shards {
-            let index = shard as usize;
-            let page =
-                read_retrying::<WriterKey>(client, database, feed, shard, cursors[index], options)
-                    .await?;
-            if page.rows.len() > options.page_size as usize {
-                return Err(format!(
-                    "shard {shard}: a page of {} rows for a page size of {}",
-                    page.rows.len(),
-                    options.page_size
-                ));
-            }
-            for row in &page.rows {
-                if let Some(last) = seen[index].last()
-                    && row.ulid <= last.ulid
-                {
-                    return Err(format!(
-                        "shard {shard}: read ulid {} ({:?}) after ulid {} ({:?}): a reader \
-                         must never see a ULID below one it saw before",
-                        row.ulid, row.key, last.ulid, last.key
-                    ));
-                }
-                seen[index].push(row.clone());
-            }
-            progressed |= !page.rows.is_empty();
-            total += page.rows.len();
-            cursors[index] = page.next_cursor;
-        }
-        if !progressed {
-            tokio::time::sleep(IDLE_PAUSE).await;
-        }
-    }
-    for shard in 0..shards {
-        let index = shard as usize;
-        let page =
-            read_retrying::<WriterKey>(client, database, feed, shard, cursors[index], options)
-                .await?;
-        if !page.rows.is_empty() {
-            return Err(format!(
-                "shard {shard}: after all {expected} events, the feed still returned {} more \
-                 rows: {:?}",
-                page.rows.len(),
-                page.rows.iter().map(|row| row.key).collect::<Vec<_>>()
-            ));
-        }
-    }
-    Ok(seen)
-}
-
-/// Checks one reader's log and returns its (shard, ulid) -> key mapping.
-fn check_reader_log(
-    table: &str,
-    reader: usize,
-    log: &[Vec<FeedRow<WriterKey>>],
-    load: Load,
-    shards: i32,
-) -> BTreeMap<(i32, Ulid), WriterKey> {
-    let mut mapping = BTreeMap::new();
-    let mut first_seen: HashMap<WriterKey, (i32, Ulid)> = HashMap::new();
-    let mut per_writer: Vec<Vec<i32>> = vec![Vec::new(); load.writers];
-    for (shard, rows) in log.iter().enumerate() {
-        let shard = shard as i32;
-        for pair in rows.windows(2) {
-            assert!(
-                pair[1].ulid > pair[0].ulid,
-                "{table}: reader {reader}, shard {shard}: ulid {} of {:?} is not above the \
-                 previous ulid {} of {:?}",
-                pair[1].ulid,
-                pair[1].key,
-                pair[0].ulid,
-                pair[0].key
-            );
-        }
-        for row in rows {
-            let (writer, seq) = row.key;
-            assert!(
-                (0..load.writers as i32).contains(&writer)
-                    && (0..load.events_per_writer as i32).contains(&seq),
-                "{table}: reader {reader}, shard {shard}: an event nobody wrote: {:?}",
-                row.key
-            );
-            assert_eq!(
-                writer % shards,
-                shard,
-                "{table}: reader {reader}: event {:?} was written to shard {} but read from \
-                 shard {shard}",
-                row.key,
-                writer % shards
-            );
-            if let Some((first_shard, first_ulid)) = first_seen.insert(row.key, (shard, row.ulid)) {
-                panic!(
-                    "{table}: reader {reader} saw event {:?} twice: at ulid {first_ulid} \
-                     (shard {first_shard}) and at ulid {} (shard {shard})",
-                    row.key, row.ulid
-                );
-            }
-            per_writer[writer as usize].push(seq);
-            mapping.insert((shard, row.ulid), row.key);
-        }
-    }
-    let expected = load.writers * load.events_per_writer;
-    assert_eq!(
-        first_seen.len(),
-        expected,
-        "{table}: reader {reader} saw {} distinct events of {expected} committed",
-        first_seen.len()
-    );
-    let in_order: Vec<i32> = (0..load.events_per_writer as i32).collect();
-    for (writer, seqs) in per_writer.iter().enumerate() {
-        assert!(
-            *seqs == in_order,
-            "{table}: reader {reader} saw writer {writer}'s events out of commit order; each \
-             committed before the next began, so the feed must keep their order"
-        );
-    }
-    mapping
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1225,29 +974,16 @@ async fn misuse_scenario(db: &TestDb) {
     let mut other = db.client().await;
 
     // A session that never called lock_feed, outside and inside a transaction.
-    expect_ulid_failure(
+    expect_needs_lock_feed_outside_and_inside(
         &mut client,
-        &format!("select {ulid_fn}(1);"),
-        NEEDS_LOCK_FEED,
+        &ulid_fn,
         "ulid(1) in a session that never called lock_feed",
-    )
-    .await;
-    expect_ulid_failure(
-        &mut client,
-        &format!("begin transaction; select {ulid_fn}(1);"),
-        NEEDS_LOCK_FEED,
         "ulid(1) in a transaction without lock_feed",
     )
     .await;
-    rollback_if_open(&mut client).await;
 
     // After the transaction that called lock_feed committed.
-    exec(&mut client, "begin transaction;")
-        .await
-        .expect("begin");
-    lock_feed(&mut client, &feed, 0, None, None)
-        .await
-        .expect("lock_feed");
+    begin_and_lock(&mut client, &feed).await;
     exec(
         &mut client,
         &format!(
@@ -1257,29 +993,16 @@ async fn misuse_scenario(db: &TestDb) {
     )
     .await
     .expect("insert and commit");
-    expect_ulid_failure(
+    expect_needs_lock_feed_outside_and_inside(
         &mut client,
-        &format!("select {ulid_fn}(1);"),
-        NEEDS_LOCK_FEED,
+        &ulid_fn,
         "ulid(1) after the commit",
-    )
-    .await;
-    expect_ulid_failure(
-        &mut client,
-        &format!("begin transaction; select {ulid_fn}(1);"),
-        NEEDS_LOCK_FEED,
         "ulid(1) in the next transaction, which did not call lock_feed",
     )
     .await;
-    rollback_if_open(&mut client).await;
 
     // After a rollback.
-    exec(&mut client, "begin transaction;")
-        .await
-        .expect("begin");
-    lock_feed(&mut client, &feed, 0, None, None)
-        .await
-        .expect("lock_feed");
+    begin_and_lock(&mut client, &feed).await;
     exec(&mut client, "rollback transaction;")
         .await
         .expect("rollback");
@@ -1292,12 +1015,7 @@ async fn misuse_scenario(db: &TestDb) {
     .await;
 
     // Another session, while this one holds a range.
-    exec(&mut client, "begin transaction;")
-        .await
-        .expect("begin");
-    let range = lock_feed(&mut client, &feed, 0, None, None)
-        .await
-        .expect("lock_feed");
+    let range = begin_and_lock(&mut client, &feed).await;
     expect_ulid_failure(
         &mut other,
         &format!("select {ulid_fn}(1);"),
@@ -1324,12 +1042,7 @@ async fn misuse_scenario(db: &TestDb) {
 
     // Out of range, each in a transaction of its own that did call lock_feed.
     for argument in ["0", "-1", "100000000001", "null"] {
-        exec(&mut client, "begin transaction;")
-            .await
-            .expect("begin");
-        lock_feed(&mut client, &feed, 0, None, None)
-            .await
-            .expect("lock_feed");
+        begin_and_lock(&mut client, &feed).await;
         expect_ulid_failure(
             &mut client,
             &format!("select {ulid_fn}({argument});"),
@@ -1409,6 +1122,41 @@ async fn expect_ulid_failure(client: &mut Client, sql: &str, fragment: &str, wha
             );
         }
     }
+}
+
+/// `select ulid(1)` must fail with NEEDS_LOCK_FEED both as it is (`outside`) and at the
+/// start of a new transaction that did not call lock_feed (`inside`), which is then rolled
+/// back.
+async fn expect_needs_lock_feed_outside_and_inside(
+    client: &mut Client,
+    ulid_fn: &str,
+    outside: &str,
+    inside: &str,
+) {
+    expect_ulid_failure(
+        client,
+        &format!("select {ulid_fn}(1);"),
+        NEEDS_LOCK_FEED,
+        outside,
+    )
+    .await;
+    expect_ulid_failure(
+        client,
+        &format!("begin transaction; select {ulid_fn}(1);"),
+        NEEDS_LOCK_FEED,
+        inside,
+    )
+    .await;
+    rollback_if_open(client).await;
+}
+
+/// Begins a transaction and takes shard 0 of `feed` with lock_feed (the server's clock, the
+/// default lock timeout), as a writer does before it calls ulid(@i). Returns the range.
+async fn begin_and_lock(client: &mut Client, feed: &Feed) -> UlidRange {
+    exec(client, "begin transaction;").await.expect("begin");
+    lock_feed(client, feed, 0, None, None)
+        .await
+        .expect("lock_feed")
 }
 
 async fn rollback_if_open(client: &mut Client) {
@@ -2078,12 +1826,7 @@ async fn out_of_order_scenario(db: &TestDb) {
     let e0 = ulid_at(&first[0], 0, "@ulid");
 
     let mut writer = db.client().await;
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
-    let range = lock_feed(&mut writer, &feed, 0, None, None)
-        .await
-        .expect("lock_feed");
+    let range = begin_and_lock(&mut writer, &feed).await;
     exec(
         &mut writer,
         &format!("insert into {table} (id, Shard, ULID) values (3, 0, {ulid_fn}(2));"),
@@ -3054,10 +2797,6 @@ fn options(page_size: u32) -> ReadOptions {
     }
 }
 
-fn keys<K: Clone>(page: &Page<FeedRow<K>>) -> Vec<K> {
-    page.rows.iter().map(|row| row.key.clone()).collect()
-}
-
 fn ulids_and_keys<K: Clone>(page: &Page<FeedRow<K>>) -> Vec<(Ulid, K)> {
     page.rows
         .iter()
@@ -3089,39 +2828,4 @@ fn i32_at(row: &Row, index: usize, what: &str) -> i32 {
     row.try_get::<i32, usize>(index)
         .unwrap_or_else(|error| panic!("{what}: {error}"))
         .unwrap_or_else(|| panic!("{what} is NULL"))
-}
-
-// ------------------------------------------------------------------------------------------
-// Tasks and bounds
-// ------------------------------------------------------------------------------------------
-
-/// `read_page`, retrying transient errors (on a fresh connection when the old one broke).
-/// A failed call returned nothing, so the same cursor is read again.
-async fn read_retrying<K: changefeed::row::FromRow>(
-    client: &mut Client,
-    database: &str,
-    feed: &Feed,
-    shard: i32,
-    cursor: Cursor,
-    options: ReadOptions,
-) -> Result<Page<FeedRow<K>>, String> {
-    let mut failures = 0;
-    loop {
-        match read_page::<K>(client, feed, shard, cursor, options).await {
-            Ok(page) => return Ok(page),
-            Err(error) if error.is_transient() && failures < MAX_TRANSIENT_RETRIES => {
-                failures += 1;
-                eprintln!("-- shard {shard}: transient read error, retrying: {error}");
-                if matches!(error, changefeed::Error::Connection(_)) {
-                    *client = common::connect_to(database).await;
-                }
-                tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
-            }
-            Err(error) => {
-                return Err(format!(
-                    "read_page(shard {shard}, cursor {cursor}) failed: {error}"
-                ));
-            }
-        }
-    }
 }

@@ -14,6 +14,7 @@ use changefeed::Client;
 use futures::TryStreamExt;
 use tiberius::{Config, QueryItem, Row};
 
+pub mod load;
 pub mod logins;
 pub mod tasks;
 
