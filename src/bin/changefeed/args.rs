@@ -1,0 +1,592 @@
+//! The command line: subcommands, options and the parsers of their values. Every value is
+//! checked here, before any connection is opened.
+
+use std::time::SystemTime;
+
+use changefeed::connection::URL_VARIABLE;
+use changefeed::{Cursor, Error, Feed, TableName};
+use clap::{ArgGroup, Args, Parser, Subcommand};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use crate::duration::{CliDuration, parse_duration, parse_retention};
+
+/// Race-safe event feeds and transactional outboxes inside SQL Server: apply the bundle,
+/// set up feeds, follow them, watch them and trim them.
+#[derive(Debug, Parser)]
+#[command(name = "changefeed", version, propagate_version = true)]
+#[command(after_help = "The connection string is an ADO.NET string, e.g. \
+    CHANGEFEED_URL='server=tcp:localhost,1433;user=sa;password=...;database=app;\
+    TrustServerCertificate=true'. Exit status: 0 done, 1 failed, 2 bad arguments or no \
+    usable connection.")]
+pub struct Cli {
+    /// The ADO.NET connection string of the database
+    #[arg(
+        long,
+        global = true,
+        env = URL_VARIABLE,
+        hide_env_values = true,
+        value_name = "ADO"
+    )]
+    pub url: Option<String>,
+
+    /// How long to wait for SQL Server to accept a new connection
+    #[arg(
+        long,
+        global = true,
+        value_name = "DURATION",
+        default_value = "15s",
+        allow_hyphen_values = true,
+        value_parser = parse_timeout
+    )]
+    pub connect_timeout: CliDuration,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// What to do.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the changefeed SQL bundle: every migration the database does not have yet
+    Migrate,
+    /// Make an event table a feed (changefeed.setup_feed); the table must exist and have a
+    /// primary key
+    SetupFeed(SetupFeedArgs),
+    /// Print a feed shard's events as JSON lines and follow its head, like `tail -f`
+    #[command(
+        after_help = "One JSON object per line: {\"ulid\":\"<cursor>\",\"time\":\"<the \
+        ULID's time, RFC 3339>\",\"shard\":<n>,\"key\":{<key columns>}} or, with \
+        --with-event, \"event\":{<event columns>} (null for an event deleted since). Binary \
+        values are 0x… hex, decimals exact text, dates and times ISO 8601. Pass a printed \
+        ulid to --from to resume after it. Ctrl-C stops."
+    )]
+    Tail(TailArgs),
+    /// Show every feed shard (changefeed.feed_status) as a table
+    Status(StatusArgs),
+    /// Delete a feed's rows older than a cutoff (outbox-mode feeds), never past a
+    /// registered consumer's cursor unless --force
+    Purge(PurgeArgs),
+    /// Delete a claim outbox's done messages older than a cutoff (dead ones are kept)
+    PurgeOutbox(PurgeOutboxArgs),
+}
+
+/// `setup-feed`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("mode").required(true).args(["outbox", "serialize_writers"])))]
+pub struct SetupFeedArgs {
+    /// The event table, as schema.table
+    #[arg(value_name = "SCHEMA.TABLE", value_parser = parse_feed)]
+    pub feed: Feed,
+
+    /// Outbox mode: writers insert the event's key into the feed's outbox and never wait
+    /// for each other
+    #[arg(long)]
+    pub outbox: bool,
+
+    /// Serialized-writer mode: writers of a shard take turns and know the event's ULID at
+    /// write time (needs --shard-column and --ulid-column)
+    #[arg(long, requires_all = ["shard_column", "ulid_column"])]
+    pub serialize_writers: bool,
+
+    /// Serialized-writer mode: the event table's int shard column
+    #[arg(
+        long,
+        value_name = "COLUMN",
+        requires = "serialize_writers",
+        conflicts_with = "outbox",
+        value_parser = parse_column
+    )]
+    pub shard_column: Option<String>,
+
+    /// Serialized-writer mode: the event table's binary(16) ULID column
+    #[arg(
+        long,
+        value_name = "COLUMN",
+        requires = "serialize_writers",
+        conflicts_with = "outbox",
+        value_parser = parse_column
+    )]
+    pub ulid_column: Option<String>,
+}
+
+/// `tail`.
+#[derive(Debug, Args)]
+pub struct TailArgs {
+    /// The feed, as schema.table
+    #[arg(value_name = "SCHEMA.TABLE", value_parser = parse_feed)]
+    pub feed: Feed,
+
+    /// The shard to follow
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub shard: i32,
+
+    /// Where to start: `start` (the oldest retained event), `now` (events from now on, by
+    /// this machine's clock), a ULID cursor (the events after it) or an RFC 3339 time such
+    /// as 2024-05-01T12:00:00Z (the events of that time and later)
+    #[arg(
+        long,
+        value_name = "WHERE",
+        default_value = "start",
+        allow_hyphen_values = true,
+        value_parser = parse_from
+    )]
+    pub from: StartAt,
+
+    /// Print every column of each event (read_feed @with_event = 1), not only its key
+    #[arg(long)]
+    pub with_event: bool,
+
+    /// Rows per read_feed call (1 to 10000)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1000,
+        value_parser = clap::value_parser!(u32).range(1..=10_000)
+    )]
+    pub page_size: u32,
+}
+
+/// `status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Also show every registered consumer and how far behind it is
+    /// (changefeed.consumer_lag)
+    #[arg(long)]
+    pub consumers: bool,
+}
+
+/// `purge`.
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// The feed, as schema.table
+    #[arg(value_name = "SCHEMA.TABLE", value_parser = parse_feed)]
+    pub feed: Feed,
+
+    /// Delete rows whose ULID time is older than this, e.g. 30d (at most 100 years)
+    #[arg(
+        long,
+        value_name = "DURATION",
+        allow_hyphen_values = true,
+        value_parser = parse_retention
+    )]
+    pub older_than: CliDuration,
+
+    /// Only this shard (default: every shard)
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub shard: Option<i32>,
+
+    /// Also delete rows registered consumers have not read yet: they will get the
+    /// cursor-expired error
+    #[arg(long)]
+    pub force: bool,
+
+    /// Delete nothing; report what would go and what holds the rest back
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Rows per batch, each its own short transaction (1 to 50000)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 5000,
+        value_parser = clap::value_parser!(u32).range(1..=50_000)
+    )]
+    pub batch_size: u32,
+
+    /// At most this many rows per shard
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64)
+    )]
+    pub max_rows: Option<u64>,
+}
+
+/// `purge-outbox`.
+#[derive(Debug, Args)]
+pub struct PurgeOutboxArgs {
+    /// The claim outbox table (created by changefeed.setup_outbox), as schema.table
+    #[arg(value_name = "SCHEMA.TABLE", value_parser = parse_table)]
+    pub table: TableName,
+
+    /// Delete done messages processed longer ago than this, e.g. 7d (at most 100 years)
+    #[arg(
+        long,
+        value_name = "DURATION",
+        allow_hyphen_values = true,
+        value_parser = parse_retention
+    )]
+    pub older_than: CliDuration,
+
+    /// Rows per delete statement (1 to 4000)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1000,
+        value_parser = clap::value_parser!(u32).range(1..=4000)
+    )]
+    pub batch_size: u32,
+
+    /// At most this many messages in all
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64)
+    )]
+    pub max_rows: Option<u64>,
+}
+
+/// What an invalid table name is refused with: the reason alone (the value is quoted
+/// by the caller).
+fn name_error(error: Error) -> String {
+    match error {
+        Error::InvalidName { reason, .. } => reason,
+        other => other.to_string(),
+    }
+}
+
+/// A feed name, checked with [`Feed`]'s rule (the one `setup_feed` applies).
+pub fn parse_feed(text: &str) -> Result<Feed, String> {
+    text.parse().map_err(name_error)
+}
+
+/// A claim outbox's table name, checked with [`TableName`]'s rule.
+pub fn parse_table(text: &str) -> Result<TableName, String> {
+    text.parse().map_err(name_error)
+}
+
+/// A column name for `setup_feed` (passed as a parameter; the procedure checks the
+/// column itself).
+pub fn parse_column(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        return Err("the column name is empty".to_owned());
+    }
+    if text.chars().count() > 128 {
+        return Err("a column name has at most 128 characters".to_owned());
+    }
+    if text.chars().any(char::is_control) {
+        return Err("a column name cannot contain control characters".to_owned());
+    }
+    Ok(text.to_owned())
+}
+
+/// `--connect-timeout`: a duration other than zero.
+pub fn parse_timeout(text: &str) -> Result<CliDuration, String> {
+    let duration = parse_duration(text)?;
+    if duration.value.is_zero() {
+        return Err("a timeout of zero would never connect; give e.g. 15s".to_owned());
+    }
+    Ok(duration)
+}
+
+/// Where `tail` starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartAt {
+    /// `start`: from the oldest retained event.
+    Start,
+    /// `now`: from the current time of this machine.
+    Now,
+    /// After this cursor.
+    Cursor(Cursor),
+    /// From the first event of this time on.
+    Time(OffsetDateTime),
+}
+
+impl StartAt {
+    /// The cursor to read from, `now` being the current time.
+    pub fn cursor(self, now: SystemTime) -> Cursor {
+        match self {
+            StartAt::Start => Cursor::START,
+            StartAt::Now => Cursor::at(now),
+            StartAt::Cursor(cursor) => cursor,
+            StartAt::Time(time) => Cursor::at(SystemTime::from(time)),
+        }
+    }
+}
+
+/// The forms `--from` accepts, for error messages.
+pub const FROM_FORMS: &str = "use start (the oldest retained event), now, a 26-character ULID \
+    cursor such as 01HX5Z8N3C0000000000000000, or an RFC 3339 time such as \
+    2024-05-01T12:00:00Z";
+
+/// Parses `--from`: `start`, `now` (case-insensitive), a ULID cursor, or an RFC 3339 time.
+pub fn parse_from(text: &str) -> Result<StartAt, String> {
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("start") {
+        return Ok(StartAt::Start);
+    }
+    if text.eq_ignore_ascii_case("now") {
+        return Ok(StartAt::Now);
+    }
+    // An RFC 3339 time has '-' and ':', which a ULID never has; 26 characters alone do not
+    // tell them apart (2024-05-01T12:00:00.12345Z is 26 long).
+    let looks_like_ulid = text.len() == 26 && text.chars().all(|c| c.is_ascii_alphanumeric());
+    if looks_like_ulid {
+        // ulid 3 drops the bits above 128 instead of refusing them: a first character
+        // past 7 would silently start somewhere else.
+        if !matches!(text.as_bytes()[0], b'0'..=b'7') {
+            return Err(format!(
+                "{text:?} is not a ULID: the largest ULID is 7ZZZZZZZZZZZZZZZZZZZZZZZZZ; \
+                 {FROM_FORMS}"
+            ));
+        }
+        return match text.parse::<Cursor>() {
+            Ok(cursor) => Ok(StartAt::Cursor(cursor)),
+            Err(Error::InvalidCursor(reason)) => Err(format!("{reason}; {FROM_FORMS}")),
+            Err(other) => Err(format!("{other}; {FROM_FORMS}")),
+        };
+    }
+    match OffsetDateTime::parse(text, &Rfc3339) {
+        Ok(time) => Ok(StartAt::Time(time)),
+        Err(error) if text.contains(':') => Err(format!(
+            "{text:?} is not an RFC 3339 time ({error}); {FROM_FORMS}"
+        )),
+        Err(_) => Err(format!("{text:?} is not a starting point; {FROM_FORMS}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn from_start_now_cursor_and_time() {
+        let now = UNIX_EPOCH + Duration::from_millis(1_714_564_800_123);
+        assert_eq!(parse_from("start").unwrap().cursor(now), Cursor::START);
+        assert_eq!(parse_from("START").unwrap(), StartAt::Start);
+        assert_eq!(parse_from("now").unwrap().cursor(now), Cursor::at(now));
+
+        let cursor: Cursor = "01HX5Z8N3C0000000000000000".parse().unwrap();
+        assert_eq!(
+            parse_from("01HX5Z8N3C0000000000000000").unwrap(),
+            StartAt::Cursor(cursor)
+        );
+        // Crockford base32 is case-insensitive.
+        assert_eq!(
+            parse_from("01hx5z8n3c0000000000000000").unwrap(),
+            StartAt::Cursor(cursor)
+        );
+
+        let at = parse_from("2024-05-01T12:00:00.123Z").unwrap();
+        assert_eq!(
+            at.cursor(now),
+            Cursor::at(UNIX_EPOCH + Duration::from_millis(1_714_564_800_123))
+        );
+        assert_eq!(at.cursor(now).to_string(), "01HWT0D7KV0000000000000000");
+        // An offset is honoured: 14:00+02:00 is 12:00Z.
+        assert_eq!(
+            parse_from("2024-05-01T14:00:00+02:00").unwrap().cursor(now),
+            parse_from("2024-05-01T12:00:00Z").unwrap().cursor(now)
+        );
+        // 26 characters long, yet a time, not a ULID.
+        let tricky = "2024-05-01T12:00:00.12345Z";
+        assert_eq!(tricky.len(), 26);
+        assert!(matches!(parse_from(tricky).unwrap(), StartAt::Time(_)));
+        // Before 1970: from the start.
+        assert_eq!(
+            parse_from("1969-12-31T23:59:59Z").unwrap().cursor(now),
+            Cursor::START
+        );
+    }
+
+    #[test]
+    fn bad_from_names_every_accepted_form() {
+        for text in [
+            "",
+            "yesterday",
+            "01HX5Z8N3C",                 // too short for a ULID
+            "01HX5Z8N3C000000000000000U", // U is not Crockford base32
+            "81HX5Z8N3C0000000000000000", // more than 128 bits
+            "2024-05-01",                 // a date, not a time
+            "2024-05-01 12:00:00",        // no offset
+            "2024-13-01T12:00:00Z",
+            "1714564800",
+        ] {
+            let error = parse_from(text).expect_err(text);
+            for form in ["start", "now", "ULID", "RFC 3339"] {
+                assert!(error.contains(form), "{text:?}: {error}");
+            }
+            assert!(!error.contains('\n'), "{text:?}: one line");
+        }
+    }
+
+    #[test]
+    fn feed_names_are_checked_before_anything_else() {
+        assert_eq!(
+            parse_feed("myservice.OrderPlaced").unwrap().to_string(),
+            "myservice.OrderPlaced"
+        );
+        for bad in [
+            "dbo.x]; drop table y",
+            "dbo.x'; --",
+            "x",
+            "a.b.c",
+            "changefeed.feeds",
+        ] {
+            let error = parse_feed(bad).expect_err(bad);
+            assert!(!error.is_empty() && !error.contains('\n'), "{bad}: {error}");
+            assert!(parse_table(bad).is_err(), "{bad}");
+        }
+        assert!(parse_column("Shard").is_ok());
+        assert!(parse_column(" ").is_err());
+        assert!(parse_column("a\u{0}").is_err());
+    }
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("changefeed").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn subcommands_parse_with_their_defaults() {
+        let cli = parse(&["--url", "server=x", "tail", "app.Event"]).unwrap();
+        assert_eq!(cli.url.as_deref(), Some("server=x"));
+        assert_eq!(cli.connect_timeout.value, Duration::from_secs(15));
+        match cli.command {
+            Command::Tail(tail) => {
+                assert_eq!(tail.shard, 0);
+                assert_eq!(tail.from, StartAt::Start);
+                assert!(!tail.with_event);
+                assert_eq!(tail.page_size, 1000);
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let cli = parse(&[
+            "purge",
+            "app.Event",
+            "--older-than",
+            "30d",
+            "--shard",
+            "2",
+            "--dry-run",
+            "--max-rows",
+            "10",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Purge(purge) => {
+                assert_eq!(purge.older_than.as_millis_i64(), 2_592_000_000);
+                assert_eq!(purge.shard, Some(2));
+                assert!(purge.dry_run && !purge.force);
+                assert_eq!(purge.batch_size, 5000);
+                assert_eq!(purge.max_rows, Some(10));
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let cli = parse(&["purge-outbox", "dbo.outbox", "--older-than", "7d"]).unwrap();
+        match cli.command {
+            Command::PurgeOutbox(purge) => {
+                assert_eq!(purge.older_than.value, Duration::from_secs(7 * 86_400));
+                assert_eq!(purge.batch_size, 1000);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The global options also go after the subcommand.
+        let cli = parse(&["status", "--consumers", "--url", "server=y"]).unwrap();
+        assert_eq!(cli.url.as_deref(), Some("server=y"));
+        assert!(matches!(
+            cli.command,
+            Command::Status(StatusArgs { consumers: true })
+        ));
+    }
+
+    #[test]
+    fn setup_feed_takes_exactly_one_mode() {
+        let cli = parse(&["setup-feed", "app.Event", "--outbox"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::SetupFeed(SetupFeedArgs { outbox: true, .. })
+        ));
+        let cli = parse(&[
+            "setup-feed",
+            "app.Event",
+            "--serialize-writers",
+            "--shard-column",
+            "Shard",
+            "--ulid-column",
+            "ULID",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::SetupFeed(setup) => {
+                assert!(setup.serialize_writers && !setup.outbox);
+                assert_eq!(setup.shard_column.as_deref(), Some("Shard"));
+                assert_eq!(setup.ulid_column.as_deref(), Some("ULID"));
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            &["setup-feed", "app.Event"][..],
+            &["setup-feed", "app.Event", "--outbox", "--serialize-writers"],
+            &["setup-feed", "app.Event", "--serialize-writers"],
+            &[
+                "setup-feed",
+                "app.Event",
+                "--serialize-writers",
+                "--shard-column",
+                "S",
+            ],
+            &["setup-feed", "app.Event", "--outbox", "--shard-column", "S"],
+            &["setup-feed", "app.Event", "--outbox", "--ulid-column", "U"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn out_of_range_numbers_and_durations_are_refused() {
+        for bad in [
+            &["tail", "app.Event", "--page-size", "0"][..],
+            &["tail", "app.Event", "--page-size", "10001"],
+            &["tail", "app.Event", "--from", "tomorrow"],
+            &["purge", "app.Event"],
+            &["purge", "app.Event", "--older-than", "30"],
+            &["purge", "app.Event", "--older-than", "-5d"],
+            &["purge", "app.Event", "--older-than", "36526d"],
+            &[
+                "purge",
+                "app.Event",
+                "--older-than",
+                "30d",
+                "--batch-size",
+                "50001",
+            ],
+            &[
+                "purge",
+                "app.Event",
+                "--older-than",
+                "30d",
+                "--max-rows",
+                "0",
+            ],
+            &[
+                "purge-outbox",
+                "dbo.outbox",
+                "--older-than",
+                "7d",
+                "--batch-size",
+                "4001",
+            ],
+            &["purge-outbox", "dbo.x]", "--older-than", "7d"],
+            &["status", "--connect-timeout", "0s"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse(&["purge", "app.Event", "--older-than", "0s"]).is_ok());
+        assert!(parse(&["tail", "app.Event", "--shard", "-1"]).is_ok());
+    }
+}

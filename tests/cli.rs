@@ -1,0 +1,252 @@
+//! The `changefeed` command-line tool, run as a process without a server: help, the
+//! one-line errors, and arguments refused before any connection.
+//!
+//! The binary needs the `cli` feature (`cargo test --all-features`).
+#![cfg(feature = "cli")]
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// An address where nothing listens: connecting is refused at once.
+const UNREACHABLE: &str = "server=tcp:127.0.0.1,1;user=sa;password=x;TrustServerCertificate=true";
+
+/// Runs the tool with `args` and without `CHANGEFEED_URL` in its environment.
+fn changefeed(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_changefeed"))
+        .args(args)
+        .env_remove("CHANGEFEED_URL")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("the changefeed binary runs")
+}
+
+fn stderr_lines(output: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Exactly one line on stderr, starting with `error: `, nothing on stdout, a non-zero exit.
+fn assert_one_error_line(output: &Output) -> String {
+    let lines = stderr_lines(output);
+    assert_eq!(lines.len(), 1, "one line on stderr, got {lines:#?}");
+    assert!(lines[0].starts_with("error: "), "{}", lines[0]);
+    assert!(!lines[0].contains("panicked"), "{}", lines[0]);
+    assert!(output.stdout.is_empty(), "nothing on stdout: {output:?}");
+    assert!(!output.status.success(), "{output:?}");
+    lines[0].clone()
+}
+
+#[test]
+fn help_lists_every_subcommand() {
+    let output = changefeed(&["--help"]);
+    assert!(output.status.success(), "{output:?}");
+    let help = String::from_utf8_lossy(&output.stdout);
+    for command in [
+        "migrate",
+        "setup-feed",
+        "tail",
+        "status",
+        "purge",
+        "purge-outbox",
+    ] {
+        assert!(
+            help.lines()
+                .any(|line| line.trim_start().starts_with(&format!("{command} "))),
+            "{command} missing from:\n{help}"
+        );
+    }
+    assert!(
+        help.contains("--url") && help.contains("CHANGEFEED_URL"),
+        "{help}"
+    );
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for command in [
+        "migrate",
+        "setup-feed",
+        "tail",
+        "status",
+        "purge",
+        "purge-outbox",
+    ] {
+        let output = changefeed(&[command, "--help"]);
+        assert!(output.status.success(), "{command}: {output:?}");
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains("Usage: changefeed"),
+            "{command}"
+        );
+    }
+}
+
+#[test]
+fn the_help_never_shows_the_connection_string() {
+    let output = Command::new(env!("CARGO_BIN_EXE_changefeed"))
+        .args(["status", "--help"])
+        .env(
+            "CHANGEFEED_URL",
+            "server=tcp:db,1433;user=sa;password=hunter2",
+        )
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("hunter2"));
+}
+
+#[test]
+fn status_without_a_url_says_what_to_set() {
+    let output = changefeed(&["status"]);
+    let line = assert_one_error_line(&output);
+    assert!(line.contains("CHANGEFEED_URL"), "{line}");
+    assert!(
+        line.starts_with("error: CHANGEFEED_URL is not set"),
+        "{line}"
+    );
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn an_unreachable_server_is_one_line_naming_the_address_fast() {
+    let started = Instant::now();
+    let output = changefeed(&["status", "--url", UNREACHABLE]);
+    let elapsed = started.elapsed();
+    let line = assert_one_error_line(&output);
+    assert!(line.contains("127.0.0.1:1"), "{line}");
+    assert!(
+        line.contains("--url") && line.contains("CHANGEFEED_URL"),
+        "{line}"
+    );
+    assert_eq!(output.status.code(), Some(2));
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+}
+
+#[test]
+fn every_command_fails_the_same_way_without_a_server() {
+    for args in [
+        &["migrate"][..],
+        &["setup-feed", "app.Event", "--outbox"],
+        &["tail", "app.Event"],
+        &["status", "--consumers"],
+        &["purge", "app.Event", "--older-than", "30d"],
+        &["purge-outbox", "dbo.outbox", "--older-than", "7d"],
+    ] {
+        let mut with_url = args.to_vec();
+        with_url.extend(["--url", UNREACHABLE]);
+        let line = assert_one_error_line(&changefeed(&with_url));
+        assert!(line.contains("127.0.0.1:1"), "{args:?}: {line}");
+        let line = assert_one_error_line(&changefeed(args));
+        assert!(
+            line.contains("CHANGEFEED_URL is not set"),
+            "{args:?}: {line}"
+        );
+    }
+}
+
+/// Refused with one line, exit status 2, before connecting: the URL points nowhere
+/// reachable, so a connection attempt would show in the message.
+fn assert_refused(args: &[&str], expect: &str) {
+    let mut with_url = args.to_vec();
+    with_url.extend(["--url", UNREACHABLE]);
+    let output = changefeed(&with_url);
+    let line = assert_one_error_line(&output);
+    assert!(line.contains(expect), "{args:?}: {line}");
+    assert!(!line.contains("127.0.0.1"), "{args:?} connected: {line}");
+    assert_eq!(output.status.code(), Some(2), "{args:?}");
+}
+
+#[test]
+fn bad_feed_names_are_refused_before_connecting() {
+    assert_refused(&["tail", "dbo.x]; drop table y"], "']'");
+    assert_refused(&["setup-feed", "dbo.x'; --", "--outbox"], "invalid value");
+    assert_refused(&["purge", "x", "--older-than", "30d"], "schema.table");
+    assert_refused(
+        &["purge-outbox", "a.b.c", "--older-than", "7d"],
+        "schema.table",
+    );
+}
+
+#[test]
+fn a_blank_url_counts_as_none() {
+    let output = changefeed(&["status", "--url", " "]);
+    let line = assert_one_error_line(&output);
+    assert!(line.contains("CHANGEFEED_URL is not set"), "{line}");
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn bad_from_values_are_refused_before_connecting() {
+    for from in [
+        "yesterday",
+        "01HX5Z8N3C",
+        "2024-05-01",
+        "2024-05-01 12:00:00",
+        "81HX5Z8N3C0000000000000000",
+    ] {
+        assert_refused(&["tail", "app.Event", "--from", from], "RFC 3339");
+    }
+}
+
+#[test]
+fn bad_durations_are_refused_before_connecting() {
+    for duration in [
+        "30",
+        "30x",
+        "-5d",
+        "1.5h",
+        "",
+        "99999999999999999999d",
+        "36526d",
+    ] {
+        assert_refused(
+            &["purge", "app.Event", "--older-than", duration],
+            "--older-than",
+        );
+        assert_refused(
+            &["purge-outbox", "dbo.outbox", "--older-than", duration],
+            "--older-than",
+        );
+    }
+}
+
+/// A listener that accepts TCP connections and never answers: the tool must give up after
+/// `--connect-timeout` with one line, not hang.
+#[test]
+fn a_server_that_never_answers_times_out_with_one_line() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let url = format!("server=tcp:127.0.0.1,{port};user=sa;password=x;TrustServerCertificate=true");
+    let started = Instant::now();
+    let output = changefeed(&["status", "--url", &url, "--connect-timeout", "500ms"]);
+    let elapsed = started.elapsed();
+    let line = assert_one_error_line(&output);
+    assert!(line.contains(&format!("127.0.0.1:{port}")), "{line}");
+    assert!(line.contains("500ms") && line.contains("--url"), "{line}");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    drop(listener);
+}
+
+/// A peer that hangs up at once (not SQL Server, or a server dropping the session).
+#[test]
+fn a_peer_that_hangs_up_is_one_line_naming_the_address() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let closer = std::thread::spawn(move || {
+        if let Ok((stream, _)) = listener.accept() {
+            drop(stream);
+        }
+    });
+    let url = format!("server=tcp:127.0.0.1,{port};user=sa;password=x;TrustServerCertificate=true");
+    let output = changefeed(&["status", "--url", &url]);
+    let line = assert_one_error_line(&output);
+    assert!(line.contains(&format!("127.0.0.1:{port}")), "{line}");
+    assert!(
+        line.contains("--url") && line.contains("CHANGEFEED_URL"),
+        "{line}"
+    );
+    assert_eq!(output.status.code(), Some(2));
+    closer.join().unwrap();
+}
