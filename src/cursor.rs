@@ -94,8 +94,16 @@ impl fmt::Display for Cursor {
 impl FromStr for Cursor {
     type Err = Error;
 
-    /// Parses the 26-character Crockford base32 form (case-insensitive).
+    /// Parses the 26-character Crockford base32 form (case-insensitive). 26 characters hold
+    /// 130 bits, so the first must be `0`–`7`; the ulid crate would silently drop the top
+    /// bits of a larger one, which would move a consumer somewhere else without a word.
     fn from_str(text: &str) -> Result<Self> {
+        if text.len() == 26 && !matches!(text.as_bytes()[0], b'0'..=b'7') {
+            return Err(Error::InvalidCursor(format!(
+                "{text:?} is not a ULID: its first character must be 0-7 (26 Crockford base32 \
+                 characters carry 128 bits); pass a cursor as printed by a previous read"
+            )));
+        }
         Ulid::from_string(text).map(Cursor).map_err(|error| {
             Error::InvalidCursor(format!(
                 "{text:?} is not a ULID ({error}); a cursor is 26 Crockford base32 characters, \
@@ -123,6 +131,10 @@ mod tests {
             assert!(error.to_string().contains("exactly 16 bytes"), "{error}");
         }
         assert!("01GNSG5PM8".parse::<Cursor>().is_err());
+        // 26 characters hold 130 bits: a first character above 7 does not fit in a ULID.
+        assert!("81GNSG5PM8ZZZVZZZZZZZZZZZZ".parse::<Cursor>().is_err());
+        assert!("ZZZZZZZZZZZZZZZZZZZZZZZZZZ".parse::<Cursor>().is_err());
+        assert!("7ZZZZZZZZZZZZZZZZZZZZZZZZZ".parse::<Cursor>().is_ok());
         assert!("01GNSG5PM8ZZZVZZZZZZZZZZZU".parse::<Cursor>().is_err());
     }
 

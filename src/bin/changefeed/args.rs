@@ -328,14 +328,7 @@ pub fn parse_from(text: &str) -> Result<StartAt, String> {
     // tell them apart (2024-05-01T12:00:00.12345Z is 26 long).
     let looks_like_ulid = text.len() == 26 && text.chars().all(|c| c.is_ascii_alphanumeric());
     if looks_like_ulid {
-        // ulid 3 drops the bits above 128 instead of refusing them: a first character
-        // past 7 would silently start somewhere else.
-        if !matches!(text.as_bytes()[0], b'0'..=b'7') {
-            return Err(format!(
-                "{text:?} is not a ULID: the largest ULID is 7ZZZZZZZZZZZZZZZZZZZZZZZZZ; \
-                 {FROM_FORMS}"
-            ));
-        }
+        // Cursor's parser refuses a first character past 7 (see Cursor::from_str).
         return match text.parse::<Cursor>() {
             Ok(cursor) => Ok(StartAt::Cursor(cursor)),
             Err(Error::InvalidCursor(reason)) => Err(format!("{reason}; {FROM_FORMS}")),

@@ -299,7 +299,15 @@ where
     S: Stream<Item = changefeed::Result<Page<T>>>,
 {
     let mut stream = std::pin::pin!(stream);
-    while let Some(page) = stream.next().await {
+    // Ctrl-C ends tail like `tail -f`, with exit 0: lines are written whole, and read_feed
+    // holds no transaction while it waits, so nothing is left behind on the server.
+    let mut interrupted = std::pin::pin!(tokio::signal::ctrl_c());
+    loop {
+        let page = tokio::select! {
+            page = stream.next() => page,
+            _ = &mut interrupted => return Ok(()),
+        };
+        let Some(page) = page else { break };
         let page = page.map_err(tail_error)?;
         for row in page.rows {
             out.line(&line(row))?;
