@@ -1,6 +1,6 @@
 -- One row per shard of an outbox-mode feed, for changefeed.feed_status: how many committed
 -- rows wait in the outbox and since when, the head of the feed and its time, and when the
--- shard last moved rows. Written as the template feed's view; upgrade_feed copies it (V10).
+-- shard last moved rows. Written as the template feed's view; upgrade_feed copies it.
 -- The outbox is read with READPAST so a dashboard never waits for a writer: it counts
 -- committed rows only.
 create or alter view [changefeed].[status:changefeed.__template__]

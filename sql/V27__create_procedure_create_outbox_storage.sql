@@ -2,7 +2,7 @@
 -- missing table is created whole; for an existing one (a partial install, a table created
 -- by hand) missing indexes and constraints are added, and missing columns are reported,
 -- since adding them to a table with rows is the owner's decision. Nothing is ever dropped.
--- Internal: setup_outbox calls it after checking the name; V23 builds the template with it.
+-- Internal: setup_outbox calls it after checking the name; the template outbox is built with it too.
 --
 -- status: 0 pending, 1 processing, 2 done, 3 failed (due again at next_retry_at), 4 dead.
 -- attempts counts failures: mark_failed and expired claims, never a plain claim.

@@ -1,5 +1,5 @@
 -- Regenerates the procedures of one claim-style outbox from the current templates
--- (V24-V29, copied by changefeed.copy_template). The table and its rows are untouched.
+-- (the template outbox's procedures, copied by changefeed.copy_template). The table and its rows are untouched.
 create or alter procedure [changefeed].[upgrade_outbox]
     @table_name nvarchar(4000)
 as
@@ -8,17 +8,14 @@ begin
 
     declare @schema_name sysname;
     declare @object_name sysname;
-    declare @problem nvarchar(2048);
     declare @outbox_id int;
     declare @template nvarchar(300);
     declare @message nvarchar(2048);
 
-    select
-        @schema_name = schema_name,
-        @object_name = table_name,
-        @problem = problem
-    from changefeed.parse_feed_name(@table_name);
-    if @problem is not null throw 51000, @problem, 1;
+    exec changefeed.check_table_name
+        @table_name = @table_name,
+        @schema_name = @schema_name output,
+        @object_name = @object_name output;
 
     select @outbox_id = outbox_id
     from changefeed.outboxes

@@ -1,4 +1,4 @@
--- mark_failed for a claim-style outbox, written as the template outbox's procedure (V23).
+-- mark_failed for a claim-style outbox, written as the template outbox's procedure.
 -- Fenced like mark_done. Counts an attempt. With @dead = 1 the message becomes dead
 -- (terminal: never claimed, never purged); otherwise it is failed and due again after
 -- @retry_after_ms, computed on the server's clock. Failed without a retry time is refused:
@@ -20,11 +20,9 @@ begin
     if @retry_after_ms < 0 or @retry_after_ms > 31622400000
         throw 51303, N'mark_failed: @retry_after_ms must be between 0 and 31622400000 (366 days).', 1;
 
-    -- Days first, then the rest: dateadd takes an int, which holds only ~24.8 days of ms.
-    declare @retry_at datetime2(3) = dateadd(
-        millisecond,
-        convert(int, @retry_after_ms % 86400000),
-        dateadd(day, convert(int, @retry_after_ms / 86400000), sysutcdatetime())
+    -- On the server's clock, never the client's.
+    declare @retry_at datetime2(3) = (
+        select at_time from changefeed.time_after(sysutcdatetime(), @retry_after_ms)
     );
 
     update [changefeed].[__template_outbox__]

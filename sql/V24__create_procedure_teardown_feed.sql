@@ -11,18 +11,15 @@ begin
 
     declare @schema_name sysname;
     declare @object_name sysname;
-    declare @problem nvarchar(2048);
     declare @object_class varchar(2);
     declare @object_name_only sysname;
     declare @quoted_name nvarchar(300);
     declare @sql nvarchar(max);
 
-    select
-        @schema_name = schema_name,
-        @object_name = table_name,
-        @problem = problem
-    from changefeed.parse_feed_name(@table_name);
-    if @problem is not null throw 51000, @problem, 1;
+    exec changefeed.check_table_name
+        @table_name = @table_name,
+        @schema_name = @schema_name output,
+        @object_name = @object_name output;
 
     -- The registry's spelling when the feed is registered (the catalog's, at setup time).
     select

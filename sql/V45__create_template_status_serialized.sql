@@ -1,7 +1,7 @@
 -- One row per shard of a serialized-writer feed, for changefeed.feed_status, with the same
--- columns as the outbox-mode status view (V12) so that feed_status can union them: there is
--- no outbox, so its depth and oldest time are null. Written as the template feed's view
--- (V36). READPAST: a dashboard must not wait for a writer's open transaction.
+-- columns as the outbox-mode status view so that feed_status can union them: there is
+-- no outbox, so its depth and oldest time are null. Written as the template feed's view.
+-- READPAST: a dashboard must not wait for a writer's open transaction.
 create or alter view [changefeed].[status:changefeed.__template_serialized__]
 as
 select

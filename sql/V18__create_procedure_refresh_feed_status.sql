@@ -1,6 +1,6 @@
 -- Rewrites changefeed.feed_status as the union of every registered feed's status view.
 -- select * is deliberate: every status view is a copy of the one template, so the arms of the
--- union have the same columns by construction, and V13 keeps the list in one place.
+-- union have the same columns by construction, and the first version of feed_status keeps the list in one place.
 create or alter procedure [changefeed].[refresh_feed_status]
 as
 begin

@@ -1,7 +1,7 @@
 -- The template feed of serialized-writer mode (DESIGN.md 4.4). Like the outbox-mode
--- template feed (V10), its per-feed code (the next files) is written once as real objects
+-- template feed changefeed.__template__, its per-feed code (the next files) is written once as real objects
 -- of this table, and changefeed.upgrade_feed copies it for each serialized-writer feed,
--- replacing the markers of V10 and also
+-- replacing the same markers and also
 --   __template_shard__   the event table's shard column
 --   __template_ulid__    the event table's ULID column
 -- It is not registered in changefeed.feeds and gets no roles.

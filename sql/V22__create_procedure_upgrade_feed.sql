@@ -4,8 +4,8 @@
 -- template ends with exec changefeed.upgrade_all_feeds.
 --
 -- The templates are the objects of the template feed of the feed's mode: the outbox-mode
--- template feed changefeed.__template__ (V10-V12) or the serialized-writer one
--- changefeed.__template_serialized__ (V36-V40). changefeed.copy_template copies each with
+-- template feed changefeed.__template__ or the serialized-writer one
+-- changefeed.__template_serialized__. changefeed.copy_template copies each with
 -- the feed's names, key columns, and shard and ulid columns.
 create or alter procedure [changefeed].[upgrade_feed]
     @table_name nvarchar(4000)
@@ -15,7 +15,6 @@ begin
 
     declare @schema_name sysname;
     declare @object_name sysname;
-    declare @problem nvarchar(2048);
     declare @feed_id int;
     declare @object_id int;
     declare @mode varchar(20);
@@ -28,12 +27,10 @@ begin
     declare @template nvarchar(300);
     declare @message nvarchar(2048);
 
-    select
-        @schema_name = schema_name,
-        @object_name = table_name,
-        @problem = problem
-    from changefeed.parse_feed_name(@table_name);
-    if @problem is not null throw 51000, @problem, 1;
+    exec changefeed.check_table_name
+        @table_name = @table_name,
+        @schema_name = @schema_name output,
+        @object_name = @object_name output;
 
     select
         @feed_id = feed_id,

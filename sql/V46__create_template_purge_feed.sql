@@ -1,4 +1,4 @@
--- purge_feed for outbox-mode feeds, written as the template feed's procedure (V10); copied
+-- purge_feed for outbox-mode feeds, written as the template feed's procedure; copied
 -- for every outbox-mode feed by upgrade_feed. (In serialized-writer mode the feed is your
 -- own event table: deleting its old events is your decision, not changefeed's.)
 --

@@ -1,4 +1,4 @@
--- requeue for a claim-style outbox, written as the template outbox's procedure (V23).
+-- requeue for a claim-style outbox, written as the template outbox's procedure.
 -- Puts a message back as failed, due after @retry_after_ms (server clock), attempts
 -- unchanged: for backpressure, when the broker asked us to slow down and the message
 -- itself is fine. With @claim_token it is fenced like mark_done (a relay hands back what it
@@ -17,10 +17,9 @@ begin
     if @retry_after_ms is null or @retry_after_ms < 0 or @retry_after_ms > 31622400000
         throw 51303, N'requeue: @retry_after_ms must be between 0 and 31622400000 (366 days).', 1;
 
-    declare @retry_at datetime2(3) = dateadd(
-        millisecond,
-        convert(int, @retry_after_ms % 86400000),
-        dateadd(day, convert(int, @retry_after_ms / 86400000), sysutcdatetime())
+    -- On the server's clock, never the client's.
+    declare @retry_at datetime2(3) = (
+        select at_time from changefeed.time_after(sysutcdatetime(), @retry_after_ms)
     );
 
     update [changefeed].[__template_outbox__]

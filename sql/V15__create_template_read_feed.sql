@@ -1,5 +1,5 @@
 -- read_feed for outbox-mode feeds (DESIGN.md 4.4), written as the template feed's procedure;
--- changefeed.upgrade_feed copies it for every outbox-mode feed (see V10 for the markers).
+-- changefeed.upgrade_feed copies it for every outbox-mode feed (the markers are listed where changefeed.__template__ is created).
 --
 -- Returns the next rows of shard @shard_id with ulid > @cursor, in ulid order, at most
 -- @page_size: ulid and the key columns, or with @with_event = 1 ulid and every column of the
@@ -38,17 +38,6 @@ begin
     -- 650 and under SERIALIZABLE it would take range locks. This reverts on return.
     set transaction isolation level read committed;
 
-    if @@trancount > 0
-        throw 51100, N'read_feed must be called outside a transaction: it commits its own short transaction when it moves outbox rows into the feed. Commit or roll back first.', 1;
-    if @shard_id is null
-        throw 51101, N'read_feed: @shard_id is null. Pass the shard to read (0 for an unsharded feed).', 1;
-    if @cursor is null
-        throw 51101, N'read_feed: @cursor is null. Pass 0x00 (16 zero bytes) to read from the start, or the ulid of the last row you processed.', 1;
-    if @page_size is null or @page_size < 1 or @page_size > 10000
-        throw 51101, N'read_feed: @page_size must be between 1 and 10000.', 1;
-    if @wait_ms is null or @wait_ms < 0 or @wait_ms > 3600000
-        throw 51101, N'read_feed: @wait_ms must be between 0 and 3600000 (one hour).', 1;
-
     declare @with_event_rows bit = isnull(@with_event, 0);
     -- A client library passes @use_read_table = 0: a #read left in a pooled session by
     -- other code must not swallow its pages.
@@ -56,8 +45,13 @@ begin
         when isnull(@use_read_table, 1) = 1 and object_id(N'tempdb..#read') is not null then 1
         else 0
     end;
-    if @to_read_table = 1 and @with_event_rows = 1
-        throw 51102, N'read_feed: #read exists, and it holds keys only, so @with_event = 1 cannot fill it. Drop #read to get events as a result set, or join #read to the event table yourself.', 1;
+    exec changefeed.check_read_arguments
+        @shard_id = @shard_id,
+        @cursor = @cursor,
+        @page_size = @page_size,
+        @wait_ms = @wait_ms,
+        @with_event = @with_event_rows,
+        @to_read_table = @to_read_table;
 
     -- Table variables keep their rows through a rollback and need no tempdb metadata locks.
     declare @rows [changefeed].[type:read:changefeed.__template__];
@@ -73,7 +67,6 @@ begin
     declare @lock_result int;
     declare @message nvarchar(2048);
     declare @pause_ms int = 5;
-    declare @pause datetime;
     declare @state_ms bigint;
     declare @state_high binary(8);
     declare @state_next bigint;
@@ -297,20 +290,7 @@ begin
 
         if sysutcdatetime() >= @deadline break;
 
-        -- Pauses grow from 5 ms to 100 ms: a fresh event is seen quickly, an idle feed
-        -- costs at most ten cheap probes a second per waiting reader.
-        -- Never pause past the deadline (at most an hour away, so the int holds it).
-        set @pause_ms = case
-            when @pause_ms > datediff_big(millisecond, sysutcdatetime(), @deadline)
-                then convert(int, datediff_big(millisecond, sysutcdatetime(), @deadline))
-            else @pause_ms
-        end;
-        if @pause_ms > 0
-        begin
-            set @pause = dateadd(millisecond, @pause_ms, convert(datetime, 0));
-            waitfor delay @pause;
-        end;
-        set @pause_ms = case when @pause_ms * 2 > 100 then 100 when @pause_ms < 5 then 5 else @pause_ms * 2 end;
+        exec changefeed.pause_read @deadline = @deadline, @pause_ms = @pause_ms output;
     end;
 
     -- Checked after the page was read, not before: a purge that commits in between would

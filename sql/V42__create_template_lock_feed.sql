@@ -1,4 +1,4 @@
--- lock_feed for serialized-writer feeds, written as the template feed's procedure (V36).
+-- lock_feed for serialized-writer feeds, written as the template feed's procedure.
 -- A writer calls it inside its transaction, before inserting its events:
 --   1. takes an exclusive, transaction-owned applock for (feed, shard), waiting at most
 --      @lock_timeout_ms (-1: as long as it takes). Every writer of the shard queues here

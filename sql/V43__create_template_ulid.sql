@@ -1,5 +1,5 @@
 -- The i-th ULID (1-based) of the range lock_feed reserved in the current transaction, for a
--- serialized-writer feed; written as the template feed's function (V36). Writers number
+-- serialized-writer feed; written as the template feed's function. Writers number
 -- multi-row inserts with it: ulid(row_number() over (order by ...)).
 -- A scalar function cannot THROW: a call with no lock_feed in this transaction, or with @i
 -- outside 1..10^11, fails on a deliberate conversion error whose text says what to do.
@@ -9,7 +9,7 @@ as
 begin
     declare @range varbinary(24) = convert(
         varbinary(24),
-        -- The key lock_feed wrote; a literal, as there (see V38).
+        -- The key lock_feed wrote; a literal, as there.
         session_context(N'changefeed.ulid:changefeed.__template_serialized__')
     );
     declare @problem nvarchar(200) = case

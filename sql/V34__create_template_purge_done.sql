@@ -1,4 +1,4 @@
--- purge_done for a claim-style outbox, written as the template outbox's procedure (V23).
+-- purge_done for a claim-style outbox, written as the template outbox's procedure.
 -- Deletes done messages processed more than @older_than_ms ago (cutoff on the server's
 -- clock), @batch_size rows per statement so no statement holds many locks or escalates,
 -- and at most @max_rows in all (null: no limit). Dead messages are never purged. Returns
@@ -19,11 +19,9 @@ begin
     if @max_rows < 1
         throw 51308, N'purge_done: @max_rows must be positive, or null for no limit.', 1;
 
-    -- Days first, then the rest: dateadd takes an int, and 30 or 90 days of ms do not fit.
-    declare @cutoff datetime2(3) = dateadd(
-        millisecond,
-        -convert(int, @older_than_ms % 86400000),
-        dateadd(day, -convert(int, @older_than_ms / 86400000), sysutcdatetime())
+    -- On the server's clock, never the client's.
+    declare @cutoff datetime2(3) = (
+        select at_time from changefeed.time_after(sysutcdatetime(), -@older_than_ms)
     );
     declare @deleted bigint = 0;
     declare @take int;

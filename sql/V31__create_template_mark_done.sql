@@ -1,4 +1,4 @@
--- mark_done for a claim-style outbox, written as the template outbox's procedure (V23).
+-- mark_done for a claim-style outbox, written as the template outbox's procedure.
 -- Fenced: only messages still processing under @claim_token become done, so a relay whose
 -- claim expired and was taken over cannot acknowledge the new holder's work. Returns one
 -- row, updated = how many changed. @ids is a JSON array of ids, e.g. N'[12, 13, 15]'.

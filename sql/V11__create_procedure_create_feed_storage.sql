@@ -1,7 +1,7 @@
 -- Creates the storage of a feed for the event table @object_id (DESIGN.md 4.4): the state
 -- table and read type of every feed, and for @mode = 'outbox' its sequence, outbox and feed
 -- tables. Each part is created only when it is missing, so a call never drops or changes data. Internal: setup_feed calls it after it
--- validated the name and the key, and the template feed (V10) is created by it too, so this
+-- validated the name and the key, and the template feed changefeed.__template__ is created by it too, so this
 -- is the only definition of the per-feed storage.
 --
 -- Lock escalation is disabled on every per-feed table: an escalated table lock from a writer's

@@ -1,4 +1,4 @@
--- enqueue for a claim-style outbox, written as the template outbox's procedure (V23).
+-- enqueue for a claim-style outbox, written as the template outbox's procedure.
 -- Inserts one message inside the caller's transaction, so it commits or rolls back with the
 -- business change it announces; refuses to run outside one. Returns one row: id, message_id.
 -- A message_id that is already in the outbox is not inserted again: the existing row is

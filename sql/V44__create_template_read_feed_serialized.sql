@@ -1,5 +1,5 @@
--- read_feed for serialized-writer feeds, written as the template feed's procedure (V36);
--- the same parameters, results and #read contract as the outbox-mode read_feed (V11), so
+-- read_feed for serialized-writer feeds, written as the template feed's procedure;
+-- the same parameters, results and #read contract as the outbox-mode read_feed, so
 -- one client reads both modes.
 --
 -- Rows come straight from the event table through its unique (shard, ulid) index: writers
@@ -27,17 +27,6 @@ begin
     set nocount, xact_abort on;
     set transaction isolation level read committed;
 
-    if @@trancount > 0
-        throw 51100, N'read_feed must be called outside a transaction: a page read inside one would hold its locks until your commit and stall the shard''s writers. Commit or roll back first.', 1;
-    if @shard_id is null
-        throw 51101, N'read_feed: @shard_id is null. Pass the shard to read (0 for an unsharded feed).', 1;
-    if @cursor is null
-        throw 51101, N'read_feed: @cursor is null. Pass 0x00 (16 zero bytes) to read from the start, or the ulid of the last row you processed.', 1;
-    if @page_size is null or @page_size < 1 or @page_size > 10000
-        throw 51101, N'read_feed: @page_size must be between 1 and 10000.', 1;
-    if @wait_ms is null or @wait_ms < 0 or @wait_ms > 3600000
-        throw 51101, N'read_feed: @wait_ms must be between 0 and 3600000 (one hour).', 1;
-
     declare @with_event_rows bit = isnull(@with_event, 0);
     -- A client library passes @use_read_table = 0: a #read left in a pooled session by
     -- other code must not swallow its pages.
@@ -45,13 +34,17 @@ begin
         when isnull(@use_read_table, 1) = 1 and object_id(N'tempdb..#read') is not null then 1
         else 0
     end;
-    if @to_read_table = 1 and @with_event_rows = 1
-        throw 51102, N'read_feed: #read exists, and it holds keys only, so @with_event = 1 cannot fill it. Drop #read to get events as a result set, or join #read to the event table yourself.', 1;
+    exec changefeed.check_read_arguments
+        @shard_id = @shard_id,
+        @cursor = @cursor,
+        @page_size = @page_size,
+        @wait_ms = @wait_ms,
+        @with_event = @with_event_rows,
+        @to_read_table = @to_read_table;
 
     declare @rows [changefeed].[type:read:changefeed.__template_serialized__];
     declare @deadline datetime2(3) = dateadd(millisecond, @wait_ms, sysutcdatetime());
     declare @pause_ms int = 5;
-    declare @pause datetime;
     declare @lock_result int;
     declare @message nvarchar(2048);
     declare @versioned_reads bit = (
@@ -59,7 +52,7 @@ begin
         from sys.databases
         where database_id = db_id()
     );
-    -- The name lock_feed uses; a literal filled in by the generator (see V38).
+    -- The name lock_feed uses; a literal filled in by the generator (see lock_feed).
     declare @lock_resource nvarchar(255) = concat(
         N'changefeed:lock_feed:changefeed.__template_serialized__:', @shard_id
     );
@@ -106,18 +99,7 @@ begin
         if exists (select 1 from @rows) break;
         if sysutcdatetime() >= @deadline break;
 
-        -- Pauses grow from 5 ms to 100 ms, never past the deadline (at most an hour away).
-        set @pause_ms = case
-            when @pause_ms > datediff_big(millisecond, sysutcdatetime(), @deadline)
-                then convert(int, datediff_big(millisecond, sysutcdatetime(), @deadline))
-            else @pause_ms
-        end;
-        if @pause_ms > 0
-        begin
-            set @pause = dateadd(millisecond, @pause_ms, convert(datetime, 0));
-            waitfor delay @pause;
-        end;
-        set @pause_ms = case when @pause_ms * 2 > 100 then 100 when @pause_ms < 5 then 5 else @pause_ms * 2 end;
+        exec changefeed.pause_read @deadline = @deadline, @pause_ms = @pause_ms output;
     end;
 
     if @to_read_table = 1

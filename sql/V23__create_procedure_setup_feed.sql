@@ -30,12 +30,10 @@ begin
     declare @registered_shard sysname;
     declare @registered_ulid sysname;
 
-    select
-        @schema_name = schema_name,
-        @object_name = table_name,
-        @problem = problem
-    from changefeed.parse_feed_name(@table_name);
-    if @problem is not null throw 51000, @problem, 1;
+    exec changefeed.check_table_name
+        @table_name = @table_name,
+        @schema_name = @schema_name output,
+        @object_name = @object_name output;
 
     -- bit + bit is not defined (error 402): add them as int.
     if convert(int, isnull(@outbox, 0)) + convert(int, isnull(@serialize_writers, 0)) <> 1

@@ -1,4 +1,4 @@
--- claim for a claim-style outbox, written as the template outbox's procedure (V23).
+-- claim for a claim-style outbox, written as the template outbox's procedure.
 -- One atomic statement claims up to @batch_size due messages under a fresh claim token and
 -- returns them ordered by id. Due: pending; failed whose retry time has come; processing
 -- whose claim is older than @claim_timeout_ms (the reaper: that counts an attempt).

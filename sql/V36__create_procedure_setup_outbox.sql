@@ -12,17 +12,14 @@ begin
 
     declare @schema_name sysname;
     declare @object_name sysname;
-    declare @problem nvarchar(2048);
     declare @message nvarchar(2048);
     declare @object_id int;
     declare @qualified_name nvarchar(300);
 
-    select
-        @schema_name = schema_name,
-        @object_name = table_name,
-        @problem = problem
-    from changefeed.parse_feed_name(@table_name);
-    if @problem is not null throw 51000, @problem, 1;
+    exec changefeed.check_table_name
+        @table_name = @table_name,
+        @schema_name = @schema_name output,
+        @object_name = @object_name output;
     if schema_id(@schema_name) is null
     begin
         set @message = N'setup_outbox: the schema ''' + @schema_name

@@ -1,0 +1,27 @@
+-- The argument checks every read_feed makes before it reads (both modes), in one place.
+-- read_feed calls it through ownership chaining, so readers need no permission on it.
+-- It runs in the caller's session: @@trancount is the caller's.
+create or alter procedure [changefeed].[check_read_arguments]
+    @shard_id int,
+    @cursor binary(16),
+    @page_size int,
+    @wait_ms int,
+    @with_event bit,
+    @to_read_table bit
+as
+begin
+    set nocount, xact_abort on;
+
+    if @@trancount > 0
+        throw 51100, N'read_feed must be called outside a transaction: it commits its own short transactions (to move outbox rows, or to read past writers), and a page read inside yours would hold its locks until your commit. Commit or roll back first.', 1;
+    if @shard_id is null
+        throw 51101, N'read_feed: @shard_id is null. Pass the shard to read (0 for an unsharded feed).', 1;
+    if @cursor is null
+        throw 51101, N'read_feed: @cursor is null. Pass 0x00 (16 zero bytes) to read from the start, or the ulid of the last row you processed.', 1;
+    if @page_size is null or @page_size < 1 or @page_size > 10000
+        throw 51101, N'read_feed: @page_size must be between 1 and 10000.', 1;
+    if @wait_ms is null or @wait_ms < 0 or @wait_ms > 3600000
+        throw 51101, N'read_feed: @wait_ms must be between 0 and 3600000 (one hour).', 1;
+    if @to_read_table = 1 and @with_event = 1
+        throw 51102, N'read_feed: #read exists, and it holds keys only, so @with_event = 1 cannot fill it. Drop #read to get events as a result set, or join #read to the event table yourself.', 1;
+end
