@@ -69,14 +69,12 @@ impl OutboxStore {
         } else {
             Some(serde_json::to_string(&message.headers).map_err(|e| decode_error("headers", e))?)
         };
-        let sql = format!(
-            "exec {} @topic = @P1, @payload = @P2, @aggregate_type = @P3, @aggregate_id = @P4, \
-             @partition_key = @P5, @headers = @P6, @message_id = @P7, @trace_id = @P8",
-            self.table.object("enqueue")
-        );
-        let rows = client
-            .query(
-                sql,
+        let rows = self
+            .call(
+                client,
+                "enqueue",
+                "@topic = @P1, @payload = @P2, @aggregate_type = @P3, @aggregate_id = @P4, \
+                 @partition_key = @P5, @headers = @P6, @message_id = @P7, @trace_id = @P8",
                 &[
                     &message.topic.as_str(),
                     &payload.as_str(),
@@ -88,8 +86,6 @@ impl OutboxStore {
                     &message.trace_id.as_deref(),
                 ],
             )
-            .await?
-            .into_first_result()
             .await?;
         let row = rows
             .first()
@@ -108,16 +104,15 @@ impl OutboxStore {
         batch_size: u32,
         claim_timeout: Duration,
     ) -> Result<Vec<ClaimedMessage>> {
-        let sql = format!(
-            "exec {} @batch_size = @P1, @claim_timeout_ms = @P2",
-            self.table.object("claim")
-        );
         let batch_size = i32::try_from(batch_size).unwrap_or(i32::MAX);
         let timeout_ms = i32::try_from(claim_timeout.as_millis()).unwrap_or(i32::MAX);
-        let rows = client
-            .query(sql, &[&batch_size, &timeout_ms])
-            .await?
-            .into_first_result()
+        let rows = self
+            .call(
+                client,
+                "claim",
+                "@batch_size = @P1, @claim_timeout_ms = @P2",
+                &[&batch_size, &timeout_ms],
+            )
             .await?;
         rows.iter().map(claimed_message).collect()
     }
@@ -133,14 +128,13 @@ impl OutboxStore {
             return Ok(0);
         }
         let ids = serde_json::to_string(ids).map_err(|e| decode_error("ids", e))?;
-        let sql = format!(
-            "exec {} @ids = @P1, @claim_token = @P2",
-            self.table.object("mark_done")
-        );
-        let rows = client
-            .query(sql, &[&ids.as_str(), &token.0])
-            .await?
-            .into_first_result()
+        let rows = self
+            .call(
+                client,
+                "mark_done",
+                "@ids = @P1, @claim_token = @P2",
+                &[&ids.as_str(), &token.0],
+            )
             .await?;
         count(&rows, "updated")
     }
@@ -160,14 +154,13 @@ impl OutboxStore {
             .map(|d| duration_ms("retry_after", d))
             .transpose()?;
         let error: String = error.chars().take(2000).collect();
-        let sql = format!(
-            "exec {} @id = @P1, @claim_token = @P2, @retry_after_ms = @P3, @dead = @P4, @error = @P5",
-            self.table.object("mark_failed")
-        );
-        let rows = client
-            .query(sql, &[&id, &token.0, &retry_ms, &dead, &error.as_str()])
-            .await?
-            .into_first_result()
+        let rows = self
+            .call(
+                client,
+                "mark_failed",
+                "@id = @P1, @claim_token = @P2, @retry_after_ms = @P3, @dead = @P4, @error = @P5",
+                &[&id, &token.0, &retry_ms, &dead, &error.as_str()],
+            )
             .await?;
         count(&rows, "updated")
     }
@@ -183,15 +176,14 @@ impl OutboxStore {
         after: Duration,
     ) -> Result<u64> {
         let after_ms = duration_ms("after", after)?;
-        let sql = format!(
-            "exec {} @id = @P1, @claim_token = @P2, @retry_after_ms = @P3",
-            self.table.object("requeue")
-        );
         let token = token.map(|t| t.0);
-        let rows = client
-            .query(sql, &[&id, &token, &after_ms])
-            .await?
-            .into_first_result()
+        let rows = self
+            .call(
+                client,
+                "requeue",
+                "@id = @P1, @claim_token = @P2, @retry_after_ms = @P3",
+                &[&id, &token, &after_ms],
+            )
             .await?;
         count(&rows, "updated")
     }
@@ -208,14 +200,13 @@ impl OutboxStore {
         let older_than_ms = duration_ms("older_than", older_than)?;
         let batch_size = i32::try_from(batch_size).unwrap_or(i32::MAX);
         let max_rows = max_rows.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
-        let sql = format!(
-            "exec {} @older_than_ms = @P1, @batch_size = @P2, @max_rows = @P3",
-            self.table.object("purge_done")
-        );
-        let rows = client
-            .query(sql, &[&older_than_ms, &batch_size, &max_rows])
-            .await?
-            .into_first_result()
+        let rows = self
+            .call(
+                client,
+                "purge_done",
+                "@older_than_ms = @P1, @batch_size = @P2, @max_rows = @P3",
+                &[&older_than_ms, &batch_size, &max_rows],
+            )
             .await?;
         count(&rows, "deleted")
     }
@@ -231,6 +222,25 @@ fn check_payload(payload: &serde_json::Value) -> Result<()> {
             "an outbox payload must be a JSON object or array, not {payload}; wrap the value, \
              e.g. {{\"value\": {payload}}}"
         )))
+    }
+}
+
+impl OutboxStore {
+    /// Runs `[changefeed].[<kind>:schema.table] <arguments>` (values only as `@P` parameters;
+    /// the name comes from a validated TableName) and returns its first result set.
+    async fn call(
+        &self,
+        client: &mut Client,
+        kind: &str,
+        arguments: &str,
+        parameters: &[&dyn tiberius::ToSql],
+    ) -> Result<Vec<Row>> {
+        let sql = format!("exec {} {arguments}", self.table.object(kind));
+        Ok(client
+            .query(sql, parameters)
+            .await?
+            .into_first_result()
+            .await?)
     }
 }
 
