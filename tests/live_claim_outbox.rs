@@ -285,11 +285,8 @@ async fn join<T>(what: &str, task: JoinHandle<T>) -> T {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn enqueue_is_transactional_and_idempotent() {
-    common::under_both_isolations("claim_enqueue", |db| async move {
-        enqueue_is_transactional_and_idempotent_in(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("claim_enqueue", enqueue_is_transactional_and_idempotent_in)
+        .await;
 }
 
 async fn enqueue_is_transactional_and_idempotent_in(db: &TestDb) {
@@ -377,11 +374,7 @@ async fn enqueue_is_transactional_and_idempotent_in(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn six_claimers_share_thirty_aggregates_without_double_claims() {
-    common::under_both_isolations("claim_fanout", |db| async move {
-        six_claimers_share_thirty_aggregates_in(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("claim_fanout", six_claimers_share_thirty_aggregates_in).await;
 }
 
 async fn six_claimers_share_thirty_aggregates_in(db: &TestDb) {
@@ -493,11 +486,7 @@ async fn six_claimers_share_thirty_aggregates_in(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn fifty_claimers_on_one_aggregate_claim_only_its_first_row() {
-    common::under_both_isolations("claim_head50", |db| async move {
-        fifty_claimers_on_one_aggregate_in(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("claim_head50", fifty_claimers_on_one_aggregate_in).await;
 }
 
 async fn fifty_claimers_on_one_aggregate_in(db: &TestDb) {
@@ -557,11 +546,7 @@ async fn fifty_claimers_on_one_aggregate_in(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn head_of_aggregate_sequence() {
-    common::under_both_isolations("claim_sequence", |db| async move {
-        head_of_aggregate_sequence_in(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("claim_sequence", head_of_aggregate_sequence_in).await;
 }
 
 async fn head_of_aggregate_sequence_in(db: &TestDb) {
@@ -683,11 +668,7 @@ async fn head_of_aggregate_sequence_in(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn reaper_reclaims_expired_claims_and_counts_an_attempt() {
-    common::under_both_isolations("claim_reaper", |db| async move {
-        reaper_in(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("claim_reaper", reaper_in).await;
 }
 
 async fn reaper_in(db: &TestDb) {
@@ -793,11 +774,7 @@ async fn reaper_in(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn stale_token_cannot_ack_after_a_reclaim() {
-    common::under_both_isolations("claim_fence", |db| async move {
-        stale_token_cannot_ack_in(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("claim_fence", stale_token_cannot_ack_in).await;
 }
 
 async fn stale_token_cannot_ack_in(db: &TestDb) {
@@ -918,11 +895,7 @@ async fn stale_token_cannot_ack_in(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn failed_message_is_due_again_after_its_retry_time() {
-    common::under_both_isolations("claim_retry", |db| async move {
-        failed_message_is_due_again_in(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("claim_retry", failed_message_is_due_again_in).await;
 }
 
 async fn failed_message_is_due_again_in(db: &TestDb) {
@@ -1035,11 +1008,7 @@ async fn failed_message_is_due_again_in(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn requeue_keeps_attempts_and_redrives_dead_messages() {
-    common::under_both_isolations("claim_requeue", |db| async move {
-        requeue_in(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("claim_requeue", requeue_in).await;
 }
 
 async fn requeue_in(db: &TestDb) {
@@ -1177,11 +1146,7 @@ async fn requeue_in(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn dead_is_terminal_never_reaped_never_purged() {
-    common::under_both_isolations("claim_dead", |db| async move {
-        dead_is_terminal_in(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("claim_dead", dead_is_terminal_in).await;
 }
 
 async fn dead_is_terminal_in(db: &TestDb) {
@@ -1313,11 +1278,7 @@ async fn dead_is_terminal_in(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn purge_deletes_only_old_done_rows_in_batches_and_long_windows() {
-    common::under_both_isolations("claim_purge", |db| async move {
-        purge_in(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("claim_purge", purge_in).await;
 }
 
 /// Enqueues `n` loose messages, claims exactly them and acks them: `n` done rows.
@@ -1558,11 +1519,7 @@ async fn purge_in(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn unicode_and_one_megabyte_messages_round_trip() {
-    common::under_both_isolations("claim_unicode", |db| async move {
-        unicode_round_trip_in(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("claim_unicode", unicode_round_trip_in).await;
 }
 
 #[track_caller]
@@ -1711,11 +1668,7 @@ async fn unicode_round_trip_in(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn setup_outbox_repairs_a_partial_install_and_never_drops_data() {
-    common::under_both_isolations("claim_repair", |db| async move {
-        setup_outbox_repairs_in(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("claim_repair", setup_outbox_repairs_in).await;
 }
 
 const KINDS: [&str; 6] = [
@@ -1947,11 +1900,7 @@ async fn setup_outbox_repairs_in(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn invalid_arguments_are_refused_with_their_error_numbers() {
-    common::under_both_isolations("claim_checks", |db| async move {
-        invalid_arguments_in(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("claim_checks", invalid_arguments_in).await;
 }
 
 async fn invalid_arguments_in(db: &TestDb) {

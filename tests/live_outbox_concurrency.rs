@@ -121,11 +121,7 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn slow_uncommitted_writer_does_not_delay_readers_of_its_shard() {
-    common::under_both_isolations("slow_writer", |db| async move {
-        slow_writer_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("slow_writer", slow_writer_scenario).await;
 }
 
 async fn slow_writer_scenario(db: &TestDb) {
@@ -271,11 +267,7 @@ async fn slow_writer_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn abandoned_writer_never_blocks_readers_and_leaves_no_trace() {
-    common::under_both_isolations("abandoned", |db| async move {
-        abandoned_writer_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("abandoned", abandoned_writer_scenario).await;
 }
 
 async fn abandoned_writer_scenario(db: &TestDb) {
@@ -428,11 +420,7 @@ async fn abandoned_writer_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn readers_racing_at_the_head_both_return_the_rows() {
-    common::under_both_isolations("head_race", |db| async move {
-        head_race_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("head_race", head_race_scenario).await;
 }
 
 async fn head_race_scenario(db: &TestDb) {
@@ -552,19 +540,18 @@ async fn head_race_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn reader_and_writer_roles_with_real_logins() {
-    common::under_both_isolations("roles", |db| async move {
-        let reader = Login::new("reader", &db);
-        let writer = Login::new("writer", &db);
-        let outcome = AssertUnwindSafe(roles_scenario(&db, &reader, &writer))
+    common::under_both_isolations("roles", async |db: &TestDb| {
+        let reader = Login::new("reader", db);
+        let writer = Login::new("writer", db);
+        let outcome = AssertUnwindSafe(roles_scenario(db, &reader, &writer))
             .catch_unwind()
             .await;
         // Logins are server-level: they outlive the test database, so drop them even when
         // the scenario failed.
-        drop_logins(&db, &[&reader, &writer]).await;
+        drop_logins(db, &[&reader, &writer]).await;
         if let Err(panic) = outcome {
             std::panic::resume_unwind(panic);
         }
-        db
     })
     .await;
 }
@@ -846,16 +833,15 @@ async fn read_with_event(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn reader_login_waits_for_the_same_shard_lock_as_other_readers() {
-    common::under_both_isolations("shard_lock", |db| async move {
-        let reader = Login::new("lockreader", &db);
-        let outcome = AssertUnwindSafe(shard_lock_scenario(&db, &reader))
+    common::under_both_isolations("shard_lock", async |db: &TestDb| {
+        let reader = Login::new("lockreader", db);
+        let outcome = AssertUnwindSafe(shard_lock_scenario(db, &reader))
             .catch_unwind()
             .await;
-        drop_logins(&db, &[&reader]).await;
+        drop_logins(db, &[&reader]).await;
         if let Err(panic) = outcome {
             std::panic::resume_unwind(panic);
         }
-        db
     })
     .await;
 }
@@ -970,11 +956,7 @@ async fn shard_lock_scenario(db: &TestDb, reader_login: &Login) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn concurrent_setup_feed_creates_exactly_one_feed() {
-    common::under_both_isolations("setup_race", |db| async move {
-        setup_race_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("setup_race", setup_race_scenario).await;
 }
 
 async fn setup_race_scenario(db: &TestDb) {
@@ -1175,11 +1157,7 @@ async fn check_one_feed(admin: &mut Client, feed: &Feed) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn concurrent_setup_feed_of_different_tables_keeps_every_feed_in_feed_status() {
-    common::under_both_isolations("setup_pairs", |db| async move {
-        setup_pairs_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("setup_pairs", setup_pairs_scenario).await;
 }
 
 async fn setup_pairs_scenario(db: &TestDb) {

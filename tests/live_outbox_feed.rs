@@ -340,11 +340,7 @@ async fn read_with_event(
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn five_events_read_with_page_size_three_come_as_three_then_two_then_an_empty_page() {
-    common::under_both_isolations("paging", |db| async move {
-        paging(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("paging", paging).await;
 }
 
 async fn paging(db: &TestDb) {
@@ -406,11 +402,7 @@ async fn paging(db: &TestDb) {
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn feed_order_follows_insertion_order_even_when_time_hints_decrease() {
-    common::under_both_isolations("insertion_order", |db| async move {
-        insertion_order(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("insertion_order", insertion_order).await;
 }
 
 async fn insertion_order(db: &TestDb) {
@@ -439,11 +431,7 @@ async fn insertion_order(db: &TestDb) {
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn time_hints_are_lifted_to_their_running_max_and_ulid_time_never_goes_back() {
-    common::under_both_isolations("running_max", |db| async move {
-        running_max(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("running_max", running_max).await;
 }
 
 async fn running_max(db: &TestDb) {
@@ -571,11 +559,7 @@ async fn server_ulids_match_model(
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn server_ulid_allocation_agrees_with_the_reference_model_and_the_state_row_follows_it() {
-    common::under_both_isolations("allocator_model", |db| async move {
-        allocator_model(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("allocator_model", allocator_model).await;
 }
 
 async fn allocator_model(db: &TestDb) {
@@ -694,11 +678,7 @@ async fn allocator_model(db: &TestDb) {
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn a_writer_that_rolls_back_leaves_no_trace_in_outbox_or_feed() {
-    common::under_both_isolations("rollback", |db| async move {
-        rolled_back_writer(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("rollback", rolled_back_writer).await;
 }
 
 async fn rolled_back_writer(db: &TestDb) {
@@ -746,11 +726,7 @@ async fn rolled_back_writer(db: &TestDb) {
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn read_feed_fills_a_callers_read_temp_table_instead_of_returning_rows() {
-    common::under_both_isolations("read_temp_table", |db| async move {
-        read_temp_table(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("read_temp_table", read_temp_table).await;
 }
 
 async fn read_temp_table(db: &TestDb) {
@@ -827,11 +803,7 @@ async fn read_temp_table(db: &TestDb) {
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn with_event_returns_every_event_column_and_a_deleted_event_as_nulls() {
-    common::under_both_isolations("with_event", |db| async move {
-        with_event(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("with_event", with_event).await;
 }
 
 async fn with_event(db: &TestDb) {
@@ -889,11 +861,7 @@ async fn with_event(db: &TestDb) {
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn read_feed_refuses_a_transaction_with_51100_and_bad_arguments_with_51101() {
-    common::under_both_isolations("read_errors", |db| async move {
-        read_errors(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("read_errors", read_errors).await;
 }
 
 async fn read_errors(db: &TestDb) {
@@ -972,11 +940,7 @@ async fn read_errors(db: &TestDb) {
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn a_long_polling_reader_returns_when_a_writer_commits_or_after_wait_ms_when_none_does() {
-    common::under_both_isolations("long_poll", |db| async move {
-        long_poll(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("long_poll", long_poll).await;
 }
 
 async fn long_poll(db: &TestDb) {
@@ -1078,11 +1042,7 @@ async fn key_column_types(client: &mut Client, object_id_sql: &str) -> Vec<KeyCo
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn composite_mixed_type_key_in_a_unicode_table_of_a_non_dbo_schema_is_carried_exactly() {
-    common::under_both_isolations("composite_key", |db| async move {
-        composite_key(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("composite_key", composite_key).await;
 }
 
 async fn composite_key(db: &TestDb) {
@@ -1299,11 +1259,7 @@ async fn registry_rows(client: &mut Client, table: &str) -> i64 {
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn setup_twice_changes_nothing_and_teardown_drops_every_per_feed_object_once() {
-    common::under_both_isolations("setup_teardown", |db| async move {
-        setup_teardown(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("setup_teardown", setup_teardown).await;
 }
 
 async fn setup_teardown(db: &TestDb) {
@@ -1423,11 +1379,7 @@ async fn setup_teardown(db: &TestDb) {
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn setup_feed_rejects_bad_names_tables_keys_and_modes_with_the_documented_errors() {
-    common::under_both_isolations("bad_setup", |db| async move {
-        bad_setup(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("bad_setup", bad_setup).await;
 }
 
 async fn bad_setup(db: &TestDb) {
@@ -1528,11 +1480,7 @@ async fn bad_setup(db: &TestDb) {
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn upgrade_all_feeds_regenerates_code_and_keeps_every_row_and_cursor() {
-    common::under_both_isolations("upgrade", |db| async move {
-        upgrade(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("upgrade", upgrade).await;
 }
 
 async fn upgrade(db: &TestDb) {
@@ -1694,11 +1642,7 @@ fn status(feed: &str, shard_id: i32, outbox_depth: i64, head: Option<Ulid>) -> S
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn feed_status_shows_each_feed_and_shard_with_committed_depth_and_head() {
-    common::under_both_isolations("feed_status", |db| async move {
-        status_view(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("feed_status", status_view).await;
 }
 
 async fn status_view(db: &TestDb) {
@@ -1762,11 +1706,7 @@ async fn status_view(db: &TestDb) {
 #[tokio::test]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn shards_are_independent_logs_each_with_strictly_increasing_ulids() {
-    common::under_both_isolations("shards", |db| async move {
-        shards(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("shards", shards).await;
 }
 
 async fn shards(db: &TestDb) {

@@ -35,11 +35,7 @@ const MAX_WRITE_RETRIES: u32 = 20;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn three_consumers_under_concurrent_writers_see_the_same_ulid_sequence() {
-    common::under_both_isolations("reader_three_consumers", |db| async move {
-        three_consumers_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("reader_three_consumers", three_consumers_scenario).await;
 }
 
 /// Three independent consumers, each its own `FeedReader` stream from `Cursor::START`
@@ -134,11 +130,7 @@ async fn three_consumers_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn replay_from_a_point_in_time_yields_exactly_the_later_events() {
-    common::under_both_isolations("reader_replay_at", |db| async move {
-        replay_at_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("reader_replay_at", replay_at_scenario).await;
 }
 
 /// Ten events, a point in time `t` read from the server's clock, ten more: a stream from
@@ -241,11 +233,7 @@ async fn replay_at_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn cursor_saved_in_the_side_effect_transaction_rolls_back_and_commits_with_it() {
-    common::under_both_isolations("reader_cursor_tx", |db| async move {
-        cursor_transaction_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("reader_cursor_tx", cursor_transaction_scenario).await;
 }
 
 /// The consumer reads a page outside any transaction (`read_feed` must), then applies it on
@@ -376,11 +364,7 @@ async fn sink_ids(client: &mut Client) -> Vec<i64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn killed_connection_mid_stream_resumes_without_loss_or_repeat() {
-    common::under_both_isolations("reader_kill", |db| async move {
-        kill_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("reader_kill", kill_scenario).await;
 }
 
 /// A `FeedReader` stream (pages of 10) follows a feed while five writers commit 500 events;
@@ -572,11 +556,7 @@ async fn kill_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn long_poll_latency_from_commit_to_delivery() {
-    common::under_both_isolations("reader_latency", |db| async move {
-        latency_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("reader_latency", latency_scenario).await;
 }
 
 /// A stream with the default options (a 10 s server long-poll) waits at the head; one
@@ -659,11 +639,7 @@ async fn latency_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn stream_ends_with_cursor_expired_when_a_forced_purge_passes_its_cursor() {
-    common::under_both_isolations("reader_expired", |db| async move {
-        expired_stream_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("reader_expired", expired_stream_scenario).await;
 }
 
 /// A stream has yielded its first page (events 1–5; its cursor is event 5's ULID) when

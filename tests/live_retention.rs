@@ -38,11 +38,7 @@ const TASK_LIMIT: Duration = Duration::from_secs(180);
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn purge_is_held_back_by_a_lagging_consumer_and_force_expires_it() {
-    common::under_both_isolations("retention_lagging", |db| async move {
-        lagging_consumer_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("retention_lagging", lagging_consumer_scenario).await;
 }
 
 /// Twenty events; consumer A saved its cursor at event 8, consumer B at event 15. A purge of
@@ -164,11 +160,7 @@ async fn lagging_consumer_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn purge_windows_of_90_and_400_days_go_by_ulid_time() {
-    common::under_both_isolations("retention_windows", |db| async move {
-        windows_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("retention_windows", windows_scenario).await;
 }
 
 /// Shard 0 gets groups of three events 400, 100 and 10 days old and new, then one more
@@ -321,11 +313,7 @@ async fn windows_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn purge_honours_batch_size_and_max_rows() {
-    common::under_both_isolations("retention_batches", |db| async move {
-        batches_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("retention_batches", batches_scenario).await;
 }
 
 /// 25 events; another session holds an exclusive lock on event 9's feed row (an update it
@@ -441,11 +429,7 @@ async fn batches_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn dry_run_deletes_nothing_and_reports_the_count() {
-    common::under_both_isolations("retention_dry_run", |db| async move {
-        dry_run_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("retention_dry_run", dry_run_scenario).await;
 }
 
 /// Twelve events. `@dry_run = 1` reports what a purge would delete — all 12; 7 with
@@ -525,11 +509,7 @@ async fn dry_run_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn purge_alongside_writers_and_readers_loses_nothing_and_blocks_no_reader_for_long() {
-    common::under_both_isolations("retention_concurrent", |db| async move {
-        concurrent_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("retention_concurrent", concurrent_scenario).await;
 }
 
 /// Three writers commit 100 events each while three registered readers read the feed from
@@ -719,11 +699,7 @@ async fn concurrent_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn consumer_that_never_saved_a_cursor_is_not_protected() {
-    common::under_both_isolations("retention_unregistered", |db| async move {
-        unregistered_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("retention_unregistered", unregistered_scenario).await;
 }
 
 /// Documented behaviour, not a bug: `purge_feed` only knows the consumers registered in
@@ -772,11 +748,7 @@ async fn unregistered_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn purge_refuses_a_transaction_and_a_missing_cutoff() {
-    common::under_both_isolations("retention_refused", |db| async move {
-        refused_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("retention_refused", refused_scenario).await;
 }
 
 /// `purge_feed` inside a transaction is 51400 (each batch must commit on its own); without a

@@ -66,11 +66,7 @@ const BIT_62: i64 = 1 << 62;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn range_arithmetic_matches_the_allocator_model() {
-    common::under_both_isolations("ser_ranges", |db| async move {
-        range_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("ser_ranges", range_scenario).await;
 }
 
 async fn range_scenario(db: &TestDb) {
@@ -576,11 +572,7 @@ fn check_commit_order(table: &str, written: &[Written], shards: i32) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn two_feeds_in_one_transaction_keep_their_own_ranges() {
-    common::under_both_isolations("ser_two_feeds", |db| async move {
-        two_feeds_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("ser_two_feeds", two_feeds_scenario).await;
 }
 
 async fn two_feeds_scenario(db: &TestDb) {
@@ -687,11 +679,7 @@ async fn two_feeds_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn two_feeds_locked_in_opposite_orders_resolve_the_deadlock_with_51202() {
-    common::under_both_isolations("ser_deadlock", |db| async move {
-        opposite_order_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("ser_deadlock", opposite_order_scenario).await;
 }
 
 /// Writer 1 locks feed A then B, writer 2 locks B then A: a deadlock between the two
@@ -776,11 +764,7 @@ async fn opposite_order_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn lock_timeout_fails_fast_with_51202_and_rolls_back() {
-    common::under_both_isolations("ser_timeout", |db| async move {
-        lock_timeout_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("ser_timeout", lock_timeout_scenario).await;
 }
 
 async fn lock_timeout_scenario(db: &TestDb) {
@@ -957,11 +941,7 @@ async fn lock_timeout_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn ulid_outside_its_transaction_fails_clearly() {
-    common::under_both_isolations("ser_misuse", |db| async move {
-        misuse_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("ser_misuse", misuse_scenario).await;
 }
 
 async fn misuse_scenario(db: &TestDb) {
@@ -1172,11 +1152,7 @@ async fn rollback_if_open(client: &mut Client) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn setup_feed_validates_serialized_tables() {
-    common::under_both_isolations("ser_setup", |db| async move {
-        setup_validation_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("ser_setup", setup_validation_scenario).await;
 }
 
 /// A table `setup_feed` must refuse, and the error it must give.
@@ -1601,18 +1577,17 @@ async fn assert_not_a_feed(admin: &mut Client, table: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn writer_and_reader_roles_with_real_logins() {
-    common::under_both_isolations("ser_roles", |db| async move {
-        let writer = Login::new("serwriter", &db);
-        let reader = Login::new("serreader", &db);
-        let outcome = AssertUnwindSafe(roles_scenario(&db, &writer, &reader))
+    common::under_both_isolations("ser_roles", async |db: &TestDb| {
+        let writer = Login::new("serwriter", db);
+        let reader = Login::new("serreader", db);
+        let outcome = AssertUnwindSafe(roles_scenario(db, &writer, &reader))
             .catch_unwind()
             .await;
         // Logins are server-level: drop them even when the scenario failed.
-        drop_logins(&db, &[&writer, &reader]).await;
+        drop_logins(db, &[&writer, &reader]).await;
         if let Err(panic) = outcome {
             std::panic::resume_unwind(panic);
         }
-        db
     })
     .await;
 }
@@ -1808,11 +1783,7 @@ async fn roles_scenario(db: &TestDb, writer_login: &Login, reader_login: &Login)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn ulids_inserted_out_of_order_in_one_transaction_are_never_skipped() {
-    common::under_both_isolations("ser_out_of_order", |db| async move {
-        out_of_order_scenario(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("ser_out_of_order", out_of_order_scenario).await;
 }
 
 async fn out_of_order_scenario(db: &TestDb) {
@@ -1907,11 +1878,7 @@ async fn out_of_order_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn power_off_client_side_transaction_blocks_the_shard_until_the_connection_dies() {
-    common::under_both_isolations("ser_poweroff_a", |db| async move {
-        power_off_unmitigated(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("ser_poweroff_a", power_off_unmitigated).await;
 }
 
 async fn power_off_unmitigated(db: &TestDb) {
@@ -2111,11 +2078,7 @@ async fn power_off_unmitigated(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn power_off_with_lock_timeout_other_writers_fail_fast() {
-    common::under_both_isolations("ser_poweroff_b", |db| async move {
-        power_off_lock_timeout(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("ser_poweroff_b", power_off_lock_timeout).await;
 }
 
 async fn power_off_lock_timeout(db: &TestDb) {
@@ -2210,11 +2173,7 @@ async fn power_off_lock_timeout(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn power_off_during_a_server_side_batch_blocks_nobody_beyond_the_batch() {
-    common::under_both_isolations("ser_poweroff_c", |db| async move {
-        power_off_server_side_batch(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("ser_poweroff_c", power_off_server_side_batch).await;
 }
 
 async fn power_off_server_side_batch(db: &TestDb) {
@@ -2298,11 +2257,7 @@ async fn power_off_server_side_batch(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn power_off_in_outbox_mode_blocks_no_writer_and_no_reader() {
-    common::under_both_isolations("ser_poweroff_d", |db| async move {
-        power_off_outbox(&db).await;
-        db
-    })
-    .await;
+    common::under_both_isolations("ser_poweroff_d", power_off_outbox).await;
 }
 
 async fn power_off_outbox(db: &TestDb) {

@@ -78,12 +78,10 @@ pub async fn load_on_1_and_4_shards(
     load: Load,
     run_load: impl AsyncFn(&TestDb, Load, i32),
 ) {
-    let run_load = &run_load;
-    super::under_both_isolations(label, |db| async move {
+    super::under_both_isolations(label, async |db: &TestDb| {
         for shards in [1, 4] {
-            run_load(&db, load, shards).await;
+            run_load(db, load, shards).await;
         }
-        db
     })
     .await;
 }

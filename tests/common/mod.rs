@@ -6,7 +6,6 @@
 //! testcontainers. Every live test is `#[ignore]`d: run them with `cargo test -- --ignored`.
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -231,16 +230,13 @@ impl TestDb {
 }
 
 /// Runs `scenario` once with READ_COMMITTED_SNAPSHOT off and once with it on, each in a
-/// fresh database.
-pub async fn under_both_isolations<F, Fut>(label: &str, scenario: F)
-where
-    F: Fn(TestDb) -> Fut,
-    Fut: Future<Output = TestDb>,
-{
+/// fresh database. A database is dropped when its scenario returns; when the scenario
+/// panics, the panic unwinds past the drop and the database is kept to look at.
+pub async fn under_both_isolations(label: &str, scenario: impl AsyncFn(&TestDb)) {
     for isolation in ISOLATIONS {
         let db = TestDb::create(label, isolation).await;
         eprintln!("-- {label}: {isolation:?} in {}", db.name);
-        let db = scenario(db).await;
+        scenario(&db).await;
         db.drop_database().await;
     }
 }
