@@ -46,6 +46,12 @@ begin
         @read_type = max(case when kind = N'type:read' then quoted_name end)
     from changefeed.feed_objects(@schema_name, @table_name);
 
+    -- A NULL piece would make the DDL below NULL, and sp_executesql of NULL does nothing:
+    -- the setup would seem to succeed with nothing created.
+    if @schema_name is null or @sequence is null or @outbox is null or @feed is null
+        or @state is null or @read_type is null
+        throw 51009, N'create_feed_storage: a per-feed object name could not be built (is the table name checked and at most 108 characters?).', 1;
+
     begin try
         begin transaction;
 

@@ -41,6 +41,11 @@ begin
         @ulid_function = max(case when kind = N'ulid' then quoted_name end)
     from changefeed.feed_objects(@schema_name, @table_name);
 
+    -- A NULL name would make the statements below NULL, which sp_executesql runs as nothing.
+    if @writers is null or @readers is null or @outbox is null or @read_feed is null
+        or @read_type is null or @lock_feed is null or @ulid_function is null
+        throw 51009, N'grant_feed_roles: a per-feed object or role name could not be built.', 1;
+
     begin try
         begin transaction;
 

@@ -95,5 +95,13 @@ begin
         @schema_name + N'.' + @table_name
     );
 
+    -- A NULL replacement would make the whole text NULL, which sp_executesql runs as nothing.
+    if @definition is null
+    begin
+        set @message = N'copy_template: the text generated from ' + @template
+            + N' is empty (a name or key list was NULL).';
+        throw 51009, @message, 1;
+    end;
+
     exec sys.sp_executesql @definition;
 end
