@@ -17,6 +17,10 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use changefeed::reader::{FeedReader, FeedReaderOptions, ReadRetryPolicy, Wait};
 use changefeed::{Client, Cursor, CursorStore, Error, Feed, FeedRow, Page};
+use common::events::{
+    create_feed, exec_ok, hex, keys, pairs, read_to_end, required, rows_ok, server_now_ms,
+    write_ok, write_retrying,
+};
 use common::tasks::{bounded, join, join_result, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
 use futures::{Stream, StreamExt};
@@ -24,9 +28,6 @@ use ulid::Ulid;
 
 /// The longest any one task (writer, consumer, killer) may run before the test calls it stuck.
 const TASK_LIMIT: Duration = Duration::from_secs(180);
-/// Transient write errors (deadlock victim, lock timeout, dropped connection) a writer
-/// retries per event before it fails.
-const MAX_WRITE_RETRIES: u32 = 20;
 
 // ------------------------------------------------------------------------------------------
 // 1. Three consumers, four writers, one feed
@@ -745,95 +746,6 @@ fn event_id(writer: i32, seq: i32) -> i64 {
     i64::from(writer) * 1_000_000 + i64::from(seq)
 }
 
-/// Creates `dbo.<table> (id bigint primary key, ...)` and makes it an outbox-mode feed.
-async fn create_feed(admin: &mut Client, table: &str) -> Feed {
-    exec_ok(
-        admin,
-        &format!(
-            "create table [dbo].[{table}] (id bigint not null primary key, \
-             payload nvarchar(50) null);"
-        ),
-    )
-    .await;
-    exec_ok(
-        admin,
-        &format!("exec changefeed.setup_feed @table_name = N'dbo.{table}', @outbox = 1;"),
-    )
-    .await;
-    Feed::new("dbo", table).expect("a valid feed name")
-}
-
-/// Commits event `id` and its outbox row (shard `shard`, the given `time_hint` expression
-/// or the default) in one transaction.
-async fn write_event(
-    client: &mut Client,
-    feed: &Feed,
-    shard: i32,
-    id: i64,
-    time_hint: Option<&str>,
-) -> changefeed::Result<()> {
-    let (hint_column, hint_value) = match time_hint {
-        Some(hint) => (", time_hint", format!(", {hint}")),
-        None => ("", String::new()),
-    };
-    exec(
-        client,
-        &format!(
-            "set xact_abort on; begin transaction; \
-             insert into {} (id, payload) values ({id}, N'event {id}'); \
-             insert into {} (shard_id, id{hint_column}) values ({shard}, {id}{hint_value}); \
-             commit transaction;",
-            feed.quoted_table(),
-            feed.outbox_table()
-        ),
-    )
-    .await
-}
-
-async fn write_ok(client: &mut Client, feed: &Feed, shard: i32, id: i64, time_hint: Option<&str>) {
-    write_event(client, feed, shard, id, time_hint)
-        .await
-        .unwrap_or_else(|error| panic!("write event {id}: {error}"));
-}
-
-/// [`write_event`] for concurrent writers: a transient failure is retried, after checking
-/// whether the commit made it (a dropped connection may have lost only the answer).
-async fn write_retrying(
-    client: &mut Client,
-    database: &str,
-    feed: &Feed,
-    shard: i32,
-    id: i64,
-) -> Result<(), String> {
-    let mut failures = 0;
-    loop {
-        match write_event(client, feed, shard, id, None).await {
-            Ok(()) => return Ok(()),
-            Err(error) if error.is_transient() && failures < MAX_WRITE_RETRIES => {
-                failures += 1;
-                eprintln!("-- event {id}: transient write error, retrying: {error}");
-                if matches!(error, Error::Connection(_)) {
-                    *client = common::connect_to(database).await;
-                }
-                let _ = exec(client, "if @@trancount > 0 rollback transaction;").await;
-                let committed = scalar_i64(
-                    client,
-                    &format!(
-                        "select count_big(*) from {} where id = {id};",
-                        feed.quoted_table()
-                    ),
-                )
-                .await;
-                if committed > 0 {
-                    return Ok(());
-                }
-                tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
-            }
-            Err(error) => return Err(format!("write event {id}: {error}")),
-        }
-    }
-}
-
 /// Collects the rows of a stream until it has `want` of them; an error or the end of the
 /// stream first is a failure.
 async fn collect_rows<S>(pages: S, want: usize) -> Result<Vec<FeedRow<i64>>, String>
@@ -855,25 +767,6 @@ where
         }
     }
     Ok(rows)
-}
-
-/// Reads pages with `read_page` (no wait) until one is not full; moves every committed
-/// outbox row on the way.
-async fn read_to_end(reader: &FeedReader, shard: i32, from: Cursor) -> Vec<FeedRow<i64>> {
-    let mut cursor = from;
-    let mut rows = Vec::new();
-    loop {
-        let page = reader
-            .read_page::<i64>(shard, cursor)
-            .await
-            .unwrap_or_else(|error| panic!("read_page(shard {shard}, {cursor}): {error}"));
-        let full = page.is_full();
-        cursor = page.next_cursor;
-        rows.extend(page.rows);
-        if !full {
-            return rows;
-        }
-    }
 }
 
 async fn load(client: &mut Client, consumer: &str, feed: &Feed) -> Option<Cursor> {
@@ -899,23 +792,6 @@ async fn feed_rows(client: &mut Client, feed: &Feed, shard: i32) -> Vec<(Ulid, i
         (ulid, required::<i64>(row, "id"))
     })
     .collect()
-}
-
-async fn server_now_ms(client: &mut Client) -> i64 {
-    scalar_i64(
-        client,
-        "select datediff_big(millisecond, convert(datetime2(3), '19700101', 112), \
-         sysutcdatetime());",
-    )
-    .await
-}
-
-fn pairs(rows: &[FeedRow<i64>]) -> Vec<(Ulid, i64)> {
-    rows.iter().map(|row| (row.ulid, row.key)).collect()
-}
-
-fn keys(rows: &[FeedRow<i64>]) -> Vec<i64> {
-    rows.iter().map(|row| row.key).collect()
 }
 
 fn assert_exactly_once(what: &str, rows: &[FeedRow<i64>], expected: &BTreeSet<i64>) {
@@ -960,32 +836,6 @@ fn assert_writer_order(what: &str, rows: &[FeedRow<i64>]) {
             );
         }
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut text = String::from("0x");
-    for byte in bytes {
-        text.push_str(&format!("{byte:02X}"));
-    }
-    text
-}
-
-async fn exec_ok(client: &mut Client, sql: &str) {
-    exec(client, sql)
-        .await
-        .unwrap_or_else(|error| panic!("{sql}\n  failed: {error}"));
-}
-
-async fn rows_ok(client: &mut Client, sql: &str) -> Vec<tiberius::Row> {
-    rows(client, sql)
-        .await
-        .unwrap_or_else(|error| panic!("{sql}\n  failed: {error}"))
-}
-
-fn required<'a, T: tiberius::FromSql<'a>>(row: &'a tiberius::Row, name: &str) -> T {
-    row.try_get::<T, &str>(name)
-        .unwrap_or_else(|error| panic!("column {name}: {error}"))
-        .unwrap_or_else(|| panic!("column {name} is NULL"))
 }
 
 /// Sets its flag when dropped: however a task ends, those waiting for it learn.

@@ -21,6 +21,10 @@ use std::time::{Duration, Instant};
 
 use changefeed::reader::{FeedReader, FeedReaderOptions};
 use changefeed::{Client, Cursor, CursorStore, Error, Feed, FeedRow};
+use common::events::{
+    create_feed, exec_ok, hex, keys, pairs, read_to_end, required, rows_ok, server_now_ms,
+    write_ok, write_retrying,
+};
 use common::tasks::{join, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
 use tiberius::Row;
@@ -931,24 +935,6 @@ async fn purged_through(client: &mut Client, feed: &Feed, shard: i32) -> Option<
         .and_then(|row| optional_ulid(row, "purged_through"))
 }
 
-/// Creates `dbo.<table> (id bigint primary key, ...)` and makes it an outbox-mode feed.
-async fn create_feed(admin: &mut Client, table: &str) -> Feed {
-    exec_ok(
-        admin,
-        &format!(
-            "create table [dbo].[{table}] (id bigint not null primary key, \
-             payload nvarchar(50) null);"
-        ),
-    )
-    .await;
-    exec_ok(
-        admin,
-        &format!("exec changefeed.setup_feed @table_name = N'dbo.{table}', @outbox = 1;"),
-    )
-    .await;
-    Feed::new("dbo", table).expect("a valid feed name")
-}
-
 async fn reader_for(db: &TestDb, feed: &Feed, page_size: u32) -> FeedReader {
     let pool = changefeed::pool::pool(&db.ado(), 8).await.expect("a pool");
     FeedReader::with_options(
@@ -960,96 +946,6 @@ async fn reader_for(db: &TestDb, feed: &Feed, page_size: u32) -> FeedReader {
         },
     )
     .expect("valid options")
-}
-
-/// Commits event `id` and its outbox row (shard `shard`, the given `time_hint` expression or
-/// the default, the server's clock) in one transaction.
-async fn write_event(
-    client: &mut Client,
-    feed: &Feed,
-    shard: i32,
-    id: i64,
-    time_hint: Option<&str>,
-) -> changefeed::Result<()> {
-    let (hint_column, hint_value) = match time_hint {
-        Some(hint) => (", time_hint", format!(", {hint}")),
-        None => ("", String::new()),
-    };
-    exec(
-        client,
-        &format!(
-            "set xact_abort on; begin transaction; \
-             insert into {} (id, payload) values ({id}, N'event {id}'); \
-             insert into {} (shard_id, id{hint_column}) values ({shard}, {id}{hint_value}); \
-             commit transaction;",
-            feed.quoted_table(),
-            feed.outbox_table()
-        ),
-    )
-    .await
-}
-
-async fn write_ok(client: &mut Client, feed: &Feed, shard: i32, id: i64, time_hint: Option<&str>) {
-    write_event(client, feed, shard, id, time_hint)
-        .await
-        .unwrap_or_else(|error| panic!("write event {id}: {error}"));
-}
-
-/// [`write_event`] for concurrent writers: a transient failure (deadlock victim, lock
-/// timeout, dropped connection) is retried, after checking whether the commit made it.
-async fn write_retrying(
-    client: &mut Client,
-    database: &str,
-    feed: &Feed,
-    shard: i32,
-    id: i64,
-) -> Result<(), String> {
-    let mut failures: u32 = 0;
-    loop {
-        match write_event(client, feed, shard, id, None).await {
-            Ok(()) => return Ok(()),
-            Err(error) if error.is_transient() && failures < 20 => {
-                failures += 1;
-                eprintln!("-- event {id}: transient write error, retrying: {error}");
-                if matches!(error, Error::Connection(_)) {
-                    *client = common::connect_to(database).await;
-                }
-                let _ = exec(client, "if @@trancount > 0 rollback transaction;").await;
-                let committed = scalar_i64(
-                    client,
-                    &format!(
-                        "select count_big(*) from {} where id = {id};",
-                        feed.quoted_table()
-                    ),
-                )
-                .await;
-                if committed > 0 {
-                    return Ok(());
-                }
-                tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
-            }
-            Err(error) => return Err(format!("write event {id}: {error}")),
-        }
-    }
-}
-
-/// Reads pages with `read_page` (no wait) until one is not full; moves every committed
-/// outbox row of the shard on the way.
-async fn read_to_end(reader: &FeedReader, shard: i32, from: Cursor) -> Vec<FeedRow<i64>> {
-    let mut cursor = from;
-    let mut rows = Vec::new();
-    loop {
-        let page = reader
-            .read_page::<i64>(shard, cursor)
-            .await
-            .unwrap_or_else(|error| panic!("read_page(shard {shard}, {cursor}): {error}"));
-        let full = page.is_full();
-        cursor = page.next_cursor;
-        rows.extend(page.rows);
-        if !full {
-            return rows;
-        }
-    }
 }
 
 async fn save(client: &mut Client, consumer: &str, feed: &Feed, shard: i32, cursor: Cursor) {
@@ -1071,15 +967,6 @@ async fn wait_until_older_than_now(client: &mut Client, ulid: Ulid) {
     }
 }
 
-async fn server_now_ms(client: &mut Client) -> i64 {
-    scalar_i64(
-        client,
-        "select datediff_big(millisecond, convert(datetime2(3), '19700101', 112), \
-         sysutcdatetime());",
-    )
-    .await
-}
-
 /// The keys of a shard's feed rows, in ULID order.
 async fn feed_keys(client: &mut Client, feed: &Feed, shard: i32) -> Vec<i64> {
     rows_ok(
@@ -1095,14 +982,6 @@ async fn feed_keys(client: &mut Client, feed: &Feed, shard: i32) -> Vec<i64> {
     .collect()
 }
 
-fn keys(rows: &[FeedRow<i64>]) -> Vec<i64> {
-    rows.iter().map(|row| row.key).collect()
-}
-
-fn pairs(rows: &[FeedRow<i64>]) -> Vec<(Ulid, i64)> {
-    rows.iter().map(|row| (row.ulid, row.key)).collect()
-}
-
 /// The SQL Server error number of a call that must fail on the server.
 fn server_number<T: std::fmt::Debug>(what: &str, result: changefeed::Result<T>) -> u32 {
     match result {
@@ -1113,34 +992,8 @@ fn server_number<T: std::fmt::Debug>(what: &str, result: changefeed::Result<T>) 
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    let mut text = String::from("0x");
-    for byte in bytes {
-        text.push_str(&format!("{byte:02X}"));
-    }
-    text
-}
-
 fn optional_ulid(row: &Row, name: &str) -> Option<Ulid> {
     row.try_get::<&[u8], &str>(name)
         .unwrap_or_else(|error| panic!("column {name}: {error}"))
         .map(|bytes| Cursor::from_bytes(bytes).expect("binary(16)").ulid())
-}
-
-fn required<'a, T: tiberius::FromSql<'a>>(row: &'a Row, name: &str) -> T {
-    row.try_get::<T, &str>(name)
-        .unwrap_or_else(|error| panic!("column {name}: {error}"))
-        .unwrap_or_else(|| panic!("column {name} is NULL"))
-}
-
-async fn exec_ok(client: &mut Client, sql: &str) {
-    exec(client, sql)
-        .await
-        .unwrap_or_else(|error| panic!("{sql}\n  failed: {error}"));
-}
-
-async fn rows_ok(client: &mut Client, sql: &str) -> Vec<Row> {
-    rows(client, sql)
-        .await
-        .unwrap_or_else(|error| panic!("{sql}\n  failed: {error}"))
 }

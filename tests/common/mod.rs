@@ -13,6 +13,7 @@ use changefeed::Client;
 use futures::TryStreamExt;
 use tiberius::{Config, QueryItem, Row};
 
+pub mod events;
 pub mod load;
 pub mod logins;
 pub mod tasks;

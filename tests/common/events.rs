@@ -1,0 +1,190 @@
+//! A simple event table for the reader and retention tests (`live_reader`,
+//! `live_retention`): `dbo.<table> (id bigint primary key, payload)` as an outbox-mode feed,
+//! its writers and readers, and the small row and SQL helpers around them. Both files test
+//! the same feed shape, so its setup and the checks on what came back live here, once; what
+//! each file asserts stays with it.
+
+use std::time::Duration;
+
+use changefeed::reader::FeedReader;
+use changefeed::{Client, Cursor, Error, Feed, FeedRow};
+use tiberius::Row;
+use ulid::Ulid;
+
+use super::{connect_to, exec, rows, scalar_i64};
+
+/// Transient write errors (deadlock victim, lock timeout, dropped connection) a writer
+/// retries per event before it fails.
+pub const MAX_WRITE_RETRIES: u32 = 20;
+
+/// Creates `dbo.<table> (id bigint primary key, ...)` and makes it an outbox-mode feed, so
+/// that each scenario has a feed of its own whose rows get their ULIDs only when read.
+pub async fn create_feed(admin: &mut Client, table: &str) -> Feed {
+    exec_ok(
+        admin,
+        &format!(
+            "create table [dbo].[{table}] (id bigint not null primary key, \
+             payload nvarchar(50) null);"
+        ),
+    )
+    .await;
+    exec_ok(
+        admin,
+        &format!("exec changefeed.setup_feed @table_name = N'dbo.{table}', @outbox = 1;"),
+    )
+    .await;
+    Feed::new("dbo", table).expect("a valid feed name")
+}
+
+/// Commits event `id` and its outbox row (shard `shard`, the given `time_hint` expression or
+/// the default, the server's clock) in one transaction, as an application would; the error
+/// is returned so that writers can tell transient failures apart.
+pub async fn write_event(
+    client: &mut Client,
+    feed: &Feed,
+    shard: i32,
+    id: i64,
+    time_hint: Option<&str>,
+) -> changefeed::Result<()> {
+    let (hint_column, hint_value) = match time_hint {
+        Some(hint) => (", time_hint", format!(", {hint}")),
+        None => ("", String::new()),
+    };
+    exec(
+        client,
+        &format!(
+            "set xact_abort on; begin transaction; \
+             insert into {} (id, payload) values ({id}, N'event {id}'); \
+             insert into {} (shard_id, id{hint_column}) values ({shard}, {id}{hint_value}); \
+             commit transaction;",
+            feed.quoted_table(),
+            feed.outbox_table()
+        ),
+    )
+    .await
+}
+
+/// [`write_event`] for a single writer with nothing to race: any failure fails the test.
+pub async fn write_ok(
+    client: &mut Client,
+    feed: &Feed,
+    shard: i32,
+    id: i64,
+    time_hint: Option<&str>,
+) {
+    write_event(client, feed, shard, id, time_hint)
+        .await
+        .unwrap_or_else(|error| panic!("write event {id}: {error}"));
+}
+
+/// [`write_event`] for concurrent writers: a transient failure (deadlock victim, lock
+/// timeout, dropped connection) is retried, up to [`MAX_WRITE_RETRIES`] times, after
+/// checking whether the commit made it (a dropped connection may have lost only the
+/// answer). A dropped connection is replaced by a new one to `database`.
+pub async fn write_retrying(
+    client: &mut Client,
+    database: &str,
+    feed: &Feed,
+    shard: i32,
+    id: i64,
+) -> Result<(), String> {
+    let mut failures: u32 = 0;
+    loop {
+        match write_event(client, feed, shard, id, None).await {
+            Ok(()) => return Ok(()),
+            Err(error) if error.is_transient() && failures < MAX_WRITE_RETRIES => {
+                failures += 1;
+                eprintln!("-- event {id}: transient write error, retrying: {error}");
+                if matches!(error, Error::Connection(_)) {
+                    *client = connect_to(database).await;
+                }
+                let _ = exec(client, "if @@trancount > 0 rollback transaction;").await;
+                let committed = scalar_i64(
+                    client,
+                    &format!(
+                        "select count_big(*) from {} where id = {id};",
+                        feed.quoted_table()
+                    ),
+                )
+                .await;
+                if committed > 0 {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
+            }
+            Err(error) => return Err(format!("write event {id}: {error}")),
+        }
+    }
+}
+
+/// Reads pages with `read_page` (no wait) until one is not full; moves every committed
+/// outbox row of the shard on the way, so that every row written so far has its ULID.
+pub async fn read_to_end(reader: &FeedReader, shard: i32, from: Cursor) -> Vec<FeedRow<i64>> {
+    let mut cursor = from;
+    let mut rows = Vec::new();
+    loop {
+        let page = reader
+            .read_page::<i64>(shard, cursor)
+            .await
+            .unwrap_or_else(|error| panic!("read_page(shard {shard}, {cursor}): {error}"));
+        let full = page.is_full();
+        cursor = page.next_cursor;
+        rows.extend(page.rows);
+        if !full {
+            return rows;
+        }
+    }
+}
+
+/// The server's clock (`sysutcdatetime()`) in Unix milliseconds: ULID times come from it,
+/// not from the test machine's clock, so times are compared with this one.
+pub async fn server_now_ms(client: &mut Client) -> i64 {
+    scalar_i64(
+        client,
+        "select datediff_big(millisecond, convert(datetime2(3), '19700101', 112), \
+         sysutcdatetime());",
+    )
+    .await
+}
+
+/// The keys of `rows`, in order: what the assertions on which events came compare.
+pub fn keys(rows: &[FeedRow<i64>]) -> Vec<i64> {
+    rows.iter().map(|row| row.key).collect()
+}
+
+/// The (ULID, key) pairs of `rows`, in order: what two consumers (or a consumer and the
+/// feed table) must agree on.
+pub fn pairs(rows: &[FeedRow<i64>]) -> Vec<(Ulid, i64)> {
+    rows.iter().map(|row| (row.ulid, row.key)).collect()
+}
+
+/// `bytes` as a T-SQL binary literal (`0x...`), to put a ULID into a statement.
+pub fn hex(bytes: &[u8]) -> String {
+    let mut text = String::from("0x");
+    for byte in bytes {
+        text.push_str(&format!("{byte:02X}"));
+    }
+    text
+}
+
+/// Column `name` of `row`, which must be there and not NULL: a wrong column fails the test
+/// with its name.
+pub fn required<'a, T: tiberius::FromSql<'a>>(row: &'a Row, name: &str) -> T {
+    row.try_get::<T, &str>(name)
+        .unwrap_or_else(|error| panic!("column {name}: {error}"))
+        .unwrap_or_else(|| panic!("column {name} is NULL"))
+}
+
+/// [`exec`] that must succeed: a failure fails the test with the statement.
+pub async fn exec_ok(client: &mut Client, sql: &str) {
+    exec(client, sql)
+        .await
+        .unwrap_or_else(|error| panic!("{sql}\n  failed: {error}"));
+}
+
+/// [`rows`] that must succeed: a failure fails the test with the statement.
+pub async fn rows_ok(client: &mut Client, sql: &str) -> Vec<Row> {
+    rows(client, sql)
+        .await
+        .unwrap_or_else(|error| panic!("{sql}\n  failed: {error}"))
+}
