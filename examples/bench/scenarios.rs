@@ -601,30 +601,7 @@ async fn figures_2_3(bench: &mut Bench, out: &mut Vec<Row>, shards: i32) {
     }
 
     if do_2 {
-        for page in PAGE_SIZES {
-            let parameters = [
-                ("shards", shards.to_string()),
-                ("page", page.to_string()),
-                ("rows_per_shard", per_shard.to_string()),
-            ];
-            let what = "first-read assignment";
-            measure(out, limit, (&figure_2, what, &parameters), async {
-                let (ours, baseline) = assign(bench, &tables, shards, page, per_shard).await?;
-                Ok(vec![
-                    Row::measured(
-                        &figure_2,
-                        what,
-                        &parameters,
-                        rates(&ours).0,
-                        "events/s",
-                        rates(&baseline).0,
-                        BASELINE_2,
-                    )
-                    .with_detail(read_detail(&ours, &baseline)),
-                ])
-            })
-            .await;
-        }
+        read_pages(bench, out, &tables, shards, &figure_2, ReadFigure::Assign).await;
     }
 
     if do_3 {
@@ -650,35 +627,64 @@ async fn figures_2_3(bench: &mut Bench, out: &mut Vec<Row>, shards: i32) {
         if !ready {
             return;
         }
-        for page in PAGE_SIZES {
-            let parameters = [
-                ("shards", shards.to_string()),
-                ("page", page.to_string()),
-                ("rows_per_shard", per_shard.to_string()),
-            ];
-            let what = "replay";
-            measure(out, limit, (&figure_3, what, &parameters), async {
-                let (ours, baseline) = replay(bench, &tables, shards, page, per_shard).await?;
-                Ok(vec![
-                    Row::measured(
-                        &figure_3,
-                        what,
-                        &parameters,
-                        rates(&ours).0,
-                        "events/s",
-                        rates(&baseline).0,
-                        BASELINE_3,
-                    )
-                    .with_detail(read_detail(&ours, &baseline)),
-                ])
-            })
-            .await;
-        }
+        read_pages(bench, out, &tables, shards, &figure_3, ReadFigure::Replay).await;
     }
 }
 
 /// Figure 2: preloads both outboxes, then drains the plain one (baseline) and the feed's
 /// (read_feed) with one reader per shard.
+/// The two read figures, which measure the same way at every page size.
+#[derive(Clone, Copy)]
+enum ReadFigure {
+    /// Figure 2: the first read moves the outbox into the feed.
+    Assign,
+    /// Figure 3: reading an already-assigned feed from the start.
+    Replay,
+}
+
+/// One measurement per page size of figure 2 or 3, each beside its baseline.
+async fn read_pages(
+    bench: &mut Bench,
+    out: &mut Vec<Row>,
+    tables: &AssignTables,
+    shards: i32,
+    figure: &str,
+    kind: ReadFigure,
+) {
+    let limit = bench.options.timeout;
+    let per_shard = bench.options.rows_per_shard;
+    let (what, baseline_name) = match kind {
+        ReadFigure::Assign => ("first-read assignment", BASELINE_2),
+        ReadFigure::Replay => ("replay", BASELINE_3),
+    };
+    for page in PAGE_SIZES {
+        let parameters = [
+            ("shards", shards.to_string()),
+            ("page", page.to_string()),
+            ("rows_per_shard", per_shard.to_string()),
+        ];
+        measure(out, limit, (figure, what, &parameters), async {
+            let (ours, baseline) = match kind {
+                ReadFigure::Assign => assign(bench, tables, shards, page, per_shard).await?,
+                ReadFigure::Replay => replay(bench, tables, shards, page, per_shard).await?,
+            };
+            Ok(vec![
+                Row::measured(
+                    figure,
+                    what,
+                    &parameters,
+                    rates(&ours).0,
+                    "events/s",
+                    rates(&baseline).0,
+                    baseline_name,
+                )
+                .with_detail(read_detail(&ours, &baseline)),
+            ])
+        })
+        .await;
+    }
+}
+
 async fn assign(
     bench: &mut Bench,
     tables: &AssignTables,
