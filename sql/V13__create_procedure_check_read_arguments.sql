@@ -1,16 +1,25 @@
--- The argument checks every read_feed makes before it reads (both modes), in one place.
+-- The argument checks every read_feed makes before it reads (both modes), in one place,
+-- and whether the rows go to the caller's #read: @to_read_table is 1 when #read exists and
+-- @use_read_table is not 0 (a client library passes 0, so that a #read left in a pooled
+-- session by other code cannot swallow its pages).
 -- read_feed calls it through ownership chaining, so readers need no permission on it.
--- It runs in the caller's session: @@trancount is the caller's.
+-- It runs in the caller's session: @@trancount is the caller's, and so is #read.
 create or alter procedure [changefeed].[check_read_arguments]
     @shard_id int,
     @cursor binary(16),
     @page_size int,
     @wait_ms int,
     @with_event bit,
-    @to_read_table bit
+    @use_read_table bit,
+    @to_read_table bit output
 as
 begin
     set nocount, xact_abort on;
+
+    set @to_read_table = case
+        when isnull(@use_read_table, 1) = 1 and object_id(N'tempdb..#read') is not null then 1
+        else 0
+    end;
 
     if @@trancount > 0
         throw 51100, N'read_feed must be called outside a transaction: it commits its own short transactions (to move outbox rows, or to read past writers), and a page read inside yours would hold its locks until your commit. Commit or roll back first.', 1;
@@ -22,6 +31,6 @@ begin
         throw 51101, N'read_feed: @page_size must be between 1 and 10000.', 1;
     if @wait_ms is null or @wait_ms < 0 or @wait_ms > 3600000
         throw 51101, N'read_feed: @wait_ms must be between 0 and 3600000 (one hour).', 1;
-    if @to_read_table = 1 and @with_event = 1
+    if @to_read_table = 1 and isnull(@with_event, 0) = 1
         throw 51102, N'read_feed: #read exists, and it holds keys only, so @with_event = 1 cannot fill it. Drop #read to get events as a result set, or join #read to the event table yourself.', 1;
 end

@@ -39,19 +39,15 @@ begin
     set transaction isolation level read committed;
 
     declare @with_event_rows bit = isnull(@with_event, 0);
-    -- A client library passes @use_read_table = 0: a #read left in a pooled session by
-    -- other code must not swallow its pages.
-    declare @to_read_table bit = case
-        when isnull(@use_read_table, 1) = 1 and object_id(N'tempdb..#read') is not null then 1
-        else 0
-    end;
+    declare @to_read_table bit;
     exec changefeed.check_read_arguments
         @shard_id = @shard_id,
         @cursor = @cursor,
         @page_size = @page_size,
         @wait_ms = @wait_ms,
         @with_event = @with_event_rows,
-        @to_read_table = @to_read_table;
+        @use_read_table = @use_read_table,
+        @to_read_table = @to_read_table output;
 
     -- Table variables keep their rows through a rollback and need no tempdb metadata locks.
     declare @rows [changefeed].[type:read:changefeed.__template__];
