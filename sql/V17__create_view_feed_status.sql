@@ -5,9 +5,10 @@
 -- what is wrong and the statement that fixes it. Enough for a lag dashboard.
 -- changefeed.refresh_feed_status rewrites this view whenever feeds come or go, as a union of
 -- the per-feed status views; this first version (no feeds yet) has their columns and no rows.
--- The status views read with READPAST, so this view (and consumer_lag) must be queried at
--- READ COMMITTED or REPEATABLE READ: inside a SNAPSHOT or SERIALIZABLE transaction SQL
--- Server refuses READPAST (error 650). See README, "Status views".
+-- The status views read with READPAST, which SQL Server allows at READ COMMITTED and
+-- REPEATABLE READ; inside a SNAPSHOT or SERIALIZABLE transaction it can refuse them (error
+-- 650), and a view cannot set its own isolation level. Query this view (and consumer_lag)
+-- at READ COMMITTED, the default. See README, "Status views".
 create or alter view [changefeed].[feed_status]
 as
 select
