@@ -52,39 +52,10 @@ begin
             throw 51009, N'refresh_feed_status: the template status view is missing. Re-apply the changefeed migrations.', 1;
 
         -- Each feed's problem, recorded in the registry: upgrade_all_feeds skips these feeds.
+        -- Only rows whose problem changed are written: the registry rows stay unlocked for
+        -- save_cursor and load_cursor while the generator's transaction runs.
         update f
-        set problem =
-            case
-                when h.event_table_id is null
-                    then
-                        N'The event table ''' + f.schema_name + N'.' + f.table_name
-                        + N''' was dropped or renamed while it was a feed. Tear the feed down:'
-                        + N' exec changefeed.teardown_feed @table_name = N'''
-                        + f.schema_name + N'.' + f.table_name + N''';'
-                when h.event_table_id <> f.object_id
-                    then
-                        N'The event table ''' + f.schema_name + N'.' + f.table_name
-                        + N''' was dropped and re-created since it became a feed. Tear the'
-                        + N' feed down, then set it up again: exec changefeed.teardown_feed'
-                        + N' @table_name = N''' + f.schema_name + N'.' + f.table_name + N''';'
-                when f.mode = 'serialize_writers'
-                    and (
-                        col_length(h.qualified_name, f.shard_column) is null
-                        or col_length(h.qualified_name, f.ulid_column) is null
-                    )
-                    then
-                        N'The shard column ''' + f.shard_column + N''' or the ULID column '''
-                        + f.ulid_column + N''' of ''' + f.schema_name + N'.' + f.table_name
-                        + N''' was dropped or renamed. Tear the feed down, then set it up'
-                        + N' again: exec changefeed.teardown_feed @table_name = N'''
-                        + f.schema_name + N'.' + f.table_name + N''';'
-                when object_id(o.quoted_name, N'V') is null
-                    then
-                        N'The status view of ''' + f.schema_name + N'.' + f.table_name
-                        + N''' is missing. Regenerate the feed''s code: exec'
-                        + N' changefeed.upgrade_feed @table_name = N'''
-                        + f.schema_name + N'.' + f.table_name + N''';'
-            end
+        set problem = p.problem
         from changefeed.feeds as f
         cross apply changefeed.feed_objects(f.schema_name, f.table_name) as o
         cross apply (
@@ -93,7 +64,41 @@ begin
                 object_id(quotename(f.schema_name) + N'.' + quotename(f.table_name), N'U')
                     as event_table_id
         ) as h
-        where o.kind = N'status';
+        cross apply (
+            select
+                case
+                    when h.event_table_id is null
+                        then
+                            N'The event table ''' + f.schema_name + N'.' + f.table_name
+                            + N''' was dropped or renamed while it was a feed. Tear the feed down:'
+                            + N' exec changefeed.teardown_feed @table_name = N'''
+                            + f.schema_name + N'.' + f.table_name + N''';'
+                    when h.event_table_id <> f.object_id
+                        then
+                            N'The event table ''' + f.schema_name + N'.' + f.table_name
+                            + N''' was dropped and re-created since it became a feed. Tear the'
+                            + N' feed down, then set it up again: exec changefeed.teardown_feed'
+                            + N' @table_name = N''' + f.schema_name + N'.' + f.table_name + N''';'
+                    when f.mode = 'serialize_writers'
+                        and (
+                            col_length(h.qualified_name, f.shard_column) is null
+                            or col_length(h.qualified_name, f.ulid_column) is null
+                        )
+                        then
+                            N'The shard column ''' + f.shard_column + N''' or the ULID column '''
+                            + f.ulid_column + N''' of ''' + f.schema_name + N'.' + f.table_name
+                            + N''' was dropped or renamed. Tear the feed down, then set it up'
+                            + N' again: exec changefeed.teardown_feed @table_name = N'''
+                            + f.schema_name + N'.' + f.table_name + N''';'
+                    when object_id(o.quoted_name, N'V') is null
+                        then
+                            N'The status view of ''' + f.schema_name + N'.' + f.table_name
+                            + N''' is missing. Regenerate the feed''s code: exec'
+                            + N' changefeed.upgrade_feed @table_name = N'''
+                            + f.schema_name + N'.' + f.table_name + N''';'
+                end as problem
+        ) as p
+        where o.kind = N'status' and isnull(f.problem, N'') <> isnull(p.problem, N'');
 
         select
             @sql = N'create or alter view [changefeed].[feed_status] as select t.*,'
