@@ -486,7 +486,9 @@ async fn access_scenario(db: &TestDb) -> Vec<Login> {
         )
         .await;
     let owner = Login::new("ow", db);
-    owner.create(&mut admin, &["[db_owner]".to_owned()], &[]).await;
+    owner
+        .create(&mut admin, &["[db_owner]".to_owned()], &[])
+        .await;
 
     let mut as_a = reader_a.connect(db).await;
     let cursor = Cursor::from_ulid(Ulid::from_parts(1_700_000_000_000, 42));
@@ -634,7 +636,10 @@ async fn names_with_a_backslash_are_refused_with_51000() {
     ] {
         let (number, message) = error_of(&mut admin, call).await;
         assert_eq!(number, 51000, "{call}: {message}");
-        assert!(message.contains('\\'), "the message lists the backslash: {message}");
+        assert!(
+            message.contains('\\'),
+            "the message lists the backslash: {message}"
+        );
     }
     assert_eq!(
         scalar_i64(&mut admin, "select count_big(*) from changefeed.feeds;").await,
@@ -719,13 +724,19 @@ async fn race_scenario(db: &TestDb) {
     .await;
     let mut second = db.client().await;
     let waiting = spawn_bounded("the second first save".to_owned(), LIMIT, async move {
-        exec(&mut second, &save_sql("held", "dbo.race", 0, &hex(&[2; 16])))
-            .await
-            .map_err(|error| error.to_string())?;
+        exec(
+            &mut second,
+            &save_sql("held", "dbo.race", 0, &hex(&[2; 16])),
+        )
+        .await
+        .map_err(|error| error.to_string())?;
         Ok(second)
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!waiting.is_finished(), "the second save waits for the first");
+    assert!(
+        !waiting.is_finished(),
+        "the second save waits for the first"
+    );
     exec_ok(&mut first, "commit transaction;").await;
     close(join(waiting).await).await;
     assert_eq!(
@@ -786,7 +797,7 @@ async fn race_scenario(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn status_views_inside_snapshot_or_serializable_fail_only_with_650_and_work_at_read_committed()
-{
+ {
     common::under_both_isolations("reg_views", views_scenario).await;
 }
 
@@ -797,7 +808,10 @@ async fn views_scenario(db: &TestDb) {
     let mut master = common::connect_to("master").await;
     exec_ok(
         &mut master,
-        &format!("alter database [{}] set allow_snapshot_isolation on;", db.name),
+        &format!(
+            "alter database [{}] set allow_snapshot_isolation on;",
+            db.name
+        ),
     )
     .await;
     let mut admin = db.client().await;
