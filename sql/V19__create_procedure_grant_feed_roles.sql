@@ -17,6 +17,10 @@ create or alter procedure [changefeed].[grant_feed_roles]
 as
 begin
     set nocount, xact_abort on;
+    -- This procedure commits its own transaction: with IMPLICIT_TRANSACTIONS ON (JDBC with
+    -- autocommit off, pyodbc's default) its begin transaction would open two levels and its
+    -- commit leave one open, with every lock held. The setting reverts when it returns.
+    set implicit_transactions off;
 
     declare @writers nvarchar(300);
     declare @readers nvarchar(300);

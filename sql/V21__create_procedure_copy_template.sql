@@ -32,6 +32,10 @@ create or alter procedure [changefeed].[copy_template]
 as
 begin
     set nocount, xact_abort on;
+    -- With IMPLICIT_TRANSACTIONS ON (JDBC with autocommit off, pyodbc's default) the DDL below
+    -- would open a transaction that nobody commits, with its schema locks held, when this
+    -- runs on its own. Inside a caller's transaction it changes nothing. It reverts on return.
+    set implicit_transactions off;
 
     declare @definition nvarchar(max) = object_definition(object_id(@template));
     declare @message nvarchar(2048);

@@ -16,6 +16,10 @@ create or alter procedure [changefeed].[setup_feed]
 as
 begin
     set nocount, xact_abort on;
+    -- This procedure commits its own transaction: with IMPLICIT_TRANSACTIONS ON (JDBC with
+    -- autocommit off, pyodbc's default) its begin transaction would open two levels and its
+    -- commit leave one open, with every lock held. The setting reverts when it returns.
+    set implicit_transactions off;
 
     declare @schema_name sysname;
     declare @object_name sysname;
@@ -29,6 +33,7 @@ begin
     declare @ulid_name sysname;
     declare @registered_shard sysname;
     declare @registered_ulid sysname;
+    declare @registered_name nvarchar(257);
 
     exec changefeed.check_table_name
         @table_name = @table_name,
@@ -161,9 +166,39 @@ begin
         select
             @registered_mode = mode,
             @registered_shard = shard_column,
-            @registered_ulid = ulid_column
+            @registered_ulid = ulid_column,
+            @registered_name = schema_name + N'.' + table_name
         from changefeed.feeds with (updlock, holdlock)
         where object_id = @object_id;
+
+        -- A feed registered under this name for another table: the event table was dropped
+        -- and re-created (or another table renamed into its place). The registry row, the
+        -- storage and the code still belong to the old table; inserting a second row would
+        -- only fail on the registry's unique name (2627).
+        if @registered_mode is null and exists (
+            select 1
+            from changefeed.feeds with (updlock, holdlock)
+            where schema_name = @schema_name and table_name = @object_name
+        )
+        begin
+            set @message = N'setup_feed: the table ''' + @qualified_name + N''' was dropped'
+                + N' and re-created (or renamed into place) since it became a feed, and the feed'
+                + N' still belongs to the old table. Tear it down first: exec'
+                + N' changefeed.teardown_feed @table_name = N''' + @qualified_name + N''';'
+                + N' (this drops the old feed''s history and its consumers'' cursors), then run'
+                + N' setup_feed again.';
+            throw 51001, @message, 1;
+        end;
+        -- This table is a feed under another name: it was renamed since setup (compared with
+        -- the database's collation, like every name).
+        if @registered_name <> @qualified_name
+        begin
+            set @message = N'setup_feed: the table ''' + @qualified_name + N''' is already a'
+                + N' feed under its old name ''' + @registered_name + N''' (it was renamed'
+                + N' since setup). Tear the old feed down first: exec changefeed.teardown_feed'
+                + N' @table_name = N''' + @registered_name + N'''; then run setup_feed again.';
+            throw 51001, @message, 1;
+        end;
 
         if @registered_mode is null
         begin

@@ -1,6 +1,10 @@
 -- Drops everything setup_feed created for a feed: its code, read type, feed (with its whole
 -- history), outbox (with events not yet moved), sequence, state, roles (after removing their
--- members) and its registry row. The event table itself is untouched. Idempotent: a call for
+-- members), its consumers' saved cursors and its registry row. The event table itself is
+-- untouched. The cursors go too because they point into the history dropped here: kept, they
+-- would hold back purge_feed of a feed set up again under the same name (and be expired or
+-- skip its first events), and a consumer of the new feed must decide afresh where to start.
+-- A feed set up again gets new, empty roles: members must be added again. Idempotent: a call for
 -- a table that is not (or no longer) a feed drops whatever per-feed object is left, if any.
 -- DDL cannot take variables, hence dynamic SQL, built only from checked names.
 create or alter procedure [changefeed].[teardown_feed]
@@ -8,6 +12,10 @@ create or alter procedure [changefeed].[teardown_feed]
 as
 begin
     set nocount, xact_abort on;
+    -- This procedure commits its own transaction: with IMPLICIT_TRANSACTIONS ON (JDBC with
+    -- autocommit off, pyodbc's default) its begin transaction would open two levels and its
+    -- commit leave one open, with every lock held. The setting reverts when it returns.
+    set implicit_transactions off;
 
     declare @schema_name sysname;
     declare @object_name sysname;
@@ -34,6 +42,8 @@ begin
 
         delete from changefeed.feeds
         where schema_name = @schema_name and table_name = @object_name;
+        delete from changefeed.consumer_cursor
+        where feed = @schema_name + N'.' + @object_name;
         -- First, so that feed_status no longer refers to the status view dropped below.
         exec changefeed.refresh_feed_status;
 

@@ -13,6 +13,10 @@ create table [changefeed].[feeds] (
     constraint feeds_created_at_df default sysutcdatetime(),
     upgraded_at datetime2(3) not null
     constraint feeds_upgraded_at_df default sysutcdatetime(),
+    -- What is wrong with the feed, with the statement that fixes it, as of the last
+    -- changefeed.refresh_feed_status (which every setup, upgrade and teardown runs); NULL
+    -- when it works. feed_status shows it, and upgrade_all_feeds skips such a feed.
+    problem nvarchar(1000) null,
     constraint feeds_pk primary key clustered (feed_id),
     constraint feeds_object_id_uq unique (object_id),
     constraint feeds_name_uq unique (schema_name, table_name),

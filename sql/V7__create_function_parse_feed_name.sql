@@ -4,8 +4,9 @@
 -- THROW, so the calling procedure throws 51000 with that message.
 --
 -- The rule (the Rust Feed type applies the same one): each part is 1..128 characters with
--- no control character and none of [ ] ' " . and no leading or trailing space. Such a part
--- can go inside brackets and inside N'...' literals of generated code unescaped. The per-feed
+-- no control character and none of [ ] ' " . \ and no leading or trailing space. Such a part
+-- can go inside brackets and inside N'...' literals of generated code unescaped, and into
+-- the feed's database role names (a role name may not contain a backslash). The per-feed
 -- object names '<kind>:<schema>.<table>' must fit SQL Server's 128-character limit; the
 -- longest kind is the role prefix 'changefeed.readers:' (19 characters), so schema and table
 -- together may have at most 128 - 19 - 1 = 108 characters. '__template' is reserved for the
@@ -44,6 +45,7 @@ checked as (
                 where
                     n.part like N'%[[''".]%'
                     or charindex(N']', n.part) > 0
+                    or charindex(N'\', n.part) > 0
                     or patindex(
                         N'%[' + nchar(1) + N'-' + nchar(31) + nchar(127) + N']%',
                         n.part collate Latin1_General_100_BIN2
@@ -54,7 +56,7 @@ checked as (
                 then
                     N'The table name ''' + @table_name
                     + N''' has a part changefeed cannot use: a part must not contain'
-                    + N' [ ] '' " . or control characters, nor begin or end with a space.'
+                    + N' [ ] '' " . \ or control characters, nor begin or end with a space.'
                     + N' Rename the table or create a synonym-free copy with a plain name.'
             when len(p.schema_name) + len(p.table_name) > 108
                 then

@@ -57,7 +57,8 @@ pub struct CursorStore;
 impl CursorStore {
     /// The cursor `consumer` last saved for `shard` of `feed`, or `None` when it never saved
     /// one (start wherever you decide: [`Cursor::START`] to replay everything, or
-    /// [`Cursor::at`] a point in time).
+    /// [`Cursor::at`] a point in time). Like [`CursorStore::save`], it needs membership in
+    /// the feed's readers role or `db_owner` (51112), and a registered feed (51006).
     pub async fn load(
         client: &mut Client,
         consumer: &str,
@@ -88,7 +89,10 @@ impl CursorStore {
     ///
     /// It runs in the caller's transaction when one is open on `client` (and commits or
     /// rolls back with it), else on its own. Any cursor may be saved, an earlier one too:
-    /// that is how a consumer rewinds. A feed that does not exist is SQL Server error 51006.
+    /// that is how a consumer rewinds. Two first saves of one consumer at the same time both
+    /// succeed; the later one stays. A feed that does not exist is SQL Server error 51006; a
+    /// login that is neither in the feed's readers role ([`Feed::readers_role`]) nor
+    /// `db_owner` gets 51112.
     pub async fn save(
         client: &mut Client,
         consumer: &str,

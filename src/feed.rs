@@ -99,9 +99,9 @@ impl fmt::Display for TableName {
 
 /// An event table that is (or will be) a feed, as `schema.table`.
 ///
-/// Each part is 1–128 characters with no control character, none of `[ ] ' " .`, and no
-/// leading or trailing space; schema and table together have at most
-/// [`MAX_QUALIFIED_LEN`] characters. These are exactly the names `changefeed.setup_feed`
+/// Each part is 1–128 characters with no control character, none of `[ ] ' " . \`, and no
+/// leading or trailing space (a backslash cannot be part of the feed's role names); schema
+/// and table together have at most [`MAX_QUALIFIED_LEN`] characters. These are exactly the names `changefeed.setup_feed`
 /// accepts, so a `Feed` can be placed inside brackets and string literals of SQL without
 /// any injection risk — a name that fails here never reaches the server.
 ///
@@ -177,11 +177,11 @@ fn check_part(what: &str, part: &str) -> std::result::Result<(), String> {
     }
     if let Some(bad) = part
         .chars()
-        .find(|c| c.is_control() || matches!(c, '[' | ']' | '\'' | '"' | '.'))
+        .find(|c| c.is_control() || matches!(c, '[' | ']' | '\'' | '"' | '.' | '\\'))
     {
         return Err(format!(
-            "the {what} name contains {bad:?}; names must not contain [ ] ' \" . or control \
-             characters (rename the table)"
+            "the {what} name contains {bad:?}; names must not contain [ ] ' \" . \\ or \
+             control characters (rename the table)"
         ));
     }
     if part.starts_with(' ') || part.ends_with(' ') {
@@ -254,6 +254,9 @@ mod tests {
             "dbo.x ",
             "changefeed.feeds",
             "dbo.__template__",
+            "dbo.x\\y",
+            "a\\b.x",
+            "dbo.x\\",
         ] {
             let error = name.parse::<Feed>().expect_err(name);
             assert!(
@@ -280,9 +283,24 @@ mod tests {
             if let Ok(feed) = Feed::new(&schema, &table) {
                 let text = feed.to_string();
                 prop_assert!(!text.contains(']') && !text.contains('\'') && !text.contains('['));
+                prop_assert!(!text.contains('\\'), "a backslash cannot be in a role name");
                 prop_assert!(!text.chars().any(char::is_control));
                 prop_assert_eq!(text.parse::<Feed>().unwrap(), feed);
             }
+        }
+
+        #[test]
+        fn a_backslash_anywhere_in_either_part_is_refused(
+            before in "[a-z]{0,10}", after in "[a-z]{0,10}", in_schema in any::<bool>()
+        ) {
+            let with_backslash = format!("{before}\\{after}");
+            let (schema, table) = if in_schema {
+                (with_backslash.as_str(), "events")
+            } else {
+                ("dbo", with_backslash.as_str())
+            };
+            let error = Feed::new(schema, table).expect_err("a backslash is refused");
+            prop_assert!(error.to_string().contains("'\\\\'"), "{}", error);
         }
     }
 }

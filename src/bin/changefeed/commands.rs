@@ -335,7 +335,7 @@ fn tail_error(error: Error) -> Failure {
 // status
 
 const FEED_STATUS: &str = "select feed, mode, shard_id, outbox_depth, oldest_pending_at, \
-    head_ulid, head_at, state_updated_at, purged_through \
+    head_ulid, head_at, state_updated_at, purged_through, problem \
     from changefeed.feed_status order by feed, shard_id";
 
 const CONSUMER_LAG: &str = "select consumer, feed, shard_id, [cursor], cursor_at, head_at, \
@@ -354,6 +354,9 @@ pub fn feed_status_table(rows: &[Row]) -> Result<Table, Error> {
         ("head_at", Align::Left),
         ("state_updated_at", Align::Left),
         ("purged_through", Align::Left),
+        // Set for a feed that cannot be shown (its event table was dropped, ...): one row
+        // with no shard, saying what to run.
+        ("problem", Align::Left),
     ]);
     for row in rows {
         table.push(vec![
@@ -366,6 +369,7 @@ pub fn feed_status_table(rows: &[Row]) -> Result<Table, Error> {
             utc_cell(cell(row, "head_at")?),
             utc_cell(cell(row, "state_updated_at")?),
             ulid_cell(cell(row, "purged_through")?),
+            text_cell(cell(row, "problem")?),
         ]);
     }
     Ok(table)
@@ -672,7 +676,49 @@ mod tests {
                 ColumnData::DateTime2(Some(at)),
             )
             .column("purged_through", T::BigBinary, ulid_data(None))
+            .column("problem", T::NVarchar, ColumnData::String(None))
             .build();
+        let broken = Row::builder()
+            .column(
+                "feed",
+                T::NVarchar,
+                ColumnData::String(Some("app.Gone".into())),
+            )
+            .column(
+                "mode",
+                T::BigVarChar,
+                ColumnData::String(Some("serialize_writers".into())),
+            )
+            .column("shard_id", T::Int4, ColumnData::I32(None))
+            .column("outbox_depth", T::Int8, ColumnData::I64(None))
+            .column(
+                "oldest_pending_at",
+                T::Datetime2,
+                ColumnData::DateTime2(None),
+            )
+            .column("head_ulid", T::BigBinary, ulid_data(None))
+            .column("head_at", T::Datetime2, ColumnData::DateTime2(None))
+            .column(
+                "state_updated_at",
+                T::Datetime2,
+                ColumnData::DateTime2(None),
+            )
+            .column("purged_through", T::BigBinary, ulid_data(None))
+            .column(
+                "problem",
+                T::NVarchar,
+                ColumnData::String(Some("The event table 'app.Gone' was dropped".into())),
+            )
+            .build();
+        let with_broken = feed_status_table(&[broken]).unwrap().render("(no feeds)");
+        assert!(
+            with_broken
+                .lines()
+                .nth(1)
+                .is_some_and(|line| line.starts_with("app.Gone")
+                    && line.ends_with("The event table 'app.Gone' was dropped")),
+            "{with_broken}"
+        );
         let text = feed_status_table(&[row]).unwrap().render("(no feeds)");
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2);

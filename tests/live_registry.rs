@@ -1,0 +1,851 @@
+//! Live tests of the feed registry around the feeds themselves: setup, upgrade and teardown
+//! under implicit transactions, feeds whose event table was dropped or re-created,
+//! `feed_status` and `consumer_lag`, the consumers' cursors (`save_cursor`, `load_cursor`:
+//! who may touch them, their length, the first-save race), and name checks.
+//!
+//! They need a SQL Server (`CHANGEFEED_TEST_MSSQL`, or Docker for testcontainers) and are
+//! `#[ignore]`d: run them with `cargo test --test live_registry -- --ignored`. Scenarios where
+//! locking matters run twice, with READ_COMMITTED_SNAPSHOT off and on, each in a database of
+//! its own.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use changefeed::{Client, Cursor, CursorStore, Feed};
+use common::events::{create_feed, exec_ok, hex, read_to_end, required, rows_ok, write_ok};
+use common::logins::{Login, drop_logins};
+use common::tasks::{bounded, close, join, spawn_bounded};
+use common::{Isolation, TestDb, exec, scalar_i64};
+use tiberius::Row;
+use ulid::Ulid;
+
+/// The longest any one call or task may take before the test calls it stuck.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// The SQL Server error number of a batch that must fail, with its message.
+async fn error_of(client: &mut Client, sql: &str) -> (u32, String) {
+    match exec(client, sql).await {
+        Ok(()) => panic!("`{sql}` succeeded; it must fail"),
+        Err(error) => (
+            error
+                .server_number()
+                .unwrap_or_else(|| panic!("`{sql}`: not a server error: {error}")),
+            error.to_string(),
+        ),
+    }
+}
+
+async fn trancount(client: &mut Client) -> i64 {
+    scalar_i64(client, "select @@trancount;").await
+}
+
+/// Creates `dbo.<table>` with a shard and a ULID column and makes it a serialized-writer feed.
+async fn create_serialized_feed(admin: &mut Client, table: &str) -> Feed {
+    exec_ok(
+        admin,
+        &format!(
+            "create table [dbo].[{table}] (id bigint not null primary key, \
+             Shard int not null, ULID binary(16) not null); \
+             create unique index [ux_{table}] on [dbo].[{table}] (Shard, ULID); \
+             exec changefeed.setup_feed @table_name = N'dbo.{table}', @serialize_writers = 1, \
+             @shard_column = N'Shard', @ulid_column = N'ULID';"
+        ),
+    )
+    .await;
+    Feed::new("dbo", table).expect("a valid feed name")
+}
+
+fn save_sql(consumer: &str, feed: &str, shard: i32, cursor: &str) -> String {
+    format!(
+        "exec changefeed.save_cursor @consumer = N'{consumer}', @feed = N'{feed}', \
+         @shard_id = {shard}, @cursor = {cursor};"
+    )
+}
+
+/// The saved cursors of `feed`, by consumer (read as the admin, straight from the table).
+async fn saved_cursors(client: &mut Client, feed: &str) -> BTreeMap<String, Vec<u8>> {
+    rows_ok(
+        client,
+        &format!(
+            "select consumer, [cursor] from changefeed.consumer_cursor where feed = N'{feed}';"
+        ),
+    )
+    .await
+    .iter()
+    .map(|row| {
+        (
+            required::<&str>(row, "consumer").to_owned(),
+            required::<&[u8]>(row, "cursor").to_vec(),
+        )
+    })
+    .collect()
+}
+
+fn text(row: &Row, name: &str) -> Option<String> {
+    row.try_get::<&str, &str>(name)
+        .unwrap_or_else(|error| panic!("column {name}: {error}"))
+        .map(str::to_owned)
+}
+
+// ------------------------------------------------------------------------------------------
+// 1. Implicit transactions (issue 10, B3)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn registry_procedures_leave_no_transaction_open_under_implicit_transactions() {
+    common::under_both_isolations("reg_implicit", implicit_scenario).await;
+}
+
+/// A session with `SET IMPLICIT_TRANSACTIONS ON` (JDBC with autocommit off, pyodbc) calls
+/// every registry procedure that commits its own work: after each, `@@trancount` is 0 again
+/// (before the fix a `begin transaction` opened two levels and the `commit` left one open,
+/// with the generators' applock and the schema locks held), and another session can set up a
+/// feed at once. `save_cursor` and `load_cursor`, which open no transaction of their own,
+/// join the client's implicit transaction: a rollback takes the save back.
+async fn implicit_scenario(db: &TestDb) {
+    let mut admin = db.client().await;
+    exec_ok(
+        &mut admin,
+        "create table [dbo].[imp_a] (id bigint not null primary key); \
+         create table [dbo].[imp_b] (id bigint not null primary key); \
+         create table [dbo].[imp_other] (id bigint not null primary key);",
+    )
+    .await;
+    exec_ok(
+        &mut admin,
+        "create table [dbo].[imp_s] (id bigint not null primary key, \
+         Shard int not null, ULID binary(16) not null); \
+         create unique index ux_imp_s on [dbo].[imp_s] (Shard, ULID);",
+    )
+    .await;
+
+    let mut client = db.client().await;
+    exec_ok(&mut client, "set implicit_transactions on;").await;
+    let calls = [
+        "exec changefeed.setup_feed @table_name = N'dbo.imp_a', @outbox = 1;",
+        "exec changefeed.setup_feed @table_name = N'dbo.imp_b', @outbox = 1;",
+        "exec changefeed.setup_feed @table_name = N'dbo.imp_s', @serialize_writers = 1, \
+         @shard_column = N'Shard', @ulid_column = N'ULID';",
+        "exec changefeed.upgrade_feed @table_name = N'dbo.imp_a';",
+        "exec changefeed.upgrade_all_feeds;",
+        "exec changefeed.refresh_feed_status;",
+        "exec changefeed.grant_feed_roles @schema_name = N'dbo', @table_name = N'imp_a';",
+        "exec changefeed.copy_template \
+         @template = N'[changefeed].[status:changefeed.__template__]', \
+         @template_table = N'__template__', @schema_name = N'dbo', @table_name = N'imp_a', \
+         @key_list = N'[id]', @key_join = N'e.[id] = r.[id]';",
+        "exec changefeed.teardown_feed @table_name = N'dbo.imp_b';",
+    ];
+    for call in calls {
+        bounded(call, LIMIT, exec_ok(&mut client, call)).await;
+        assert_eq!(
+            trancount(&mut client).await,
+            0,
+            "`{call}` left a transaction open under implicit transactions"
+        );
+        // Nothing of it is held: another session takes the generators' lock at once.
+        bounded(
+            "another session's refresh_feed_status",
+            Duration::from_secs(10),
+            exec_ok(&mut admin, "exec changefeed.refresh_feed_status;"),
+        )
+        .await;
+    }
+    bounded(
+        "another session's setup_feed",
+        Duration::from_secs(10),
+        exec_ok(
+            &mut admin,
+            "exec changefeed.setup_feed @table_name = N'dbo.imp_other', @outbox = 1;",
+        ),
+    )
+    .await;
+
+    // save_cursor joins the client's implicit transaction instead of committing alone.
+    let zero = hex(&[0; 16]);
+    exec_ok(&mut client, &save_sql("implicit", "dbo.imp_a", 0, &zero)).await;
+    assert_eq!(
+        trancount(&mut client).await,
+        1,
+        "save_cursor's write belongs to the client's implicit transaction"
+    );
+    exec_ok(&mut client, "rollback transaction;").await;
+    assert!(
+        saved_cursors(&mut admin, "dbo.imp_a").await.is_empty(),
+        "the rolled-back save is gone"
+    );
+    exec_ok(&mut client, &save_sql("implicit", "dbo.imp_a", 0, &zero)).await;
+    exec_ok(&mut client, "commit transaction;").await;
+    assert_eq!(
+        saved_cursors(&mut admin, "dbo.imp_a").await.get("implicit"),
+        Some(&vec![0; 16])
+    );
+    exec_ok(&mut client, "set implicit_transactions off;").await;
+    close(client).await;
+}
+
+// ------------------------------------------------------------------------------------------
+// 2. Far cursors (B9)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn consumer_lag_shows_cursors_past_the_year_9999_instead_of_failing() {
+    let db = TestDb::create("reg_far", Isolation::LockingReadCommitted).await;
+    far_cursor_scenario(&db).await;
+    db.drop_database().await;
+}
+
+/// The last millisecond `datetime2` holds: 9999-12-31T23:59:59.999Z.
+const LAST_DATETIME2_MS: u64 = 253_402_300_799_999;
+
+/// Four consumers of one feed: one at an event, one at the last millisecond `datetime2` can
+/// hold, one a millisecond later, one at `Ulid::MAX`. `consumer_lag` (the query `changefeed
+/// status --consumers` runs) returns all four: the cursor past 9999 has no `cursor_at`, a lag
+/// of 0 (it is past the head) and is not expired; before the fix, `ulid_time` overflowed and
+/// the whole view failed. `feed_status` is unaffected.
+async fn far_cursor_scenario(db: &TestDb) {
+    let mut admin = db.client().await;
+    let feed = create_feed(&mut admin, "far").await;
+    let mut writer = db.client().await;
+    for id in 1..=3 {
+        write_ok(&mut writer, &feed, 0, id, None).await;
+    }
+    let pool = changefeed::pool::pool(&db.ado(), 2).await.expect("a pool");
+    let reader = changefeed::reader::FeedReader::new(pool, feed.clone());
+    let rows = read_to_end(&reader, 0, Cursor::START).await;
+    assert_eq!(rows.len(), 3);
+
+    let cursors = [
+        ("at_event", Cursor::from_ulid(rows[0].ulid)),
+        (
+            "last_ms",
+            Cursor::from_ulid(Ulid::from_parts(LAST_DATETIME2_MS, 0)),
+        ),
+        (
+            "past_9999",
+            Cursor::from_ulid(Ulid::from_parts(LAST_DATETIME2_MS + 1, 0)),
+        ),
+        ("max", Cursor::from_ulid(Ulid::from_bytes([0xFF; 16]))),
+    ];
+    for (consumer, cursor) in cursors {
+        CursorStore::save(&mut admin, consumer, &feed, 0, cursor)
+            .await
+            .unwrap_or_else(|error| panic!("save {consumer}: {error}"));
+    }
+
+    let lag = rows_ok(
+        &mut admin,
+        "select consumer, feed, shard_id, [cursor], \
+         convert(nvarchar(30), cursor_at, 126) as cursor_at_text, head_at, lag_ms, \
+         not_yet_in_feed, expired, problem \
+         from changefeed.consumer_lag order by feed, shard_id, consumer;",
+    )
+    .await;
+    let by_consumer: BTreeMap<String, &Row> = lag
+        .iter()
+        .map(|row| (required::<&str>(row, "consumer").to_owned(), row))
+        .collect();
+    assert_eq!(by_consumer.len(), 4, "one row per saved cursor");
+    let cursor_at = |consumer: &str| text(by_consumer[consumer], "cursor_at_text");
+    let lag_ms = |consumer: &str| required::<i64>(by_consumer[consumer], "lag_ms");
+    assert_eq!(
+        cursor_at("last_ms").as_deref(),
+        Some("9999-12-31T23:59:59.999")
+    );
+    assert_eq!(cursor_at("past_9999"), None, "not a datetime2: NULL");
+    assert_eq!(cursor_at("max"), None, "not a datetime2: NULL");
+    for consumer in ["last_ms", "past_9999", "max"] {
+        assert_eq!(lag_ms(consumer), 0, "{consumer} is past the head");
+        assert!(!required::<bool>(by_consumer[consumer], "expired"));
+    }
+    let head_ms = rows[2].ulid.timestamp_ms() as i64;
+    let first_ms = rows[0].ulid.timestamp_ms() as i64;
+    assert_eq!(lag_ms("at_event"), head_ms - first_ms);
+    assert!(
+        by_consumer
+            .values()
+            .all(|row| text(row, "problem").is_none()),
+        "no feed has a problem"
+    );
+    let status = scalar_i64(
+        &mut admin,
+        "select count_big(*) from changefeed.feed_status where feed = N'dbo.far';",
+    )
+    .await;
+    assert_eq!(status, 1);
+
+    #[cfg(feature = "cli")]
+    {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_changefeed"))
+            .args(["status", "--consumers", "--url", &db.ado()])
+            .output()
+            .expect("the changefeed binary runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{output:?}");
+        assert!(stdout.contains("past_9999"), "{stdout}");
+        assert!(stdout.contains("max"), "{stdout}");
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 3. One broken feed does not break the others (B10)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn a_dropped_or_recreated_event_table_is_reported_and_the_other_feeds_carry_on() {
+    let db = TestDb::create("reg_broken", Isolation::LockingReadCommitted).await;
+    broken_feed_scenario(&db).await;
+    db.drop_database().await;
+}
+
+/// Three feeds: `keep` (outbox mode, working), `ser` (serialized mode, its event table is
+/// dropped) and `again` (outbox mode, its event table dropped and re-created). After
+/// `refresh_feed_status`: `feed_status` shows `keep` as usual and one row for each broken
+/// feed with a NULL shard and a problem naming `teardown_feed`; `consumer_lag` works and
+/// shows the problem of `ser`'s consumer; `upgrade_all_feeds` upgrades `keep` and reports
+/// the other two as skipped; `setup_feed` on the re-created table says to tear down first
+/// (51001, not a duplicate key); tearing both down leaves `keep` alone and `again` can be
+/// set up anew.
+async fn broken_feed_scenario(db: &TestDb) {
+    let mut admin = db.client().await;
+    let keep = create_feed(&mut admin, "keep").await;
+    let ser = create_serialized_feed(&mut admin, "ser").await;
+    let again = create_feed(&mut admin, "again").await;
+    let mut writer = db.client().await;
+    write_ok(&mut writer, &keep, 0, 1, None).await;
+    let pool = changefeed::pool::pool(&db.ado(), 2).await.expect("a pool");
+    let reader = changefeed::reader::FeedReader::new(pool, keep.clone());
+    assert_eq!(read_to_end(&reader, 0, Cursor::START).await.len(), 1);
+    CursorStore::save(&mut admin, "ser_consumer", &ser, 0, Cursor::START)
+        .await
+        .expect("save a cursor on the serialized feed");
+
+    exec_ok(
+        &mut admin,
+        "drop table [dbo].[ser]; drop table [dbo].[again]; \
+         create table [dbo].[again] (id bigint not null primary key, \
+         payload nvarchar(50) null);",
+    )
+    .await;
+    // Documented: a view that names a dropped table cannot be bound until it is rebuilt.
+    let (number, _) = error_of(&mut admin, "select * from changefeed.feed_status;").await;
+    assert!(
+        matches!(number, 208 | 4413),
+        "feed_status before the refresh: {number}"
+    );
+
+    exec_ok(&mut admin, "exec changefeed.refresh_feed_status;").await;
+    let status = rows_ok(
+        &mut admin,
+        "select feed, mode, shard_id, problem from changefeed.feed_status order by feed;",
+    )
+    .await;
+    let summary: Vec<(String, Option<i32>, Option<String>)> = status
+        .iter()
+        .map(|row| {
+            (
+                required::<&str>(row, "feed").to_owned(),
+                row.try_get::<i32, &str>("shard_id").expect("shard_id"),
+                text(row, "problem"),
+            )
+        })
+        .collect();
+    assert_eq!(summary.len(), 3, "{summary:?}");
+    assert_eq!(summary[0].0, "dbo.again");
+    assert_eq!(summary[0].1, None);
+    let again_problem = summary[0].2.clone().expect("again has a problem");
+    assert!(
+        again_problem.contains("re-created")
+            && again_problem.contains("exec changefeed.teardown_feed @table_name = N'dbo.again'"),
+        "{again_problem}"
+    );
+    assert_eq!((summary[1].0.as_str(), summary[1].1), ("dbo.keep", Some(0)));
+    assert_eq!(summary[1].2, None);
+    assert_eq!(summary[2].0, "dbo.ser");
+    assert_eq!(summary[2].1, None);
+    let ser_problem = summary[2].2.clone().expect("ser has a problem");
+    assert!(
+        ser_problem.contains("dropped")
+            && ser_problem.contains("exec changefeed.teardown_feed @table_name = N'dbo.ser'"),
+        "{ser_problem}"
+    );
+    assert_eq!(
+        required::<&str>(&status[2], "mode"),
+        "serialize_writers",
+        "the registry's mode"
+    );
+
+    let lag = rows_ok(
+        &mut admin,
+        "select consumer, problem from changefeed.consumer_lag;",
+    )
+    .await;
+    assert_eq!(lag.len(), 1);
+    assert_eq!(text(&lag[0], "problem"), Some(ser_problem.clone()));
+
+    let report = rows_ok(&mut admin, "exec changefeed.upgrade_all_feeds;").await;
+    let report: Vec<(String, String, bool, Option<String>)> = report
+        .iter()
+        .map(|row| {
+            (
+                required::<&str>(row, "kind").to_owned(),
+                required::<&str>(row, "name").to_owned(),
+                required::<bool>(row, "upgraded"),
+                text(row, "problem"),
+            )
+        })
+        .collect();
+    let feeds: Vec<_> = report.iter().filter(|row| row.0 == "feed").collect();
+    assert_eq!(feeds.len(), 3, "{report:?}");
+    for (_, name, upgraded, problem) in feeds {
+        if name == "dbo.keep" {
+            assert!(*upgraded && problem.is_none(), "{report:?}");
+        } else {
+            assert!(!*upgraded && problem.is_some(), "{report:?}");
+        }
+    }
+    // keep still works after the upgrade.
+    write_ok(&mut writer, &keep, 0, 2, None).await;
+    assert_eq!(read_to_end(&reader, 0, Cursor::START).await.len(), 2);
+
+    let (number, message) = error_of(
+        &mut admin,
+        "exec changefeed.setup_feed @table_name = N'dbo.again', @outbox = 1;",
+    )
+    .await;
+    assert_eq!(number, 51001, "{message}");
+    assert!(message.contains("Tear it down first"), "{message}");
+
+    exec_ok(
+        &mut admin,
+        "exec changefeed.teardown_feed @table_name = N'dbo.ser'; \
+         exec changefeed.teardown_feed @table_name = N'dbo.again';",
+    )
+    .await;
+    let left = rows_ok(
+        &mut admin,
+        "select feed, problem from changefeed.feed_status;",
+    )
+    .await;
+    assert_eq!(left.len(), 1);
+    assert_eq!(required::<&str>(&left[0], "feed"), "dbo.keep");
+    assert!(
+        saved_cursors(&mut admin, "dbo.ser").await.is_empty(),
+        "teardown removed ser's cursors"
+    );
+    exec_ok(
+        &mut admin,
+        "exec changefeed.setup_feed @table_name = N'dbo.again', @outbox = 1;",
+    )
+    .await;
+    write_ok(&mut writer, &again, 0, 7, None).await;
+    let pool = changefeed::pool::pool(&db.ado(), 2).await.expect("a pool");
+    let reader = changefeed::reader::FeedReader::new(pool, again.clone());
+    assert_eq!(read_to_end(&reader, 0, Cursor::START).await.len(), 1);
+}
+
+// ------------------------------------------------------------------------------------------
+// 4. Cursors belong to their feed's readers (C13)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn only_a_feeds_readers_and_db_owner_may_save_or_load_its_cursors() {
+    let db = TestDb::create("reg_access", Isolation::LockingReadCommitted).await;
+    let logins = access_scenario(&db).await;
+    drop_logins(&db, &logins.iter().collect::<Vec<_>>()).await;
+    db.drop_database().await;
+}
+
+/// Feeds `a` and `b`. A reader of `a` saves and loads `a`'s cursors (through `CursorStore`,
+/// the Rust binding) but is refused `b`'s with 51112 naming `b`'s readers role; before the
+/// fix, every feed's readers could move every other feed's consumers. A user granted EXECUTE
+/// on save_cursor directly, in no readers role, is refused too; a db_owner may.
+async fn access_scenario(db: &TestDb) -> Vec<Login> {
+    let mut admin = db.client().await;
+    let a = create_feed(&mut admin, "acc_a").await;
+    let b = create_feed(&mut admin, "acc_b").await;
+    let reader_a = Login::new("ra", db);
+    reader_a.create(&mut admin, &[a.readers_role()], &[]).await;
+    let reader_b = Login::new("rb", db);
+    reader_b.create(&mut admin, &[b.readers_role()], &[]).await;
+    let stranger = Login::new("st", db);
+    stranger
+        .create(
+            &mut admin,
+            &[],
+            &[
+                "grant execute on object::changefeed.save_cursor to".to_owned(),
+                "grant execute on object::changefeed.load_cursor to".to_owned(),
+            ],
+        )
+        .await;
+    let owner = Login::new("ow", db);
+    owner
+        .create(&mut admin, &["[db_owner]".to_owned()], &[])
+        .await;
+
+    let mut as_a = reader_a.connect(db).await;
+    let cursor = Cursor::from_ulid(Ulid::from_parts(1_700_000_000_000, 42));
+    CursorStore::save(&mut as_a, "billing", &a, 0, cursor)
+        .await
+        .expect("a reader of a saves a's cursor");
+    assert_eq!(
+        CursorStore::load(&mut as_a, "billing", &a, 0)
+            .await
+            .expect("and loads it"),
+        Some(cursor)
+    );
+    let mut as_b = reader_b.connect(db).await;
+    CursorStore::save(&mut as_b, "billing", &b, 0, Cursor::START)
+        .await
+        .expect("a reader of b saves b's cursor");
+
+    for (client, feed) in [(&mut as_a, &b), (&mut as_b, &a)] {
+        let error = CursorStore::save(client, "billing", feed, 0, Cursor::START)
+            .await
+            .expect_err("a reader of one feed may not save another feed's cursor");
+        assert_eq!(error.server_number(), Some(51112), "{error}");
+        assert!(
+            error.to_string().contains(&feed.readers_role()),
+            "names the role to join: {error}"
+        );
+        let error = CursorStore::load(client, "billing", feed, 0)
+            .await
+            .expect_err("nor load it");
+        assert_eq!(error.server_number(), Some(51112), "{error}");
+    }
+    assert_eq!(
+        saved_cursors(&mut admin, "dbo.acc_a").await.get("billing"),
+        Some(&cursor.to_bytes().to_vec()),
+        "b's reader did not move a's consumer"
+    );
+
+    let mut as_stranger = stranger.connect(db).await;
+    let (number, _) = error_of(
+        &mut as_stranger,
+        &save_sql("billing", "dbo.acc_a", 0, &hex(&[0; 16])),
+    )
+    .await;
+    assert_eq!(number, 51112, "EXECUTE alone is not enough");
+
+    let mut as_owner = owner.connect(db).await;
+    CursorStore::save(&mut as_owner, "ops", &b, 0, Cursor::START)
+        .await
+        .expect("db_owner may save any feed's cursor");
+    let (number, _) = error_of(
+        &mut as_owner,
+        "exec changefeed.load_cursor @consumer = N'x', @feed = N'dbo.nothing', @shard_id = 0;",
+    )
+    .await;
+    assert_eq!(number, 51006, "a name that is not a feed");
+
+    for client in [as_a, as_b, as_stranger, as_owner] {
+        close(client).await;
+    }
+    vec![reader_a, reader_b, stranger, owner]
+}
+
+// ------------------------------------------------------------------------------------------
+// 5. Teardown removes the feed's cursors; roles come back without members (C14)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn teardown_removes_the_feeds_cursors_and_a_new_setup_has_empty_roles() {
+    let db = TestDb::create("reg_teardown", Isolation::LockingReadCommitted).await;
+    let mut admin = db.client().await;
+    let gone = create_feed(&mut admin, "td_gone").await;
+    let other = create_feed(&mut admin, "td_other").await;
+    for (consumer, shard) in [("a", 0), ("a", 1), ("b", 0)] {
+        CursorStore::save(&mut admin, consumer, &gone, shard, Cursor::START)
+            .await
+            .expect("save");
+    }
+    CursorStore::save(&mut admin, "a", &other, 0, Cursor::START)
+        .await
+        .expect("save");
+    exec_ok(
+        &mut admin,
+        &format!(
+            "create user [td_member] without login; alter role {} add member [td_member];",
+            gone.readers_role()
+        ),
+    )
+    .await;
+
+    exec_ok(
+        &mut admin,
+        "exec changefeed.teardown_feed @table_name = N'dbo.td_gone';",
+    )
+    .await;
+    assert!(saved_cursors(&mut admin, "dbo.td_gone").await.is_empty());
+    assert_eq!(
+        saved_cursors(&mut admin, "dbo.td_other").await.len(),
+        1,
+        "another feed's cursors stay"
+    );
+
+    exec_ok(
+        &mut admin,
+        "exec changefeed.setup_feed @table_name = N'dbo.td_gone', @outbox = 1;",
+    )
+    .await;
+    let members = scalar_i64(
+        &mut admin,
+        "select count_big(*) from sys.database_role_members \
+         where role_principal_id = database_principal_id(N'changefeed.readers:dbo.td_gone');",
+    )
+    .await;
+    assert_eq!(members, 0, "the re-created readers role has no members");
+    assert!(
+        CursorStore::load(&mut admin, "a", &gone, 0)
+            .await
+            .expect("load")
+            .is_none(),
+        "the new feed has no saved cursor"
+    );
+    db.drop_database().await;
+}
+
+// ------------------------------------------------------------------------------------------
+// 6. Names with a backslash (C15)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn names_with_a_backslash_are_refused_with_51000() {
+    let db = TestDb::create("reg_backslash", Isolation::LockingReadCommitted).await;
+    let mut admin = db.client().await;
+    exec_ok(
+        &mut admin,
+        "create table [dbo].[back\\slash] (id bigint not null primary key);",
+    )
+    .await;
+    for call in [
+        "exec changefeed.setup_feed @table_name = N'dbo.back\\slash', @outbox = 1;",
+        "exec changefeed.setup_feed @table_name = N'[dbo].[back\\slash]', @outbox = 1;",
+        "exec changefeed.setup_feed @table_name = N'dom\\x.t', @outbox = 1;",
+        "exec changefeed.upgrade_feed @table_name = N'dbo.back\\slash';",
+        "exec changefeed.teardown_feed @table_name = N'dbo.back\\slash';",
+    ] {
+        let (number, message) = error_of(&mut admin, call).await;
+        assert_eq!(number, 51000, "{call}: {message}");
+        assert!(
+            message.contains('\\'),
+            "the message lists the backslash: {message}"
+        );
+    }
+    assert_eq!(
+        scalar_i64(&mut admin, "select count_big(*) from changefeed.feeds;").await,
+        0
+    );
+    db.drop_database().await;
+}
+
+// ------------------------------------------------------------------------------------------
+// 7. Cursors of exactly 16 bytes (C16)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn save_cursor_refuses_any_cursor_that_is_not_sixteen_bytes() {
+    let db = TestDb::create("reg_length", Isolation::LockingReadCommitted).await;
+    let mut admin = db.client().await;
+    let feed = create_feed(&mut admin, "len").await;
+    let sixteen: Vec<u8> = (1..=16).collect();
+    let fifteen = sixteen[..15].to_vec();
+    let seventeen = [sixteen.clone(), vec![0]].concat();
+    for bytes in [&fifteen[..], &seventeen[..], &[][..]] {
+        let literal = if bytes.is_empty() {
+            "0x".to_owned()
+        } else {
+            hex(bytes)
+        };
+        let (number, message) =
+            error_of(&mut admin, &save_sql("len", "dbo.len", 0, &literal)).await;
+        assert_eq!(number, 51111, "{} bytes: {message}", bytes.len());
+    }
+    assert!(saved_cursors(&mut admin, "dbo.len").await.is_empty());
+    exec_ok(&mut admin, &save_sql("len", "dbo.len", 0, &hex(&sixteen))).await;
+    assert_eq!(
+        saved_cursors(&mut admin, "dbo.len").await.get("len"),
+        Some(&sixteen)
+    );
+    // The Rust binding still round-trips through the wider parameter.
+    let cursor = Cursor::from_bytes(&sixteen).expect("16 bytes");
+    CursorStore::save(&mut admin, "rust", &feed, 3, cursor)
+        .await
+        .expect("save");
+    assert_eq!(
+        CursorStore::load(&mut admin, "rust", &feed, 3)
+            .await
+            .expect("load"),
+        Some(cursor)
+    );
+    db.drop_database().await;
+}
+
+// ------------------------------------------------------------------------------------------
+// 8. Two first saves of one consumer (C17)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn concurrent_first_saves_of_one_consumer_never_fail_on_the_primary_key() {
+    common::under_both_isolations("reg_race", race_scenario).await;
+}
+
+const RACERS: usize = 8;
+const ROUNDS: usize = 40;
+
+/// Inside a transaction: a first save holds its key until commit; a second session's first
+/// save of the same consumer waits for it and then overwrites it (no 2627). Outside
+/// transactions: rounds of eight sessions saving one new consumer's first cursor at the same
+/// moment; before the fix, the update-then-insert of autocommit statements let two of them
+/// insert, and the second failed with 2627. Every save succeeds and one row remains.
+async fn race_scenario(db: &TestDb) {
+    let mut admin = db.client().await;
+    create_feed(&mut admin, "race").await;
+
+    let mut first = db.client().await;
+    exec_ok(
+        &mut first,
+        &format!(
+            "begin transaction; {}",
+            save_sql("held", "dbo.race", 0, &hex(&[1; 16]))
+        ),
+    )
+    .await;
+    let mut second = db.client().await;
+    let waiting = spawn_bounded("the second first save".to_owned(), LIMIT, async move {
+        exec(
+            &mut second,
+            &save_sql("held", "dbo.race", 0, &hex(&[2; 16])),
+        )
+        .await
+        .map_err(|error| error.to_string())?;
+        Ok(second)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the second save waits for the first"
+    );
+    exec_ok(&mut first, "commit transaction;").await;
+    close(join(waiting).await).await;
+    assert_eq!(
+        saved_cursors(&mut admin, "dbo.race").await.get("held"),
+        Some(&vec![2; 16]),
+        "the later save wins"
+    );
+
+    let mut clients = Vec::new();
+    for _ in 0..RACERS {
+        clients.push(db.client().await);
+    }
+    for round in 0..ROUNDS {
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(RACERS));
+        let mut tasks = Vec::new();
+        for (racer, mut client) in clients.drain(..).enumerate() {
+            let barrier = barrier.clone();
+            let sql = save_sql(
+                &format!("round_{round}"),
+                "dbo.race",
+                0,
+                &hex(&[u8::try_from(racer).expect("few racers"); 16]),
+            );
+            tasks.push(spawn_bounded(
+                format!("round {round} racer {racer}"),
+                LIMIT,
+                async move {
+                    barrier.wait().await;
+                    exec(&mut client, &sql)
+                        .await
+                        .map_err(|error| format!("first save: {error}"))?;
+                    Ok(client)
+                },
+            ));
+        }
+        for task in tasks {
+            clients.push(join(task).await);
+        }
+        let saved = scalar_i64(
+            &mut admin,
+            &format!(
+                "select count_big(*) from changefeed.consumer_cursor \
+                 where consumer = N'round_{round}';"
+            ),
+        )
+        .await;
+        assert_eq!(saved, 1, "round {round}: one row");
+    }
+    for client in clients {
+        close(client).await;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 9. Status views and isolation levels (C18, documented)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn status_views_inside_snapshot_or_serializable_fail_only_with_650_and_work_at_read_committed()
+ {
+    common::under_both_isolations("reg_views", views_scenario).await;
+}
+
+/// README, "Status views": the views read with READPAST, which SQL Server may refuse inside a
+/// SNAPSHOT or SERIALIZABLE transaction; then the error is 650 (nothing else), and at READ
+/// COMMITTED they work, also on a session that switches back from one of those levels.
+async fn views_scenario(db: &TestDb) {
+    let mut master = common::connect_to("master").await;
+    exec_ok(
+        &mut master,
+        &format!(
+            "alter database [{}] set allow_snapshot_isolation on;",
+            db.name
+        ),
+    )
+    .await;
+    let mut admin = db.client().await;
+    let feed = create_feed(&mut admin, "views").await;
+    let mut writer = db.client().await;
+    write_ok(&mut writer, &feed, 0, 1, None).await;
+    CursorStore::save(&mut admin, "c", &feed, 0, Cursor::START)
+        .await
+        .expect("save");
+
+    let mut client = db.client().await;
+    for level in ["snapshot", "serializable"] {
+        for view in ["changefeed.feed_status", "changefeed.consumer_lag"] {
+            let inside = format!(
+                "set transaction isolation level {level}; begin transaction; \
+                 select * from {view};"
+            );
+            match exec(&mut client, &inside).await {
+                Ok(()) => eprintln!("-- {view} works under {level} on this server"),
+                Err(error) => assert_eq!(
+                    error.server_number(),
+                    Some(650),
+                    "{view} under {level}: the documented refusal is 650, got {error}"
+                ),
+            }
+            exec_ok(
+                &mut client,
+                "if @@trancount > 0 rollback transaction; \
+                 set transaction isolation level read committed;",
+            )
+            .await;
+            let rows = rows_ok(&mut client, &format!("select * from {view};")).await;
+            assert_eq!(rows.len(), 1, "{view} at read committed");
+        }
+    }
+    close(client).await;
+}
