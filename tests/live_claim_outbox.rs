@@ -2408,6 +2408,28 @@ fn enqueue_in_task(
     })
 }
 
+/// Enqueues `key` (payload n = 1) in a transaction left open on `first`, then starts the
+/// same key's enqueue (payload n = 2) on `second` in a task, and asserts that it waits.
+async fn same_key_race(
+    store: &OutboxStore,
+    first: &mut Client,
+    second: Client,
+    key: &str,
+) -> (Enqueued, JoinHandle<(Enqueued, Client)>) {
+    begin(first).await;
+    let enqueued = store
+        .enqueue(first, &keyed(key, 1))
+        .await
+        .unwrap_or_else(|error| panic!("enqueue {key}: {error}"));
+    let waiting = enqueue_in_task(store, second, keyed(key, 2));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the same key {key} waits for the open transaction"
+    );
+    (enqueued, waiting)
+}
+
 async fn enqueue_keys_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_enqueue_keys";
     let store = outbox(TABLE);
@@ -2451,34 +2473,14 @@ async fn enqueue_keys_in(db: &TestDb) {
 
     // The same new key in two transactions: the second waits for the first and, once the
     // first commits, gets the first's row; nothing is doomed, one row.
-    begin(&mut first).await;
-    let original = store
-        .enqueue(&mut first, &keyed("dup-1", 1))
-        .await
-        .expect("first");
-    let waiting = enqueue_in_task(&store, second, keyed("dup-1", 2));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        !waiting.is_finished(),
-        "the same key waits for the open transaction"
-    );
+    let (original, waiting) = same_key_race(&store, &mut first, second, "dup-1").await;
     commit(&mut first).await;
     let (repeated, second) = join("the waiting enqueue of dup-1", waiting).await;
     assert_eq!(repeated, original);
     assert_eq!(count(&mut client, TABLE, "message_id = N'dup-1'").await, 1);
 
     // When the first rolls back, the second inserts its own row.
-    begin(&mut first).await;
-    let gone = store
-        .enqueue(&mut first, &keyed("dup-2", 1))
-        .await
-        .expect("first");
-    let waiting = enqueue_in_task(&store, second, keyed("dup-2", 2));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        !waiting.is_finished(),
-        "the same key waits for the open transaction"
-    );
+    let (gone, waiting) = same_key_race(&store, &mut first, second, "dup-2").await;
     rollback(&mut first).await;
     let (inserted, _) = join("the waiting enqueue of dup-2", waiting).await;
     assert_ne!(inserted.id, gone.id);
