@@ -42,6 +42,8 @@
 -- by a transaction that then rolls back; and an identity taken before a later id of the
 -- same aggregate commits but inserted after this claim read (two transactions enqueuing
 -- for one aggregate concurrently have no order between them anyway).
+-- The dirty read may fail with error 601 (data moved under it by a page split or a
+-- purge); the claim then rolls back having claimed nothing, and clients retry it (transient).
 -- The held aggregates and the sessions holding them are listed by
 -- [changefeed].[held_aggregates:changefeed.__template_outbox__] (POWEROFF.md).
 --
