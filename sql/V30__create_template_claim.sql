@@ -24,7 +24,9 @@
 -- aggregate, a claim or an acknowledgement not yet committed) makes the candidate wait for
 -- a later claim, whatever that transaction will do; an earlier row that is committed and
 -- still open (pending, processing, failed) does too. Only the rows of the candidate's own
--- aggregate are read, so only that aggregate waits.
+-- aggregate are read, so only that aggregate waits. Cost: each read of a head candidate
+-- walks the aggregate's rows not yet purged (as the single probe before it did), so keep
+-- aggregates fine-grained (an order, not a tenant) and purge done rows.
 -- Why not simpler:
 --   * a locking probe without READPAST (the previous design) waits for the open
 --     transaction: one business transaction left open stops every claim, for every
