@@ -59,7 +59,11 @@
 --   READUNCOMMITTED    the dirty read of the head probe (above); it takes no row locks.
 --   INDEX(head_of_aggregate)  both probe reads on one index, whose key an update of
 --                      status locks (status is an included column), so a row changed
---                      by an open transaction is seen as held by the committed read.
+--                      by an open transaction is seen as held by the committed read. It
+--                      is unfiltered on purpose: in a filtered index on open rows
+--                      (open_messages) an acknowledgement deletes the row's entry, and
+--                      an uncommitted delete is a ghost that both reads skip, so the
+--                      acknowledgement in flight would be invisible to the probe.
 --   MAXDOP 1           parallel plans with READPAST/UPDLOCK are known to deadlock.
 create or alter procedure [changefeed].[claim:changefeed.__template_outbox__]
     @batch_size int = 100,
