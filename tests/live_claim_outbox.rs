@@ -2852,3 +2852,135 @@ async fn migrate_refuses_a_database_below_compatibility_level_130() {
     )
     .await;
 }
+
+// ------------------------------------------------------------------------------------------
+// 20. relays racing: one message per aggregate in flight, in id order (issue 10, B6)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn racing_relays_keep_one_message_per_aggregate_in_flight_in_id_order() {
+    common::under_both_isolations("claim_race_order", racing_relays_in).await;
+}
+
+/// What the relays of `racing_relays_in` share: the message of each aggregate they hold,
+/// and the order in which each aggregate's messages were claimed.
+#[derive(Default)]
+struct Flight {
+    holding: BTreeMap<String, i64>,
+    order: BTreeMap<String, Vec<i64>>,
+}
+
+async fn racing_relays_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_race_order";
+    const RELAYS: usize = 6;
+    const AGGREGATES: usize = 5;
+    const PER_AGGREGATE: usize = 12;
+    let store = outbox(TABLE);
+    let mut admin = db.client().await;
+    setup_outbox(&mut admin, TABLE).await;
+
+    // Interleaved: each aggregate's messages are spread over the id range.
+    let messages: Vec<NewMessage> = (0..PER_AGGREGATE)
+        .flat_map(|n| (0..AGGREGATES).map(move |a| message_of(&format!("race-{a}"), n)))
+        .collect();
+    let enqueued = enqueue_committed(&store, &mut admin, &messages).await;
+    let mut expected: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for (message, row) in messages.iter().zip(&enqueued) {
+        let aggregate = message.aggregate_id.clone().expect("an aggregate");
+        expected.entry(aggregate).or_default().push(row.id);
+    }
+
+    let flight = Arc::new(std::sync::Mutex::new(Flight::default()));
+    let barrier = Arc::new(Barrier::new(RELAYS));
+    let mut tasks = Vec::new();
+    for relay in 0..RELAYS {
+        let name = db.name.clone();
+        let store = store.clone();
+        let flight = Arc::clone(&flight);
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            let mut client = common::connect_to(&name).await;
+            barrier.wait().await;
+            let started = Instant::now();
+            let mut acks = 0usize;
+            loop {
+                let batch = claim(&store, &mut client, 3, HELD).await;
+                {
+                    let mut flight = flight.lock().expect("the flight log");
+                    for message in &batch {
+                        let aggregate = message.aggregate_id.clone().expect("an aggregate");
+                        if let Some(held) = flight.holding.get(&aggregate) {
+                            panic!(
+                                "relay {relay} claimed {} of {aggregate} while {held} is in \
+                                 flight",
+                                message.id
+                            );
+                        }
+                        flight.holding.insert(aggregate.clone(), message.id);
+                        flight.order.entry(aggregate).or_default().push(message.id);
+                    }
+                }
+                if batch.is_empty() {
+                    if count(&mut client, TABLE, "status <> 2").await == 0 {
+                        return;
+                    }
+                    assert!(
+                        started.elapsed() < TASK_LIMIT,
+                        "relay {relay}: messages are left that no relay claims"
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                let token = token_of(&batch);
+                for message in &batch {
+                    acks += 1;
+                    // Every third acknowledgement first runs in a transaction that stays
+                    // open a moment and rolls back: the message is still in flight then.
+                    if acks.is_multiple_of(3) {
+                        begin(&mut client).await;
+                        assert_eq!(
+                            store
+                                .mark_done(&mut client, &[message.id], token)
+                                .await
+                                .unwrap(),
+                            1
+                        );
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        rollback(&mut client).await;
+                    }
+                    // Released before the acknowledgement commits: the next message of
+                    // the aggregate can only be claimed after that.
+                    let aggregate = message.aggregate_id.clone().expect("an aggregate");
+                    flight
+                        .lock()
+                        .expect("the flight log")
+                        .holding
+                        .remove(&aggregate);
+                    assert_eq!(
+                        store
+                            .mark_done(&mut client, &[message.id], token)
+                            .await
+                            .unwrap(),
+                        1,
+                        "relay {relay}: {} was still held under its token",
+                        message.id
+                    );
+                }
+            }
+        }));
+    }
+    for (relay, task) in tasks.into_iter().enumerate() {
+        join(&format!("relay {relay}"), task).await;
+    }
+
+    let order = std::mem::take(&mut flight.lock().expect("the flight log").order);
+    assert_eq!(
+        order, expected,
+        "each aggregate's messages were claimed once each, in id order"
+    );
+    assert_eq!(
+        count(&mut admin, TABLE, "status = 2").await,
+        enqueued.len() as i64
+    );
+}
