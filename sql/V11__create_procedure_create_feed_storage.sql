@@ -64,6 +64,10 @@ begin
             exec sys.sp_executesql @sql;
         end;
 
+        -- The outbox is a queue that readers drain with READPAST, row by row: its one index
+        -- allows no page locks (READPAST skips locked rows only, so a page lock would make
+        -- the move skip a page of committed rows or wait behind it; REORGANIZE needs page
+        -- locks, so maintain it with REBUILD) and its locks never escalate (above).
         if @mode = 'outbox' and object_id(@outbox, N'U') is null
         begin
             set @sql = N'create table ' + @outbox + N' ('
@@ -72,7 +76,8 @@ begin
                 + N'time_hint datetime2(3) not null default sysutcdatetime(), '
                 + @key_definitions + N', '
                 + N'constraint ' + quotename(N'outbox_pk:' + @schema_name + N'.' + @table_name)
-                + N' primary key clustered (shard_id, order_sequence));'
+                + N' primary key clustered (shard_id, order_sequence)'
+                + N' with (allow_page_locks = off));'
                 + N' alter table ' + @outbox + N' set (lock_escalation = disable);';
             exec sys.sp_executesql @sql;
         end;

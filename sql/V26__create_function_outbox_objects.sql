@@ -20,5 +20,6 @@ from (
     (N'mark_done'),
     (N'mark_failed'),
     (N'requeue'),
-    (N'purge_done')
+    (N'purge_done'),
+    (N'held_aggregates')
 ) as k (kind);

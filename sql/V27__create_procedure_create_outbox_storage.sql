@@ -7,6 +7,23 @@
 -- status: 0 pending, 1 processing, 2 done, 3 failed (due again at next_retry_at), 4 dead.
 -- attempts counts failures: mark_failed and expired claims, never a plain claim.
 -- Row store with a clustered bigint identity, never columnstore: claims are point updates.
+--
+-- Queue access, row by row (every statement that claims, acknowledges or probes skips or
+-- locks single rows, with READPAST where it must not wait):
+--   allow_page_locks = off on every index. READPAST skips locked rows only; a page lock
+--     (which the engine may choose for a scan of any index that allows them) would make a
+--     claimer skip a whole page of due messages, or make a READPAST reader wait behind it.
+--     Trade-off: ALTER INDEX ... REORGANIZE needs page locks; maintain these indexes with
+--     REBUILD instead.
+--   lock_escalation = disable. An escalated table lock (a large purge, a big enqueue batch)
+--     is not skipped by READPAST: every claimer and every writer would wait for it.
+-- Collations: message_id, aggregate_id and partition_key are keys compared by their exact
+-- text (a message id, an ordering group, a broker's routing key), so all three are
+-- Latin1_General_100_BIN2: 'ABC' and 'abc' are two keys under any database collation, and
+-- an expression that mixes two of them has one collation. An existing table keeps the
+-- collations it has (changing a collation is the owner's decision, as adding a column is):
+-- the generated code says the collation explicitly wherever two of these columns meet and
+-- never compares partition_key, so it runs with any collation of it.
 create or alter procedure [changefeed].[create_outbox_storage]
     @schema_name sysname,
     @table_name sysname,
@@ -14,6 +31,9 @@ create or alter procedure [changefeed].[create_outbox_storage]
 as
 begin
     set nocount, xact_abort on;
+    -- It begins and commits its own transaction: under a caller's SET IMPLICIT_TRANSACTIONS
+    -- ON that commit would leave a second level open with every lock held. Reverts on return.
+    set implicit_transactions off;
 
     declare @table nvarchar(300) = quotename(@schema_name) + N'.' + quotename(@table_name);
     declare @json_type nvarchar(20) = case
@@ -42,7 +62,7 @@ begin
                 + N'topic nvarchar(256) not null, '
                 + N'aggregate_type nvarchar(128) null, '
                 + N'aggregate_id nvarchar(256) collate Latin1_General_100_BIN2 null, '
-                + N'partition_key nvarchar(256) null, '
+                + N'partition_key nvarchar(256) collate Latin1_General_100_BIN2 null, '
                 + N'payload ' + @json_type + N' not null, '
                 + N'headers ' + @json_type + N' null, '
                 + N'trace_id nvarchar(128) null, '
@@ -55,7 +75,7 @@ begin
                 + N'processed_at datetime2(3) null, '
                 + N'last_error nvarchar(2000) null, '
                 + N'constraint ' + quotename(@table_name + N':pk')
-                + N' primary key clustered (id));';
+                + N' primary key clustered (id) with (allow_page_locks = off));';
             exec sys.sp_executesql @sql;
         end;
 
@@ -87,17 +107,18 @@ begin
             where object_id = @object_id and name = N'message_id_unique'
         )
         begin
-            set @sql = N'create unique index message_id_unique on ' + @table + N' (message_id);';
+            set @sql = N'create unique index message_id_unique on ' + @table
+                + N' (message_id) with (allow_page_locks = off);';
             exec sys.sp_executesql @sql;
         end;
-        -- The head probe: is there an earlier open row of this aggregate?
+        -- The head probes of claim: the earlier rows of an aggregate, read twice (see claim).
         if not exists (
             select 1 from sys.indexes
             where object_id = @object_id and name = N'head_of_aggregate'
         )
         begin
             set @sql = N'create index head_of_aggregate on ' + @table
-                + N' (aggregate_id, id) include (status);';
+                + N' (aggregate_id, id) include (status) with (allow_page_locks = off);';
             exec sys.sp_executesql @sql;
         end;
         -- The claim scan touches open rows only, however many done rows accumulate.
@@ -108,7 +129,7 @@ begin
         begin
             set @sql = N'create index open_messages on ' + @table
                 + N' (id) include (status, next_retry_at, claimed_at, aggregate_id)'
-                + N' where status in (0, 1, 3);';
+                + N' where status in (0, 1, 3) with (allow_page_locks = off);';
             exec sys.sp_executesql @sql;
         end;
         -- Retention: purge_done walks done rows by age.
@@ -118,7 +139,7 @@ begin
         )
         begin
             set @sql = N'create index done_by_processed_at on ' + @table
-                + N' (status, processed_at);';
+                + N' (status, processed_at) with (allow_page_locks = off);';
             exec sys.sp_executesql @sql;
         end;
 
@@ -134,6 +155,27 @@ begin
             set @sql = N'alter table ' + @table + N' add constraint '
                 + quotename(@table_name + N':json_ck')
                 + N' check (isjson(payload) = 1 and (headers is null or isjson(headers) = 1));';
+            exec sys.sp_executesql @sql;
+        end;
+
+        -- An existing table (created by hand, or before these options) gets them too. Both
+        -- are metadata changes that may run inside this transaction. ALL: any index of the
+        -- table is maintained by the claims' and acknowledgements' row updates, a user's
+        -- extra index too.
+        if exists (
+            select 1 from sys.indexes
+            where object_id = @object_id and index_id > 0 and allow_page_locks = 1
+        )
+        begin
+            set @sql = N'alter index all on ' + @table + N' set (allow_page_locks = off);';
+            exec sys.sp_executesql @sql;
+        end;
+        if exists (
+            select 1 from sys.tables
+            where object_id = @object_id and lock_escalation_desc <> N'DISABLE'
+        )
+        begin
+            set @sql = N'alter table ' + @table + N' set (lock_escalation = disable);';
             exec sys.sp_executesql @sql;
         end;
 

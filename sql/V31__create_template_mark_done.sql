@@ -8,6 +8,11 @@ create or alter procedure [changefeed].[mark_done:changefeed.__template_outbox__
 as
 begin
     set nocount, xact_abort on;
+    -- One statement, which commits on its own when the caller has no transaction. Under a
+    -- caller's SET IMPLICIT_TRANSACTIONS ON it would open one and return with it open,
+    -- holding the acknowledged rows locked: claim would hold back their aggregates until the client
+    -- commits. Reverts on return. Inside a caller's transaction it joins that transaction.
+    set implicit_transactions off;
 
     if @claim_token is null
         throw 51302, N'mark_done: @claim_token is null. Pass the claim_token that claim returned with these messages.', 1;

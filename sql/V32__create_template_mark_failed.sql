@@ -12,6 +12,11 @@ create or alter procedure [changefeed].[mark_failed:changefeed.__template_outbox
 as
 begin
     set nocount, xact_abort on;
+    -- One statement, which commits on its own when the caller has no transaction. Under a
+    -- caller's SET IMPLICIT_TRANSACTIONS ON it would open one and return with it open,
+    -- holding the row locked: claim would hold back their aggregates until the client
+    -- commits. Reverts on return. Inside a caller's transaction it joins that transaction.
+    set implicit_transactions off;
 
     if @id is null or @claim_token is null
         throw 51302, N'mark_failed: @id and @claim_token are required (the claim_token that claim returned).', 1;

@@ -11,6 +11,10 @@ create or alter procedure [changefeed].[purge_done:changefeed.__template_outbox_
 as
 begin
     set nocount, xact_abort on;
+    -- Each batch must commit on its own: under a caller's SET IMPLICIT_TRANSACTIONS ON the
+    -- first delete would open a transaction that holds every batch's locks until the client
+    -- commits. Reverts on return.
+    set implicit_transactions off;
 
     if @older_than_ms is null or @older_than_ms < 0 or @older_than_ms > 3155760000000
         throw 51308, N'purge_done: @older_than_ms must be between 0 and 3155760000000 (100 years), e.g. 7776000000 for 90 days.', 1;

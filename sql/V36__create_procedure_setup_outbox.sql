@@ -9,6 +9,9 @@ create or alter procedure [changefeed].[setup_outbox]
 as
 begin
     set nocount, xact_abort on;
+    -- It begins and commits its own transaction: under a caller's SET IMPLICIT_TRANSACTIONS
+    -- ON that commit would leave a level open with every lock held. Reverts on return.
+    set implicit_transactions off;
 
     declare @schema_name sysname;
     declare @object_name sysname;

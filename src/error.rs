@@ -78,13 +78,14 @@ pub enum Error {
 /// read_feed's "cursor expired" error.
 const CURSOR_EXPIRED: u32 = 51104;
 
-/// SQL Server error numbers a client may retry: deadlock victim, lock timeout, our own
-/// "lock not granted" errors (generators 51012, read_feed 51103, lock_feed 51202), and the
-/// Azure SQL transient set (reconfiguration, failover,
-/// throttling, database not yet available).
+/// SQL Server error numbers a client may retry: deadlock victim, lock timeout, a dirty read
+/// that lost its place to a page split (601: claim's head probe reads READUNCOMMITTED), our
+/// own "lock not granted" errors (generators 51012, read_feed 51103, lock_feed 51202,
+/// enqueue's message_id lock 51305), and the Azure SQL transient set (reconfiguration,
+/// failover, throttling, database not yet available).
 const TRANSIENT_SERVER_ERRORS: &[u32] = &[
-    1205, 1222, 51012, 51103, 51202, 4060, 4221, 10928, 10929, 40143, 40197, 40501, 40540, 40613,
-    49918, 49919, 49920,
+    601, 1205, 1222, 51012, 51103, 51202, 51305, 4060, 4221, 10928, 10929, 40143, 40197, 40501,
+    40540, 40613, 49918, 49919, 49920,
 ];
 
 impl Error {
@@ -181,6 +182,10 @@ mod tests {
         assert!(server(1205).is_transient());
         assert!(server(1222).is_transient());
         assert!(server(51103).is_transient());
+        assert!(
+            server(51305).is_transient(),
+            "enqueue's message_id lock not granted"
+        );
         assert!(Error::Connection("reset".into()).is_transient());
     }
 

@@ -39,15 +39,70 @@ pub fn bundle() -> Vec<(i32, String)> {
     list
 }
 
+/// The lowest database compatibility level the bundle runs under: `mark_done` of a claim
+/// outbox reads its ids with OPENJSON, which SQL Server only knows at level 130 and above
+/// (SQL Server 2017–2022 accept databases at lower levels).
+pub const MIN_COMPATIBILITY_LEVEL: i32 = 130;
+
+/// Decides whether a database at compatibility `level` can take the bundle; the error names
+/// the database and the statement that fixes it.
+///
+/// ```
+/// use changefeed::migrations::check_compatibility_level;
+///
+/// assert!(check_compatibility_level("app", 160).is_ok());
+/// let error = check_compatibility_level("app", 120).unwrap_err();
+/// assert!(error.to_string().contains("alter database [app] set compatibility_level = 130"));
+/// ```
+pub fn check_compatibility_level(database: &str, level: i32) -> Result<()> {
+    if level >= MIN_COMPATIBILITY_LEVEL {
+        return Ok(());
+    }
+    Err(Error::Migration(format!(
+        "the database {database:?} is at compatibility level {level}, and the changefeed \
+         bundle needs {MIN_COMPATIBILITY_LEVEL} or higher (OPENJSON). Nothing was applied. \
+         Raise it first: alter database [{}] set compatibility_level = {MIN_COMPATIBILITY_LEVEL};",
+        database.replace(']', "]]")
+    )))
+}
+
 /// Applies every migration of the bundle that the database does not have yet.
 ///
-/// Run it before your own migrations that call `changefeed.setup_feed`. A migration that
-/// fails is rolled back, and the error keeps SQL Server's error number.
+/// Run it before your own migrations that call `changefeed.setup_feed`. A database below
+/// compatibility level [`MIN_COMPATIBILITY_LEVEL`] is refused before anything is applied
+/// ([`check_compatibility_level`]). A migration that fails is rolled back, and the error
+/// keeps SQL Server's error number.
 pub async fn migrate<S>(client: &mut tiberius::Client<S>) -> Result<refinery::Report>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    let (database, level) = compatibility_level(client).await?;
+    check_compatibility_level(&database, level)?;
     runner().run_async(client).await.map_err(from_refinery)
+}
+
+/// The current database's name and compatibility level.
+async fn compatibility_level<S>(client: &mut tiberius::Client<S>) -> Result<(String, i32)>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let row = client
+        .simple_query(
+            "select db_name(), convert(int, compatibility_level) \
+             from sys.databases where database_id = db_id();",
+        )
+        .await?
+        .into_row()
+        .await?
+        .ok_or_else(|| Error::Migration("sys.databases has no row for this database".into()))?;
+    let database = row
+        .try_get::<&str, usize>(0)?
+        .unwrap_or_default()
+        .to_owned();
+    let level = row
+        .try_get::<i32, usize>(1)?
+        .ok_or_else(|| Error::Migration("the database has no compatibility level".into()))?;
+    Ok((database, level))
 }
 
 /// Keeps the server's error (number, message) when refinery wraps one.
@@ -108,6 +163,31 @@ mod tests {
                 "versions must be contiguous from 1"
             );
             assert!(!name.is_empty());
+        }
+    }
+
+    #[test]
+    fn compatibility_level_130_and_above_is_accepted() {
+        for level in [130, 140, 150, 160, 170] {
+            assert!(check_compatibility_level("app", level).is_ok(), "{level}");
+        }
+    }
+
+    #[test]
+    fn compatibility_level_below_130_is_refused_with_the_fix() {
+        for level in [80, 90, 100, 110, 120, 129] {
+            let error = check_compatibility_level("my]db", level).unwrap_err();
+            let text = error.to_string();
+            assert!(matches!(error, Error::Migration(_)), "{text}");
+            assert!(
+                text.contains(&format!("compatibility level {level}")),
+                "{text}"
+            );
+            assert!(
+                text.contains("alter database [my]]db] set compatibility_level = 130;"),
+                "{text}"
+            );
+            assert!(text.contains("Nothing was applied"), "{text}");
         }
     }
 

@@ -1671,13 +1671,14 @@ async fn setup_outbox_repairs_a_partial_install_and_never_drops_data() {
     common::under_both_isolations("claim_repair", setup_outbox_repairs_in).await;
 }
 
-const KINDS: [&str; 6] = [
+const KINDS: [&str; 7] = [
     "enqueue",
     "claim",
     "mark_done",
     "mark_failed",
     "requeue",
     "purge_done",
+    "held_aggregates",
 ];
 const INDEXES: [&str; 4] = [
     "message_id_unique",
@@ -1752,6 +1753,48 @@ async fn assert_complete(client: &mut Client, table: &str) {
     assert_eq!(
         filtered, 1,
         "open_messages is the filtered index on open rows"
+    );
+    assert_queue_storage(client, &format!("dbo.{table}")).await;
+}
+
+/// Asserts `table` (a quoted or plain two-part name) is stored for row-by-row queue access:
+/// no index allows page locks, and its locks never escalate.
+async fn assert_queue_storage(client: &mut Client, table: &str) {
+    let escaped = table.replace('\'', "''");
+    let indexes = scalar_i64(
+        client,
+        &format!(
+            "select count(*) from sys.indexes \
+             where object_id = object_id(N'{escaped}', N'U') and index_id > 0;"
+        ),
+    )
+    .await;
+    assert!(indexes >= 1, "{table} has indexes");
+    let paged = strings(
+        client,
+        &format!(
+            "select name from sys.indexes \
+             where object_id = object_id(N'{escaped}', N'U') and index_id > 0 \
+             and allow_page_locks = 1;"
+        ),
+    )
+    .await;
+    assert!(
+        paged.is_empty(),
+        "{table}: indexes allowing page locks: {paged:?}"
+    );
+    let escalation = strings(
+        client,
+        &format!(
+            "select lock_escalation_desc from sys.tables \
+             where object_id = object_id(N'{escaped}', N'U');"
+        ),
+    )
+    .await;
+    assert_eq!(
+        escalation,
+        BTreeSet::from(["DISABLE".to_owned()]),
+        "{table}"
     );
 }
 
@@ -2085,4 +2128,859 @@ async fn invalid_arguments_in(db: &TestDb) {
         );
         assert_eq!(registry_rows(&mut client, "outbox_native").await, 0);
     }
+}
+
+// ------------------------------------------------------------------------------------------
+// 14. liveness: an open transaction holds back only its own aggregate (issue 10, B6)
+// ------------------------------------------------------------------------------------------
+
+/// How long a claim next to an open transaction may take before the test calls it blocked.
+/// The claim never waits for a lock, so this only has to cover a slow machine.
+const NOT_BLOCKED: Duration = Duration::from_secs(20);
+
+/// A claim that must not wait for another session's open transaction.
+async fn claim_unblocked(
+    store: &OutboxStore,
+    client: &mut Client,
+    what: &str,
+) -> Vec<ClaimedMessage> {
+    common::tasks::bounded(what, NOT_BLOCKED, claim(store, client, 100, HELD)).await
+}
+
+/// This connection's session id.
+async fn session_id(client: &mut Client) -> i64 {
+    scalar_i64(client, "select convert(int, @@spid);").await
+}
+
+/// One held aggregate as `held_aggregates` reports it.
+#[derive(Debug, PartialEq, Eq)]
+struct Held {
+    aggregate_id: String,
+    held_id: i64,
+    held_status: u8,
+    waiting: i64,
+    first_waiting_id: i64,
+}
+
+/// Runs `[held_aggregates:TABLE]`: the held aggregates and the sessions holding rows.
+async fn held_aggregates(client: &mut Client, table: &str) -> (Vec<Held>, BTreeSet<i64>) {
+    let text = format!("exec [changefeed].[held_aggregates:{table}];");
+    let sets = client
+        .simple_query(text.as_str())
+        .await
+        .unwrap_or_else(|error| panic!("{text}: {error}"))
+        .into_results()
+        .await
+        .unwrap_or_else(|error| panic!("{text}: {error}"));
+    assert_eq!(sets.len(), 2, "{text} returns two result sets");
+    let held = sets[0]
+        .iter()
+        .map(|row| Held {
+            aggregate_id: String::column(row, 0).expect("aggregate_id"),
+            held_id: i64::column(row, 1).expect("held_id"),
+            held_status: u8::column(row, 2).expect("held_status"),
+            waiting: i64::column(row, 3).expect("waiting"),
+            first_waiting_id: i64::column(row, 4).expect("first_waiting_id"),
+        })
+        .collect();
+    let sessions = sets[1]
+        .iter()
+        .map(|row| i64::from(i32::column(row, 0).expect("session_id")))
+        .collect();
+    (held, sessions)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn open_enqueue_of_one_aggregate_does_not_stop_the_claim_of_others() {
+    common::under_both_isolations("claim_open_enqueue", open_enqueue_in).await;
+}
+
+async fn open_enqueue_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_open_enqueue";
+    let store = outbox(TABLE);
+    let mut client = db.client().await;
+    let mut writer = db.client().await;
+    setup_outbox(&mut client, TABLE).await;
+    let writer_session = session_id(&mut writer).await;
+
+    // A business transaction enqueues A's first message and stays open; A's second message
+    // and B's first, and a message without an aggregate, commit after it.
+    begin(&mut writer).await;
+    let a1 = store
+        .enqueue(&mut writer, &message_of("A", 1))
+        .await
+        .expect("enqueue in the open transaction")
+        .id;
+    let committed = enqueue_committed(
+        &store,
+        &mut client,
+        &[message_of("A", 2), message_of("B", 1), loose_message(1)],
+    )
+    .await;
+    let [a2, b1, l1] = [committed[0].id, committed[1].id, committed[2].id];
+    assert!(a1 < a2, "the open enqueue took the earlier id");
+
+    // The claim does not wait for the open transaction: B and the loose message go out,
+    // A's committed later message does not overtake A's uncommitted earlier one.
+    let first = claim_unblocked(&store, &mut client, "claim next to an open enqueue").await;
+    assert_eq!(ids(&first), vec![b1, l1]);
+    assert_eq!(
+        store
+            .mark_done(&mut client, &[b1, l1], token_of(&first))
+            .await
+            .unwrap(),
+        2
+    );
+    let again = claim_unblocked(&store, &mut client, "claim again").await;
+    assert!(again.is_empty(), "A stays held while a1 is open: {again:?}");
+
+    // It is visible: which aggregate, which row, which session.
+    let (held, sessions) = held_aggregates(&mut client, TABLE).await;
+    assert_eq!(
+        held,
+        vec![Held {
+            aggregate_id: "A".to_owned(),
+            held_id: a1,
+            held_status: PENDING,
+            waiting: 1,
+            first_waiting_id: a2,
+        }]
+    );
+    assert!(
+        sessions.contains(&writer_session),
+        "the writer's session {writer_session} is among the holders: {sessions:?}"
+    );
+
+    // The writer commits: A's messages go out in id order, one at a time.
+    commit(&mut writer).await;
+    let after_commit = claim_unblocked(&store, &mut client, "claim after the commit").await;
+    assert_eq!(ids(&after_commit), vec![a1]);
+    assert!(
+        claim(&store, &mut client, 100, HELD).await.is_empty(),
+        "a2 waits for a1"
+    );
+    store
+        .mark_done(&mut client, &[a1], token_of(&after_commit))
+        .await
+        .unwrap();
+    assert_eq!(ids(&claim(&store, &mut client, 100, HELD).await), vec![a2]);
+    assert!(held_aggregates(&mut client, TABLE).await.0.is_empty());
+
+    // Another open enqueue, of C, that rolls back: C's later message goes out after it.
+    begin(&mut writer).await;
+    let c1 = store
+        .enqueue(&mut writer, &message_of("C", 1))
+        .await
+        .expect("enqueue in the open transaction")
+        .id;
+    let committed = enqueue_committed(
+        &store,
+        &mut client,
+        &[message_of("C", 2), message_of("D", 1)],
+    )
+    .await;
+    let [c2, d1] = [committed[0].id, committed[1].id];
+    assert!(c1 < c2);
+    let only_d = claim_unblocked(&store, &mut client, "claim next to C's open enqueue").await;
+    assert_eq!(ids(&only_d), vec![d1]);
+    rollback(&mut writer).await;
+    let after_rollback = claim_unblocked(&store, &mut client, "claim after the rollback").await;
+    assert_eq!(ids(&after_rollback), vec![c2]);
+    assert_eq!(count(&mut client, TABLE, &format!("id = {c1}")).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn acknowledgement_in_flight_holds_only_its_aggregate() {
+    common::under_both_isolations("claim_ack_in_flight", ack_in_flight_in).await;
+}
+
+async fn ack_in_flight_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_ack_in_flight";
+    let store = outbox(TABLE);
+    let mut client = db.client().await;
+    let mut acker = db.client().await;
+    setup_outbox(&mut client, TABLE).await;
+
+    let committed = enqueue_committed(
+        &store,
+        &mut client,
+        &[message_of("A", 1), message_of("A", 2)],
+    )
+    .await;
+    let [a1, a2] = [committed[0].id, committed[1].id];
+    let first = claim(&store, &mut client, 100, HELD).await;
+    assert_eq!(ids(&first), vec![a1]);
+    let token = token_of(&first);
+
+    // An acknowledgement of a1 inside a transaction that is still open: a1 reads as done
+    // to a dirty read, but may still roll back. a2 must not be claimed meanwhile (it would
+    // be in flight next to a1 if the acknowledgement rolled back); E goes out; nothing waits.
+    begin(&mut acker).await;
+    assert_eq!(store.mark_done(&mut acker, &[a1], token).await.unwrap(), 1);
+    let e1 = enqueue_committed(&store, &mut client, &[message_of("E", 1)]).await[0].id;
+    let during = claim_unblocked(&store, &mut client, "claim next to an open mark_done").await;
+    assert_eq!(ids(&during), vec![e1]);
+    let (held, _) = held_aggregates(&mut client, TABLE).await;
+    assert_eq!(
+        held.iter()
+            .map(|h| (h.aggregate_id.as_str(), h.held_id, h.held_status))
+            .collect::<Vec<_>>(),
+        vec![("A", a1, DONE)],
+        "a1 is held, as last written (done, uncommitted)"
+    );
+
+    // It rolls back: a1 is processing again under its token, and a2 still waits for it.
+    rollback(&mut acker).await;
+    assert_eq!(row_state(&mut client, TABLE, a1).await.status, PROCESSING);
+    let after = claim_unblocked(&store, &mut client, "claim after the rollback").await;
+    assert!(after.is_empty(), "a2 waits for processing a1: {after:?}");
+
+    // The same acknowledgement, committed: a2 is the head now.
+    assert_eq!(store.mark_done(&mut client, &[a1], token).await.unwrap(), 1);
+    assert_eq!(ids(&claim(&store, &mut client, 100, HELD).await), vec![a2]);
+
+    // A claim left open in another transaction holds its rows the same way: the next
+    // message of that aggregate waits, other aggregates do not.
+    let more = enqueue_committed(
+        &store,
+        &mut client,
+        &[message_of("F", 1), message_of("F", 2), message_of("G", 1)],
+    )
+    .await;
+    let [f1, f2, g1] = [more[0].id, more[1].id, more[2].id];
+    begin(&mut acker).await;
+    let open_claim = store
+        .claim(&mut acker, 1, HELD)
+        .await
+        .expect("claim in a transaction");
+    assert_eq!(ids(&open_claim), vec![f1]);
+    let beside = claim_unblocked(&store, &mut client, "claim next to an open claim").await;
+    assert_eq!(
+        ids(&beside),
+        vec![g1],
+        "f2 waits for f1, whose claim is not committed"
+    );
+    rollback(&mut acker).await;
+    let after_claim_rollback = claim_unblocked(&store, &mut client, "claim after it").await;
+    assert_eq!(
+        ids(&after_claim_rollback),
+        vec![f1],
+        "f1 is pending again, f2 still waits"
+    );
+    assert!(!ids(&after_claim_rollback).contains(&f2));
+}
+
+// ------------------------------------------------------------------------------------------
+// 15. enqueue with a caller's message_id takes no range locks (issue 10, B7)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn enqueue_of_new_message_ids_does_not_block_other_transactions() {
+    common::under_both_isolations("claim_enqueue_keys", enqueue_keys_in).await;
+}
+
+fn keyed(message_id: &str, n: usize) -> NewMessage {
+    NewMessage {
+        message_id: Some(message_id.to_owned()),
+        ..message_of(message_id, n)
+    }
+}
+
+/// Starts `message` enqueued on `client` inside a new transaction, in a task; the task
+/// commits once the enqueue returned and hands back the result and the connection.
+fn enqueue_in_task(
+    store: &OutboxStore,
+    mut client: Client,
+    message: NewMessage,
+) -> JoinHandle<(Enqueued, Client)> {
+    let store = store.clone();
+    tokio::spawn(async move {
+        begin(&mut client).await;
+        let enqueued = store
+            .enqueue(&mut client, &message)
+            .await
+            .unwrap_or_else(|error| panic!("enqueue {:?}: {error}", message.message_id));
+        commit(&mut client).await;
+        (enqueued, client)
+    })
+}
+
+/// Enqueues `key` (payload n = 1) in a transaction left open on `first`, then starts the
+/// same key's enqueue (payload n = 2) on `second` in a task, and asserts that it waits.
+async fn same_key_race(
+    store: &OutboxStore,
+    first: &mut Client,
+    second: Client,
+    key: &str,
+) -> (Enqueued, JoinHandle<(Enqueued, Client)>) {
+    begin(first).await;
+    let enqueued = store
+        .enqueue(first, &keyed(key, 1))
+        .await
+        .unwrap_or_else(|error| panic!("enqueue {key}: {error}"));
+    let waiting = enqueue_in_task(store, second, keyed(key, 2));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the same key {key} waits for the open transaction"
+    );
+    (enqueued, waiting)
+}
+
+async fn enqueue_keys_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_enqueue_keys";
+    let store = outbox(TABLE);
+    let mut client = db.client().await;
+    let mut first = db.client().await;
+    let mut second = db.client().await;
+    setup_outbox(&mut client, TABLE).await;
+    enqueue_committed(&store, &mut client, &[keyed("key-0005", 1)]).await;
+    let first_session = session_id(&mut first).await;
+
+    // Two open transactions enqueue new keys in the same gap of the unique index (after the
+    // last key, and between two keys): neither waits for the other, and the first holds no
+    // key-range lock.
+    begin(&mut first).await;
+    store
+        .enqueue(&mut first, &keyed("key-0006", 1))
+        .await
+        .expect("first");
+    let range_locks = scalar_i64(
+        &mut client,
+        &format!(
+            "select count(*) from sys.dm_tran_locks \
+             where request_session_id = {first_session} and request_mode like N'Range%';"
+        ),
+    )
+    .await;
+    assert_eq!(range_locks, 0, "enqueue holds no key-range lock");
+    begin(&mut second).await;
+    for key in ["key-0007", "key-0004", "key-0006a"] {
+        common::tasks::bounded(
+            &format!("enqueue {key} next to an open enqueue of key-0006"),
+            NOT_BLOCKED,
+            store.enqueue(&mut second, &keyed(key, 1)),
+        )
+        .await
+        .expect("second");
+    }
+    commit(&mut second).await;
+    commit(&mut first).await;
+    assert_eq!(count(&mut client, TABLE, "1 = 1").await, 5);
+
+    // The same new key in two transactions: the second waits for the first and, once the
+    // first commits, gets the first's row; nothing is doomed, one row.
+    let (original, waiting) = same_key_race(&store, &mut first, second, "dup-1").await;
+    commit(&mut first).await;
+    let (repeated, second) = join("the waiting enqueue of dup-1", waiting).await;
+    assert_eq!(repeated, original);
+    assert_eq!(count(&mut client, TABLE, "message_id = N'dup-1'").await, 1);
+
+    // When the first rolls back, the second inserts its own row.
+    let (gone, waiting) = same_key_race(&store, &mut first, second, "dup-2").await;
+    rollback(&mut first).await;
+    let (inserted, _) = join("the waiting enqueue of dup-2", waiting).await;
+    assert_ne!(inserted.id, gone.id);
+    assert_eq!(inserted.message_id, "dup-2");
+    assert_eq!(count(&mut client, TABLE, "message_id = N'dup-2'").await, 1);
+    let payload = strings(
+        &mut client,
+        &format!("select payload from {TABLE} where message_id = N'dup-2';"),
+    )
+    .await;
+    let stored: serde_json::Value =
+        serde_json::from_str(payload.iter().next().expect("the row")).unwrap();
+    assert_eq!(stored, json!({ "aggregate": "dup-2", "n": 2 }));
+}
+
+// ------------------------------------------------------------------------------------------
+// 16. implicit transactions (issue 10, B3)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn outbox_procedures_leave_no_transaction_open_under_implicit_transactions() {
+    common::under_both_isolations("claim_implicit", implicit_transactions_in).await;
+}
+
+/// Asserts the session has no transaction open, and that IMPLICIT_TRANSACTIONS is still on
+/// (a procedure's SET reverts on return: the client's setting is untouched).
+async fn assert_no_transaction(client: &mut Client, after: &str) {
+    assert_eq!(
+        scalar_i64(client, "select @@trancount;").await,
+        0,
+        "{after} left a transaction open"
+    );
+    assert_eq!(
+        scalar_i64(client, "select @@options & 2;").await,
+        2,
+        "{after} changed the session's IMPLICIT_TRANSACTIONS"
+    );
+}
+
+async fn implicit_transactions_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_implicit";
+    let store = outbox(TABLE);
+    let mut client = db.client().await;
+    let mut other = db.client().await;
+    setup_outbox(&mut client, TABLE).await;
+    sql(&mut client, "create table dbo.business (n int not null);").await;
+    let enqueued = enqueue_committed(
+        &store,
+        &mut client,
+        &[message_of("A", 1), message_of("B", 1), message_of("C", 1)],
+    )
+    .await;
+    let [a1, b1, c1] = [enqueued[0].id, enqueued[1].id, enqueued[2].id];
+
+    sql(&mut client, "set implicit_transactions on;").await;
+    assert_no_transaction(&mut client, "set implicit_transactions on").await;
+
+    // Setup and upgrade commit their own transactions.
+    setup_outbox(&mut client, TABLE).await;
+    assert_no_transaction(&mut client, "setup_outbox").await;
+    sql(
+        &mut client,
+        &format!("exec changefeed.upgrade_outbox @table_name = N'{TABLE}';"),
+    )
+    .await;
+    assert_no_transaction(&mut client, "upgrade_outbox").await;
+
+    // The claim commits: another session can acknowledge and claim at once.
+    let claimed = claim(&store, &mut client, 100, HELD).await;
+    assert_eq!(ids(&claimed), vec![a1, b1, c1]);
+    assert_no_transaction(&mut client, "claim").await;
+    let token = token_of(&claimed);
+    assert_eq!(
+        common::tasks::bounded(
+            "mark_done on another session after an implicit-transaction claim",
+            NOT_BLOCKED,
+            store.mark_done(&mut other, &[a1], token),
+        )
+        .await
+        .unwrap(),
+        1
+    );
+
+    // The acknowledgements commit: the rows they touched are not held.
+    assert_eq!(store.mark_done(&mut client, &[b1], token).await.unwrap(), 1);
+    assert_no_transaction(&mut client, "mark_done").await;
+    assert_eq!(
+        store
+            .mark_failed(
+                &mut client,
+                c1,
+                token,
+                Some(Duration::from_secs(3600)),
+                false,
+                "x"
+            )
+            .await
+            .unwrap(),
+        1
+    );
+    assert_no_transaction(&mut client, "mark_failed").await;
+    assert_eq!(
+        store
+            .requeue(&mut client, c1, None, Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_no_transaction(&mut client, "requeue").await;
+    held_aggregates(&mut client, TABLE).await;
+    assert_no_transaction(&mut client, "held_aggregates").await;
+    set_column(
+        &mut other,
+        TABLE,
+        "processed_at",
+        "dateadd(day, -2, sysutcdatetime())",
+        &[a1, b1],
+    )
+    .await;
+    assert_eq!(
+        store
+            .purge_done(&mut client, days(1), 1, None)
+            .await
+            .unwrap(),
+        2
+    );
+    assert_no_transaction(&mut client, "purge_done").await;
+    let held = held_aggregates(&mut other, TABLE).await.0;
+    assert!(
+        held.is_empty(),
+        "nothing is held by the implicit-transaction session: {held:?}"
+    );
+
+    // enqueue needs the caller's transaction; the EXEC alone opens none, and the error says
+    // what to do. After the business change (which opens the implicit transaction) it runs.
+    let refused = store.enqueue(&mut client, &message_of("D", 1)).await;
+    let message = server_error(refused, 51300, "enqueue as the first statement");
+    assert!(message.contains("IMPLICIT_TRANSACTIONS"), "{message}");
+    assert!(message.contains("BEGIN TRANSACTION"), "{message}");
+    sql(&mut client, "insert into dbo.business (n) values (1);").await;
+    let d1 = store
+        .enqueue(&mut client, &message_of("D", 1))
+        .await
+        .expect("enqueue after the business change")
+        .id;
+    assert_eq!(scalar_i64(&mut client, "select @@trancount;").await, 1);
+    sql(&mut client, "commit transaction;").await;
+    assert_no_transaction(&mut client, "commit").await;
+    assert_eq!(count(&mut other, TABLE, &format!("id = {d1}")).await, 1);
+}
+
+// ------------------------------------------------------------------------------------------
+// 17. collations of the key columns (issue 10, A2)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn partition_key_is_binary_and_claim_works_with_any_collation_of_it() {
+    common::under_both_isolations("claim_collation", collation_in).await;
+}
+
+/// The collation of every column of `table` named in `columns`, by column.
+async fn collations(client: &mut Client, table: &str) -> BTreeMap<String, String> {
+    let query = format!(
+        "select name, collation_name from sys.columns \
+         where object_id = object_id(N'{table}') \
+         and name in (N'message_id', N'aggregate_id', N'partition_key');"
+    );
+    rows(client, &query)
+        .await
+        .unwrap_or_else(|error| panic!("{query}: {error}"))
+        .iter()
+        .map(|row| {
+            (
+                String::column(row, 0).expect("name"),
+                String::column(row, 1).expect("collation_name"),
+            )
+        })
+        .collect()
+}
+
+async fn collation_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_collation";
+    let store = outbox(TABLE);
+    let mut client = db.client().await;
+    setup_outbox(&mut client, TABLE).await;
+    let binary = "Latin1_General_100_BIN2".to_owned();
+    assert_eq!(
+        collations(&mut client, TABLE).await,
+        BTreeMap::from([
+            ("aggregate_id".to_owned(), binary.clone()),
+            ("message_id".to_owned(), binary.clone()),
+            ("partition_key".to_owned(), binary.clone()),
+        ])
+    );
+
+    // partition_key defaults to aggregate_id; aggregates compare exactly ('Ord-1' and
+    // 'ord-1' are two aggregates, so both heads go out in one claim).
+    let routed = NewMessage {
+        partition_key: Some("pk-x".to_owned()),
+        ..message_of("ord-1", 1)
+    };
+    let loose_routed = NewMessage {
+        partition_key: Some("pk-y".to_owned()),
+        ..loose_message(1)
+    };
+    enqueue_committed(
+        &store,
+        &mut client,
+        &[message_of("Ord-1", 1), routed, loose_routed],
+    )
+    .await;
+    let claimed = claim(&store, &mut client, 100, HELD).await;
+    let keys: Vec<Option<&str>> = claimed.iter().map(|m| m.partition_key.as_deref()).collect();
+    assert_eq!(keys, vec![Some("Ord-1"), Some("pk-x"), Some("pk-y")]);
+
+    // A table made by hand with two other, different collations on aggregate_id and
+    // partition_key: setup_outbox keeps them (the owner's decision), and claim still mixes
+    // the two columns without a collation conflict.
+    sql(
+        &mut client,
+        "create table dbo.outbox_collation_handmade ( \
+             id bigint identity (1, 1) not null primary key clustered, \
+             message_id nvarchar(64) not null default (convert(nvarchar(64), newid())), \
+             topic nvarchar(256) not null, \
+             aggregate_type nvarchar(128) null, \
+             aggregate_id nvarchar(256) collate Latin1_General_CI_AS null, \
+             partition_key nvarchar(256) collate French_CI_AS null, \
+             payload nvarchar(max) not null, \
+             headers nvarchar(max) null, \
+             trace_id nvarchar(128) null, \
+             status tinyint not null default 0, \
+             attempts int not null default 0, \
+             claimed_at datetime2(3) null, \
+             claim_token uniqueidentifier null, \
+             next_retry_at datetime2(3) null, \
+             created_at datetime2(3) not null default sysutcdatetime(), \
+             processed_at datetime2(3) null, \
+             last_error nvarchar(2000) null \
+         );",
+    )
+    .await;
+    setup_outbox(&mut client, "dbo.outbox_collation_handmade").await;
+    let handmade = "dbo.outbox_collation_handmade";
+    let kept = collations(&mut client, handmade).await;
+    assert_eq!(
+        kept.get("aggregate_id").map(String::as_str),
+        Some("Latin1_General_CI_AS")
+    );
+    assert_eq!(
+        kept.get("partition_key").map(String::as_str),
+        Some("French_CI_AS")
+    );
+    let handmade_store = outbox(handmade);
+    let routed = NewMessage {
+        partition_key: Some("pk-z".to_owned()),
+        ..message_of("h-2", 1)
+    };
+    enqueue_committed(
+        &handmade_store,
+        &mut client,
+        &[message_of("h-1", 1), routed],
+    )
+    .await;
+    let claimed = claim(&handmade_store, &mut client, 100, HELD).await;
+    let keys: Vec<Option<&str>> = claimed.iter().map(|m| m.partition_key.as_deref()).collect();
+    assert_eq!(keys, vec![Some("h-1"), Some("pk-z")]);
+}
+
+// ------------------------------------------------------------------------------------------
+// 18. outbox storage for queue access (issue 10, B11)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn outbox_tables_allow_no_page_locks_and_never_escalate() {
+    common::under_both_isolations("claim_storage", storage_in).await;
+}
+
+async fn storage_in(db: &TestDb) {
+    let mut client = db.client().await;
+    setup_outbox(&mut client, "dbo.outbox_storage").await;
+    assert_queue_storage(&mut client, "dbo.outbox_storage").await;
+
+    // The feed outbox of an outbox-mode feed.
+    sql(
+        &mut client,
+        "create table dbo.storage_events (Id bigint not null primary key); \
+         exec changefeed.setup_feed @table_name = N'dbo.storage_events', @outbox = 1;",
+    )
+    .await;
+    assert_queue_storage(&mut client, "[changefeed].[outbox:dbo.storage_events]").await;
+
+    // An existing claim outbox with page locks allowed and escalation on is repaired.
+    sql(
+        &mut client,
+        "alter index all on dbo.outbox_storage set (allow_page_locks = on); \
+         alter table dbo.outbox_storage set (lock_escalation = table);",
+    )
+    .await;
+    setup_outbox(&mut client, "dbo.outbox_storage").await;
+    assert_queue_storage(&mut client, "dbo.outbox_storage").await;
+}
+
+// ------------------------------------------------------------------------------------------
+// 19. compatibility level (issue 10, B12)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn migrate_refuses_a_database_below_compatibility_level_130() {
+    let name = format!("changefeed_compat_{}", std::process::id());
+    let mut master = common::connect_to("master").await;
+    sql(
+        &mut master,
+        &format!(
+            "if db_id(N'{name}') is not null begin alter database [{name}] set single_user \
+             with rollback immediate; drop database [{name}]; end; create database [{name}];"
+        ),
+    )
+    .await;
+    sql(
+        &mut master,
+        &format!("alter database [{name}] set compatibility_level = 120;"),
+    )
+    .await;
+
+    let mut client = common::connect_to(&name).await;
+    let error = changefeed::migrations::migrate(&mut client)
+        .await
+        .expect_err("a database at level 120 is refused");
+    let text = error.to_string();
+    assert!(matches!(error, changefeed::Error::Migration(_)), "{text}");
+    assert!(text.contains("compatibility level 120"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "alter database [{name}] set compatibility_level = 130;"
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        scalar_i64(
+            &mut client,
+            &format!(
+                "select (select count(*) from sys.objects where name = N'{}') \
+                 + (select count(*) from sys.schemas where name = N'changefeed');",
+                changefeed::migrations::HISTORY_TABLE
+            ),
+        )
+        .await,
+        0,
+        "nothing was applied"
+    );
+
+    // The fix the message names makes it work.
+    sql(
+        &mut master,
+        &format!("alter database [{name}] set compatibility_level = 130;"),
+    )
+    .await;
+    changefeed::migrations::migrate(&mut client)
+        .await
+        .expect("a database at level 130 takes the bundle");
+    drop(client);
+    sql(
+        &mut master,
+        &format!("alter database [{name}] set single_user with rollback immediate; drop database [{name}];"),
+    )
+    .await;
+}
+
+// ------------------------------------------------------------------------------------------
+// 20. relays racing: one message per aggregate in flight, in id order (issue 10, B6)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn racing_relays_keep_one_message_per_aggregate_in_flight_in_id_order() {
+    common::under_both_isolations("claim_race_order", racing_relays_in).await;
+}
+
+/// What the relays of `racing_relays_in` share: the message of each aggregate they hold,
+/// and the order in which each aggregate's messages were claimed.
+#[derive(Default)]
+struct Flight {
+    holding: BTreeMap<String, i64>,
+    order: BTreeMap<String, Vec<i64>>,
+}
+
+async fn racing_relays_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_race_order";
+    const RELAYS: usize = 6;
+    const AGGREGATES: usize = 5;
+    const PER_AGGREGATE: usize = 12;
+    let store = outbox(TABLE);
+    let mut admin = db.client().await;
+    setup_outbox(&mut admin, TABLE).await;
+
+    // Interleaved: each aggregate's messages are spread over the id range.
+    let messages: Vec<NewMessage> = (0..PER_AGGREGATE)
+        .flat_map(|n| (0..AGGREGATES).map(move |a| message_of(&format!("race-{a}"), n)))
+        .collect();
+    let enqueued = enqueue_committed(&store, &mut admin, &messages).await;
+    let mut expected: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for (message, row) in messages.iter().zip(&enqueued) {
+        let aggregate = message.aggregate_id.clone().expect("an aggregate");
+        expected.entry(aggregate).or_default().push(row.id);
+    }
+
+    let flight = Arc::new(std::sync::Mutex::new(Flight::default()));
+    let barrier = Arc::new(Barrier::new(RELAYS));
+    let mut tasks = Vec::new();
+    for relay in 0..RELAYS {
+        let name = db.name.clone();
+        let store = store.clone();
+        let flight = Arc::clone(&flight);
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            let mut client = common::connect_to(&name).await;
+            barrier.wait().await;
+            let started = Instant::now();
+            let mut acks = 0usize;
+            loop {
+                let batch = claim(&store, &mut client, 3, HELD).await;
+                {
+                    let mut flight = flight.lock().expect("the flight log");
+                    for message in &batch {
+                        let aggregate = message.aggregate_id.clone().expect("an aggregate");
+                        if let Some(held) = flight.holding.get(&aggregate) {
+                            panic!(
+                                "relay {relay} claimed {} of {aggregate} while {held} is in \
+                                 flight",
+                                message.id
+                            );
+                        }
+                        flight.holding.insert(aggregate.clone(), message.id);
+                        flight.order.entry(aggregate).or_default().push(message.id);
+                    }
+                }
+                if batch.is_empty() {
+                    if count(&mut client, TABLE, "status <> 2").await == 0 {
+                        return;
+                    }
+                    assert!(
+                        started.elapsed() < TASK_LIMIT,
+                        "relay {relay}: messages are left that no relay claims"
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                let token = token_of(&batch);
+                for message in &batch {
+                    acks += 1;
+                    // Every third acknowledgement first runs in a transaction that stays
+                    // open a moment and rolls back: the message is still in flight then.
+                    if acks.is_multiple_of(3) {
+                        begin(&mut client).await;
+                        assert_eq!(
+                            store
+                                .mark_done(&mut client, &[message.id], token)
+                                .await
+                                .unwrap(),
+                            1
+                        );
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        rollback(&mut client).await;
+                    }
+                    // Released before the acknowledgement commits: the next message of
+                    // the aggregate can only be claimed after that.
+                    let aggregate = message.aggregate_id.clone().expect("an aggregate");
+                    flight
+                        .lock()
+                        .expect("the flight log")
+                        .holding
+                        .remove(&aggregate);
+                    assert_eq!(
+                        store
+                            .mark_done(&mut client, &[message.id], token)
+                            .await
+                            .unwrap(),
+                        1,
+                        "relay {relay}: {} was still held under its token",
+                        message.id
+                    );
+                }
+            }
+        }));
+    }
+    for (relay, task) in tasks.into_iter().enumerate() {
+        join(&format!("relay {relay}"), task).await;
+    }
+
+    let order = std::mem::take(&mut flight.lock().expect("the flight log").order);
+    assert_eq!(
+        order, expected,
+        "each aggregate's messages were claimed once each, in id order"
+    );
+    assert_eq!(
+        count(&mut admin, TABLE, "status = 2").await,
+        enqueued.len() as i64
+    );
 }
