@@ -564,7 +564,10 @@ mod tests {
         assert_eq!(clamp_hint(i64::MIN, NOW), 0);
         assert_eq!(clamp_hint(-1, NOW), 0);
         assert_eq!(clamp_hint(0, NOW), 0);
-        assert_eq!(clamp_hint(NOW + HINT_TOLERANCE_MS, NOW), NOW + HINT_TOLERANCE_MS);
+        assert_eq!(
+            clamp_hint(NOW + HINT_TOLERANCE_MS, NOW),
+            NOW + HINT_TOLERANCE_MS
+        );
         assert_eq!(
             clamp_hint(NOW + HINT_TOLERANCE_MS + 1, NOW),
             NOW + HINT_TOLERANCE_MS
@@ -677,7 +680,10 @@ mod tests {
             ]
         );
         let mut server = Allocator::new();
-        assert_eq!(server.allocate_set_based(NOW, &[T, T - 5, T + 1, T], 7, 40), u);
+        assert_eq!(
+            server.allocate_set_based(NOW, &[T, T - 5, T + 1, T], 7, 40),
+            u
+        );
         assert_eq!(server.state(), shard.state());
     }
 
@@ -711,7 +717,10 @@ mod tests {
             })
         );
         let mut shard = Allocator::with_state(state);
-        assert_eq!(shard.allocate(NOW, &hints, &mut FixedRandom::new(0xEEEE, -1)), u);
+        assert_eq!(
+            shard.allocate(NOW, &hints, &mut FixedRandom::new(0xEEEE, -1)),
+            u
+        );
         assert_eq!(shard.state(), server.state());
     }
 

@@ -1,9 +1,9 @@
 //! Property tests of the reference ULID allocator (DESIGN.md §4.3).
 
 use changefeed::allocator::{
-    Allocator, COUNTER_MASK, FixedRandom, HINT_TOLERANCE_MS, MAX_MS, RESERVATION_SIZE,
-    RandomParts, ShardState, UlidRange, clamp_hint, latest_ms, mask_counter, ulid_counter,
-    ulid_from_parts, ulid_high, ulid_ms, ulid_random16,
+    Allocator, COUNTER_MASK, FixedRandom, HINT_TOLERANCE_MS, MAX_MS, RESERVATION_SIZE, RandomParts,
+    ShardState, UlidRange, clamp_hint, latest_ms, mask_counter, ulid_counter, ulid_from_parts,
+    ulid_high, ulid_ms, ulid_random16,
 };
 use proptest::prelude::*;
 use ulid::Ulid;
