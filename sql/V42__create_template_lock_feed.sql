@@ -52,11 +52,18 @@ begin
 
     -- Literals the generator fills with the feed's name; not object_id(), which inside a
     -- procedure answers with the caller's metadata visibility (NULL for a writer login).
-    -- The context key is at most 16 + 109 characters, within sysname's 128.
     declare @lock_resource nvarchar(255) = concat(
         N'changefeed:lock_feed:changefeed.__template_serialized__:', @shard_id
     );
-    declare @context_key sysname = N'changefeed.ulid:changefeed.__template_serialized__';
+    -- A session-context key is at most 128 bytes (64 nvarchar characters), too short for
+    -- 'changefeed.ulid:' and a name of up to 109 characters: the key carries the first 16
+    -- bytes of the name's SHA-256 instead, in hex (16 + 32 characters). ulid(@i) builds the
+    -- same key from the same literal.
+    declare @context_key sysname = N'changefeed.ulid:' + convert(
+        nvarchar(32),
+        convert(binary(16), hashbytes('SHA2_256', N'changefeed.__template_serialized__')),
+        2
+    );
     declare @epoch datetime2(3) = convert(datetime2(3), '19700101', 112);
     declare @now datetime2(3) = sysutcdatetime();
     declare @hint datetime2(3) = isnull(@time_hint, @now);

@@ -24,12 +24,15 @@ create or alter function [changefeed].[ulid:changefeed.__template_serialized__] 
 returns binary(16)
 as
 begin
-    -- first ULID (16) || transaction id (8) || shard (4), as lock_feed wrote it; the key is
-    -- a literal, as there.
-    declare @range varbinary(28) = convert(
-        varbinary(28),
-        session_context(N'changefeed.ulid:changefeed.__template_serialized__')
+    -- The session-context key lock_feed uses, built the same way (see there: a hash of the
+    -- feed's name, as a key is at most 128 bytes).
+    declare @context_key sysname = N'changefeed.ulid:' + convert(
+        nvarchar(32),
+        convert(binary(16), hashbytes('SHA2_256', N'changefeed.__template_serialized__')),
+        2
     );
+    -- first ULID (16) || transaction id (8) || shard (4), as lock_feed wrote it.
+    declare @range varbinary(28) = convert(varbinary(28), session_context(@context_key));
     -- ULIDs reserved per lock_feed call; typed (a literal above the int range is numeric).
     declare @reservation bigint = 100000000000;
     declare @first binary(16);
