@@ -569,3 +569,48 @@ async fn hints(db: &TestDb) {
 fn keys_of(rows: &[(Ulid, i64)]) -> Vec<i64> {
     rows.iter().map(|&(_, id)| id).collect()
 }
+
+// ------------------------------------------------------------------------------------------
+// Names: the longest allowed name, unicode and a space, through lock_feed and ulid(@i)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn serialized_feed_with_the_longest_unicode_name_locks_numbers_and_reads() {
+    common::under_both_isolations("longest_name", longest_name).await;
+}
+
+/// The session-context key lock_feed and ulid(@i) share must fit 128 bytes for every name
+/// changefeed accepts: 'changefeed.ulid:' and a 108-character name would not (250 bytes).
+async fn longest_name(db: &TestDb) {
+    let mut admin = db.client().await;
+    let prefix = "Événement à numéroter ";
+    let table_len = changefeed::feed::MAX_QUALIFIED_LEN - "dbo".len();
+    let table = format!("{prefix}{}", "x".repeat(table_len - prefix.chars().count()));
+    assert_eq!(table.chars().count(), table_len);
+    let feed = create_serialized_feed(&mut admin, &table).await;
+    let mut writer = db.client().await;
+    for id in [1, 2] {
+        write_serialized(&mut writer, &feed, id).await;
+    }
+    exec_ok(&mut writer, "begin transaction;").await;
+    let range = lock_feed(&mut writer, &feed, 0, None, None)
+        .await
+        .expect("lock_feed of the longest name");
+    let numbered = rows_ok(
+        &mut writer,
+        &format!("select {}(2) as second;", feed.object("ulid")),
+    )
+    .await;
+    assert_eq!(
+        ulid_of(&numbered[0], "second"),
+        range.nth(2).expect("in range")
+    );
+    rollback_if_open(&mut writer).await;
+    let ids: Vec<i64> = read_everything(&mut admin, &feed)
+        .await
+        .into_iter()
+        .map(|(_, id)| id)
+        .collect();
+    assert_eq!(ids, [1, 2]);
+}
