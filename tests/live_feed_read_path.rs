@@ -105,9 +105,16 @@ fn ulid_of(row: &Row, name: &str) -> Ulid {
         .ulid()
 }
 
-/// The integer columns `open_transactions` and `applocks` of the last row of `rows`.
+/// The integer columns `open_transactions` and `applocks` of the last row of `rows`, and
+/// whether `implicit_transactions` is still on: the procedure's SET reverted on return, so
+/// the client's own setting is untouched.
 fn session_after(rows: &[Row]) -> (i32, i32) {
     let row = rows.last().expect("the probe row");
+    assert_eq!(
+        required::<i32>(row, "implicit_on"),
+        2,
+        "the client's IMPLICIT_TRANSACTIONS ON is restored when the procedure returns"
+    );
     (
         required::<i32>(row, "open_transactions"),
         required::<i32>(row, "applocks"),
@@ -118,7 +125,7 @@ fn session_after(rows: &[Row]) -> (i32, i32) {
 /// how many application locks it holds. @@trancount is read first, into a variable: a SELECT
 /// from a table would itself open an implicit transaction.
 const SESSION_PROBE: &str = "declare @open int = @@trancount; \
-     select @open as open_transactions, \
+     select @open as open_transactions, @@options & 2 as implicit_on, \
          (select count(*) from sys.dm_tran_locks \
           where request_session_id = @@spid and resource_type = N'APPLICATION') as applocks;";
 
