@@ -15,18 +15,28 @@
 --   4. Take up to @page_size committed outbox rows in order_sequence order. READPAST skips
 --      rows of writers that have not committed: a slow or abandoned writer never stalls the
 --      readers of its shard; its row is moved by a later call, after it commits.
---   5. Lift the time hints to their running max, allocate ULIDs above every ULID of the
+--   5. Clamp the time hints to the server's clock plus 1 s (below), lift them to their
+--      running max, allocate ULIDs above every ULID of the
 --      shard (changefeed.ulid_at and the state row), append to the feed, delete from the
 --      outbox, commit. The committed feed of a shard is therefore append-only in ULID order,
 --      and ulid > @cursor never skips a row that commits later.
 -- With @wait_ms > 0 and nothing to return, it repeats 1-5 in short pauses until rows come or
 -- @wait_ms passes, holding no lock and no transaction while it pauses.
+-- Time hints: a hint later than the server's clock (sysutcdatetime() when the rows move) plus
+-- 1000 ms counts as that instant, so one wrong hint (a client's clock, a typo, year 9999)
+-- cannot move the shard's clock ahead for good; 1 s allows a writer's clock to run slightly
+-- ahead of the server's (src/allocator.rs HINT_TOLERANCE_MS is the same number). A hint
+-- before 1970 counts as 1970. A hint earlier than the shard's last millisecond (or than an
+-- earlier row of the batch) is lifted to it: ULIDs never go back, so such rows carry the
+-- shard's current time, not their hint.
+-- The cursor is varbinary(8000) so that check_read_arguments can refuse one that is not
+-- exactly 16 bytes (a binary(16) parameter would pad or cut it silently).
 -- A cursor below the shard's low-water mark (events past it were purged by purge_feed)
 -- raises 51104 instead of silently skipping them; the all-zero cursor reads from the oldest
 -- retained event.
 create or alter procedure [changefeed].[read_feed:changefeed.__template__]
     @shard_id int = 0,
-    @cursor binary(16) = 0x00000000000000000000000000000000,
+    @cursor varbinary(8000) = 0x00000000000000000000000000000000,
     @page_size int = 1000,
     @wait_ms int = 0,
     @with_event bit = 0,
@@ -34,6 +44,10 @@ create or alter procedure [changefeed].[read_feed:changefeed.__template__]
 as
 begin
     set nocount, xact_abort on;
+    -- It commits its own short transactions: under a caller's IMPLICIT_TRANSACTIONS ON its
+    -- commit would leave one level open, holding the shard's applock and uncommitted feed
+    -- rows after it returns. Set before any statement that would open one; reverts on return.
+    set implicit_transactions off;
     -- READPAST needs a locking isolation level: under a caller's SNAPSHOT it raises error
     -- 650 and under SERIALIZABLE it would take range locks. This reverts on return.
     set transaction isolation level read committed;
@@ -49,6 +63,9 @@ begin
         @use_read_table = @use_read_table,
         @to_read_table = @to_read_table output;
 
+    -- Exactly 16 bytes now (checked above); binary(16) like the ulid column, so that the
+    -- comparisons below seek without converting the column.
+    declare @after binary(16) = convert(binary(16), @cursor);
     -- Table variables keep their rows through a rollback and need no tempdb metadata locks.
     declare @rows [changefeed].[type:read:changefeed.__template__];
     declare @moved table (order_sequence bigint not null primary key, ulid binary(16) not null);
@@ -69,11 +86,18 @@ begin
     declare @random16 binary(2);
     declare @counter_start bigint;
     declare @last_ulid binary(16);
+    -- Bit 62 cleared: adding up to 2^62 to a fresh counter can then never overflow or change
+    -- its sign. A typed variable: the literal -4611686018427387905 would be numeric, which
+    -- '&' refuses (Msg 402); the hex literal converts to bigint as big-endian two's complement.
+    declare @counter_mask bigint = convert(bigint, 0xBFFFFFFFFFFFFFFF);
+    -- How far a time hint may be ahead of the server's clock (see the header).
+    declare @hint_tolerance_ms bigint = 1000;
+    declare @latest_ms bigint;
 
     -- An expired cursor must not long-poll before it is refused: no waiting for it. The
     -- refusal itself comes from the check after the page is read (see there).
-    if @cursor <> 0x00000000000000000000000000000000
-        and @cursor < (
+    if @after <> 0x00000000000000000000000000000000
+        and @after < (
             select purged_through
             from [changefeed].[state:changefeed.__template__]
             where shard_id = @shard_id
@@ -88,7 +112,7 @@ begin
             ulid,
             __template_key__
         from [changefeed].[feed:changefeed.__template__]
-        where shard_id = @shard_id and ulid > @cursor
+        where shard_id = @shard_id and ulid > @after
         order by ulid;
 
         if @@rowcount > 0 break;
@@ -126,7 +150,7 @@ begin
                     ulid,
                     __template_key__
                 from [changefeed].[feed:changefeed.__template__]
-                where shard_id = @shard_id and ulid > @cursor
+                where shard_id = @shard_id and ulid > @after
                 order by ulid;
 
                 if @@rowcount = 0
@@ -144,10 +168,9 @@ begin
                     where shard_id = @shard_id;
 
                     set @random16 = convert(binary(2), crypt_gen_random(2));
-                    -- Bit 62 cleared (-4611686018427387905 = 0xBFFFFFFFFFFFFFFF): adding up
-                    -- to 2^62 to the counter can then never overflow or change its sign.
-                    set @counter_start
-                        = convert(bigint, crypt_gen_random(8)) & -4611686018427387905;
+                    set @counter_start = convert(bigint, crypt_gen_random(8)) & @counter_mask;
+                    set @latest_ms = datediff_big(millisecond, @epoch, sysutcdatetime())
+                        + @hint_tolerance_ms;
 
                     with taken as (
                         select top (@page_size)
@@ -165,6 +188,8 @@ begin
                             max(
                                 case
                                     when time_hint < @epoch then 0
+                                    when datediff_big(millisecond, @epoch, time_hint) > @latest_ms
+                                        then @latest_ms
                                     else datediff_big(millisecond, @epoch, time_hint)
                                 end
                             ) over (order by order_sequence rows unbounded preceding) as ms
@@ -252,7 +277,7 @@ begin
                             ulid,
                             __template_key__
                         from [changefeed].[feed:changefeed.__template__]
-                        where shard_id = @shard_id and ulid > @cursor
+                        where shard_id = @shard_id and ulid > @after
                         order by ulid;
                     end;
                 end;
@@ -278,7 +303,7 @@ begin
                 ulid,
                 __template_key__
             from [changefeed].[feed:changefeed.__template__] with (readcommittedlock)
-            where shard_id = @shard_id and ulid > @cursor
+            where shard_id = @shard_id and ulid > @after
             order by ulid;
 
             if @@rowcount > 0 break;
@@ -292,17 +317,17 @@ begin
     -- Checked after the page was read, not before: a purge that commits in between would
     -- otherwise remove rows past the cursor unnoticed. The purge moves purged_through in the
     -- same transaction as its delete, so a page that missed purged rows is caught here.
-    if @cursor <> 0x00000000000000000000000000000000
+    if @after <> 0x00000000000000000000000000000000
     begin
         declare @purged_through binary(16) = (
             select purged_through
             from [changefeed].[state:changefeed.__template__]
             where shard_id = @shard_id
         );
-        if @cursor < @purged_through
+        if @after < @purged_through
         begin
             set @message = concat(
-                N'read_feed: cursor expired: events after ', convert(nvarchar(34), @cursor, 1),
+                N'read_feed: cursor expired: events after ', convert(nvarchar(34), @after, 1),
                 N' up to ', convert(nvarchar(34), @purged_through, 1),
                 N' in shard ', @shard_id, N' were purged. Resume from 0x00 (the oldest retained',
                 N' event) or from a later cursor, knowing those events are gone; register the',

@@ -2,7 +2,9 @@
 --
 -- A ULID is ms(6 bytes, big-endian) || random16 (2 bytes) || counter (8 bytes, big-endian
 -- two's complement). The caller passes, per row in order_sequence order:
---   @ms              the row's time hint in ms since 1970, already lifted to the running max
+--   @ms              the row's time hint in ms since 1970, already clamped to 0 .. the server's
+--                    clock + 1000 ms and lifted to the running max (read_feed and lock_feed do
+--                    both; src/allocator.rs clamp_hint is the same rule)
 --   @position        1-based position of the row in the batch
 --   @position_in_ms  1-based position of the row among the batch rows with the same @ms
 -- and, once per batch, the shard's state (all null for a shard with no state row yet) and one

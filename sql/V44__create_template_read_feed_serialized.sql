@@ -15,9 +15,11 @@
 -- exclusively: the reader waits until no writer of the shard is inside its transaction
 -- (POWEROFF.md), and then every row it can see is committed.
 -- When the setting cannot be read (no permission on sys.databases), the lock is taken.
+-- The cursor is varbinary(8000) so that check_read_arguments can refuse one that is not
+-- exactly 16 bytes (a binary(16) parameter would pad or cut it silently).
 create or alter procedure [changefeed].[read_feed:changefeed.__template_serialized__]
     @shard_id int = 0,
-    @cursor binary(16) = 0x00000000000000000000000000000000,
+    @cursor varbinary(8000) = 0x00000000000000000000000000000000,
     @page_size int = 1000,
     @wait_ms int = 0,
     @with_event bit = 0,
@@ -25,6 +27,13 @@ create or alter procedure [changefeed].[read_feed:changefeed.__template_serializ
 as
 begin
     set nocount, xact_abort on;
+    -- It commits its own short transactions: under a caller's IMPLICIT_TRANSACTIONS ON its
+    -- commit would leave one level open, holding the shard's shared applock (every writer of
+    -- the shard would wait) after it returns. Set before any statement that would open one;
+    -- reverts on return.
+    set implicit_transactions off;
+    -- READ COMMITTED whatever the caller's level: the reasoning above is for it (under a
+    -- caller's SERIALIZABLE the page would take range locks that block writers). Reverts.
     set transaction isolation level read committed;
 
     declare @with_event_rows bit = isnull(@with_event, 0);
@@ -38,6 +47,9 @@ begin
         @use_read_table = @use_read_table,
         @to_read_table = @to_read_table output;
 
+    -- Exactly 16 bytes now (checked above); binary(16) like the ULID column, so that the
+    -- comparison below seeks without converting the column.
+    declare @after binary(16) = convert(binary(16), @cursor);
     declare @rows [changefeed].[type:read:changefeed.__template_serialized__];
     declare @deadline datetime2(3) = dateadd(millisecond, @wait_ms, sysutcdatetime());
     declare @pause_ms int = 5;
@@ -82,7 +94,7 @@ begin
                 __template_ulid__,
                 __template_key__
             from [changefeed].[__template_serialized__]
-            where __template_shard__ = @shard_id and __template_ulid__ > @cursor
+            where __template_shard__ = @shard_id and __template_ulid__ > @after
             order by __template_ulid__;
 
             commit transaction;

@@ -29,12 +29,21 @@ create or alter procedure [changefeed].[purge_feed:changefeed.__template__]
 as
 begin
     set nocount, xact_abort on;
+    -- Each batch commits its own transaction: under a caller's IMPLICIT_TRANSACTIONS ON that
+    -- commit would leave one level open, holding the batch's locks (readers of the shard
+    -- would wait) after it returns. Set before any statement that would open one; reverts
+    -- on return.
+    set implicit_transactions off;
+
+    -- 100 years in milliseconds, the largest @older_than_ms; typed (a literal above the int
+    -- range is numeric).
+    declare @max_older_than_ms bigint = 3155760000000;
 
     if @@trancount > 0
-        throw 51400, N'purge_feed must be called outside a transaction: each batch commits on its own so that no reader waits for more than one batch.', 1;
+        throw 51400, N'purge_feed must be called outside a transaction: each batch commits on its own so that no reader waits for more than one batch. Commit or roll back first (under SET IMPLICIT_TRANSACTIONS ON, any earlier statement of the session opened one).', 1;
     if @older_than_ms is null and @before is null
         throw 51401, N'purge_feed: give a cutoff: @older_than_ms (e.g. 2592000000 for 30 days) and/or @before (a ULID).', 1;
-    if @older_than_ms < 0 or @older_than_ms > 3155760000000
+    if @older_than_ms < 0 or @older_than_ms > @max_older_than_ms
         throw 51401, N'purge_feed: @older_than_ms must be between 0 and 3155760000000 (100 years).', 1;
     if @batch_size is null or @batch_size < 1 or @batch_size > 50000
         throw 51401, N'purge_feed: @batch_size must be between 1 and 50000.', 1;

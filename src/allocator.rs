@@ -25,6 +25,13 @@ use ulid::Ulid;
 pub const MAX_MS: i64 = 253_402_300_799_999;
 const _: () = assert!(MAX_MS < 1 << 48);
 
+/// How far a time hint may be ahead of the server's clock when the server
+/// allocates (`read_feed` moving outbox rows, `lock_feed`): a later hint counts
+/// as `now + HINT_TOLERANCE_MS`. One wrong hint (a skewed client clock, year
+/// 9999) would otherwise move the shard's clock ahead for good, since ULID time
+/// never goes back. The SQL templates use the same 1000 ms.
+pub const HINT_TOLERANCE_MS: i64 = 1_000;
+
 /// Mask applied to a raw random counter start: bit 62 cleared, which leaves
 /// 2^62 additions of headroom before the counter could overflow or change sign.
 pub const COUNTER_MASK: i64 = !(1 << 62);
@@ -45,20 +52,45 @@ pub const fn mask_counter(raw: i64) -> i64 {
     raw & COUNTER_MASK
 }
 
-/// Clamps a time hint to `0 ..= MAX_MS`, so pre-1970 and far-future clocks
-/// still produce a representable millisecond.
+/// The latest millisecond a hint may carry when the server's clock reads
+/// `now_ms`: `now_ms + HINT_TOLERANCE_MS`, kept within `0 ..= MAX_MS`.
 ///
 /// ```
-/// use changefeed::allocator::{clamp_ms, MAX_MS};
-/// assert_eq!(clamp_ms(-5), 0);
-/// assert_eq!(clamp_ms(i64::MAX), MAX_MS);
-/// assert_eq!(clamp_ms(1_672_671_845_000), 1_672_671_845_000);
+/// use changefeed::allocator::{latest_ms, HINT_TOLERANCE_MS, MAX_MS};
+/// assert_eq!(latest_ms(1_000), 1_000 + HINT_TOLERANCE_MS);
+/// assert_eq!(latest_ms(i64::MAX), MAX_MS);
+/// assert_eq!(latest_ms(i64::MIN), 0);
 /// ```
-pub const fn clamp_ms(hint_ms: i64) -> i64 {
+pub const fn latest_ms(now_ms: i64) -> i64 {
+    let latest = now_ms.saturating_add(HINT_TOLERANCE_MS);
+    if latest < 0 {
+        0
+    } else if latest > MAX_MS {
+        MAX_MS
+    } else {
+        latest
+    }
+}
+
+/// Clamps a time hint to `0 ..= latest_ms(now_ms)`: a pre-1970 hint counts as
+/// 1970, and one later than the server's clock plus [`HINT_TOLERANCE_MS`]
+/// counts as that instant. (Hints earlier than the shard's last millisecond
+/// are not clamped here: the allocator continues that millisecond.)
+///
+/// ```
+/// use changefeed::allocator::{clamp_hint, HINT_TOLERANCE_MS};
+/// let now = 1_672_671_845_000;
+/// assert_eq!(clamp_hint(-5, now), 0);
+/// assert_eq!(clamp_hint(i64::MAX, now), now + HINT_TOLERANCE_MS);
+/// assert_eq!(clamp_hint(now + 10, now), now + 10);
+/// assert_eq!(clamp_hint(now - 10, now), now - 10);
+/// ```
+pub const fn clamp_hint(hint_ms: i64, now_ms: i64) -> i64 {
+    let latest = latest_ms(now_ms);
     if hint_ms < 0 {
         0
-    } else if hint_ms > MAX_MS {
-        MAX_MS
+    } else if hint_ms > latest {
+        latest
     } else {
         hint_ms
     }
@@ -222,11 +254,12 @@ fn issue_run(first: i64, count: i64, continues: bool) -> i64 {
         .expect("ULID counter headroom exhausted: next counter overflows i64")
 }
 
-/// Makes the clamped hints of a batch non-decreasing, in batch order.
-fn lift(hints_ms: &[i64]) -> impl Iterator<Item = i64> + '_ {
-    hints_ms.iter().scan(0i64, |running, &hint| {
+/// Clamps the hints of a batch ([`clamp_hint`]) and makes them non-decreasing,
+/// in batch order.
+fn lift(hints_ms: &[i64], now_ms: i64) -> impl Iterator<Item = i64> + '_ {
+    hints_ms.iter().scan(0i64, move |running, &hint| {
         // 0 is the identity here because clamped hints are never negative.
-        *running = (*running).max(clamp_ms(hint));
+        *running = (*running).max(clamp_hint(hint, now_ms));
         Some(*running)
     })
 }
@@ -304,10 +337,11 @@ impl UlidRange {
 /// ```
 /// use changefeed::allocator::{Allocator, FixedRandom, ulid_counter, ulid_ms};
 ///
+/// let now = 1_672_671_845_000; // the server's clock when the rows move
 /// let mut shard = Allocator::new();
 /// let mut random = FixedRandom::new(0xFFFF, -1);
 /// // Time hints may go backwards; ULIDs never do.
-/// let ulids = shard.allocate(&[1_672_671_845_000, 1_672_671_844_000], &mut random);
+/// let ulids = shard.allocate(now, &[1_672_671_845_000, 1_672_671_844_000], &mut random);
 /// assert_eq!(ulids[0].to_string(), "01GNSG5PM8ZZZVZZZZZZZZZZZZ");
 /// assert!(ulids[0] < ulids[1]);
 /// assert_eq!(ulid_ms(ulids[1]), 1_672_671_845_000);
@@ -316,10 +350,14 @@ impl UlidRange {
 /// // The server's set-based rule gives the same ULIDs for the same draws.
 /// let mut server = Allocator::new();
 /// assert_eq!(
-///     server.allocate_set_based(&[1_672_671_845_000, 1_672_671_844_000], 0xFFFF, -1),
+///     server.allocate_set_based(now, &[1_672_671_845_000, 1_672_671_844_000], 0xFFFF, -1),
 ///     ulids
 /// );
 /// assert_eq!(server.state(), shard.state());
+///
+/// // A hint far ahead of the server's clock counts as the clock plus the tolerance.
+/// let far = shard.allocate(now, &[i64::MAX], &mut random);
+/// assert_eq!(ulid_ms(far[0]), now + changefeed::allocator::HINT_TOLERANCE_MS);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Allocator {
@@ -371,13 +409,19 @@ impl Allocator {
     }
 
     /// Allocates one ULID per row with the row-by-row rule of §4.3, drawing
-    /// fresh random parts for every new millisecond.
+    /// fresh random parts for every new millisecond. `now_ms` is the server's
+    /// clock when the rows move: hints are clamped with [`clamp_hint`].
     ///
     /// # Panics
     ///
     /// If more than 2^62 counters would be issued under one high.
-    pub fn allocate(&mut self, hints_ms: &[i64], random: &mut impl RandomParts) -> Vec<Ulid> {
-        lift(hints_ms)
+    pub fn allocate(
+        &mut self,
+        now_ms: i64,
+        hints_ms: &[i64],
+        random: &mut impl RandomParts,
+    ) -> Vec<Ulid> {
+        lift(hints_ms, now_ms)
             .map(|ms| {
                 let (high, counter) = self.issue(ms, 1, random);
                 ulid_from_high(high, counter)
@@ -397,6 +441,7 @@ impl Allocator {
     /// If more than 2^62 counters would be issued under one high.
     pub fn allocate_set_based(
         &mut self,
+        now_ms: i64,
         hints_ms: &[i64],
         random16: u16,
         counter_start: i64,
@@ -405,7 +450,7 @@ impl Allocator {
             return Vec::new();
         }
         let counter_start = mask_counter(counter_start);
-        let lifted: Vec<i64> = lift(hints_ms).collect();
+        let lifted: Vec<i64> = lift(hints_ms, now_ms).collect();
 
         // Rows at or before the state's millisecond are a prefix, because the
         // lifted hints are non-decreasing; they continue the state's run.
@@ -456,8 +501,10 @@ impl Allocator {
     }
 
     /// Reserves `count` consecutive ULIDs for a serialized writer: the same
-    /// rule as one row, but the counter advances by `count` (the server uses
-    /// [`RESERVATION_SIZE`]), so the writer can number its own events.
+    /// rule as one row (the hint clamped with [`clamp_hint`] against the
+    /// server's clock `now_ms`), but the counter advances by `count` (the
+    /// server uses [`RESERVATION_SIZE`]), so the writer can number its own
+    /// events.
     ///
     /// # Panics
     ///
@@ -467,19 +514,20 @@ impl Allocator {
     /// ```
     /// use changefeed::allocator::{Allocator, OsRandom, RESERVATION_SIZE, ulid_counter};
     /// let mut shard = Allocator::new();
-    /// let a = shard.reserve(1_000, RESERVATION_SIZE, &mut OsRandom);
-    /// let b = shard.reserve(1_000, RESERVATION_SIZE, &mut OsRandom);
+    /// let a = shard.reserve(5_000, 1_000, RESERVATION_SIZE, &mut OsRandom);
+    /// let b = shard.reserve(5_000, 1_000, RESERVATION_SIZE, &mut OsRandom);
     /// assert_eq!(ulid_counter(b.first()), ulid_counter(a.first()) + RESERVATION_SIZE);
     /// assert!(a.nth(RESERVATION_SIZE).unwrap() < b.first());
     /// ```
     pub fn reserve(
         &mut self,
+        now_ms: i64,
         hint_ms: i64,
         count: i64,
         random: &mut impl RandomParts,
     ) -> UlidRange {
         assert!(count >= 1, "a reservation holds at least one ULID");
-        let (high, first_counter) = self.issue(clamp_ms(hint_ms), count, random);
+        let (high, first_counter) = self.issue(clamp_hint(hint_ms, now_ms), count, random);
         UlidRange {
             high,
             first_counter,
@@ -493,6 +541,8 @@ mod tests {
     use super::*;
 
     const T: i64 = 1_672_671_845_000; // 2023-01-02T15:04:05Z
+    /// The server's clock in these tests: a minute after T, so hints near T are not clamped.
+    const NOW: i64 = T + 60_000;
 
     #[test]
     fn max_ms_is_the_largest_datetime2_3() {
@@ -511,11 +561,23 @@ mod tests {
 
     #[test]
     fn clamp_bounds() {
-        assert_eq!(clamp_ms(i64::MIN), 0);
-        assert_eq!(clamp_ms(-1), 0);
-        assert_eq!(clamp_ms(0), 0);
-        assert_eq!(clamp_ms(MAX_MS), MAX_MS);
-        assert_eq!(clamp_ms(MAX_MS + 1), MAX_MS);
+        assert_eq!(clamp_hint(i64::MIN, NOW), 0);
+        assert_eq!(clamp_hint(-1, NOW), 0);
+        assert_eq!(clamp_hint(0, NOW), 0);
+        assert_eq!(
+            clamp_hint(NOW + HINT_TOLERANCE_MS, NOW),
+            NOW + HINT_TOLERANCE_MS
+        );
+        assert_eq!(
+            clamp_hint(NOW + HINT_TOLERANCE_MS + 1, NOW),
+            NOW + HINT_TOLERANCE_MS
+        );
+        assert_eq!(clamp_hint(MAX_MS, NOW), NOW + HINT_TOLERANCE_MS);
+        assert_eq!(clamp_hint(i64::MAX, NOW), NOW + HINT_TOLERANCE_MS);
+        // A clock at the end of datetime2 still yields a representable millisecond.
+        assert_eq!(clamp_hint(i64::MAX, MAX_MS), MAX_MS);
+        assert_eq!(clamp_hint(i64::MAX, i64::MAX), MAX_MS);
+        assert_eq!(clamp_hint(5, i64::MIN), 0);
     }
 
     #[test]
@@ -541,7 +603,7 @@ mod tests {
     #[test]
     fn carry_vector() {
         let mut shard = Allocator::new();
-        let ulids = shard.allocate(&[T; 101], &mut FixedRandom::new(0xFFFF, -1));
+        let ulids = shard.allocate(NOW, &[T; 101], &mut FixedRandom::new(0xFFFF, -1));
         assert_eq!(ulids[0].to_string(), "01GNSG5PM8ZZZVZZZZZZZZZZZZ");
         assert_eq!(ulids[100].to_string(), "01GNSG5PM8ZZZW000000000033");
         assert_eq!(
@@ -553,8 +615,8 @@ mod tests {
     #[test]
     fn empty_batch_changes_nothing() {
         let mut fresh = Allocator::new();
-        assert!(fresh.allocate(&[], &mut OsRandom).is_empty());
-        assert!(fresh.allocate_set_based(&[], 1, 2).is_empty());
+        assert!(fresh.allocate(NOW, &[], &mut OsRandom).is_empty());
+        assert!(fresh.allocate_set_based(NOW, &[], 1, 2).is_empty());
         assert_eq!(fresh.state(), None);
 
         let state = ShardState {
@@ -563,15 +625,15 @@ mod tests {
             next_counter: 77,
         };
         let mut shard = Allocator::with_state(state);
-        assert!(shard.allocate(&[], &mut OsRandom).is_empty());
-        assert!(shard.allocate_set_based(&[], 1, 2).is_empty());
+        assert!(shard.allocate(NOW, &[], &mut OsRandom).is_empty());
+        assert!(shard.allocate_set_based(NOW, &[], 1, 2).is_empty());
         assert_eq!(shard.state(), Some(state));
     }
 
     #[test]
     fn fresh_shard_starts_a_new_high() {
         let mut shard = Allocator::new();
-        let u = shard.allocate(&[T], &mut FixedRandom::new(0xABCD, 1000));
+        let u = shard.allocate(NOW, &[T], &mut FixedRandom::new(0xABCD, 1000));
         assert_eq!(u, vec![ulid_from_parts(T, 0xABCD, 1000)]);
         assert_eq!(
             shard.state(),
@@ -591,7 +653,7 @@ mod tests {
             next_counter: -500,
         };
         let mut shard = Allocator::with_state(state);
-        let u = shard.allocate(&[T - 10, T, -3], &mut FixedRandom::new(0, 0));
+        let u = shard.allocate(NOW, &[T - 10, T, -3], &mut FixedRandom::new(0, 0));
         assert_eq!(
             u,
             vec![
@@ -607,7 +669,7 @@ mod tests {
     #[test]
     fn hints_are_lifted_within_a_batch() {
         let mut shard = Allocator::new();
-        let u = shard.allocate(&[T, T - 5, T + 1, T], &mut FixedRandom::new(7, 40));
+        let u = shard.allocate(NOW, &[T, T - 5, T + 1, T], &mut FixedRandom::new(7, 40));
         assert_eq!(
             u,
             vec![
@@ -618,7 +680,10 @@ mod tests {
             ]
         );
         let mut server = Allocator::new();
-        assert_eq!(server.allocate_set_based(&[T, T - 5, T + 1, T], 7, 40), u);
+        assert_eq!(
+            server.allocate_set_based(NOW, &[T, T - 5, T + 1, T], 7, 40),
+            u
+        );
         assert_eq!(server.state(), shard.state());
     }
 
@@ -631,7 +696,7 @@ mod tests {
         };
         let hints = [T - 1, T, T + 2, T + 2, T + 3];
         let mut server = Allocator::with_state(state);
-        let u = server.allocate_set_based(&hints, 0xEEEE, -1);
+        let u = server.allocate_set_based(NOW, &hints, 0xEEEE, -1);
         let s = COUNTER_MASK;
         assert_eq!(
             u,
@@ -652,26 +717,39 @@ mod tests {
             })
         );
         let mut shard = Allocator::with_state(state);
-        assert_eq!(shard.allocate(&hints, &mut FixedRandom::new(0xEEEE, -1)), u);
+        assert_eq!(
+            shard.allocate(NOW, &hints, &mut FixedRandom::new(0xEEEE, -1)),
+            u
+        );
         assert_eq!(shard.state(), server.state());
     }
 
     #[test]
     fn far_future_and_pre_epoch_hints_are_clamped() {
         let mut shard = Allocator::new();
-        let u = shard.allocate(&[-10, i64::MAX, 5], &mut FixedRandom::new(1, 2));
+        let u = shard.allocate(NOW, &[-10, i64::MAX, 5], &mut FixedRandom::new(1, 2));
         assert_eq!(ulid_ms(u[0]), 0);
-        assert_eq!(ulid_ms(u[1]), MAX_MS);
-        assert_eq!(ulid_ms(u[2]), MAX_MS);
+        assert_eq!(ulid_ms(u[1]), NOW + HINT_TOLERANCE_MS);
+        assert_eq!(ulid_ms(u[2]), NOW + HINT_TOLERANCE_MS);
         assert!(u[0] < u[1] && u[1] < u[2]);
+
+        // A year-9999 hint moves the shard's clock no further than the tolerance: the next
+        // move, a second later, starts a new millisecond at its own clock again.
+        let mut shard = Allocator::new();
+        let far = shard.reserve(NOW, MAX_MS, 1, &mut FixedRandom::new(1, 2));
+        assert_eq!(ulid_ms(far.first()), NOW + HINT_TOLERANCE_MS);
+        let later = NOW + 2 * HINT_TOLERANCE_MS;
+        let next = shard.reserve(later, later, 1, &mut FixedRandom::new(3, 4));
+        assert_eq!(ulid_ms(next.first()), later);
+        assert!(far.last() < next.first());
     }
 
     #[test]
     fn reserve_same_ms_advances_by_count_and_new_ms_gets_new_high() {
         let mut shard = Allocator::new();
         let mut random = FixedRandom::new(0x4242, 3);
-        let a = shard.reserve(T, RESERVATION_SIZE, &mut random);
-        let b = shard.reserve(T - 1, RESERVATION_SIZE, &mut random);
+        let a = shard.reserve(NOW, T, RESERVATION_SIZE, &mut random);
+        let b = shard.reserve(NOW, T - 1, RESERVATION_SIZE, &mut random);
         assert_eq!(a.first(), ulid_from_parts(T, 0x4242, 3));
         assert_eq!(b.first_counter(), 3 + RESERVATION_SIZE);
         assert_eq!(a.high(), b.high());
@@ -683,7 +761,7 @@ mod tests {
         assert!(!a.is_empty());
         assert!(a.last() < b.first());
 
-        let c = shard.reserve(T + 1, 1, &mut FixedRandom::new(0x0001, 9));
+        let c = shard.reserve(NOW, T + 1, 1, &mut FixedRandom::new(0x0001, 9));
         assert_eq!(c.first(), ulid_from_parts(T + 1, 0x0001, 9));
         assert!(b.last() < c.first());
         assert_eq!(shard.state().unwrap().next_counter, 10);
@@ -693,7 +771,7 @@ mod tests {
     fn full_headroom_is_usable_from_either_sign() {
         for start in [0x3FFF_FFFF_FFFF_FFFF, i64::MIN, COUNTER_MASK, 0] {
             let mut shard = Allocator::new();
-            let r = shard.reserve(T, 1 << 62, &mut FixedRandom::new(0, start));
+            let r = shard.reserve(NOW, T, 1 << 62, &mut FixedRandom::new(0, start));
             assert_eq!(r.first_counter() < 0, ulid_counter(r.last()) < 0);
             assert!(r.first() < r.last());
         }
@@ -707,7 +785,7 @@ mod tests {
             high: high_part(T, 0),
             next_counter: -2,
         });
-        shard.allocate(&[T, T, T], &mut OsRandom);
+        shard.allocate(NOW, &[T, T, T], &mut OsRandom);
     }
 
     #[test]
@@ -718,7 +796,7 @@ mod tests {
             high: high_part(T, 0),
             next_counter: -2,
         });
-        shard.allocate_set_based(&[T, T, T], 0, 0);
+        shard.allocate_set_based(NOW, &[T, T, T], 0, 0);
     }
 
     #[test]
@@ -729,13 +807,13 @@ mod tests {
             high: high_part(T, 0),
             next_counter: i64::MAX - 1,
         });
-        shard.reserve(T, 5, &mut OsRandom);
+        shard.reserve(NOW, T, 5, &mut OsRandom);
     }
 
     #[test]
     #[should_panic(expected = "at least one")]
     fn empty_reservation_is_refused() {
-        Allocator::new().reserve(T, 0, &mut OsRandom);
+        Allocator::new().reserve(NOW, T, 0, &mut OsRandom);
     }
 
     #[test]

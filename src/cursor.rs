@@ -63,7 +63,7 @@ impl Cursor {
         Ok(Cursor(Ulid::from_bytes(array)))
     }
 
-    /// The 16 bytes to pass as `@cursor binary(16)`.
+    /// The 16 bytes to pass as `read_feed`'s `@cursor` (which refuses any other length).
     pub fn to_bytes(self) -> [u8; 16] {
         self.0.to_bytes()
     }

@@ -45,7 +45,13 @@ use crate::row::Column;
 /// server until the connection is dropped.
 ///
 /// `time_hint` (UTC) sets the ULIDs' time; `None` uses the server's clock. The ULIDs are
-/// never earlier than the shard's last ones.
+/// never earlier than the shard's last ones, and never later than the server's clock plus
+/// [`crate::allocator::HINT_TOLERANCE_MS`] (a later hint counts as that instant).
+///
+/// One shard of a feed per transaction: a `lock_feed` for a second shard of the same feed in
+/// one transaction is refused with 51203 (the transaction is rolled back). If you roll back to
+/// a savepoint taken before this call, the reservation is undone on the server: discard the
+/// returned range and call `lock_feed` again.
 ///
 /// ```no_run
 /// # async fn run(client: &mut changefeed::Client) -> changefeed::Result<()> {
@@ -108,7 +114,12 @@ mod tests {
     fn a_server_range_rebuilt_from_its_parts_equals_the_models() {
         let mut allocator = Allocator::new();
         let mut random = FixedRandom::new(0xABCD, 12345);
-        let range = allocator.reserve(1_700_000_000_000, RESERVATION_SIZE, &mut random);
+        let range = allocator.reserve(
+            1_700_000_000_000,
+            1_700_000_000_000,
+            RESERVATION_SIZE,
+            &mut random,
+        );
         let rebuilt =
             UlidRange::from_parts(range.high(), range.first_counter(), RESERVATION_SIZE).unwrap();
         assert_eq!(rebuilt, range);

@@ -1,9 +1,9 @@
 //! Property tests of the reference ULID allocator (DESIGN.md §4.3).
 
 use changefeed::allocator::{
-    Allocator, COUNTER_MASK, FixedRandom, MAX_MS, RESERVATION_SIZE, RandomParts, ShardState,
-    UlidRange, clamp_ms, mask_counter, ulid_counter, ulid_from_parts, ulid_high, ulid_ms,
-    ulid_random16,
+    Allocator, COUNTER_MASK, FixedRandom, HINT_TOLERANCE_MS, MAX_MS, RESERVATION_SIZE, RandomParts,
+    ShardState, UlidRange, clamp_hint, latest_ms, mask_counter, ulid_counter, ulid_from_parts,
+    ulid_high, ulid_ms, ulid_random16,
 };
 use proptest::prelude::*;
 use ulid::Ulid;
@@ -83,6 +83,16 @@ fn wild_hint() -> impl Strategy<Value = i64> {
     ]
 }
 
+/// The server's clock when a batch moves: mostly a minute after the hints near `T` (none
+/// clamped), sometimes inside them (later ones clamped), sometimes the end of datetime2.
+fn clock() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        4 => Just(T + 60_000),
+        2 => T - 30..T + 50,
+        1 => Just(MAX_MS),
+    ]
+}
+
 /// A batch of hints; most cases avoid extreme hints, since a single hint at
 /// MAX_MS turns every later row into a continuation.
 fn batches() -> impl Strategy<Value = Vec<Vec<i64>>> {
@@ -128,12 +138,12 @@ fn allocator_from(state: Option<ShardState>) -> Allocator {
     state.map_or_else(Allocator::new, Allocator::with_state)
 }
 
-fn lifted(hints: &[i64]) -> Vec<i64> {
+fn lifted(hints: &[i64], now: i64) -> Vec<i64> {
     let mut running = 0;
     hints
         .iter()
         .map(|&h| {
-            running = running.max(clamp_ms(h));
+            running = running.max(clamp_hint(h, now));
             running
         })
         .collect()
@@ -183,13 +193,14 @@ proptest! {
     #[test]
     fn row_by_row_is_strictly_increasing(
         state in start_state(BATCH_HEADROOM),
+        now in clock(),
         batches in batches(),
         mut random in scripted_random(),
     ) {
         let mut shard = allocator_from(state);
         let mut last = None;
         for batch in &batches {
-            let ulids = shard.allocate(batch, &mut random);
+            let ulids = shard.allocate(now, batch, &mut random);
             prop_assert_eq!(ulids.len(), batch.len());
             for u in ulids {
                 assert_increasing(&mut last, u)?;
@@ -201,13 +212,14 @@ proptest! {
     #[test]
     fn set_based_is_strictly_increasing(
         state in start_state(BATCH_HEADROOM),
+        now in clock(),
         batches in batches(),
         draws in prop::collection::vec((any::<u16>(), raw_counter()), 50),
     ) {
         let mut shard = allocator_from(state);
         let mut last = None;
         for (batch, &(r16, raw)) in batches.iter().zip(&draws) {
-            let ulids = shard.allocate_set_based(batch, r16, raw);
+            let ulids = shard.allocate_set_based(now, batch, r16, raw);
             prop_assert_eq!(ulids.len(), batch.len());
             for u in ulids {
                 assert_increasing(&mut last, u)?;
@@ -220,6 +232,7 @@ proptest! {
     #[test]
     fn reservations_and_batches_interleave_increasing(
         state in start_state(RESERVE_HEADROOM),
+        now in clock(),
         ops in ops(),
         mut random in scripted_random(),
         set_based in prop::collection::vec(any::<bool>(), 50),
@@ -232,16 +245,16 @@ proptest! {
                     let ulids = if use_set {
                         let r16 = random.random16();
                         let start = random.counter_start();
-                        shard.allocate_set_based(hints, r16, start)
+                        shard.allocate_set_based(now, hints, r16, start)
                     } else {
-                        shard.allocate(hints, &mut random)
+                        shard.allocate(now, hints, &mut random)
                     };
                     for u in ulids {
                         assert_increasing(&mut last, u)?;
                     }
                 }
                 Op::Reserve(hint, count) => {
-                    let r = shard.reserve(*hint, *count, &mut random);
+                    let r = shard.reserve(now, *hint, *count, &mut random);
                     prop_assert_eq!(r.len(), *count);
                     check_range(&r)?;
                     assert_increasing(&mut last, r.first())?;
@@ -257,14 +270,15 @@ proptest! {
     #[test]
     fn set_based_equals_row_by_row(
         state in start_state(BATCH_HEADROOM),
+        now in clock(),
         batches in batches(),
         draws in prop::collection::vec((any::<u16>(), raw_counter()), 50),
     ) {
         let mut server = allocator_from(state);
         let mut model = allocator_from(state);
         for (batch, &(r16, raw)) in batches.iter().zip(&draws) {
-            let expected = model.allocate(batch, &mut FixedRandom::new(r16, raw));
-            let got = server.allocate_set_based(batch, r16, raw);
+            let expected = model.allocate(now, batch, &mut FixedRandom::new(r16, raw));
+            let got = server.allocate_set_based(now, batch, r16, raw);
             prop_assert_eq!(got, expected);
             prop_assert_eq!(server.state(), model.state());
         }
@@ -277,6 +291,7 @@ proptest! {
     #[test]
     fn layout_matches_the_rule(
         state in start_state(BATCH_HEADROOM),
+        now in clock(),
         batches in batches(),
         mut random in scripted_random(),
     ) {
@@ -285,8 +300,8 @@ proptest! {
             let before = shard.state();
             let r16_drawn = random.drawn16;
             let starts_drawn = random.drawn_starts;
-            let ulids = shard.allocate(batch, &mut random);
-            let lifted = lifted(batch);
+            let ulids = shard.allocate(now, batch, &mut random);
+            let lifted = lifted(batch, now);
 
             // The distinct new milliseconds, in the order they draw random parts.
             let mut new_ms: Vec<i64> = lifted
@@ -341,6 +356,7 @@ proptest! {
     #[test]
     fn reserve_steps(
         state in start_state(RESERVE_HEADROOM),
+        now in clock(),
         hints in prop::collection::vec(near_hint(), 1..40),
         counts in prop::collection::vec(prop_oneof![Just(RESERVATION_SIZE), 1i64..1_000], 40),
         picks in prop::collection::vec(1i64..=RESERVATION_SIZE, 40),
@@ -350,7 +366,7 @@ proptest! {
         let mut prev: Option<(i64, UlidRange)> = None;
         for ((&hint, &count), &pick) in hints.iter().zip(&counts).zip(&picks) {
             let before = shard.state();
-            let r = shard.reserve(hint, count, &mut random);
+            let r = shard.reserve(now, hint, count, &mut random);
             check_range(&r)?;
 
             let i = 1 + (pick - 1) % count;
@@ -365,7 +381,7 @@ proptest! {
             prop_assert_eq!(r.nth(count + 1), None);
 
             match before {
-                Some(s) if hint <= s.last_ms => {
+                Some(s) if clamp_hint(hint, now) <= s.last_ms => {
                     prop_assert_eq!(r.high(), s.high);
                     prop_assert_eq!(r.first_counter(), s.next_counter);
                     if let Some((prev_count, p)) = prev {
@@ -374,7 +390,7 @@ proptest! {
                     }
                 }
                 _ => {
-                    prop_assert_eq!(ulid_ms(r.first()), hint);
+                    prop_assert_eq!(ulid_ms(r.first()), clamp_hint(hint, now));
                     if let Some(s) = before {
                         prop_assert_ne!(r.high(), s.high);
                     }
@@ -389,13 +405,74 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Clamped hints (issue 10, B8): no ULID is later than the server's clock at its move plus
+    /// HINT_TOLERANCE_MS, unless the shard's clock already was (it never goes back), so one
+    /// far-future hint moves the shard's clock at most the tolerance past the server's.
+    #[test]
+    fn ulid_time_never_passes_the_clock_plus_the_tolerance(
+        state in start_state(RESERVE_HEADROOM),
+        ops in ops(),
+        clocks in prop::collection::vec(clock(), 50),
+        mut random in scripted_random(),
+    ) {
+        let mut shard = allocator_from(state);
+        for (op, &now) in ops.iter().zip(&clocks) {
+            let bound = latest_ms(now).max(shard.state().map_or(0, |s| s.last_ms));
+            let issued: Vec<Ulid> = match op {
+                Op::Batch(hints) => shard.allocate(now, hints, &mut random),
+                Op::Reserve(hint, count) => {
+                    let r = shard.reserve(now, *hint, *count, &mut random);
+                    vec![r.first(), r.last()]
+                }
+            };
+            for u in issued {
+                prop_assert!(
+                    ulid_ms(u) <= bound,
+                    "{u} carries {} ms, past the bound {bound} (clock {now})",
+                    ulid_ms(u)
+                );
+            }
+            if let Some(s) = shard.state() {
+                prop_assert!(s.last_ms <= bound);
+            }
+        }
+    }
+}
+
+/// The SQL templates clamp with the same tolerance as the model (read_feed moving outbox rows,
+/// lock_feed reserving): a change on one side only would make the model disagree with the
+/// server.
+#[test]
+fn the_sql_templates_use_the_models_hint_tolerance() {
+    let declaration = format!("declare @hint_tolerance_ms bigint = {HINT_TOLERANCE_MS};");
+    for (file, text) in [
+        (
+            "V15 read_feed",
+            include_str!("../sql/V15__create_template_read_feed.sql"),
+        ),
+        (
+            "V42 lock_feed",
+            include_str!("../sql/V42__create_template_lock_feed.sql"),
+        ),
+    ] {
+        assert_eq!(
+            text.matches(declaration.as_str()).count(),
+            1,
+            "{file} must declare `{declaration}` once"
+        );
+    }
+}
+
 /// Two server-sized reservations in one millisecond are exactly 10^11 apart.
 #[test]
 fn reserve_same_ms_is_exactly_one_reservation_apart() {
     let mut shard = Allocator::new();
     let mut random = FixedRandom::new(0x1234, -1);
-    let a = shard.reserve(T, RESERVATION_SIZE, &mut random);
-    let b = shard.reserve(T, RESERVATION_SIZE, &mut random);
+    let a = shard.reserve(T, T, RESERVATION_SIZE, &mut random);
+    let b = shard.reserve(T, T, RESERVATION_SIZE, &mut random);
     assert_eq!(a.high(), b.high());
     assert_eq!(b.first_counter() - a.first_counter(), 100_000_000_000);
     assert_eq!(
@@ -414,15 +491,15 @@ fn carry_vector() {
 
     let hints = [T; 101];
     let mut model = Allocator::new();
-    let rows = model.allocate(&hints, &mut FixedRandom::new(0xFFFF, -1));
+    let rows = model.allocate(T, &hints, &mut FixedRandom::new(0xFFFF, -1));
     assert_eq!(rows[0].to_string(), FIRST);
     assert_eq!(rows[100].to_string(), HUNDREDTH);
 
     let mut server = Allocator::new();
-    assert_eq!(server.allocate_set_based(&hints, 0xFFFF, -1), rows);
+    assert_eq!(server.allocate_set_based(T, &hints, 0xFFFF, -1), rows);
 
     let mut writer = Allocator::new();
-    let range = writer.reserve(T, 101, &mut FixedRandom::new(0xFFFF, -1));
+    let range = writer.reserve(T, T, 101, &mut FixedRandom::new(0xFFFF, -1));
     assert_eq!(range.first().to_string(), FIRST);
     assert_eq!(range.nth(101).unwrap().to_string(), HUNDREDTH);
     assert_eq!(Ulid::from_string(HUNDREDTH).unwrap(), range.last());

@@ -605,19 +605,33 @@ async fn roles_scenario(db: &TestDb, reader_login: &Login, writer_login: &Login)
         );
     }
 
-    // Writer: event + outbox row in one transaction, through the sequence default, with
-    // no permission on the sequence itself.
-    let sequence_permission = scalar_i64(
+    // Writer: event + outbox row in one transaction; order_sequence is an IDENTITY the
+    // writer cannot choose (issue 10, B8): an explicit value is refused (544), and turning
+    // IDENTITY_INSERT on needs ALTER on the outbox, which the writers role does not have.
+    let explicit = exec(
         &mut writer,
         &format!(
-            "select isnull(has_perms_by_name(N'{}', N'OBJECT', N'UPDATE'), 0);",
-            feed.object("sequence")
+            "insert into {} (shard_id, order_sequence, id) values (0, 1000000, 1);",
+            feed.outbox_table()
         ),
     )
     .await;
     assert_eq!(
-        sequence_permission, 0,
-        "the writer must not need (nor have) UPDATE on the sequence"
+        explicit
+            .as_ref()
+            .err()
+            .and_then(changefeed::Error::server_number),
+        Some(544),
+        "a writer's explicit order_sequence must be refused: {explicit:?}"
+    );
+    let identity_insert = exec(
+        &mut writer,
+        &format!("set identity_insert {} on;", feed.outbox_table()),
+    )
+    .await;
+    assert!(
+        identity_insert.is_err(),
+        "a writer must not be able to turn IDENTITY_INSERT on for the outbox"
     );
     for (id, payload, shard) in [(1, "one", None), (2, "two", None), (3, "three", Some(0))] {
         let outbox_insert = match shard {
@@ -1090,14 +1104,11 @@ async fn check_one_feed(admin: &mut Client, feed: &Feed) {
             "select count_big(*) from sys.objects \
              where schema_id = schema_id(N'changefeed') and name in ( \
                N'read_feed:{feed}', N'status:{feed}', N'feed:{feed}', N'outbox:{feed}', \
-               N'state:{feed}', N'sequence:{feed}');"
+               N'state:{feed}');"
         ),
     )
     .await;
-    assert_eq!(
-        objects, 6,
-        "{feed}: read_feed, status, feed, outbox, state, sequence"
-    );
+    assert_eq!(objects, 5, "{feed}: read_feed, status, feed, outbox, state");
     let types = scalar_i64(
         admin,
         &format!(

@@ -11,8 +11,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use changefeed::allocator::{
-    Allocator, ShardState, clamp_ms, mask_counter, ulid_counter, ulid_from_parts, ulid_high,
-    ulid_ms, ulid_random16,
+    Allocator, MAX_MS, ShardState, clamp_hint, mask_counter, ulid_counter, ulid_from_parts,
+    ulid_high, ulid_ms, ulid_random16,
 };
 use changefeed::row::FromRow;
 use changefeed::{Client, Cursor, Feed, FeedRow, ReadOptions, read_page};
@@ -409,8 +409,9 @@ async fn insertion_order(db: &TestDb) {
     let mut client = db.client().await;
     let feed = feed("dbo.insertion_order");
     create_feed(&mut client, &feed).await;
+    // Hints in the past (a later one would be clamped to the server's clock + 1 s).
     let now = server_now_ms(&mut client).await;
-    let hints = [now + 3_000, now + 2_000, now + 1_000, now - 1_000];
+    let hints = [now - 1_000, now - 2_000, now - 3_000, now - 5_000];
     for (id, hint) in (1..).zip(hints) {
         write_event(&mut client, &feed, 0, id, Some(hint)).await;
     }
@@ -420,7 +421,7 @@ async fn insertion_order(db: &TestDb) {
     assert_strictly_increasing("insertion order", &ulids(&rows));
     // The hints were lifted to their running max, so every ULID carries the first one.
     for row in &rows {
-        assert_eq!(ulid_ms(row.ulid), now + 3_000, "ULID time of {}", row.key);
+        assert_eq!(ulid_ms(row.ulid), now - 1_000, "ULID time of {}", row.key);
     }
 }
 
@@ -499,12 +500,14 @@ async fn server_ulids_match_model(
     random16: u16,
     raw_counter_start: i64,
 ) -> Vec<Ulid> {
-    // The caller of ulid_at lifts the hints and numbers the rows (V3's contract).
+    // The caller of ulid_at clamps and lifts the hints and numbers the rows (V3's contract).
+    // ulid_at itself knows no clock: the model gets the latest clock datetime2 can hold, so
+    // that it clamps nothing the callers would not.
     let mut running = 0i64;
     let lifted: Vec<i64> = hints
         .iter()
         .map(|&hint| {
-            running = running.max(clamp_ms(hint));
+            running = running.max(clamp_hint(hint, MAX_MS));
             running
         })
         .collect();
@@ -547,7 +550,7 @@ async fn server_ulids_match_model(
         .map(|row| ulid_column(row, "ulid"))
         .collect();
     let mut model = state.map_or_else(Allocator::new, Allocator::with_state);
-    let expected = model.allocate_set_based(hints, random16, raw_counter_start);
+    let expected = model.allocate_set_based(MAX_MS, hints, random16, raw_counter_start);
     assert_eq!(
         server, expected,
         "ulid_at differs from the model for hints {hints:?} from {state:?}"
@@ -651,7 +654,12 @@ async fn allocator_model(db: &TestDb) {
     );
     let mut model = Allocator::new();
     assert_eq!(
-        model.allocate_set_based(&[hint; 3], ulid_random16(first[0]), ulid_counter(first[0])),
+        model.allocate_set_based(
+            hint,
+            &[hint; 3],
+            ulid_random16(first[0]),
+            ulid_counter(first[0])
+        ),
         first
     );
     assert_eq!(model.state(), Some(state1));
@@ -665,7 +673,7 @@ async fn allocator_model(db: &TestDb) {
     assert_eq!(keys(&second), [4, 5, 6]);
     assert_eq!(
         ulids(&second),
-        model.allocate_set_based(&older, 0, 0),
+        model.allocate_set_based(hint, &older, 0, 0),
         "continuing rows are fully determined by the state row"
     );
     assert_eq!(read_state(&mut client, &feed, 0).await, model.state());

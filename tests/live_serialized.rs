@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use changefeed::allocator::{
-    Allocator, FixedRandom, RESERVATION_SIZE, ShardState, UlidRange, ulid_counter, ulid_high,
-    ulid_ms, ulid_random16,
+    Allocator, FixedRandom, HINT_TOLERANCE_MS, RESERVATION_SIZE, ShardState, UlidRange,
+    ulid_counter, ulid_high, ulid_ms, ulid_random16,
 };
 use changefeed::writer::lock_feed;
 use changefeed::{Client, Cursor, Feed, FeedRow, Page, ReadOptions, read_page};
@@ -50,9 +50,10 @@ const NOT_BLOCKED_LIMIT: Duration = Duration::from_secs(20);
 /// Load writers bound their wait for the shard lock below tiberius' 30 s command timeout,
 /// so that the server, not the client library, reports a wait that long (as 51202).
 const LOAD_LOCK_TIMEOUT_MS: i32 = 20_000;
-/// The time hint of the range-arithmetic test: far in the future, so that a later call
-/// with the server's clock (no hint) always continues the shard's counter.
-const T0: PrimitiveDateTime = datetime!(2200-01-02 03:04:05.678);
+/// How far before the server's clock the range-arithmetic test's first hint lies: hints in
+/// the past are taken as they are (a fresh shard) or continue the shard's millisecond, while
+/// a hint later than the server's clock + 1 s would be clamped (issue 10, B8).
+const T0_BEFORE_NOW_MS: i64 = 60_000;
 /// Fragments of the ulid(@i) function's two failure texts (V39).
 const NEEDS_LOCK_FEED: &str = "needs lock_feed";
 const OUT_OF_RANGE: &str = "takes @i from 1 to 100000000000";
@@ -74,7 +75,11 @@ async fn range_scenario(db: &TestDb) {
     let feed = create_serialized_feed(&mut admin, "ranges", "id bigint not null", "id").await;
     let lock = feed.object("lock_feed");
     let ulid_fn = feed.object("ulid");
-    let ms0 = unix_ms(T0);
+    // The model's clock: every hint below is at least a minute before the server's clock, so
+    // none is clamped (except step 5's, which the test checks on its own).
+    let now_ms = server_now_ms(&mut admin).await;
+    let ms0 = now_ms - T0_BEFORE_NOW_MS;
+    let t0 = datetime_of_ms(ms0);
     let mut model = Allocator::new();
     let mut writer = db.client().await;
 
@@ -89,7 +94,7 @@ async fn range_scenario(db: &TestDb) {
              exec {lock} @shard_id = 0, @time_hint = '{}', @ulid = @u output, \
                  @ulid_high = @h output, @ulid_low = @l output; \
              select @u, @h, @l, {ulid_fn}(1), {ulid_fn}(2), {ulid_fn}(100000000000);",
-            sql_datetime(T0)
+            sql_datetime(t0)
         ),
     )
     .await
@@ -136,6 +141,7 @@ async fn range_scenario(db: &TestDb) {
     assert_eq!(r1.nth(RESERVATION_SIZE), Some(u_last));
     assert_eq!(r1.last(), u_last);
     let m1 = model.reserve(
+        now_ms,
         ms0,
         RESERVATION_SIZE,
         &mut FixedRandom::new(ulid_random16(u), low),
@@ -146,7 +152,7 @@ async fn range_scenario(db: &TestDb) {
     );
 
     // 2. A second lock_feed in the same transaction and millisecond: +10^11, same high.
-    let r2 = lock_feed(&mut writer, &feed, 0, Some(T0), None)
+    let r2 = lock_feed(&mut writer, &feed, 0, Some(t0), None)
         .await
         .expect("a second lock_feed in the same transaction");
     assert_eq!(r2.high(), r1.high(), "same millisecond: same high 8 bytes");
@@ -156,7 +162,7 @@ async fn range_scenario(db: &TestDb) {
         "same millisecond: the next range starts 10^11 after the previous one"
     );
     assert_eq!(
-        model.reserve(ms0, RESERVATION_SIZE, &mut FixedRandom::new(0, 0)),
+        model.reserve(now_ms, ms0, RESERVATION_SIZE, &mut FixedRandom::new(0, 0)),
         r2,
         "the model continues the same way"
     );
@@ -174,7 +180,7 @@ async fn range_scenario(db: &TestDb) {
     );
 
     // 3. A later millisecond: a new high whose bytes 0-5 are the new time, a fresh counter.
-    let t1 = T0 + time::Duration::seconds(1);
+    let t1 = t0 + time::Duration::seconds(1);
     let r3 = lock_feed(&mut writer, &feed, 0, Some(t1), None)
         .await
         .expect("lock_feed with a later time hint");
@@ -196,6 +202,7 @@ async fn range_scenario(db: &TestDb) {
     );
     assert_eq!(
         model.reserve(
+            now_ms,
             ms0 + 1000,
             RESERVATION_SIZE,
             &mut FixedRandom::new(ulid_random16(r3.first()), r3.first_counter())
@@ -209,7 +216,7 @@ async fn range_scenario(db: &TestDb) {
         &mut writer,
         &feed,
         0,
-        Some(T0 - time::Duration::seconds(5)),
+        Some(t0 - time::Duration::seconds(5)),
         None,
     )
     .await
@@ -226,19 +233,44 @@ async fn range_scenario(db: &TestDb) {
         "an earlier hint gives the shard's last time, never an earlier one"
     );
     assert_eq!(
-        model.reserve(ms0 - 5000, RESERVATION_SIZE, &mut FixedRandom::new(0, 0)),
+        model.reserve(
+            now_ms,
+            ms0 - 5000,
+            RESERVATION_SIZE,
+            &mut FixedRandom::new(0, 0)
+        ),
         r4
     );
 
-    // 5. No hint: the server's clock, far before T0, continues too.
-    let r5 = lock_feed(&mut writer, &feed, 0, None, None)
+    // 5. A hint in year 9999 counts as the server's clock + 1 s (issue 10, B8): a new
+    // millisecond, never further ahead, so one wrong hint cannot move the shard's clock there.
+    let far_future = datetime!(9999-12-31 23:59:59.999);
+    let before_ms = server_now_ms(&mut admin).await;
+    let r5 = lock_feed(&mut writer, &feed, 0, Some(far_future), None)
         .await
-        .expect("lock_feed with the server's clock");
-    assert_eq!(r5.high(), r4.high());
-    assert_eq!(r5.first_counter(), r4.first_counter() + RESERVATION_SIZE);
+        .expect("lock_feed with a hint in year 9999");
+    let after_ms = server_now_ms(&mut admin).await;
+    let ms5 = ulid_ms(r5.first());
+    // + 1: lock_feed rounds the clock to datetime2(3), the probe truncates it.
+    assert!(
+        (before_ms + HINT_TOLERANCE_MS..=after_ms + HINT_TOLERANCE_MS + 1).contains(&ms5),
+        "a year-9999 hint is clamped to the server's clock + {HINT_TOLERANCE_MS} ms: got {ms5}, \
+         clock between {before_ms} and {after_ms}"
+    );
+    assert_ne!(
+        r5.high(),
+        r4.high(),
+        "the clamped hint is a later millisecond"
+    );
     assert_eq!(
-        model.reserve(0, RESERVATION_SIZE, &mut FixedRandom::new(0, 0)),
-        r5
+        model.reserve(
+            ms5 - HINT_TOLERANCE_MS,
+            unix_ms(far_future),
+            RESERVATION_SIZE,
+            &mut FixedRandom::new(ulid_random16(r5.first()), r5.first_counter())
+        ),
+        r5,
+        "the model clamps the same way, given the server's clock"
     );
 
     // The state row is the model's state.
@@ -283,11 +315,11 @@ async fn range_scenario(db: &TestDb) {
         .await
         .expect("begin");
     let before_rollback = model;
-    let r6 = lock_feed(&mut writer, &feed, 0, None, None)
+    let r6 = lock_feed(&mut writer, &feed, 0, Some(t0), None)
         .await
         .expect("lock_feed in a new transaction");
     assert_eq!(
-        model.reserve(0, RESERVATION_SIZE, &mut FixedRandom::new(0, 0)),
+        model.reserve(now_ms, ms0, RESERVATION_SIZE, &mut FixedRandom::new(0, 0)),
         r6,
         "a new transaction continues the committed state"
     );
@@ -298,7 +330,7 @@ async fn range_scenario(db: &TestDb) {
     exec(&mut writer, "begin transaction;")
         .await
         .expect("begin");
-    let r7 = lock_feed(&mut writer, &feed, 0, None, None)
+    let r7 = lock_feed(&mut writer, &feed, 0, Some(t0), None)
         .await
         .expect("lock_feed after a rollback");
     assert_eq!(
@@ -306,16 +338,24 @@ async fn range_scenario(db: &TestDb) {
         "the state row is transactional: a rolled-back range is reserved again"
     );
     assert_eq!(
-        model.reserve(0, RESERVATION_SIZE, &mut FixedRandom::new(0, 0)),
+        model.reserve(now_ms, ms0, RESERVATION_SIZE, &mut FixedRandom::new(0, 0)),
         r7
     );
+    exec(&mut writer, "commit transaction;")
+        .await
+        .expect("commit");
 
-    // 8. Other shards have states of their own; hints before 1970 are clamped to 0.
-    let s1 = lock_feed(&mut writer, &feed, 1, Some(T0), None)
+    // 8. Other shards have states of their own; hints before 1970 are clamped to 0. One shard
+    // of a feed per transaction (51203 otherwise, see two_shards_of_one_feed_...).
+    exec(&mut writer, "begin transaction;")
+        .await
+        .expect("begin");
+    let s1 = lock_feed(&mut writer, &feed, 1, Some(t0), None)
         .await
         .expect("lock_feed on shard 1");
     assert_eq!(
         Allocator::new().reserve(
+            now_ms,
             ms0,
             RESERVATION_SIZE,
             &mut FixedRandom::new(ulid_random16(s1.first()), s1.first_counter())
@@ -323,6 +363,9 @@ async fn range_scenario(db: &TestDb) {
         s1,
         "shard 1 starts from its own (empty) state, whatever shard 0 did"
     );
+    exec(&mut writer, "commit transaction; begin transaction;")
+        .await
+        .expect("commit shard 1, begin shard 2");
     let before_1970 = datetime!(1900-01-01 00:00:00);
     let s2 = lock_feed(&mut writer, &feed, 2, Some(before_1970), None)
         .await
@@ -330,6 +373,7 @@ async fn range_scenario(db: &TestDb) {
     assert_eq!(ulid_ms(s2.first()), 0, "a hint before 1970 is clamped to 0");
     assert_eq!(
         Allocator::new().reserve(
+            now_ms,
             unix_ms(before_1970),
             RESERVATION_SIZE,
             &mut FixedRandom::new(ulid_random16(s2.first()), s2.first_counter())
@@ -2729,6 +2773,22 @@ fn hex(ulid: Ulid) -> String {
 
 fn unix_ms(t: PrimitiveDateTime) -> i64 {
     (t.assume_utc().unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+/// The UTC instant `ms` milliseconds after 1970, as the `datetime2(3)` value lock_feed takes.
+fn datetime_of_ms(ms: i64) -> PrimitiveDateTime {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .expect("a time the server can hold");
+    PrimitiveDateTime::new(t.date(), t.time())
+}
+
+/// The server's clock, in ms since 1970.
+async fn server_now_ms(client: &mut Client) -> i64 {
+    scalar_i64(
+        client,
+        "select datediff_big(millisecond, convert(datetime2(3), '19700101', 112), sysutcdatetime());",
+    )
+    .await
 }
 
 /// A datetime2(3) literal, e.g. `2200-01-02T03:04:05.678`.

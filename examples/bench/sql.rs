@@ -219,8 +219,8 @@ pub fn plain_drain(outbox: &str, log: &str) -> String {
 
 /// Figure 3's baseline: the plain paging query on the feed table. `@P1` page size, `@P2`
 /// shard, `@P3` cursor. The cursor arrives as varbinary and is converted to the column's
-/// binary(16), as `read_feed`'s `@cursor binary(16)` is, so the comparison seeks on the
-/// clustered key.
+/// binary(16), as `read_feed` converts its checked 16-byte `@cursor`, so the comparison
+/// seeks on the clustered key.
 pub fn plain_replay(feed_table: &str) -> String {
     format!(
         "select top (@P1) ulid, id from {feed_table} \
