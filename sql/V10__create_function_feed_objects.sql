@@ -2,7 +2,7 @@
 -- spells the per-feed names '[changefeed].[<kind>:<schema>.<table>]' and the role names
 -- '[changefeed.writers:<schema>.<table>]' / '[changefeed.readers:<schema>.<table>]'.
 -- object_class: P procedure, FN scalar function, V view, TT table type, U table,
--- SO sequence, R database role. drop_order lists code before the storage it uses.
+-- R database role. drop_order lists code before the storage it uses.
 -- mode: the feed mode that has the object ('outbox', 'serialize_writers', or 'both').
 -- The inputs are parts already checked by changefeed.parse_feed_name.
 create or alter function [changefeed].[feed_objects] (
@@ -34,7 +34,6 @@ from (
     (N'type:read', 'TT', 5, 'both'),
     (N'feed', 'U', 6, 'outbox'),
     (N'outbox', 'U', 7, 'outbox'),
-    (N'sequence', 'SO', 8, 'outbox'),
     (N'state', 'U', 9, 'both'),
     (N'changefeed.writers', 'R', 10, 'both'),
     (N'changefeed.readers', 'R', 11, 'both')

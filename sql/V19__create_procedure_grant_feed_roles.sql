@@ -1,6 +1,6 @@
 -- Creates a feed's two database roles when missing and grants them exactly what they need:
---   [changefeed.writers:S.T]  outbox mode: INSERT on the outbox (the sequence default needs
---                             nothing more: the sequence and the table have one owner);
+--   [changefeed.writers:S.T]  outbox mode: INSERT on the outbox (order_sequence is an
+--                             IDENTITY, so a writer cannot choose it);
 --                             serialized-writer mode: EXECUTE on lock_feed and the ulid
 --                             function (inserting into the event table is the application's
 --                             own grant);

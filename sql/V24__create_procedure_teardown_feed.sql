@@ -1,5 +1,5 @@
 -- Drops everything setup_feed created for a feed: its code, read type, feed (with its whole
--- history), outbox (with events not yet moved), sequence, state, roles (after removing their
+-- history), outbox (with events not yet moved), state, roles (after removing their
 -- members), its consumers' saved cursors and its registry row. The event table itself is
 -- untouched. The cursors go too because they point into the history dropped here: kept, they
 -- would hold back purge_feed of a feed set up again under the same name (and be expired or
@@ -65,7 +65,6 @@ begin
                 when @object_class = 'V' then N'drop view if exists ' + @quoted_name
                 when @object_class = 'TT' then N'drop type if exists ' + @quoted_name
                 when @object_class = 'U' then N'drop table if exists ' + @quoted_name
-                when @object_class = 'SO' then N'drop sequence if exists ' + @quoted_name
                 when
                     @object_class = 'R' and database_principal_id(@object_name_only) is not null
                     then (
