@@ -18,11 +18,14 @@ begin
     -- commits. Reverts on return. Inside a caller's transaction it joins that transaction.
     set implicit_transactions off;
 
+    -- 366 days. Typed: a bare literal above the int range would be numeric.
+    declare @max_retry_after_ms bigint = 31622400000;
+
     if @id is null or @claim_token is null
         throw 51302, N'mark_failed: @id and @claim_token are required (the claim_token that claim returned).', 1;
     if isnull(@dead, 0) = 0 and @retry_after_ms is null
         throw 51303, N'mark_failed: a failed message needs @retry_after_ms (when to try again), or @dead = 1 to give up on it.', 1;
-    if @retry_after_ms < 0 or @retry_after_ms > 31622400000
+    if @retry_after_ms < 0 or @retry_after_ms > @max_retry_after_ms
         throw 51303, N'mark_failed: @retry_after_ms must be between 0 and 31622400000 (366 days).', 1;
 
     -- On the server's clock, never the client's.

@@ -17,9 +17,12 @@ begin
     -- commits. Reverts on return. Inside a caller's transaction it joins that transaction.
     set implicit_transactions off;
 
+    -- 366 days. Typed: a bare literal above the int range would be numeric.
+    declare @max_retry_after_ms bigint = 31622400000;
+
     if @id is null
         throw 51302, N'requeue: @id is required.', 1;
-    if @retry_after_ms is null or @retry_after_ms < 0 or @retry_after_ms > 31622400000
+    if @retry_after_ms is null or @retry_after_ms < 0 or @retry_after_ms > @max_retry_after_ms
         throw 51303, N'requeue: @retry_after_ms must be between 0 and 31622400000 (366 days).', 1;
 
     -- On the server's clock, never the client's.

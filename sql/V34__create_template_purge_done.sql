@@ -16,7 +16,10 @@ begin
     -- commits. Reverts on return.
     set implicit_transactions off;
 
-    if @older_than_ms is null or @older_than_ms < 0 or @older_than_ms > 3155760000000
+    -- 100 years. Typed: a bare literal above the int range would be numeric.
+    declare @max_older_than_ms bigint = 3155760000000;
+
+    if @older_than_ms is null or @older_than_ms < 0 or @older_than_ms > @max_older_than_ms
         throw 51308, N'purge_done: @older_than_ms must be between 0 and 3155760000000 (100 years), e.g. 7776000000 for 90 days.', 1;
     if @batch_size is null or @batch_size < 1 or @batch_size > 4000
         throw 51308, N'purge_done: @batch_size must be between 1 and 4000 (below lock escalation).', 1;
