@@ -52,23 +52,29 @@ async fn main() {
     .unwrap_or_else(|e| support::exit_with(e));
 
     let outbox: OutboxStore = "dbo.outbox".parse().expect("a valid name");
-    support::exec(&mut client, "begin transaction;")
+    // Enqueue in a transaction guard: an error before commit drops it, and the pool closes
+    // the connection, rolling the transaction back.
+    let url = changefeed::connection::url_from_env().unwrap_or_else(|e| support::exit_with(e));
+    let pool = changefeed::pool::pool(&url, 2)
+        .await
+        .unwrap_or_else(|e| support::exit_with(e));
+    let mut conn = pool.get().await.unwrap_or_else(|e| support::exit_with(e));
+    let mut tx = conn
+        .transaction()
         .await
         .unwrap_or_else(|e| support::exit_with(e));
     for (n, aggregate) in [(1, "order-1"), (2, "order-1"), (3, "order-2")] {
         let message = NewMessage::new("orders", serde_json::json!({ "demo": n }))
             .aggregate("order", aggregate);
         outbox
-            .enqueue(&mut client, &message)
+            .enqueue(&mut tx, &message)
             .await
             .unwrap_or_else(|e| support::exit_with(e));
     }
-    support::exec(&mut client, "commit;")
-        .await
-        .unwrap_or_else(|e| support::exit_with(e));
+    tx.commit().await.unwrap_or_else(|e| support::exit_with(e));
+    drop(conn);
 
-    let url = changefeed::connection::url_from_env().unwrap_or_else(|e| support::exit_with(e));
-    let store = SqlClaimStore::new(outbox, url);
+    let store = SqlClaimStore::with_pool(outbox, pool);
     let relay = Relay::new(store, StdoutPublisher, RelayConfig::default())
         .unwrap_or_else(|e| support::exit_with(e));
     eprintln!("relaying dbo.outbox to stdout; Ctrl-C stops");
