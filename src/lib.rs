@@ -37,7 +37,7 @@ pub use cursor::Cursor;
 pub use cursor_store::CursorStore;
 pub use error::{Error, Result};
 pub use feed::{Feed, TableName};
-pub use pool::Pool;
+pub use pool::{Pool, PooledClient, Transaction};
 pub use reader::{FeedEvent, FeedReader, FeedReaderOptions, read_events};
 pub use reader::{FeedRow, Page, ReadOptions, read_page};
 

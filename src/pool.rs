@@ -141,14 +141,7 @@ impl Pool {
 
     /// Checks a connection out (see [`Pool::get_owned`]); it goes back when dropped.
     pub async fn get(&self) -> Result<bb8::PooledConnection<'_, ConnectionManager>> {
-        let mut permanent = self.log.permanent.subscribe();
-        tokio::select! {
-            biased;
-            got = self.inner.get() => got.map_err(|e| self.run_error(e)),
-            Ok(()) = permanent.changed() => Err(self.log.last_error().unwrap_or_else(|| {
-                Error::Connection("a connection attempt failed".to_owned())
-            })),
-        }
+        self.check_out(self.inner.get()).await
     }
 
     /// Checks a connection out without borrowing the pool. Fails with the error of the last
@@ -156,10 +149,19 @@ impl Pool {
     /// at once when an attempt fails in a way no retry fixes (a refused login, an unknown
     /// database, a TLS failure): the server's message, not a timeout.
     pub async fn get_owned(&self) -> Result<PooledConnection> {
+        self.check_out(self.inner.get_owned()).await
+    }
+
+    /// Runs bb8's check-out, cut short by a permanent connect failure that happens meanwhile.
+    async fn check_out<C>(
+        &self,
+        get: impl Future<Output = Result<C, bb8::RunError<Error>>>,
+    ) -> Result<C> {
+        // Subscribed before bb8 starts connecting, so no failure can slip in between.
         let mut permanent = self.log.permanent.subscribe();
         tokio::select! {
             biased;
-            got = self.inner.get_owned() => got.map_err(|e| self.run_error(e)),
+            got = get => got.map_err(|e| self.run_error(e)),
             Ok(()) = permanent.changed() => Err(self.log.last_error().unwrap_or_else(|| {
                 Error::Connection("a connection attempt failed".to_owned())
             })),

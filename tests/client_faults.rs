@@ -128,7 +128,9 @@ async fn a_transaction_dropped_before_commit_discards_its_connection() {
             .any(|text| text.contains("insert into app.Orders"))
     );
     assert!(
-        first.iter().all(|text| !text.contains("commit transaction")),
+        first
+            .iter()
+            .all(|text| !text.contains("commit transaction")),
         "{first:?}"
     );
 }
