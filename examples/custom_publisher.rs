@@ -74,29 +74,15 @@ async fn main() {
     .unwrap_or_else(|e| support::exit_with(e));
     let outbox: OutboxStore = "dbo.custom_publisher_outbox".parse().expect("a valid name");
 
-    // Enqueue in a transaction guard: an error before commit drops it, and the pool closes
-    // the connection, rolling the transaction back.
-    let url = changefeed::connection::url_from_env().unwrap_or_else(|e| support::exit_with(e));
-    let pool = changefeed::pool::pool(&url, 2)
-        .await
-        .unwrap_or_else(|e| support::exit_with(e));
-    let mut conn = pool.get().await.unwrap_or_else(|e| support::exit_with(e));
-    let mut tx = conn
-        .transaction()
-        .await
-        .unwrap_or_else(|e| support::exit_with(e));
-    for message in [
+    let pool = support::pool_from_env().await;
+    let messages = [
         NewMessage::new("orders", serde_json::json!({ "order": 1 })),
         NewMessage::new("orders", serde_json::json!({ "order": 2, "poison": true })),
         NewMessage::new("slow", serde_json::json!({ "order": 3 })),
-    ] {
-        outbox
-            .enqueue(&mut tx, &message)
-            .await
-            .unwrap_or_else(|e| support::exit_with(e));
-    }
-    tx.commit().await.unwrap_or_else(|e| support::exit_with(e));
-    drop(conn);
+    ];
+    support::enqueue_all(&pool, &outbox, &messages)
+        .await
+        .unwrap_or_else(|e| support::exit_with(e));
 
     let broker = std::sync::Arc::new(InMemoryBroker::default());
     let relay = Relay::new(

@@ -52,27 +52,17 @@ async fn main() {
     .unwrap_or_else(|e| support::exit_with(e));
 
     let outbox: OutboxStore = "dbo.outbox".parse().expect("a valid name");
-    // Enqueue in a transaction guard: an error before commit drops it, and the pool closes
-    // the connection, rolling the transaction back.
-    let url = changefeed::connection::url_from_env().unwrap_or_else(|e| support::exit_with(e));
-    let pool = changefeed::pool::pool(&url, 2)
+    let pool = support::pool_from_env().await;
+    let messages: Vec<NewMessage> = [(1, "order-1"), (2, "order-1"), (3, "order-2")]
+        .into_iter()
+        .map(|(n, aggregate)| {
+            NewMessage::new("orders", serde_json::json!({ "demo": n }))
+                .aggregate("order", aggregate)
+        })
+        .collect();
+    support::enqueue_all(&pool, &outbox, &messages)
         .await
         .unwrap_or_else(|e| support::exit_with(e));
-    let mut conn = pool.get().await.unwrap_or_else(|e| support::exit_with(e));
-    let mut tx = conn
-        .transaction()
-        .await
-        .unwrap_or_else(|e| support::exit_with(e));
-    for (n, aggregate) in [(1, "order-1"), (2, "order-1"), (3, "order-2")] {
-        let message = NewMessage::new("orders", serde_json::json!({ "demo": n }))
-            .aggregate("order", aggregate);
-        outbox
-            .enqueue(&mut tx, &message)
-            .await
-            .unwrap_or_else(|e| support::exit_with(e));
-    }
-    tx.commit().await.unwrap_or_else(|e| support::exit_with(e));
-    drop(conn);
 
     let store = SqlClaimStore::with_pool(outbox, pool);
     let relay = Relay::new(store, StdoutPublisher, RelayConfig::default())

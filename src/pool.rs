@@ -345,11 +345,7 @@ impl bb8::ManageConnection for ConnectionManager {
         }
         // Broken until the reset completes: a check-out cancelled half-way is discarded.
         conn.broken = true;
-        conn.client
-            .simple_query(CHECKOUT_RESET)
-            .await?
-            .into_results()
-            .await?;
+        run_batch(&mut conn.client, CHECKOUT_RESET).await?;
         conn.broken = false;
         Ok(())
     }
@@ -411,13 +407,15 @@ impl PooledClient {
         }
         // Set before the batch is sent: a begin cancelled half-way is treated as open.
         self.in_transaction = true;
-        self.client
-            .simple_query(BEGIN)
-            .await?
-            .into_results()
-            .await?;
+        run_batch(&mut self.client, BEGIN).await?;
         Ok(Transaction { conn: self })
     }
+}
+
+/// Runs a batch and reads its response to the end.
+async fn run_batch(client: &mut Client, sql: &str) -> Result<()> {
+    client.simple_query(sql).await?.into_results().await?;
+    Ok(())
 }
 
 /// What [`PooledClient::transaction`] sends. `xact_abort on` makes any statement error,
@@ -471,7 +469,7 @@ impl Transaction<'_> {
 
     async fn finish(self, sql: &str) -> Result<()> {
         let conn = self.conn;
-        conn.client.simple_query(sql).await?.into_results().await?;
+        run_batch(&mut conn.client, sql).await?;
         conn.in_transaction = false;
         Ok(())
     }
