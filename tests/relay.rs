@@ -1542,3 +1542,17 @@ async fn a_claim_that_answers_within_the_grace_is_finished_on_shutdown() {
     assert_eq!(store.status(id), Status::Done);
     assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_claim_that_answers_within_the_grace_ends_the_run() {
+    let (store, publisher, hooks) = fakes();
+    let gate = store.gate_next_claim();
+    let relay = start(&store, &publisher, &hooks, config());
+    gate.started.notified().await;
+    let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
+    sleep(ms(500)).await;
+    gate.release.notify_one();
+
+    relay.finish().await.unwrap();
+    assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
+}

@@ -333,10 +333,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                 if let Some(error) = fatal {
                     return Err(error);
                 }
-                if stopping {
-                    continue;
-                }
-                if report.requeued > 0 {
+                if report.requeued > 0 && !stopping {
                     // The broker asked us to slow down: a wake must not cut this short.
                     tokio::select! {
                         biased;
@@ -350,6 +347,9 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                     report.published + report.dead == 0
                 }
             };
+            if stopping {
+                continue; // the loop's first check returns
+            }
             if idle {
                 tokio::select! {
                     biased;
