@@ -106,8 +106,9 @@ const TRANSIENT_SERVER_ERRORS: &[u32] = &[
 
 /// Login failures: a wrong password or unknown login (18456), an untrusted domain login
 /// (18452), a disabled (18470) or locked-out (18486) account, an expired password (18487),
-/// a password that must be changed (18488), an unknown or forbidden database (4060, see
-/// [`TRANSIENT_SERVER_ERRORS`] for Azure). None of them goes away by retrying.
+/// a password that must be changed (18488), an unknown or forbidden database (4060; from
+/// Azure SQL Database it is transient instead, see [`Error::is_transient`]). None of them
+/// goes away by retrying.
 pub const LOGIN_ERRORS: &[u32] = &[18456, 18452, 18470, 18486, 18487, 18488, 4060];
 
 impl Error {

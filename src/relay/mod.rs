@@ -56,6 +56,7 @@ pub use publisher::{
 
 use crate::error::{Error, Result};
 use crate::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage};
+use hooks::{guarded, panic_message};
 
 /// How long a claim already under way may still take once shutdown is asked for. A healthy
 /// claim answers in milliseconds and its rows are then published and acknowledged; one that
@@ -63,7 +64,6 @@ use crate::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage};
 /// the relay stops. Rows of an abandoned claim that did commit are claimed again after the
 /// claim timeout.
 pub const SHUTDOWN_CLAIM_GRACE: Duration = Duration::from_secs(5);
-use hooks::{guarded, panic_message};
 
 /// Publishes an outbox: claims batches from a [`ClaimStore`], hands them to a
 /// [`Publisher`], and acknowledges every message by its outcome (see the
@@ -309,14 +309,14 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                 Err(error) => {
                     store_failures = store_failures.saturating_add(1);
                     self.loop_error(&error);
+                    if stopping {
+                        return Ok(());
+                    }
                     let delay = self
                         .config
                         .retry
                         .backoff(store_failures, &mut self.rng)
                         .max(self.config.poll_interval);
-                    if stopping {
-                        return Ok(());
-                    }
                     tokio::select! {
                         biased;
                         () = shutdown.as_mut() => return Ok(()),
