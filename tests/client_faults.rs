@@ -347,3 +347,104 @@ async fn a_relay_stops_although_its_connect_never_completes() {
     );
     drop(silent);
 }
+
+// ---------------------------------------------------------------- rows that do not decode
+
+#[tokio::test]
+async fn a_feed_row_that_does_not_decode_is_named_by_its_ulid() {
+    use fake_tds::Value;
+    let good = ulid::Ulid::from_parts(1_700_000_000_000, 1);
+    let bad = ulid::Ulid::from_parts(1_700_000_000_000, 2);
+    let server = FakeServer::start(move |_, request| match request {
+        Request::Rpc(text) if text.contains("read_feed") => Reply::Rows {
+            columns: vec!["ulid", "id"],
+            rows: vec![
+                vec![
+                    Value::Binary(good.to_bytes().to_vec()),
+                    Value::Text(Some("order-42".to_owned())),
+                ],
+                vec![
+                    Value::Binary(bad.to_bytes().to_vec()),
+                    Value::Text(None), // a NULL key: not a String
+                ],
+            ],
+        },
+        _ => Reply::Done,
+    })
+    .await;
+    let mut client = changefeed::connect(&server.ado()).await.unwrap();
+    let feed: Feed = "app.Event".parse().unwrap();
+
+    let error = changefeed::read_page::<String>(
+        &mut client,
+        &feed,
+        0,
+        Cursor::START,
+        changefeed::ReadOptions::default(),
+    )
+    .await
+    .map(|_| ())
+    .unwrap_err();
+    assert!(matches!(error, Error::Decode { .. }), "{error:?}");
+    assert_eq!(error.row_ulid(), Some(bad), "{error}");
+    assert!(error.to_string().contains(&bad.to_string()), "{error}");
+    assert!(!error.is_transient());
+}
+
+#[tokio::test]
+async fn a_claim_with_an_undecodable_row_returns_the_rest() {
+    use changefeed::outbox::Claimed;
+    use fake_tds::Value;
+    let server = FakeServer::start(|_, request| match request {
+        Request::Rpc(text) if text.contains("claim:dbo.outbox") => {
+            let row = |id: i64, payload: &str, headers: Option<&str>| {
+                vec![
+                    Value::BigInt(id),
+                    Value::Text(Some(format!("m-{id}"))),
+                    Value::Text(Some("orders".to_owned())),
+                    Value::Text(None),
+                    Value::Text(None),
+                    Value::Text(None),
+                    Value::Text(Some(payload.to_owned())),
+                    Value::Text(headers.map(str::to_owned)),
+                    Value::Text(None),
+                    Value::Int(0),
+                    Value::Guid([7; 16]),
+                ]
+            };
+            Reply::Rows {
+                columns: vec![
+                    "id",
+                    "message_id",
+                    "topic",
+                    "aggregate_type",
+                    "aggregate_id",
+                    "partition_key",
+                    "payload",
+                    "headers",
+                    "trace_id",
+                    "attempts",
+                    "claim_token",
+                ],
+                rows: vec![
+                    row(1, "[1e400]", None),
+                    row(2, r#"{"ok":true}"#, None),
+                    row(3, r#"{"ok":true}"#, Some("[1,2]")),
+                ],
+            }
+        }
+        _ => Reply::Done,
+    })
+    .await;
+    let mut client = changefeed::connect(&server.ado()).await.unwrap();
+    let outbox: OutboxStore = "dbo.outbox".parse().unwrap();
+    let claimed = outbox
+        .claim(&mut client, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let kinds: Vec<(i64, bool)> = claimed
+        .iter()
+        .map(|c| (c.id(), matches!(c, Claimed::Message(_))))
+        .collect();
+    assert_eq!(kinds, [(1, false), (2, true), (3, false)]);
+}

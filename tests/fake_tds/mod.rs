@@ -57,6 +57,12 @@ pub enum Reply {
         class: u8,
         message: String,
     },
+    /// One result set: the column names and the rows (every row has a value per column;
+    /// a column's type is that of its first row's value), then DONE.
+    Rows {
+        columns: Vec<&'static str>,
+        rows: Vec<Vec<Value>>,
+    },
     /// Never answers (the connection stays open).
     Hang,
     /// Closes the connection without answering.
@@ -71,6 +77,21 @@ impl Reply {
             message: message.to_owned(),
         }
     }
+}
+
+/// A value of a result set's row.
+#[derive(Clone, Debug)]
+pub enum Value {
+    /// `bigint`.
+    BigInt(i64),
+    /// `int`.
+    Int(i32),
+    /// `uniqueidentifier`, as its 16 wire bytes.
+    Guid([u8; 16]),
+    /// `nvarchar(4000)`, NULL when `None`.
+    Text(Option<String>),
+    /// `varbinary(8000)` (a ULID is 16 bytes of it).
+    Binary(Vec<u8>),
 }
 
 type Script = dyn Fn(usize, &Request) -> Reply + Send + Sync;
@@ -239,6 +260,10 @@ async fn serve(
                 error_token(&mut tokens, number, class, &message);
                 done(&mut tokens, 0x0002);
             }
+            Reply::Rows { columns, rows } => {
+                result_set(&mut tokens, &columns, &rows);
+                done(&mut tokens, 0x0010);
+            }
             Reply::Hang => {
                 // Keep reading so a close by the client is seen, but never answer.
                 let mut sink = [0u8; 4096];
@@ -270,14 +295,79 @@ async fn read_message(socket: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
     }
 }
 
-/// One tabular-result packet holding `payload` (the fake's answers are small).
+/// Tabular-result packets holding `payload`, split at the default packet size (4096).
 fn packet(payload: &[u8]) -> Vec<u8> {
-    let length = u16::try_from(payload.len() + 8).expect("a small answer");
-    let mut out = vec![TABULAR_RESULT, 0x01];
-    out.extend_from_slice(&length.to_be_bytes());
-    out.extend_from_slice(&[0, 0, 1, 0]);
-    out.extend_from_slice(payload);
+    let chunks: Vec<&[u8]> = if payload.is_empty() {
+        vec![payload]
+    } else {
+        payload.chunks(4096 - 8).collect()
+    };
+    let mut out = Vec::new();
+    for (index, chunk) in chunks.iter().enumerate() {
+        let last = index + 1 == chunks.len();
+        let length = u16::try_from(chunk.len() + 8).expect("a chunk fits a packet");
+        out.extend_from_slice(&[TABULAR_RESULT, u8::from(last)]);
+        out.extend_from_slice(&length.to_be_bytes());
+        out.extend_from_slice(&[0, 0, (index + 1) as u8, 0]);
+        out.extend_from_slice(chunk);
+    }
     out
+}
+
+/// COLMETADATA and one ROW per row. Types: BIGINT (0x7F), INT (0x38), GUID (0x24),
+/// NVARCHAR (0xE7, Latin1_General collation), BIGVARBINARY (0xA5).
+fn result_set(out: &mut Vec<u8>, columns: &[&str], rows: &[Vec<Value>]) {
+    let first = rows.first().expect("a result set with at least one row");
+    out.push(0x81);
+    out.extend_from_slice(&(columns.len() as u16).to_le_bytes());
+    for (name, value) in columns.iter().zip(first) {
+        out.extend_from_slice(&0u32.to_le_bytes()); // user type
+        out.extend_from_slice(&0x0001u16.to_le_bytes()); // nullable
+        match value {
+            Value::BigInt(_) => out.push(0x7F),
+            Value::Int(_) => out.push(0x38),
+            Value::Guid(_) => out.extend_from_slice(&[0x24, 16]),
+            Value::Text(_) => {
+                out.push(0xE7);
+                out.extend_from_slice(&8000u16.to_le_bytes());
+                out.extend_from_slice(&[0x09, 0x04, 0xD0, 0x00, 0x34]);
+            }
+            Value::Binary(_) => {
+                out.push(0xA5);
+                out.extend_from_slice(&8000u16.to_le_bytes());
+            }
+        }
+        let units: Vec<u16> = name.encode_utf16().collect();
+        out.push(units.len() as u8);
+        for unit in units {
+            out.extend_from_slice(&unit.to_le_bytes());
+        }
+    }
+    for row in rows {
+        out.push(0xD1);
+        for value in row {
+            match value {
+                Value::BigInt(n) => out.extend_from_slice(&n.to_le_bytes()),
+                Value::Int(n) => out.extend_from_slice(&n.to_le_bytes()),
+                Value::Guid(bytes) => {
+                    out.push(16);
+                    out.extend_from_slice(bytes);
+                }
+                Value::Text(None) => out.extend_from_slice(&0xFFFFu16.to_le_bytes()),
+                Value::Text(Some(text)) => {
+                    let units: Vec<u16> = text.encode_utf16().collect();
+                    out.extend_from_slice(&((units.len() * 2) as u16).to_le_bytes());
+                    for unit in units {
+                        out.extend_from_slice(&unit.to_le_bytes());
+                    }
+                }
+                Value::Binary(bytes) => {
+                    out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+                    out.extend_from_slice(bytes);
+                }
+            }
+        }
+    }
 }
 
 /// Pre-login answer: version 16.0, encryption not supported, no instance check.
