@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use changefeed::writer::lock_feed;
 use changefeed::{Error, Feed};
+use common::events::hex;
 use common::{TestDb, exec, scalar_i64};
 
 /// How long the second writer waits for the shard: far below the pool's idle reaper
@@ -71,7 +72,7 @@ async fn dropped_writer_in(db: &TestDb) {
     exec(
         &mut tx,
         &format!(
-            "insert into dbo.tx_events (id, Shard, ULID) values (1, 0, 0x{});",
+            "insert into dbo.tx_events (id, Shard, ULID) values (1, 0, {});",
             hex(&range.first().to_bytes())
         ),
     )
@@ -127,8 +128,4 @@ async fn reset_in(db: &TestDb) {
     // No open transaction, implicit_transactions off, xact_abort off, lock_timeout -1,
     // isolation level 2 (read committed).
     assert_eq!(settings, 2, "{settings:07}");
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02X}")).collect()
 }
