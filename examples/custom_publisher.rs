@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use changefeed::outbox::{ClaimedMessage, Headers, NewMessage};
 use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
-use changefeed::relay::{PublishError, PublishOutcome, Publisher, Relay, RelayConfig};
+use changefeed::relay::{DeadLetter, PublishError, PublishOutcome, Publisher, Relay, RelayConfig};
 
 #[derive(Default)]
 struct InMemoryBroker {
@@ -48,16 +48,17 @@ impl Publisher for InMemoryBroker {
             .collect()
     }
 
+    /// Dead letters keep the payload as text: a row the relay could not decode has only
+    /// its raw text.
     async fn publish_dead_letter(
         &self,
-        message: &ClaimedMessage,
+        letter: DeadLetter<'_>,
         headers: &Headers,
     ) -> Result<(), PublishError> {
         let mut topics = self.topics.lock().expect("not poisoned");
-        topics
-            .entry("dead-letters".to_owned())
-            .or_default()
-            .push(serde_json::json!({ "payload": message.payload, "headers": headers }));
+        topics.entry("dead-letters".to_owned()).or_default().push(
+            serde_json::json!({ "id": letter.id(), "payload": letter.payload_text(), "headers": headers }),
+        );
         Ok(())
     }
 }
@@ -73,27 +74,19 @@ async fn main() {
     .unwrap_or_else(|e| support::exit_with(e));
     let outbox: OutboxStore = "dbo.custom_publisher_outbox".parse().expect("a valid name");
 
-    support::exec(&mut client, "begin transaction;")
-        .await
-        .unwrap_or_else(|e| support::exit_with(e));
-    for message in [
+    let pool = support::pool_from_env().await;
+    let messages = [
         NewMessage::new("orders", serde_json::json!({ "order": 1 })),
         NewMessage::new("orders", serde_json::json!({ "order": 2, "poison": true })),
         NewMessage::new("slow", serde_json::json!({ "order": 3 })),
-    ] {
-        outbox
-            .enqueue(&mut client, &message)
-            .await
-            .unwrap_or_else(|e| support::exit_with(e));
-    }
-    support::exec(&mut client, "commit;")
+    ];
+    support::enqueue_all(&pool, &outbox, &messages)
         .await
         .unwrap_or_else(|e| support::exit_with(e));
 
-    let url = changefeed::connection::url_from_env().unwrap_or_else(|e| support::exit_with(e));
     let broker = std::sync::Arc::new(InMemoryBroker::default());
     let relay = Relay::new(
-        SqlClaimStore::new(outbox, url),
+        SqlClaimStore::with_pool(outbox, pool),
         std::sync::Arc::clone(&broker),
         RelayConfig::default(),
     )

@@ -52,23 +52,19 @@ async fn main() {
     .unwrap_or_else(|e| support::exit_with(e));
 
     let outbox: OutboxStore = "dbo.outbox".parse().expect("a valid name");
-    support::exec(&mut client, "begin transaction;")
-        .await
-        .unwrap_or_else(|e| support::exit_with(e));
-    for (n, aggregate) in [(1, "order-1"), (2, "order-1"), (3, "order-2")] {
-        let message = NewMessage::new("orders", serde_json::json!({ "demo": n }))
-            .aggregate("order", aggregate);
-        outbox
-            .enqueue(&mut client, &message)
-            .await
-            .unwrap_or_else(|e| support::exit_with(e));
-    }
-    support::exec(&mut client, "commit;")
+    let pool = support::pool_from_env().await;
+    let messages: Vec<NewMessage> = [(1, "order-1"), (2, "order-1"), (3, "order-2")]
+        .into_iter()
+        .map(|(n, aggregate)| {
+            NewMessage::new("orders", serde_json::json!({ "demo": n }))
+                .aggregate("order", aggregate)
+        })
+        .collect();
+    support::enqueue_all(&pool, &outbox, &messages)
         .await
         .unwrap_or_else(|e| support::exit_with(e));
 
-    let url = changefeed::connection::url_from_env().unwrap_or_else(|e| support::exit_with(e));
-    let store = SqlClaimStore::new(outbox, url);
+    let store = SqlClaimStore::with_pool(outbox, pool);
     let relay = Relay::new(store, StdoutPublisher, RelayConfig::default())
         .unwrap_or_else(|e| support::exit_with(e));
     eprintln!("relaying dbo.outbox to stdout; Ctrl-C stops");

@@ -52,13 +52,102 @@ pub async fn connect_with(mut config: tiberius::Config) -> Result<Client> {
 
 async fn open(config: &tiberius::Config) -> Result<Client> {
     let address = config.get_addr();
-    let tcp = TcpStream::connect(&address).await.map_err(|error| {
-        Error::Connection(format!("cannot reach SQL Server at {address}: {error}"))
-    })?;
+    // The same bound as the handshake (tiberius' handshake timeout, 15 s unless set): a host
+    // that drops SYNs would otherwise hold the connect for the OS's retry time (minutes).
+    let tcp = match config.get_handshake_timeout() {
+        Some(bound) => tokio::time::timeout(bound, TcpStream::connect(&address))
+            .await
+            .map_err(|_| {
+                Error::Connection(format!(
+                    "cannot reach SQL Server at {address}: no answer within {bound:?}"
+                ))
+            })?,
+        None => TcpStream::connect(&address).await,
+    }
+    .map_err(|error| Error::Connection(format!("cannot reach SQL Server at {address}: {error}")))?;
     tcp.set_nodelay(true)?;
     match tiberius::Client::connect(config.clone(), tcp.compat_write()).await {
         Ok(client) => Ok(client),
         Err(tiberius::error::Error::Routing { host, port }) => Err(Error::Redirect { host, port }),
-        Err(error) => Err(error.into()),
+        Err(error) => Err(login_error(error, host_of(&address))),
+    }
+}
+
+/// A failed handshake as this crate's error. A TLS failure while connecting is a setting to
+/// fix (the server's certificate, `TrustServerCertificate`, `Encrypt`), not something a
+/// retry cures. 4060 (cannot open the database) is permanent except on Azure SQL Database,
+/// which also raises it while a database moves between nodes.
+fn login_error(error: tiberius::error::Error, host: &str) -> Error {
+    match error {
+        tiberius::error::Error::Tls(message) => Error::Config(format!(
+            "the TLS handshake with SQL Server at {host} failed: {message}; check the server's \
+             certificate, or set TrustServerCertificate=true for a self-signed one"
+        )),
+        other => on_host(Error::from(other), host),
+    }
+}
+
+/// `error` as raised by `host`: 4060 from Azure SQL Database becomes transient.
+fn on_host(error: Error, host: &str) -> Error {
+    match error {
+        Error::Server {
+            number: 4060,
+            message,
+            ..
+        } if is_azure_sql_database(host) => Error::Connection(format!(
+            "SQL Server error 4060 from Azure SQL Database (transient while the database \
+             moves or resumes): {message}"
+        )),
+        error => error,
+    }
+}
+
+/// The host part of a `host:port` address.
+fn host_of(address: &str) -> &str {
+    address.rsplit_once(':').map_or(address, |(host, _)| host)
+}
+
+/// Whether `host` is an Azure SQL Database endpoint (public, government and China clouds).
+fn is_azure_sql_database(host: &str) -> bool {
+    const SUFFIXES: &[&str] = &[
+        ".database.windows.net",
+        ".database.usgovcloudapi.net",
+        ".database.chinacloudapi.cn",
+    ];
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    SUFFIXES.iter().any(|suffix| host.ends_with(suffix))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_4060() -> Error {
+        Error::from_server(
+            4060,
+            1,
+            11,
+            "Cannot open database \"app\" requested by the login.".to_owned(),
+        )
+    }
+
+    #[test]
+    fn cannot_open_database_is_transient_only_on_azure_sql_database() {
+        let on_prem = on_host(error_4060(), "db.example.com");
+        assert_eq!(on_prem.server_number(), Some(4060));
+        assert!(!on_prem.is_transient());
+        let azure = on_host(error_4060(), "MyServer.database.windows.net");
+        assert!(azure.is_transient(), "{azure}");
+        assert!(azure.to_string().contains("4060"), "{azure}");
+    }
+
+    #[test]
+    fn tls_failures_while_connecting_are_settings_to_fix() {
+        let error = login_error(
+            tiberius::error::Error::Tls("invalid peer certificate: UnknownIssuer".into()),
+            "db.example.com",
+        );
+        assert!(matches!(error, Error::Config(_)), "{error:?}");
+        assert!(error.to_string().contains("TrustServerCertificate"));
     }
 }

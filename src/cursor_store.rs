@@ -13,30 +13,32 @@
 //! on one connection (a [`crate::reader::FeedReader`]) and apply on another:
 //!
 //! ```no_run
-//! # async fn run(reader: changefeed::reader::FeedReader, sink: &mut changefeed::Client)
+//! # async fn run(reader: changefeed::reader::FeedReader, sinks: changefeed::Pool)
 //! # -> changefeed::Result<()> {
 //! use changefeed::cursor_store::CursorStore;
 //! use changefeed::{Cursor, Feed};
 //! use futures::StreamExt;
 //!
 //! let feed = reader.feed().clone();
-//! let start = CursorStore::load(sink, "billing", &feed, 0).await?.unwrap_or(Cursor::START);
+//! let mut sink = sinks.get().await?;
+//! let start = CursorStore::load(&mut sink, "billing", &feed, 0).await?.unwrap_or(Cursor::START);
 //! let mut pages = std::pin::pin!(reader.stream::<i64>(0, start));
 //! while let Some(page) = pages.next().await {
 //!     let page = page?;
-//!     sink.simple_query("BEGIN TRAN").await?.into_results().await?;
+//!     let mut tx = sink.transaction().await?;
 //!     for row in &page.rows {
-//!         sink.execute("insert into billing.Seen (event_id) values (@P1)", &[&row.key]).await?;
+//!         tx.execute("insert into billing.Seen (event_id) values (@P1)", &[&row.key]).await?;
 //!     }
-//!     CursorStore::save(sink, "billing", &feed, 0, page.next_cursor).await?;
-//!     sink.simple_query("COMMIT").await?.into_results().await?;
+//!     CursorStore::save(&mut tx, "billing", &feed, 0, page.next_cursor).await?;
+//!     tx.commit().await?;
 //! }
 //! # Ok(()) }
 //! ```
 //!
-//! If anything fails before `COMMIT`, roll back (or drop the connection; a pooled one is
-//! rolled back on its next check-out) and restart from [`CursorStore::load`]: the rows of the
-//! failed page come again and their effects are applied once.
+//! If anything fails before the commit, the dropped [`Transaction`](crate::pool::Transaction)
+//! guard makes the pool close that connection (the server rolls the transaction back);
+//! restart from [`CursorStore::load`] on a fresh one: the rows of the failed page come again
+//! and their effects are applied once.
 //!
 //! Consumer names are compared with the database's collation: on a case-insensitive
 //! database `Billing` and `billing` are the same consumer.

@@ -2,12 +2,14 @@
 
 use std::fmt;
 
+use ulid::Ulid;
+
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong, with SQL Server's error number kept where the server
 /// raised it, so callers can match on it (see the error table in README.md).
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A table name (a feed's event table, an outbox) that cannot be used; the message
@@ -46,13 +48,22 @@ pub enum Error {
     /// A connection-level failure: I/O, TLS, protocol, a redirect to another host.
     #[error("connection to SQL Server failed: {0}")]
     Connection(String),
-    /// A value that could not be decoded into the requested Rust type.
-    #[error("cannot decode column {column}: {reason}")]
+    /// A value that could not be decoded into the requested Rust type, or text the driver
+    /// could not read (invalid UTF-8 or UTF-16, an unsupported encoding). Deterministic:
+    /// reading the same row again fails the same way, so it is never transient.
+    ///
+    /// For a feed row, `row` is the row's ULID: a consumer that decides to skip the row
+    /// resumes after it with [`crate::Cursor::from_ulid`] (the rows of the same page before
+    /// it were not delivered either: resume from the page's cursor with a smaller page to
+    /// get them first).
+    #[error("cannot decode column {column}{}: {reason}", RowSuffix(row.as_ref()))]
     Decode {
         /// The column (name or position) that failed.
         column: String,
         /// What did not fit.
         reason: String,
+        /// The ULID of the feed row that failed, when a feed row failed.
+        row: Option<Ulid>,
     },
     /// Applying the migration bundle failed.
     #[error("applying the changefeed migrations failed: {0}")]
@@ -79,14 +90,29 @@ pub enum Error {
 const CURSOR_EXPIRED: u32 = 51104;
 
 /// SQL Server error numbers a client may retry: deadlock victim, lock timeout, a dirty read
-/// that lost its place to a page split (601: claim's head probe reads READUNCOMMITTED), our
-/// own "lock not granted" errors (generators 51012, read_feed 51103, lock_feed 51202,
+/// that lost its place to a page split (601: claim's head probe reads READUNCOMMITTED), a
+/// snapshot update conflict (3960: a caller's SNAPSHOT transaction met a concurrent change),
+/// our own "lock not granted" errors (generators 51012, read_feed 51103, lock_feed 51202,
 /// enqueue's message_id lock 51305), and the Azure SQL transient set (reconfiguration,
-/// failover, throttling, database not yet available).
+/// failover, throttling, a serverless database that is paused or resuming: 10936, 42108,
+/// 42109).
+///
+/// 4060 ("cannot open database requested by the login") is *not* here: on SQL Server it
+/// means the database does not exist or the login may not use it, which no retry fixes.
+/// Azure SQL Database also raises it while a database moves between nodes; for hosts of
+/// Azure SQL Database the connect path ([`crate::connection`]) turns it into a transient
+/// [`Error::Connection`] instead.
 const TRANSIENT_SERVER_ERRORS: &[u32] = &[
-    601, 1205, 1222, 51012, 51103, 51202, 51305, 4060, 4221, 10928, 10929, 40143, 40197, 40501,
-    40540, 40613, 49918, 49919, 49920,
+    601, 1205, 1222, 3960, 51012, 51103, 51202, 51305, 4221, 10928, 10929, 10936, 40143, 40197,
+    40501, 40540, 40613, 42108, 42109, 49918, 49919, 49920,
 ];
+
+/// Login failures: a wrong password or unknown login (18456), an untrusted domain login
+/// (18452), a disabled (18470) or locked-out (18486) account, an expired password (18487),
+/// a password that must be changed (18488), an unknown or forbidden database (4060; from
+/// Azure SQL Database it is transient instead, see [`Error::is_transient`]). None of them
+/// goes away by retrying.
+pub const LOGIN_ERRORS: &[u32] = &[18456, 18452, 18470, 18486, 18487, 18488, 4060];
 
 impl Error {
     /// The SQL Server error number, when the server raised the error.
@@ -113,9 +139,47 @@ impl Error {
         }
     }
 
+    /// The ULID of the feed row an [`Error::Decode`] is about, when it is about one.
+    pub fn row_ulid(&self) -> Option<Ulid> {
+        match self {
+            Error::Decode { row, .. } => *row,
+            _ => None,
+        }
+    }
+
+    /// The same error, naming feed row `ulid` when it is an [`Error::Decode`]; other errors
+    /// are returned as they are.
+    pub fn at_row(self, ulid: Ulid) -> Error {
+        match self {
+            Error::Decode { column, reason, .. } => Error::Decode {
+                column,
+                reason,
+                row: Some(ulid),
+            },
+            other => other,
+        }
+    }
+
+    /// Whether the server refused the login (see [`LOGIN_ERRORS`]).
+    pub fn is_login_failure(&self) -> bool {
+        matches!(self, Error::Server { number, .. } if LOGIN_ERRORS.contains(number))
+    }
+
+    /// Whether the error ended the server session (severity class 20 and above, e.g. 596
+    /// after a `KILL`) or the connection itself: the connection it happened on must not be
+    /// used again.
+    pub fn ends_session(&self) -> bool {
+        match self {
+            Error::Server { class, .. } => *class >= 20,
+            Error::Connection(_) | Error::Redirect { .. } => true,
+            _ => false,
+        }
+    }
+
     /// Whether retrying the same call on a fresh connection may succeed: deadlocks, lock
-    /// timeouts, dropped connections and Azure's transient errors are; bad input and
-    /// missing permissions are not.
+    /// timeouts, dropped connections and Azure's transient errors are; bad input, missing
+    /// permissions (229), missing procedures (2812), failed logins and undecodable values
+    /// are not.
     pub fn is_transient(&self) -> bool {
         match self {
             // Severity 20 and above ends the session (e.g. 596 after a KILL): the call may
@@ -141,10 +205,19 @@ impl From<tiberius::error::Error> for Error {
             ),
             T::Routing { host, port } => Error::Redirect { host, port },
             T::Io { .. } | T::Tls(_) | T::Protocol(_) => Error::Connection(error.to_string()),
-            T::Conversion(reason) => Error::Decode {
-                column: "?".to_owned(),
-                reason: reason.into_owned(),
-            },
+            // Text or numbers the driver cannot read: the same bytes fail the same way on
+            // every connection, so these are decode errors, never transient.
+            T::Conversion(reason) | T::Encoding(reason) => decode_error("?", reason),
+            T::Utf8 => decode_error("?", "the server sent text that is not valid UTF-8"),
+            T::Utf16 => decode_error(
+                "?",
+                "the server sent text that is not valid UTF-16 (an unpaired surrogate)",
+            ),
+            T::ParseInt(error) => decode_error("?", error),
+            T::BulkInput(reason) => decode_error("bulk input", reason),
+            // Authentication-library errors exist only with tiberius features this crate
+            // does not enable (another crate in the build may).
+            #[allow(unreachable_patterns)]
             other => Error::Connection(other.to_string()),
         }
     }
@@ -161,6 +234,19 @@ pub(crate) fn decode_error(column: impl fmt::Display, reason: impl fmt::Display)
     Error::Decode {
         column: column.to_string(),
         reason: reason.to_string(),
+        row: None,
+    }
+}
+
+/// " of row <ulid>" in an [`Error::Decode`] message when the row is known.
+struct RowSuffix<'a>(Option<&'a Ulid>);
+
+impl fmt::Display for RowSuffix<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(ulid) => write!(f, " of feed row {ulid}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -211,7 +297,72 @@ mod tests {
     }
 
     #[test]
+    fn azure_serverless_pause_and_resume_are_transient() {
+        for number in [10936, 42108, 42109, 40613, 40501] {
+            assert!(server(number).is_transient(), "{number}");
+        }
+    }
+
+    #[test]
+    fn login_failures_are_permanent_and_recognised() {
+        for number in [18456, 18452, 18470, 18486, 18487, 18488, 4060] {
+            let error = Error::from_server(number, 1, 14, "Login failed".into());
+            assert!(!error.is_transient(), "{number}");
+            assert!(error.is_login_failure(), "{number}");
+        }
+        assert!(!server(1205).is_login_failure());
+    }
+
+    #[test]
+    fn driver_decode_errors_are_permanent_decode_errors() {
+        use std::borrow::Cow;
+        use tiberius::error::Error as T;
+        let parse = "x".parse::<i32>().unwrap_err();
+        for error in [
+            T::Utf8,
+            T::Utf16,
+            T::Encoding(Cow::Borrowed("collation 0x0409 unsupported")),
+            T::ParseInt(parse),
+            T::BulkInput(Cow::Borrowed("column count")),
+            T::Conversion(Cow::Borrowed("i64 from nvarchar")),
+        ] {
+            let shown = error.to_string();
+            let error = Error::from(error);
+            assert!(matches!(error, Error::Decode { .. }), "{shown}: {error:?}");
+            assert!(!error.is_transient(), "{shown}");
+            assert!(!error.ends_session(), "{shown}");
+        }
+        let io = Error::from(T::Io {
+            kind: std::io::ErrorKind::ConnectionReset,
+            message: "reset".into(),
+        });
+        assert!(io.is_transient() && io.ends_session());
+    }
+
+    #[test]
+    fn decode_errors_name_the_feed_row() {
+        let ulid = Ulid::from_bytes([1; 16]);
+        let error = decode_error("payload (position 3)", "expected a number").at_row(ulid);
+        assert_eq!(error.row_ulid(), Some(ulid));
+        assert!(error.to_string().contains(&ulid.to_string()), "{error}");
+        assert_eq!(decode_error("x", "y").row_ulid(), None);
+        assert!(matches!(
+            Error::Config("x".into()).at_row(ulid),
+            Error::Config(_)
+        ));
+    }
+
+    #[test]
+    fn only_fatal_classes_and_lost_connections_end_the_session() {
+        assert!(Error::from_server(596, 1, 21, String::new()).ends_session());
+        assert!(Error::from_server(0, 0, 20, String::new()).ends_session());
+        assert!(!server(1205).ends_session());
+        assert!(Error::Connection("gone".into()).ends_session());
+    }
+
+    #[test]
     fn bad_input_and_permissions_are_not_transient() {
+        assert!(!server(2812).is_transient()); // could not find stored procedure
         assert!(!server(51101).is_transient());
         assert!(!server(229).is_transient()); // permission denied
         assert!(!Error::InvalidCursor("x".into()).is_transient());

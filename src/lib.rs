@@ -12,7 +12,9 @@
 //!
 //! [`FeedReader`] follows a shard as an endless stream of typed pages over a connection
 //! [`Pool`] (server long-poll, retries on a fresh connection without loss or repeat);
-//! [`CursorStore`] keeps each consumer's cursor, in its own transaction if it likes.
+//! [`CursorStore`] keeps each consumer's cursor, in its own transaction if it likes;
+//! [`PooledClient::transaction`] opens that transaction with a guard ([`Transaction`]) that
+//! never lets a connection go back to the pool with a transaction still open.
 //!
 //! This crate is a thin client: the procedures own the logic; it calls them, decodes rows
 //! and keeps the ULID allocator's reference model ([`allocator`]) for tests.
@@ -37,7 +39,7 @@ pub use cursor::Cursor;
 pub use cursor_store::CursorStore;
 pub use error::{Error, Result};
 pub use feed::{Feed, TableName};
-pub use pool::Pool;
+pub use pool::{Pool, PooledClient, Transaction};
 pub use reader::{FeedEvent, FeedReader, FeedReaderOptions, read_events};
 pub use reader::{FeedRow, Page, ReadOptions, read_page};
 

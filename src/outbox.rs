@@ -1,11 +1,13 @@
-//! The claim-style outbox (DESIGN.md 4.5): messages enqueued in the business transaction,
-//! claimed in batches by any number of relays, acknowledged with a fenced token.
+//! The claim-style outbox (ARCHITECTURE.md, "The claim protocol"): messages enqueued in the
+//! business transaction, claimed in batches by any number of relays, acknowledged with a
+//! fenced token.
 //!
 //! This module holds the message types and [`ClaimStore`], the operations a relay needs.
 //! [`crate::outbox_store::OutboxStore`] implements it over the SQL procedures;
 //! [`crate::relay::Relay`] drives it.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
@@ -13,8 +15,55 @@ use crate::error::Result;
 
 /// A claim's fencing token (`claim_token uniqueidentifier`): acknowledgements change only
 /// rows still held under it, so a relay whose claim expired cannot clobber a newer claim.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ClaimToken(pub tiberius::Uuid);
+///
+/// It is a plain UUID (the `uuid` crate's type), so a claim store over another database
+/// can hand out the same tokens; nothing of the SQL Server driver shows through.
+///
+/// ```
+/// use changefeed::outbox::ClaimToken;
+///
+/// let token = ClaimToken::from_bytes([7; 16]);
+/// assert_eq!(token.as_bytes(), &[7; 16]);
+/// assert_eq!(ClaimToken::new(*token.as_uuid()), token);
+/// assert_eq!(token.to_string(), "07070707-0707-0707-0707-070707070707");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClaimToken(uuid::Uuid);
+
+impl ClaimToken {
+    /// The token for a UUID.
+    pub const fn new(uuid: uuid::Uuid) -> Self {
+        ClaimToken(uuid)
+    }
+
+    /// The token for 16 bytes, in the UUID's textual (big-endian) order.
+    pub const fn from_bytes(bytes: [u8; 16]) -> Self {
+        ClaimToken(uuid::Uuid::from_bytes(bytes))
+    }
+
+    /// The token as a UUID.
+    pub const fn as_uuid(&self) -> &uuid::Uuid {
+        &self.0
+    }
+
+    /// The token's 16 bytes, in the UUID's textual (big-endian) order.
+    pub const fn as_bytes(&self) -> &[u8; 16] {
+        self.0.as_bytes()
+    }
+}
+
+impl From<uuid::Uuid> for ClaimToken {
+    fn from(uuid: uuid::Uuid) -> Self {
+        ClaimToken(uuid)
+    }
+}
+
+impl fmt::Display for ClaimToken {
+    /// The hyphenated lower-case UUID, e.g. `67e55044-10b1-426f-9247-bb680e5fe0c8`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
 
 /// Message headers: string keys and values, stored as a JSON object.
 pub type Headers = BTreeMap<String, String>;
@@ -100,15 +149,95 @@ pub struct ClaimedMessage {
     pub claim_token: ClaimToken,
 }
 
+/// A claimed row whose message cannot be decoded: its payload or headers are not JSON this
+/// crate can read (a number out of range such as `[1e400]`, a lone surrogate escape such as
+/// `"\ud800"`, headers that are not a JSON object), or a column does not fit its type.
+///
+/// The row is claimed like any other, so the relay can acknowledge it: it is marked dead at
+/// once (a [`Poison`](crate::relay::ErrorKind::Poison) outcome) and handed to the
+/// dead-letter publish with its raw text, and the rest of its batch goes on. The raw columns
+/// are kept as the server sent them, `None` where even the text could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UndecodableMessage {
+    /// The outbox row's id.
+    pub id: i64,
+    /// The idempotency key, if it could be read.
+    pub message_id: Option<String>,
+    /// The destination, if it could be read.
+    pub topic: Option<String>,
+    /// The payload column's raw text.
+    pub payload: Option<String>,
+    /// The headers column's raw text (`None` also when the column is NULL).
+    pub headers: Option<String>,
+    /// Failed attempts so far.
+    pub attempts: i32,
+    /// The token this claim holds the row under.
+    pub claim_token: ClaimToken,
+    /// Why the row could not be decoded: the column and the reason.
+    pub error: String,
+}
+
+/// One row of a claim: a message to publish, or a row that cannot be decoded (which the
+/// relay marks dead instead of failing the whole claim).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Claimed {
+    /// A decoded message.
+    Message(ClaimedMessage),
+    /// A row whose payload, headers or columns could not be decoded.
+    Undecodable(UndecodableMessage),
+}
+
+impl Claimed {
+    /// The outbox row's id.
+    pub fn id(&self) -> i64 {
+        match self {
+            Claimed::Message(message) => message.id,
+            Claimed::Undecodable(row) => row.id,
+        }
+    }
+
+    /// The token the claim holds the row under.
+    pub fn claim_token(&self) -> ClaimToken {
+        match self {
+            Claimed::Message(message) => message.claim_token,
+            Claimed::Undecodable(row) => row.claim_token,
+        }
+    }
+
+    /// The decoded message, or `None` for an undecodable row.
+    pub fn message(&self) -> Option<&ClaimedMessage> {
+        match self {
+            Claimed::Message(message) => Some(message),
+            Claimed::Undecodable(_) => None,
+        }
+    }
+}
+
+impl From<ClaimedMessage> for Claimed {
+    fn from(message: ClaimedMessage) -> Self {
+        Claimed::Message(message)
+    }
+}
+
+impl From<UndecodableMessage> for Claimed {
+    fn from(row: UndecodableMessage) -> Self {
+        Claimed::Undecodable(row)
+    }
+}
+
 /// The operations a relay performs on the outbox; implemented over SQL Server by
 /// `OutboxStore` and by fakes in tests.
 pub trait ClaimStore: Send {
     /// Claims up to `batch_size` due messages, head of aggregate only, ordered by id.
+    ///
+    /// Rows are decoded one by one: a row that cannot be decoded comes back as
+    /// [`Claimed::Undecodable`] (still claimed under the batch's token) instead of failing
+    /// the call, so one bad row cannot stall the relay.
     fn claim(
         &mut self,
         batch_size: u32,
         claim_timeout: Duration,
-    ) -> impl Future<Output = Result<Vec<ClaimedMessage>>> + Send;
+    ) -> impl Future<Output = Result<Vec<Claimed>>> + Send;
 
     /// Marks messages done; returns how many were still held under `token`.
     fn mark_done(

@@ -8,25 +8,30 @@ use std::time::Duration;
 
 use tiberius::Row;
 
-use crate::connection::{Client, connect};
+use crate::connection::Client;
 use crate::error::{Error, Result, decode_error};
 use crate::feed::TableName;
-use crate::outbox::{ClaimStore, ClaimToken, ClaimedMessage, Enqueued, Headers, NewMessage};
+use crate::outbox::{
+    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers, NewMessage,
+    UndecodableMessage,
+};
+use crate::pool::{Pool, PooledConnection};
 use crate::row::Column;
 
 /// The procedures of one claim outbox table.
 ///
 /// ```no_run
-/// # async fn run(client: &mut changefeed::Client) -> changefeed::Result<()> {
+/// # async fn run(pool: &changefeed::Pool) -> changefeed::Result<()> {
 /// use changefeed::outbox::NewMessage;
 /// use changefeed::outbox_store::OutboxStore;
 ///
 /// let outbox: OutboxStore = "dbo.outbox".parse()?;
-/// client.simple_query("begin transaction").await?.into_results().await?;
-/// // ... the business change, on the same connection ...
+/// let mut conn = pool.get().await?;
+/// let mut tx = conn.transaction().await?;
+/// // ... the business change, in the same transaction ...
 /// let message = NewMessage::new("orders", serde_json::json!({"order": 42})).aggregate("order", "42");
-/// outbox.enqueue(client, &message).await?;
-/// client.simple_query("commit").await?.into_results().await?;
+/// outbox.enqueue(&mut tx, &message).await?;
+/// tx.commit().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,12 +103,16 @@ impl OutboxStore {
 
     /// Claims up to `batch_size` due messages (1..=10000) for `claim_timeout`
     /// (1 ms..=24 h), head of aggregate only, ordered by id.
+    ///
+    /// Each row is decoded on its own: one whose payload, headers or columns cannot be
+    /// decoded comes back as [`Claimed::Undecodable`] with its raw text, so the caller can
+    /// mark it dead while the rest of the batch goes on.
     pub async fn claim(
         &self,
         client: &mut Client,
         batch_size: u32,
         claim_timeout: Duration,
-    ) -> Result<Vec<ClaimedMessage>> {
+    ) -> Result<Vec<Claimed>> {
         let batch_size = i32::try_from(batch_size).unwrap_or(i32::MAX);
         let timeout_ms = i32::try_from(claim_timeout.as_millis()).unwrap_or(i32::MAX);
         let rows = self
@@ -114,7 +123,7 @@ impl OutboxStore {
                 &[&batch_size, &timeout_ms],
             )
             .await?;
-        rows.iter().map(claimed_message).collect()
+        rows.iter().map(claimed_row).collect()
     }
 
     /// Marks messages done; returns how many were still held under `token`.
@@ -133,7 +142,7 @@ impl OutboxStore {
                 client,
                 "mark_done",
                 "@ids = @P1, @claim_token = @P2",
-                &[&ids.as_str(), &token.0],
+                &[&ids.as_str(), token.as_uuid()],
             )
             .await?;
         count(&rows, "updated")
@@ -159,7 +168,7 @@ impl OutboxStore {
                 client,
                 "mark_failed",
                 "@id = @P1, @claim_token = @P2, @retry_after_ms = @P3, @dead = @P4, @error = @P5",
-                &[&id, &token.0, &retry_ms, &dead, &error.as_str()],
+                &[&id, token.as_uuid(), &retry_ms, &dead, &error.as_str()],
             )
             .await?;
         count(&rows, "updated")
@@ -176,7 +185,7 @@ impl OutboxStore {
         after: Duration,
     ) -> Result<u64> {
         let after_ms = duration_ms("after", after)?;
-        let token = token.map(|t| t.0);
+        let token = token.map(|t| *t.as_uuid());
         let rows = self
             .call(
                 client,
@@ -255,11 +264,40 @@ fn count(rows: &[Row], what: &str) -> Result<u64> {
     u64::try_from(value).map_err(|e| decode_error(what, e))
 }
 
-fn claimed_message(row: &Row) -> Result<ClaimedMessage> {
+/// One claimed row. Its id and token must decode (without them the row could not even be
+/// acknowledged, so the claim fails); any other column that does not decode makes the row
+/// [`Claimed::Undecodable`].
+fn claimed_row(row: &Row) -> Result<Claimed> {
+    let id = i64::column(row, 0)?;
+    let claim_token = ClaimToken::new(tiberius::Uuid::column(row, 10)?);
+    Ok(match claimed_message(row, id, claim_token) {
+        Ok(message) => Claimed::Message(message),
+        Err(error) => {
+            let text = |index| {
+                row.try_get::<&str, usize>(index)
+                    .ok()
+                    .flatten()
+                    .map(str::to_owned)
+            };
+            Claimed::Undecodable(UndecodableMessage {
+                id,
+                message_id: text(1),
+                topic: text(2),
+                payload: text(6),
+                headers: text(7),
+                attempts: i32::column(row, 9).unwrap_or(0),
+                claim_token,
+                error: error.to_string(),
+            })
+        }
+    })
+}
+
+fn claimed_message(row: &Row, id: i64, claim_token: ClaimToken) -> Result<ClaimedMessage> {
     let payload: String = String::column(row, 6)?;
     let headers: Option<String> = Option::<String>::column(row, 7)?;
     Ok(ClaimedMessage {
-        id: i64::column(row, 0)?,
+        id,
         message_id: String::column(row, 1)?,
         topic: String::column(row, 2)?,
         aggregate_type: Option::<String>::column(row, 3)?,
@@ -272,7 +310,7 @@ fn claimed_message(row: &Row) -> Result<ClaimedMessage> {
         },
         trace_id: Option::<String>::column(row, 8)?,
         attempts: i32::column(row, 9)?,
-        claim_token: ClaimToken(tiberius::Uuid::column(row, 10)?),
+        claim_token,
     })
 }
 
@@ -296,21 +334,46 @@ fn parse_headers(text: &str) -> Result<Headers> {
         .collect())
 }
 
-/// A [`ClaimStore`] over SQL Server for a relay: it owns one connection, opened from the
-/// ADO string on first use and again after a connection-level failure.
+/// A [`ClaimStore`] over SQL Server for a relay. It keeps one connection of a [`Pool`]
+/// checked out between calls, and gives it back for a fresh one after any failure that may
+/// have ended or desynchronised the session (a lost connection, a severity-20 error such as
+/// a `KILL`, a call cancelled half-way, text the driver could not read). An ordinary server
+/// error (a permission, a missing procedure) keeps the connection.
+///
+/// Connections come from the crate's [`Pool`], so a connect is bounded (TCP and handshake)
+/// and a refused login is reported with the server's message.
 pub struct SqlClaimStore {
     store: OutboxStore,
-    ado: String,
-    client: Option<Client>,
+    source: Source,
+    conn: Option<PooledConnection>,
+}
+
+/// Where a [`SqlClaimStore`] gets connections.
+enum Source {
+    /// A connection string; the pool of one connection is made on first use (bb8 needs a
+    /// runtime to make it).
+    Ado(String),
+    Pool(Pool),
 }
 
 impl SqlClaimStore {
-    /// A store for `outbox` that connects with `ado_connection_string`.
+    /// A store for `outbox` that connects with `ado_connection_string` (over a pool of one
+    /// connection, made on first use).
     pub fn new(outbox: OutboxStore, ado_connection_string: impl Into<String>) -> Self {
         SqlClaimStore {
             store: outbox,
-            ado: ado_connection_string.into(),
-            client: None,
+            source: Source::Ado(ado_connection_string.into()),
+            conn: None,
+        }
+    }
+
+    /// A store for `outbox` that takes its connection from `pool` (e.g. one shared with a
+    /// [`crate::FeedReader`]).
+    pub fn with_pool(outbox: OutboxStore, pool: Pool) -> Self {
+        SqlClaimStore {
+            store: outbox,
+            source: Source::Pool(pool),
+            conn: None,
         }
     }
 
@@ -318,25 +381,38 @@ impl SqlClaimStore {
         &mut self,
         call: impl AsyncFnOnce(&OutboxStore, &mut Client) -> Result<T>,
     ) -> Result<T> {
-        if self.client.is_none() {
-            self.client = Some(connect(&self.ado).await?);
+        // A call dropped half-way (a relay shutting down) left its connection marked.
+        if self.conn.as_ref().is_some_and(|conn| conn.is_broken()) {
+            self.conn = None;
         }
-        let client = self.client.as_mut().expect("connected above");
-        let result = call(&self.store, client).await;
-        if let Err(Error::Connection(_) | Error::Redirect { .. }) = &result {
-            // The session is gone or unusable: the next call opens a fresh one.
-            self.client = None;
+        if self.conn.is_none() {
+            if let Source::Ado(ado) = &self.source {
+                self.source = Source::Pool(crate::pool::pool(ado, 1).await?);
+            }
+            let Source::Pool(pool) = &self.source else {
+                unreachable!("the pool was just made");
+            };
+            self.conn = Some(pool.get_owned().await?);
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            unreachable!("the connection was just set");
+        };
+        // Broken until the call completes: dropped half-way, it stays marked.
+        conn.set_broken(true);
+        let result = call(&self.store, conn).await;
+        match &result {
+            Ok(_) => conn.set_broken(false),
+            Err(Error::Server { class, .. }) if *class < 20 => conn.set_broken(false),
+            // The session is gone, or its response was not read to the end: the pool closes
+            // it and the next call takes a fresh one.
+            Err(_) => self.conn = None,
         }
         result
     }
 }
 
 impl ClaimStore for SqlClaimStore {
-    async fn claim(
-        &mut self,
-        batch_size: u32,
-        claim_timeout: Duration,
-    ) -> Result<Vec<ClaimedMessage>> {
+    async fn claim(&mut self, batch_size: u32, claim_timeout: Duration) -> Result<Vec<Claimed>> {
         self.with_client(async |store, client| store.claim(client, batch_size, claim_timeout).await)
             .await
     }
@@ -393,6 +469,68 @@ mod tests {
         ] {
             let error = check_payload(&scalar).unwrap_err().to_string();
             assert!(error.contains("object or array"), "{error}");
+        }
+    }
+
+    use tiberius::{ColumnData as D, ColumnType as T};
+
+    /// A row as the claim procedure returns it.
+    fn claim_row(id: i64, payload: &str, headers: Option<&str>) -> Row {
+        let text = |value: Option<&str>| D::String(value.map(|v| v.to_owned().into()));
+        Row::builder()
+            .column("id", T::Int8, D::I64(Some(id)))
+            .column("message_id", T::NVarchar, text(Some("m-1")))
+            .column("topic", T::NVarchar, text(Some("orders")))
+            .column("aggregate_type", T::NVarchar, text(None))
+            .column("aggregate_id", T::NVarchar, text(Some("o-1")))
+            .column("partition_key", T::NVarchar, text(Some("o-1")))
+            .column("payload", T::NVarchar, text(Some(payload)))
+            .column("headers", T::NVarchar, text(headers))
+            .column("trace_id", T::NVarchar, text(None))
+            .column("attempts", T::Int4, D::I32(Some(2)))
+            .column(
+                "claim_token",
+                T::Guid,
+                D::Guid(Some(tiberius::Uuid::from_u128(9))),
+            )
+            .build()
+    }
+
+    #[test]
+    fn a_decodable_row_is_a_message() {
+        let row = claim_row(5, r#"{"n":1}"#, Some(r#"{"k":"v"}"#));
+        let Claimed::Message(message) = claimed_row(&row).unwrap() else {
+            panic!("expected a message");
+        };
+        assert_eq!(message.id, 5);
+        assert_eq!(message.payload, serde_json::json!({"n": 1}));
+        assert_eq!(message.headers["k"], "v");
+        assert_eq!(
+            message.claim_token,
+            ClaimToken::new(uuid::Uuid::from_u128(9))
+        );
+    }
+
+    #[test]
+    fn rows_that_do_not_decode_keep_their_raw_text_and_token() {
+        let cases = [
+            ("[1e400]", None, "payload"),
+            (r#"{"s":"\ud800"}"#, None, "payload"),
+            (r#"{"n":1}"#, Some("[1,2]"), "headers"),
+        ];
+        for (payload, headers, column) in cases {
+            let row = claim_row(7, payload, headers);
+            let Claimed::Undecodable(bad) = claimed_row(&row).unwrap() else {
+                panic!("{payload} {headers:?} decoded");
+            };
+            assert_eq!(bad.id, 7);
+            assert_eq!(bad.payload.as_deref(), Some(payload));
+            assert_eq!(bad.headers.as_deref(), headers);
+            assert_eq!(bad.topic.as_deref(), Some("orders"));
+            assert_eq!(bad.message_id.as_deref(), Some("m-1"));
+            assert_eq!(bad.attempts, 2);
+            assert_eq!(bad.claim_token, ClaimToken::new(uuid::Uuid::from_u128(9)));
+            assert!(bad.error.contains(column), "{column}: {}", bad.error);
         }
     }
 

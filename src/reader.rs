@@ -20,7 +20,7 @@ use crate::connection::Client;
 use crate::cursor::Cursor;
 use crate::error::{Error, Result};
 use crate::feed::Feed;
-use crate::pool::{Pool, PooledConnection, run_error};
+use crate::pool::{Pool, PooledConnection};
 use crate::row::{Column, FromRow};
 
 /// The largest page `read_feed` accepts.
@@ -211,7 +211,7 @@ pub async fn read_items<T: FeedItem>(
     let mut decoded = Vec::with_capacity(rows.len());
     for row in &rows {
         let ulid = Ulid::column(row, 0)?;
-        decoded.push(T::from_feed_row(ulid, row)?);
+        decoded.push(T::from_feed_row(ulid, row).map_err(|e| e.at_row(ulid))?);
     }
     let next_cursor = decoded
         .last()
@@ -600,7 +600,7 @@ impl<T: FeedItem + Send + 'static> PoolSource<T> {
         wait: Duration,
     ) -> Result<(Page<T>, Duration)> {
         if self.conn.is_none() {
-            self.conn = Some(self.pool.get_owned().await.map_err(run_error)?);
+            self.conn = Some(self.pool.get_owned().await?);
         }
         let Some(conn) = self.conn.as_mut() else {
             unreachable!("the connection was just set");
@@ -810,7 +810,7 @@ impl FeedReader {
     }
 
     async fn read_once<T: FeedItem>(&self, shard: i32, cursor: Cursor) -> Result<Page<T>> {
-        let mut conn = self.pool.get().await.map_err(run_error)?;
+        let mut conn = self.pool.get().await?;
         let options = ReadOptions {
             page_size: self.options.page_size,
             wait_ms: 0,
@@ -990,12 +990,12 @@ mod tests {
             "server=tcp:127.0.0.1,1;user=sa;password=x;TrustServerCertificate=true",
         )
         .unwrap();
-        let pool = bb8::Pool::builder()
-            .max_size(1)
-            .connection_timeout(Duration::from_millis(300))
-            .build(manager)
-            .await
-            .unwrap();
+        let pool = Pool::from_builder(
+            Pool::builder()
+                .max_size(1)
+                .connection_timeout(Duration::from_millis(300)),
+            manager,
+        );
         let options = FeedReaderOptions {
             retry: ReadRetryPolicy {
                 initial: Duration::from_millis(1),

@@ -37,7 +37,11 @@ use crate::feed::Feed;
 use crate::row::Column;
 
 /// Calls `[changefeed].[lock_feed:schema.table]` inside the transaction open on `client`
-/// and returns the reserved range. The shard stays locked until that transaction commits
+/// and returns the reserved range. Open that transaction with
+/// [`PooledClient::transaction`](crate::pool::PooledClient::transaction): if the task fails or
+/// is cancelled before commit, the guard makes the pool close the connection, so the server
+/// rolls back and frees the shard at once instead of leaving it locked until the connection
+/// is used again. The shard stays locked until that transaction commits
 /// or rolls back; `lock_timeout` bounds the wait for another writer, after which the server
 /// raises 51202 and rolls the transaction back. Keep it below the connection's command
 /// timeout (tiberius: 30 s by default): `None` asks the server to wait without a bound, but
@@ -54,17 +58,18 @@ use crate::row::Column;
 /// returned range and call `lock_feed` again.
 ///
 /// ```no_run
-/// # async fn run(client: &mut changefeed::Client) -> changefeed::Result<()> {
+/// # async fn run(pool: &changefeed::Pool) -> changefeed::Result<()> {
 /// use changefeed::Feed;
 /// use changefeed::writer::lock_feed;
 /// use std::time::Duration;
 ///
 /// let feed: Feed = "myservice.MyEvent".parse()?;
-/// client.simple_query("begin transaction").await?.into_results().await?;
-/// let range = lock_feed(client, &feed, 0, None, Some(Duration::from_secs(5))).await?;
+/// let mut conn = pool.get().await?;
+/// let mut tx = conn.transaction().await?;
+/// let range = lock_feed(&mut tx, &feed, 0, None, Some(Duration::from_secs(5))).await?;
 /// let first = range.first(); // use range.nth(i) for the i-th event of this transaction
-/// // insert the events with their ULIDs here, on the same connection, then:
-/// client.simple_query("commit").await?.into_results().await?;
+/// // insert the events with their ULIDs here, in the same transaction, then:
+/// tx.commit().await?;
 /// # Ok(()) }
 /// ```
 pub async fn lock_feed(

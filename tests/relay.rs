@@ -12,10 +12,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use changefeed::Error;
-use changefeed::outbox::{ClaimStore, ClaimToken, ClaimedMessage, Headers};
+use changefeed::outbox::{
+    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Headers, UndecodableMessage,
+};
 use changefeed::relay::{
-    BatchReport, ErrorKind, Hooks, PublishError, PublishOutcome, Publisher, Relay, RelayConfig,
-    RelayHandle, RetryPolicy,
+    BatchReport, DeadLetter, ErrorKind, Hooks, PublishError, PublishOutcome, Publisher, Relay,
+    RelayConfig, RelayHandle, RetryPolicy, SHUTDOWN_CLAIM_GRACE,
 };
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
@@ -44,9 +46,28 @@ struct Row {
     claimed_at: Option<Instant>,
     next_retry_at: Option<Instant>,
     last_error: Option<String>,
+    /// A payload the claim cannot decode (e.g. `[1e400]`): the row comes back as
+    /// [`Claimed::Undecodable`] with this raw text.
+    undecodable_payload: Option<String>,
 }
 
 impl Row {
+    fn claimed(&self, token: ClaimToken) -> Claimed {
+        match &self.undecodable_payload {
+            Some(raw) => Claimed::Undecodable(UndecodableMessage {
+                id: self.id,
+                message_id: Some(format!("m-{}", self.id)),
+                topic: Some(self.topic.clone()),
+                payload: Some(raw.clone()),
+                headers: None,
+                attempts: self.attempts,
+                claim_token: token,
+                error: format!("cannot decode column payload: {raw} is out of range"),
+            }),
+            None => Claimed::Message(self.message(token)),
+        }
+    }
+
     fn message(&self, token: ClaimToken) -> ClaimedMessage {
         ClaimedMessage {
             id: self.id,
@@ -103,17 +124,19 @@ struct StoreState {
     claim_errors: VecDeque<Error>,
     done_errors: VecDeque<Error>,
     claim_gate: Option<Arc<ClaimGate>>,
+    /// Claims never answer (a server that stopped responding, a connect that hangs).
+    claims_hang: bool,
 }
 
 impl StoreState {
     fn fresh_token(&mut self) -> ClaimToken {
         self.next_token += 1;
-        ClaimToken(tiberius::Uuid::from_u128(self.next_token))
+        ClaimToken::new(uuid::Uuid::from_u128(self.next_token))
     }
 
     /// The claim procedure's rules: due rows only, head of aggregate only, ordered by id,
     /// one fresh token, an expired claim's reclaim counts an attempt.
-    fn claim(&mut self, batch_size: u32, claim_timeout: Duration) -> Vec<ClaimedMessage> {
+    fn claim(&mut self, batch_size: u32, claim_timeout: Duration) -> Vec<Claimed> {
         let now = Instant::now();
         let token = self.fresh_token();
         let mut heads = HashSet::new();
@@ -148,7 +171,7 @@ impl StoreState {
             row.status = Status::Processing;
             row.token = Some(token);
             row.claimed_at = Some(now);
-            claimed.push(row.message(token));
+            claimed.push(row.claimed(token));
         }
         claimed
     }
@@ -186,6 +209,7 @@ impl FakeStore {
             claimed_at: None,
             next_retry_at: None,
             last_error: None,
+            undecodable_payload: None,
         };
         edit(&mut row);
         state.rows.push(row);
@@ -244,7 +268,10 @@ impl ClaimStore for FakeStore {
         &mut self,
         batch_size: u32,
         claim_timeout: Duration,
-    ) -> changefeed::Result<Vec<ClaimedMessage>> {
+    ) -> changefeed::Result<Vec<Claimed>> {
+        if self.state().claims_hang {
+            std::future::pending::<()>().await;
+        }
         let (claimed, gate) = {
             let mut state = self.state();
             state.claim_times.push(Instant::now());
@@ -362,6 +389,8 @@ struct FakePublisher {
     /// Every publish call: when, and the ids of its batch.
     batches: Mutex<Vec<(Instant, Vec<i64>)>>,
     dead_letters: Mutex<Vec<(i64, Headers)>>,
+    /// The payload text of every dead letter, by id.
+    dead_letter_payloads: Mutex<Vec<(i64, Option<String>)>>,
     dead_letter_error: Mutex<Option<PublishError>>,
     /// Runs once, inside the next publish call.
     during_publish: Mutex<Option<Action>>,
@@ -446,13 +475,17 @@ impl Publisher for FakePublisher {
 
     async fn publish_dead_letter(
         &self,
-        message: &ClaimedMessage,
+        letter: DeadLetter<'_>,
         headers: &Headers,
     ) -> Result<(), PublishError> {
         self.dead_letters
             .lock()
             .unwrap()
-            .push((message.id, headers.clone()));
+            .push((letter.id(), headers.clone()));
+        self.dead_letter_payloads
+            .lock()
+            .unwrap()
+            .push((letter.id(), letter.payload_text().map(|t| t.into_owned())));
         match self.dead_letter_error.lock().unwrap().clone() {
             Some(error) => Err(error),
             None => Ok(()),
@@ -1381,4 +1414,145 @@ async fn an_invalid_config_is_refused() {
         Err(other) => panic!("expected a config error, got {other:?}"),
         Ok(_) => panic!("batch_size 0 was accepted"),
     }
+}
+
+// ---------------------------------------------------------------- undecodable rows
+
+#[tokio::test(start_paused = true)]
+async fn an_undecodable_row_goes_dead_with_its_raw_text_and_the_batch_goes_on() {
+    let (store, publisher, hooks) = fakes();
+    let first = store.enqueue(Some("order-1"));
+    let bad = store.enqueue_with(|row| {
+        row.aggregate_id = Some("order-2".to_owned());
+        row.attempts = 1;
+        row.undecodable_payload = Some("[1e400]".to_owned());
+    });
+    let behind_bad = store.enqueue(Some("order-2"));
+    let last = store.enqueue(None);
+    let relay = start(&store, &publisher, &hooks, config());
+    eventually("everything acknowledged", || {
+        [first, behind_bad, last]
+            .iter()
+            .all(|id| store.status(*id) == Status::Done)
+    })
+    .await;
+    relay.stop().await.unwrap();
+
+    // Dead at once, never published, with an attempt counted and its reason kept.
+    assert_eq!(store.status(bad), Status::Dead);
+    assert_eq!(publisher.publishes_of(bad), 0);
+    let row = store.row(bad);
+    assert_eq!(row.attempts, 2);
+    let error = row.last_error.unwrap();
+    assert!(error.starts_with("poison:"), "{error}");
+    assert!(error.contains("cannot be decoded"), "{error}");
+    // The dead letter carries the raw text.
+    assert_eq!(
+        *publisher.dead_letter_payloads.lock().unwrap(),
+        [(bad, Some("[1e400]".to_owned()))]
+    );
+    let (id, headers) = &publisher.dead_letters()[0];
+    assert_eq!(*id, bad);
+    assert_eq!(headers["x-error-kind"], "poison");
+    assert_eq!(headers["x-original-topic"], "orders");
+    assert_eq!(headers["x-attempts"], "2");
+    assert!(
+        hooks
+            .events()
+            .contains(&Event::Dead(bad, ErrorKind::Poison))
+    );
+    // The bad row's aggregate was not blocked: its next message went out after it.
+    assert_eq!(publisher.publishes_of(behind_bad), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_once_counts_an_undecodable_row_as_dead() {
+    let (store, publisher, hooks) = fakes();
+    store.enqueue(None);
+    store.enqueue_with(|row| row.undecodable_payload = Some(r#"{"s":"\ud800"}"#.to_owned()));
+    let mut relay = Relay::new(store.clone(), Arc::clone(&publisher), config())
+        .unwrap()
+        .with_hooks(Arc::clone(&hooks));
+    let report = relay.run_once().await.unwrap();
+    assert_eq!((report.claimed, report.published, report.dead), (2, 1, 1));
+    assert_eq!(publisher.batches(), [vec![1]]);
+}
+
+// ---------------------------------------------------------------- permanent store errors
+
+#[tokio::test(start_paused = true)]
+async fn a_permanent_store_error_on_acknowledgement_is_not_retried() {
+    for number in [229, 2812] {
+        let (store, publisher, hooks) = fakes();
+        let id = store.enqueue(None);
+        for _ in 0..50 {
+            store.state().done_errors.push_back(server_error(number));
+        }
+        let mut relay = Relay::new(store.clone(), Arc::clone(&publisher), config())
+            .unwrap()
+            .with_hooks(Arc::clone(&hooks));
+        let started = Instant::now();
+        let report = relay.run_once().await.unwrap();
+
+        assert_eq!(report.unacknowledged, 1, "{number}");
+        assert_eq!(
+            store.calls(),
+            [Call::Claim, Call::Error("mark_done")],
+            "{number}: one attempt, no retries"
+        );
+        assert_eq!(started.elapsed(), Duration::ZERO, "{number}: no back-off");
+        assert_eq!(hooks.loop_errors().len(), 1, "{number}");
+        assert_eq!(store.status(id), Status::Processing, "{number}");
+    }
+}
+
+// ---------------------------------------------------------------- shutdown during a claim
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_does_not_wait_for_a_claim_that_never_answers() {
+    let (store, publisher, hooks) = fakes();
+    store.enqueue(None);
+    store.state().claims_hang = true;
+    let relay = start(&store, &publisher, &hooks, config());
+    sleep(ms(50)).await;
+
+    let stopped = Instant::now();
+    let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
+    let returned = timeout(SHUTDOWN_CLAIM_GRACE * 2, relay.task)
+        .await
+        .expect("shutdown waited for a hanging claim")
+        .unwrap();
+    returned.unwrap();
+    assert_eq!(stopped.elapsed(), SHUTDOWN_CLAIM_GRACE);
+    assert!(publisher.batches().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_that_answers_within_the_grace_is_finished_on_shutdown() {
+    let (store, publisher, hooks) = fakes();
+    let id = store.enqueue(None);
+    let gate = store.gate_next_claim();
+    let relay = start(&store, &publisher, &hooks, config());
+    gate.started.notified().await;
+    let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
+    sleep(ms(500)).await;
+    gate.release.notify_one();
+
+    relay.finish().await.unwrap();
+    assert_eq!(store.status(id), Status::Done);
+    assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_claim_that_answers_within_the_grace_ends_the_run() {
+    let (store, publisher, hooks) = fakes();
+    let gate = store.gate_next_claim();
+    let relay = start(&store, &publisher, &hooks, config());
+    gate.started.notified().await;
+    let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
+    sleep(ms(500)).await;
+    gate.release.notify_one();
+
+    relay.finish().await.unwrap();
+    assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
 }

@@ -72,6 +72,7 @@ impl Failure {
             Failure::Decode => Error::Decode {
                 column: "id (position 1)".into(),
                 reason: "expected int".into(),
+                row: None,
             },
         }
     }

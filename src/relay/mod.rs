@@ -16,13 +16,15 @@
 //! | [`Fatal`](ErrorKind::Fatal) | dead | +1 | dead-letter hand-off; the rest of the batch is acknowledged, then `run` returns an error |
 //! | [`Backpressure`](ErrorKind::Backpressure) | failed, due after `retry.initial` (requeue) | – | the relay waits `retry.initial` before its next claim |
 //! | publisher panicked, timed out, or returned the wrong number of outcomes | every message of the batch as `Retriable` | +1 | reported to [`Hooks::on_loop_error`] |
+//! | the claimed row cannot be decoded ([`Claimed::Undecodable`]: payload or headers not readable JSON) | dead, never published | +1 | dead-letter hand-off with the raw text ([`DeadLetter::Undecodable`]) |
 //!
 //! A message claimed with `attempts >= max_attempts` (its earlier claims expired, e.g.
 //! because publishing it crashed the relay process) is marked dead without being
 //! published again.
 //!
 //! Delivery is at least once: a lost acknowledgement (crash, expired claim, store outage
-//! longer than the claim timeout) means the message is published again.
+//! longer than the claim timeout, a store error no retry fixes such as a missing grant)
+//! means the message is published again.
 
 mod config;
 mod hooks;
@@ -48,13 +50,20 @@ pub use config::{MAX_BATCH_SIZE, MAX_CLAIM_TIMEOUT, RelayConfig};
 pub use hooks::{Hooks, NoHooks};
 pub use policy::{MAX_RETRY_DELAY, RetryDecision, RetryPolicy};
 pub use publisher::{
-    ErrorKind, HEADER_ATTEMPTS, HEADER_ERROR, HEADER_ERROR_KIND, HEADER_ORIGINAL_TOPIC,
+    DeadLetter, ErrorKind, HEADER_ATTEMPTS, HEADER_ERROR, HEADER_ERROR_KIND, HEADER_ORIGINAL_TOPIC,
     PublishError, PublishOutcome, Publisher, dead_letter_headers,
 };
 
 use crate::error::{Error, Result};
-use crate::outbox::{ClaimStore, ClaimToken, ClaimedMessage};
+use crate::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage};
 use hooks::{guarded, panic_message};
+
+/// How long a claim already under way may still take once shutdown is asked for. A healthy
+/// claim answers in milliseconds and its rows are then published and acknowledged; one that
+/// hangs (a server that stopped answering, a connect that never completes) is abandoned so
+/// the relay stops. Rows of an abandoned claim that did commit are claimed again after the
+/// claim timeout.
+pub const SHUTDOWN_CLAIM_GRACE: Duration = Duration::from_secs(5);
 
 /// Publishes an outbox: claims batches from a [`ClaimStore`], hands them to a
 /// [`Publisher`], and acknowledges every message by its outcome (see the
@@ -69,11 +78,17 @@ use hooks::{guarded, panic_message};
 /// * a claim that found nothing waits `poll_interval`, or less when
 ///   [`RelayHandle::wake`] is called; a wake that arrives while a batch is in flight is
 ///   kept and ends the next wait at once;
-/// * a failing store call is reported to [`Hooks::on_loop_error`] and retried after a
+/// * a failing claim is reported to [`Hooks::on_loop_error`] and retried after a
 ///   back-off; the relay never gives up on its store, so an operator can fix a missing
 ///   grant or a failover without restarting it (a hook that wants to stop it on a
 ///   non-[transient](Error::is_transient) error can trigger the shutdown future);
-/// * shutdown lets the in-flight batch finish (publish and acknowledge it) and returns.
+/// * a failing acknowledgement is retried until the claim's deadline when the error is
+///   [transient](Error::is_transient), and given up at once when it is not (a missing
+///   grant, a missing procedure): those messages are published again after the claim
+///   timeout;
+/// * shutdown lets the in-flight batch finish (publish and acknowledge it) and returns; a
+///   claim under way when shutdown comes gets [`SHUTDOWN_CLAIM_GRACE`] to answer and is
+///   abandoned after that.
 ///
 /// ```
 /// use std::time::Duration;
@@ -82,7 +97,7 @@ use hooks::{guarded, panic_message};
 /// # use changefeed::outbox::{ClaimStore, ClaimToken};
 /// # struct Empty;
 /// # impl ClaimStore for Empty {
-/// #     async fn claim(&mut self, _: u32, _: Duration) -> changefeed::Result<Vec<ClaimedMessage>> { Ok(vec![]) }
+/// #     async fn claim(&mut self, _: u32, _: Duration) -> changefeed::Result<Vec<changefeed::outbox::Claimed>> { Ok(vec![]) }
 /// #     async fn mark_done(&mut self, _: &[i64], _: ClaimToken) -> changefeed::Result<u64> { Ok(0) }
 /// #     async fn mark_failed(&mut self, _: i64, _: ClaimToken, _: Option<Duration>, _: bool, _: &str) -> changefeed::Result<u64> { Ok(0) }
 /// #     async fn requeue(&mut self, _: i64, _: ClaimToken, _: Duration) -> changefeed::Result<u64> { Ok(0) }
@@ -249,10 +264,12 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
         let mut shutdown = pin!(shutdown);
         let wake = Arc::clone(&self.wake);
         let mut store_failures = 0u32;
+        // Set when shutdown completed while a claim was under way and the claim still
+        // answered: its batch is finished, then the loop ends (a completed future must not
+        // be polled again).
+        let mut stopping = false;
         loop {
-            // Checked only between batches: a claim is never abandoned half-way, because
-            // its rows would sit claimed until the timeout and be charged an attempt.
-            if shutdown.as_mut().now_or_never().is_some() {
+            if stopping || shutdown.as_mut().now_or_never().is_some() {
                 tracing::info!("relay shutting down");
                 return Ok(());
             }
@@ -260,7 +277,31 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             // dropping it saves a needless claim after this one.
             let _ = wake.notified().now_or_never();
 
-            let batch = match self.claim().await {
+            let claimed = {
+                let claim = self.claim();
+                let mut claim = pin!(claim);
+                tokio::select! {
+                    biased;
+                    result = claim.as_mut() => result,
+                    () = shutdown.as_mut() => {
+                        stopping = true;
+                        // Abandoning a claim that did commit leaves its rows claimed until
+                        // the timeout (and charged an attempt), so a claim that is merely
+                        // slow gets a grace period; a hanging one does not hold shutdown.
+                        match timeout(SHUTDOWN_CLAIM_GRACE, claim.as_mut()).await {
+                            Ok(result) => result,
+                            Err(_) => {
+                                tracing::warn!(
+                                    grace = ?SHUTDOWN_CLAIM_GRACE,
+                                    "relay shutting down: abandoned a claim that did not answer"
+                                );
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+            };
+            let batch = match claimed {
                 Ok(batch) => {
                     store_failures = 0;
                     batch
@@ -268,6 +309,9 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                 Err(error) => {
                     store_failures = store_failures.saturating_add(1);
                     self.loop_error(&error);
+                    if stopping {
+                        return Ok(());
+                    }
                     let delay = self
                         .config
                         .retry
@@ -289,7 +333,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                 if let Some(error) = fatal {
                     return Err(error);
                 }
-                if report.requeued > 0 {
+                if report.requeued > 0 && !stopping {
                     // The broker asked us to slow down: a wake must not cut this short.
                     tokio::select! {
                         biased;
@@ -303,6 +347,9 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                     report.published + report.dead == 0
                 }
             };
+            if stopping {
+                continue; // the loop's first check returns
+            }
             if idle {
                 tokio::select! {
                     biased;
@@ -329,7 +376,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
         }
     }
 
-    async fn claim(&mut self) -> Result<Vec<ClaimedMessage>> {
+    async fn claim(&mut self) -> Result<Vec<Claimed>> {
         let batch_size = self.config.batch_size;
         let claim_timeout = self.config.claim_timeout;
         let batch = self
@@ -345,7 +392,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
 
     /// Publishes and acknowledges one claimed batch inside its `relay.batch` span; the
     /// error is the one `run` must stop with (a fatal publish error).
-    async fn process(&mut self, batch: Vec<ClaimedMessage>) -> (BatchReport, Option<Error>) {
+    async fn process(&mut self, batch: Vec<Claimed>) -> (BatchReport, Option<Error>) {
         let started = Instant::now();
         let span = tracing::info_span!(
             "relay.batch",
@@ -383,7 +430,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
 
     async fn process_batch(
         &mut self,
-        batch: Vec<ClaimedMessage>,
+        batch: Vec<Claimed>,
         claimed_at: Instant,
     ) -> (BatchReport, Option<(i64, PublishError)>) {
         // Past the claim timeout another claim may own these rows, so retrying a failed
@@ -395,20 +442,37 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
         };
         let policy = self.config.retry.clone();
 
-        let (exhausted, batch): (Vec<_>, Vec<_>) = batch
-            .into_iter()
-            .partition(|m| attempts_of(m) >= policy.max_attempts);
-        let mut dead: Vec<(&ClaimedMessage, PublishError)> = exhausted
+        let mut undecodable = Vec::new();
+        let mut messages = Vec::with_capacity(batch.len());
+        for claimed in batch {
+            match claimed {
+                Claimed::Message(message) => messages.push(message),
+                Claimed::Undecodable(row) => undecodable.push(row),
+            }
+        }
+        // A row that cannot be decoded never will be: it goes dead like a poison message,
+        // and the rest of the batch is published as usual.
+        let mut dead: Vec<(DeadLetter<'_>, PublishError)> = undecodable
             .iter()
-            .map(|m| {
+            .map(|row| {
                 let error = PublishError::poison(format!(
-                    "{} attempts used up by expired claims (max_attempts {}); not published \
-                     again",
-                    m.attempts, policy.max_attempts
+                    "the outbox row cannot be decoded: {}; not published",
+                    row.error
                 ));
-                (m, error)
+                (DeadLetter::Undecodable(row), error)
             })
             .collect();
+
+        let (exhausted, batch): (Vec<_>, Vec<_>) = messages
+            .into_iter()
+            .partition(|m| attempts_of(m.attempts) >= policy.max_attempts);
+        dead.extend(exhausted.iter().map(|m| {
+            let error = PublishError::poison(format!(
+                "{} attempts used up by expired claims (max_attempts {}); not published again",
+                m.attempts, policy.max_attempts
+            ));
+            (DeadLetter::Message(m), error)
+        }));
 
         let outcomes = self.publish(&batch).await;
 
@@ -433,19 +497,19 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             };
             match error.kind {
                 ErrorKind::Retriable => {
-                    let attempts = attempts_of(message).saturating_add(1);
+                    let attempts = attempts_of(message.attempts).saturating_add(1);
                     match policy.next_delay(attempts, &mut self.rng) {
                         RetryDecision::RetryAfter(delay) => retries.push((message, delay, error)),
-                        RetryDecision::Dead => dead.push((message, error)),
+                        RetryDecision::Dead => dead.push((DeadLetter::Message(message), error)),
                     }
                 }
-                ErrorKind::Poison => dead.push((message, error)),
+                ErrorKind::Poison => dead.push((DeadLetter::Message(message), error)),
                 ErrorKind::Fatal => {
                     if fatal.is_none() {
                         fatal = Some((message.id, error.clone()));
                     }
                     guarded(&self.hooks, "on_fatal", |h| h.on_fatal(message.id, &error));
-                    dead.push((message, error));
+                    dead.push((DeadLetter::Message(message), error));
                 }
                 ErrorKind::Backpressure => requeues.push((message, error)),
             }
@@ -493,27 +557,28 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
 
         // Dead-letter before marking dead: a crash in between re-publishes the dead letter
         // (at least once) instead of losing it.
-        for (message, error) in &dead {
-            let attempts = attempts_of(message).saturating_add(1);
-            let headers = dead_letter_headers(message, attempts, error);
-            if let Err(dl_error) = self.dead_letter(message, &headers).await {
-                tracing::warn!(id = message.id, error = %dl_error, "dead-letter publish failed");
+        for (letter, error) in &dead {
+            let id = letter.id();
+            let attempts = attempts_of(letter.attempts()).saturating_add(1);
+            let headers = dead_letter_headers(*letter, attempts, error);
+            if let Err(dl_error) = self.dead_letter(*letter, &headers).await {
+                tracing::warn!(id, error = %dl_error, "dead-letter publish failed");
                 guarded(&self.hooks, "on_dead_letter_failed", |h| {
-                    h.on_dead_letter_failed(message.id, &dl_error)
+                    h.on_dead_letter_failed(id, &dl_error)
                 });
             }
             let text = error_text(error);
             let ack = Ack::Failed {
-                id: message.id,
-                token: message.claim_token,
+                id,
+                token: letter.claim_token(),
                 retry_after: None,
                 dead: true,
                 error: &text,
             };
             self.acknowledge(ack, deadline, &mut report).await;
             report.dead += 1;
-            tracing::warn!(id = message.id, %error, "message dead");
-            guarded(&self.hooks, "on_dead", |h| h.on_dead(message.id, error));
+            tracing::warn!(id, %error, "message dead");
+            guarded(&self.hooks, "on_dead", |h| h.on_dead(id, error));
         }
 
         (report, fatal)
@@ -555,11 +620,11 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
 
     async fn dead_letter(
         &self,
-        message: &ClaimedMessage,
+        letter: DeadLetter<'_>,
         headers: &crate::outbox::Headers,
     ) -> Result<(), PublishError> {
         let call =
-            AssertUnwindSafe(async { self.publisher.publish_dead_letter(message, headers).await })
+            AssertUnwindSafe(async { self.publisher.publish_dead_letter(letter, headers).await })
                 .catch_unwind();
         match timeout(self.config.claim_timeout, call).await {
             Ok(Ok(result)) => result,
@@ -609,6 +674,19 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                     }
                     return;
                 }
+                Err(error) if !error.is_transient() => {
+                    // A missing grant (229) or procedure (2812) fails every retry the same
+                    // way; retrying until the deadline would only hold up the batch.
+                    self.loop_error(&error);
+                    tracing::warn!(
+                        op = ack.name(),
+                        %error,
+                        "giving up on an acknowledgement at once: the store error is not \
+                         transient; its messages will be claimed and published again"
+                    );
+                    report.unacknowledged += ack.expected() as usize;
+                    return;
+                }
                 Err(error) => {
                     self.loop_error(&error);
                     failures = failures.saturating_add(1);
@@ -634,9 +712,9 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
     }
 }
 
-/// A message's failed attempts so far, as the policy counts them.
-fn attempts_of(message: &ClaimedMessage) -> u32 {
-    u32::try_from(message.attempts).unwrap_or(0)
+/// A message's failed attempts so far (its `attempts` column), as the policy counts them.
+fn attempts_of(attempts: i32) -> u32 {
+    u32::try_from(attempts).unwrap_or(0)
 }
 
 /// What the outbox's error column gets.

@@ -1,11 +1,12 @@
 //! The broker side of the relay: [`Publisher`], its per-message outcomes, and the
 //! dead-letter headers.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::outbox::{ClaimedMessage, Headers};
+use crate::outbox::{ClaimToken, ClaimedMessage, Headers, UndecodableMessage};
 
 /// Dead-letter header: the topic the message was meant for.
 pub const HEADER_ORIGINAL_TOPIC: &str = "x-original-topic";
@@ -15,6 +16,67 @@ pub const HEADER_ATTEMPTS: &str = "x-attempts";
 pub const HEADER_ERROR: &str = "x-error";
 /// Dead-letter header: the last error's kind (`retriable`, `poison`, `fatal`).
 pub const HEADER_ERROR_KIND: &str = "x-error-kind";
+
+/// A message going to the dead-letter destination: a decoded message, or a claimed row that
+/// could not be decoded, which carries its columns' raw text instead.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DeadLetter<'a> {
+    /// A message that failed to publish (poison, fatal, out of attempts).
+    Message(&'a ClaimedMessage),
+    /// A row whose payload or headers could not be decoded; never published.
+    Undecodable(&'a UndecodableMessage),
+}
+
+impl<'a> DeadLetter<'a> {
+    /// The outbox row's id.
+    pub fn id(&self) -> i64 {
+        match self {
+            DeadLetter::Message(message) => message.id,
+            DeadLetter::Undecodable(row) => row.id,
+        }
+    }
+
+    /// The idempotency key, when known.
+    pub fn message_id(&self) -> Option<&'a str> {
+        match self {
+            DeadLetter::Message(message) => Some(&message.message_id),
+            DeadLetter::Undecodable(row) => row.message_id.as_deref(),
+        }
+    }
+
+    /// The topic the message was meant for, when known.
+    pub fn topic(&self) -> Option<&'a str> {
+        match self {
+            DeadLetter::Message(message) => Some(&message.topic),
+            DeadLetter::Undecodable(row) => row.topic.as_deref(),
+        }
+    }
+
+    /// The payload as text: a decoded message's JSON, or an undecodable row's raw column
+    /// (`None` when even that could not be read).
+    pub fn payload_text(&self) -> Option<Cow<'a, str>> {
+        match self {
+            DeadLetter::Message(message) => Some(Cow::Owned(message.payload.to_string())),
+            DeadLetter::Undecodable(row) => row.payload.as_deref().map(Cow::Borrowed),
+        }
+    }
+
+    /// Failed attempts before this one.
+    pub fn attempts(&self) -> i32 {
+        match self {
+            DeadLetter::Message(message) => message.attempts,
+            DeadLetter::Undecodable(row) => row.attempts,
+        }
+    }
+
+    /// The token the row is held under.
+    pub fn claim_token(&self) -> ClaimToken {
+        match self {
+            DeadLetter::Message(message) => message.claim_token,
+            DeadLetter::Undecodable(row) => row.claim_token,
+        }
+    }
+}
 
 /// What kind of failure a publish was, which decides what the relay does with the message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -144,6 +206,10 @@ pub trait Publisher: Send + Sync {
     /// the message's own headers plus [`HEADER_ORIGINAL_TOPIC`], [`HEADER_ATTEMPTS`],
     /// [`HEADER_ERROR`] and [`HEADER_ERROR_KIND`].
     ///
+    /// A claimed row that could not be decoded comes as [`DeadLetter::Undecodable`], with
+    /// its payload's and headers' raw text (use [`DeadLetter::payload_text`] to forward
+    /// either kind); its headers here are only the dead-letter ones.
+    ///
     /// The default does nothing: the dead row stays in the outbox (dead rows are never
     /// purged), which is a dead-letter queue of its own. An error here is reported through
     /// [`Hooks::on_dead_letter_failed`](super::Hooks::on_dead_letter_failed) and the message
@@ -151,10 +217,10 @@ pub trait Publisher: Send + Sync {
     /// unpublishable, and its dead row keeps it for an operator.
     fn publish_dead_letter(
         &self,
-        message: &ClaimedMessage,
+        letter: DeadLetter<'_>,
         headers: &Headers,
     ) -> impl Future<Output = Result<(), PublishError>> + Send {
-        let _ = (message, headers);
+        let _ = (letter, headers);
         async { Ok(()) }
     }
 }
@@ -170,22 +236,24 @@ impl<P: Publisher> Publisher for Arc<P> {
 
     fn publish_dead_letter(
         &self,
-        message: &ClaimedMessage,
+        letter: DeadLetter<'_>,
         headers: &Headers,
     ) -> impl Future<Output = Result<(), PublishError>> + Send {
-        (**self).publish_dead_letter(message, headers)
+        (**self).publish_dead_letter(letter, headers)
     }
 }
 
-/// The headers of a dead letter: the message's own, plus where it was going, how many
-/// attempts it failed (`attempts`, this failure included) and the last error.
-pub fn dead_letter_headers(
-    message: &ClaimedMessage,
-    attempts: u32,
-    error: &PublishError,
-) -> Headers {
-    let mut headers = message.headers.clone();
-    headers.insert(HEADER_ORIGINAL_TOPIC.to_owned(), message.topic.clone());
+/// The headers of a dead letter: the message's own (none for an undecodable row), plus
+/// where it was going (when known), how many attempts it failed (`attempts`, this failure
+/// included) and the last error.
+pub fn dead_letter_headers(letter: DeadLetter<'_>, attempts: u32, error: &PublishError) -> Headers {
+    let mut headers = match letter {
+        DeadLetter::Message(message) => message.headers.clone(),
+        DeadLetter::Undecodable(_) => Headers::new(),
+    };
+    if let Some(topic) = letter.topic() {
+        headers.insert(HEADER_ORIGINAL_TOPIC.to_owned(), topic.to_owned());
+    }
     headers.insert(HEADER_ATTEMPTS.to_owned(), attempts.to_string());
     headers.insert(HEADER_ERROR.to_owned(), error.message.clone());
     headers.insert(HEADER_ERROR_KIND.to_owned(), error.kind.as_str().to_owned());

@@ -126,6 +126,7 @@ fn cell<'r>(row: &'r Row, name: &str) -> Result<&'r ColumnData<'static>, Error> 
         .ok_or_else(|| Error::Decode {
             column: name.to_owned(),
             reason: "the result has no such column".to_owned(),
+            row: None,
         })
 }
 
@@ -137,6 +138,7 @@ fn position(row: &Row, name: &str) -> Result<usize, Error> {
         .ok_or_else(|| Error::Decode {
             column: name.to_owned(),
             reason: "the result has no such column".to_owned(),
+            row: None,
         })
 }
 

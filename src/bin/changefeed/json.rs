@@ -90,6 +90,7 @@ pub fn row_json(row: &Row, first: usize) -> Result<Map<String, Value>, Error> {
         let value = column_json(data).map_err(|reason| Error::Decode {
             column: format!("{} (position {index})", column.name()),
             reason,
+            row: None,
         })?;
         map.insert(column.name().to_owned(), value);
     }

@@ -1,0 +1,450 @@
+//! The client under connection faults, against a scripted fake server (tests/fake_tds):
+//! why a pool cannot connect, what happens to a connection dropped inside a transaction,
+//! what a check-out resets, and how the relay's claim store treats a dead session or a
+//! server that stops answering.
+
+mod fake_tds;
+
+use std::time::{Duration, Instant};
+
+use changefeed::outbox::{ClaimStore, ClaimedMessage};
+use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
+use changefeed::pool::{CHECKOUT_RESET, ConnectionManager, Pool};
+use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig, SHUTDOWN_CLAIM_GRACE};
+use changefeed::{Cursor, Error, Feed, FeedReader};
+use fake_tds::{FakeServer, Reply, Request};
+use futures::StreamExt;
+use tokio::time::timeout;
+
+/// Far below bb8's 30 s connection timeout: an answer within it did not wait for a timeout.
+const PROMPTLY: Duration = Duration::from_secs(5);
+
+fn pool_of(server: &FakeServer, max_size: u32, connection_timeout: Duration) -> Pool {
+    let manager = ConnectionManager::from_ado(&server.ado()).expect("a valid ADO string");
+    Pool::from_builder(
+        Pool::builder()
+            .max_size(max_size)
+            .connection_timeout(connection_timeout),
+        manager,
+    )
+}
+
+fn refusing_logins(_: usize, request: &Request) -> Reply {
+    match request {
+        Request::Login => Reply::error(18456, 14, "Login failed for user 'app'."),
+        _ => Reply::Done,
+    }
+}
+
+// ---------------------------------------------------------------- why a pool cannot connect
+
+#[tokio::test]
+async fn a_refused_login_ends_the_check_out_at_once_with_the_servers_message() {
+    let server = FakeServer::start(refusing_logins).await;
+    let pool = pool_of(&server, 2, Duration::from_secs(30));
+
+    let error = timeout(PROMPTLY, pool.get())
+        .await
+        .expect("the check-out waited for bb8's timeout")
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(error.server_number(), Some(18456), "{error}");
+    assert!(error.is_login_failure() && !error.is_transient(), "{error}");
+    assert!(
+        error.to_string().contains("Login failed for user 'app'"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_login_ends_a_feed_stream_at_once() {
+    let server = FakeServer::start(refusing_logins).await;
+    let pool = pool_of(&server, 1, Duration::from_secs(30));
+    let feed: Feed = "app.Event".parse().unwrap();
+    let reader = FeedReader::new(pool, feed);
+
+    let mut pages = std::pin::pin!(reader.stream::<i64>(0, Cursor::START));
+    let first = timeout(PROMPTLY, pages.next())
+        .await
+        .expect("the stream retried a refused login")
+        .expect("the stream yields the error");
+    let error = first.map(|_| ()).unwrap_err();
+    assert_eq!(error.server_number(), Some(18456), "{error}");
+    assert!(
+        timeout(PROMPTLY, pages.next()).await.unwrap().is_none(),
+        "the stream ends after a permanent error"
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_hangs_up_is_named_when_the_check_out_times_out() {
+    let server = FakeServer::start(|_, request| match request {
+        Request::Login => Reply::Close,
+        _ => Reply::Done,
+    })
+    .await;
+    let pool = pool_of(&server, 1, Duration::from_millis(600));
+
+    let error = pool.get().await.map(|_| ()).unwrap_err();
+    let text = error.to_string();
+    assert!(matches!(error, Error::Connection(_)), "{error:?}");
+    assert!(error.is_transient(), "{text}");
+    assert!(text.contains("the last attempt failed"), "{text}");
+    assert!(server.logins() >= 1);
+}
+
+// ---------------------------------------------------------------- transactions
+
+#[tokio::test]
+async fn a_transaction_dropped_before_commit_discards_its_connection() {
+    let server = FakeServer::accepting().await;
+    let pool = pool_of(&server, 1, Duration::from_secs(5));
+    {
+        let mut conn = pool.get().await.unwrap();
+        let mut tx = conn.transaction().await.unwrap();
+        tx.execute("insert into app.Orders (id) values (@P1)", &[&1i64])
+            .await
+            .unwrap();
+        // An early return: the guard is dropped without commit or rollback.
+        drop(tx);
+        assert!(conn.is_broken());
+    }
+    server
+        .wait_for("the connection to be closed", |s| s.closed() == [0])
+        .await;
+
+    // The next borrower gets a fresh session, not the one with the open transaction.
+    let mut conn = pool.get().await.unwrap();
+    conn.simple_query("select 1").await.unwrap();
+    assert_eq!(server.accepted(), 2);
+    let first = server.texts_of(0);
+    assert!(
+        first.iter().any(|text| text.contains("begin transaction")),
+        "{first:?}"
+    );
+    assert!(
+        first
+            .iter()
+            .any(|text| text.contains("insert into app.Orders"))
+    );
+    assert!(
+        first
+            .iter()
+            .all(|text| !text.contains("commit transaction")),
+        "{first:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_transaction_cancelled_mid_statement_discards_its_connection() {
+    let server = FakeServer::start(|_, request| {
+        if request.text().contains("app.Slow") {
+            Reply::Hang
+        } else {
+            Reply::Done
+        }
+    })
+    .await;
+    let pool = pool_of(&server, 1, Duration::from_secs(5));
+    {
+        let mut conn = pool.get().await.unwrap();
+        let mut tx = conn.transaction().await.unwrap();
+        let cancelled = timeout(
+            Duration::from_millis(200),
+            tx.execute("update app.Slow set n = n + 1", &[]),
+        )
+        .await;
+        assert!(cancelled.is_err(), "the statement was cut off");
+    }
+    server
+        .wait_for("the connection to be closed", |s| s.closed() == [0])
+        .await;
+    let _conn = pool.get().await.unwrap();
+    assert_eq!(server.accepted(), 2);
+}
+
+#[tokio::test]
+async fn committed_and_rolled_back_transactions_keep_their_connection() {
+    let server = FakeServer::accepting().await;
+    let pool = pool_of(&server, 1, Duration::from_secs(5));
+    for finish in ["commit", "rollback"] {
+        let mut conn = pool.get().await.unwrap();
+        let tx = conn.transaction().await.unwrap();
+        if finish == "commit" {
+            tx.commit().await.unwrap();
+        } else {
+            tx.rollback().await.unwrap();
+        }
+        assert!(!conn.is_broken());
+    }
+    let _conn = pool.get().await.unwrap();
+    assert_eq!(server.accepted(), 1, "one session all along");
+    assert!(server.closed().is_empty());
+    let texts = server.texts_of(0);
+    assert!(
+        texts.iter().any(|t| t.contains("commit transaction")),
+        "{texts:?}"
+    );
+    assert!(
+        texts.iter().any(|t| t.contains("rollback transaction")),
+        "{texts:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_second_transaction_after_a_dropped_one_is_refused() {
+    let server = FakeServer::accepting().await;
+    let pool = pool_of(&server, 1, Duration::from_secs(5));
+    let mut conn = pool.get().await.unwrap();
+    drop(conn.transaction().await.unwrap());
+    let error = conn.transaction().await.map(|_| ()).unwrap_err();
+    assert!(matches!(error, Error::Config(_)), "{error:?}");
+    assert!(error.to_string().contains("still open"), "{error}");
+}
+
+#[tokio::test]
+async fn a_check_out_resets_what_a_borrower_changed() {
+    let server = FakeServer::accepting().await;
+    let pool = pool_of(&server, 1, Duration::from_secs(5));
+    {
+        let mut conn = pool.get().await.unwrap();
+        conn.simple_query("set transaction isolation level serializable; set lock_timeout 0;")
+            .await
+            .unwrap();
+    }
+    let _conn = pool.get().await.unwrap();
+    assert_eq!(server.accepted(), 1);
+    let texts = server.texts_of(0);
+    let reset = texts.last().unwrap();
+    assert_eq!(reset, CHECKOUT_RESET, "{texts:?}");
+    for setting in [
+        "if @@trancount > 0 rollback",
+        "set implicit_transactions off",
+        "set transaction isolation level read committed",
+        "set xact_abort off",
+        "set lock_timeout -1",
+    ] {
+        assert!(reset.contains(setting), "{setting}: {reset}");
+    }
+}
+
+// ---------------------------------------------------------------- the relay's claim store
+
+fn store_of(server: &FakeServer) -> SqlClaimStore {
+    let outbox: OutboxStore = "dbo.outbox".parse().unwrap();
+    SqlClaimStore::new(outbox, server.ado())
+}
+
+#[tokio::test]
+async fn a_claim_store_drops_a_session_that_a_fatal_error_ended() {
+    // The first claim meets error 596 (class 21: the session was killed).
+    let server = FakeServer::start(|connection, request| match request {
+        Request::Rpc(text) if text.contains("claim:dbo.outbox") && connection == 0 => Reply::error(
+            596,
+            21,
+            "Cannot continue the execution because the session is in the kill state.",
+        ),
+        _ => Reply::Done,
+    })
+    .await;
+    let mut store = store_of(&server);
+
+    let error = store.claim(10, Duration::from_secs(30)).await.unwrap_err();
+    assert_eq!(error.server_number(), Some(596));
+    let batch = store.claim(10, Duration::from_secs(30)).await.unwrap();
+    assert!(batch.is_empty());
+    assert_eq!(
+        server.accepted(),
+        2,
+        "the second claim ran on a fresh session"
+    );
+    server
+        .wait_for("the dead session to be closed", |s| s.closed() == [0])
+        .await;
+}
+
+#[tokio::test]
+async fn a_claim_store_keeps_its_session_after_an_ordinary_error() {
+    let server = FakeServer::start(|_, request| match request {
+        Request::Rpc(text) if text.contains("mark_done") => Reply::error(
+            229,
+            14,
+            "The EXECUTE permission was denied on the object 'mark_done:dbo.outbox'.",
+        ),
+        _ => Reply::Done,
+    })
+    .await;
+    let mut store = store_of(&server);
+    let token = changefeed::outbox::ClaimToken::from_bytes([1; 16]);
+
+    let error = store.mark_done(&[1], token).await.unwrap_err();
+    assert_eq!(error.server_number(), Some(229));
+    store.claim(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(server.accepted(), 1);
+    assert!(server.closed().is_empty());
+}
+
+struct Nothing;
+
+impl Publisher for Nothing {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        vec![Ok(()); batch.len()]
+    }
+}
+
+/// Runs a relay over `store`, asks it to stop after 100 ms, and returns how long `run`
+/// took from then.
+async fn stop_time(store: SqlClaimStore) -> Duration {
+    let relay = Relay::new(store, Nothing, RelayConfig::default()).unwrap();
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let mark = std::sync::Arc::clone(&asked);
+    let shutdown = async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        *mark.lock().unwrap() = Some(Instant::now());
+    };
+    timeout(SHUTDOWN_CLAIM_GRACE * 3, relay.run(shutdown))
+        .await
+        .expect("shutdown waited for a claim that never answers")
+        .unwrap();
+    let asked = asked.lock().unwrap().expect("shutdown was asked");
+    asked.elapsed()
+}
+
+#[tokio::test]
+async fn a_relay_stops_although_its_claim_never_answers() {
+    let server = FakeServer::start(|_, request| match request {
+        Request::Rpc(_) => Reply::Hang,
+        _ => Reply::Done,
+    })
+    .await;
+    let took = stop_time(store_of(&server)).await;
+    assert!(
+        took < SHUTDOWN_CLAIM_GRACE + Duration::from_secs(2),
+        "{took:?}"
+    );
+    assert!(
+        server
+            .seen()
+            .iter()
+            .any(|s| matches!(s.request, Request::Rpc(_)))
+    );
+}
+
+#[tokio::test]
+async fn a_relay_stops_although_its_connect_never_completes() {
+    // Accepts TCP connections (the kernel's backlog) and never says a word.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let outbox: OutboxStore = "dbo.outbox".parse().unwrap();
+    let store = SqlClaimStore::new(
+        outbox,
+        format!("server=tcp:127.0.0.1,{port};user=app;password=x;encrypt=DANGER_PLAINTEXT"),
+    );
+    let took = stop_time(store).await;
+    assert!(
+        took < SHUTDOWN_CLAIM_GRACE + Duration::from_secs(2),
+        "{took:?}"
+    );
+    drop(silent);
+}
+
+// ---------------------------------------------------------------- rows that do not decode
+
+#[tokio::test]
+async fn a_feed_row_that_does_not_decode_is_named_by_its_ulid() {
+    use fake_tds::Value;
+    let good = ulid::Ulid::from_parts(1_700_000_000_000, 1);
+    let bad = ulid::Ulid::from_parts(1_700_000_000_000, 2);
+    let server = FakeServer::start(move |_, request| match request {
+        Request::Rpc(text) if text.contains("read_feed") => Reply::Rows {
+            columns: vec!["ulid", "id"],
+            rows: vec![
+                vec![
+                    Value::Binary(good.to_bytes().to_vec()),
+                    Value::Text(Some("order-42".to_owned())),
+                ],
+                vec![
+                    Value::Binary(bad.to_bytes().to_vec()),
+                    Value::Text(None), // a NULL key: not a String
+                ],
+            ],
+        },
+        _ => Reply::Done,
+    })
+    .await;
+    let mut client = changefeed::connect(&server.ado()).await.unwrap();
+    let feed: Feed = "app.Event".parse().unwrap();
+
+    let error = changefeed::read_page::<String>(
+        &mut client,
+        &feed,
+        0,
+        Cursor::START,
+        changefeed::ReadOptions::default(),
+    )
+    .await
+    .map(|_| ())
+    .unwrap_err();
+    assert!(matches!(error, Error::Decode { .. }), "{error:?}");
+    assert_eq!(error.row_ulid(), Some(bad), "{error}");
+    assert!(error.to_string().contains(&bad.to_string()), "{error}");
+    assert!(!error.is_transient());
+}
+
+#[tokio::test]
+async fn a_claim_with_an_undecodable_row_returns_the_rest() {
+    use changefeed::outbox::Claimed;
+    use fake_tds::Value;
+    let server = FakeServer::start(|_, request| match request {
+        Request::Rpc(text) if text.contains("claim:dbo.outbox") => {
+            let row = |id: i64, payload: &str, headers: Option<&str>| {
+                vec![
+                    Value::BigInt(id),
+                    Value::Text(Some(format!("m-{id}"))),
+                    Value::Text(Some("orders".to_owned())),
+                    Value::Text(None),
+                    Value::Text(None),
+                    Value::Text(None),
+                    Value::Text(Some(payload.to_owned())),
+                    Value::Text(headers.map(str::to_owned)),
+                    Value::Text(None),
+                    Value::Int(0),
+                    Value::Guid([7; 16]),
+                ]
+            };
+            Reply::Rows {
+                columns: vec![
+                    "id",
+                    "message_id",
+                    "topic",
+                    "aggregate_type",
+                    "aggregate_id",
+                    "partition_key",
+                    "payload",
+                    "headers",
+                    "trace_id",
+                    "attempts",
+                    "claim_token",
+                ],
+                rows: vec![
+                    row(1, "[1e400]", None),
+                    row(2, r#"{"ok":true}"#, None),
+                    row(3, r#"{"ok":true}"#, Some("[1,2]")),
+                ],
+            }
+        }
+        _ => Reply::Done,
+    })
+    .await;
+    let mut client = changefeed::connect(&server.ado()).await.unwrap();
+    let outbox: OutboxStore = "dbo.outbox".parse().unwrap();
+    let claimed = outbox
+        .claim(&mut client, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let kinds: Vec<(i64, bool)> = claimed
+        .iter()
+        .map(|c| (c.id(), matches!(c, Claimed::Message(_))))
+        .collect();
+    assert_eq!(kinds, [(1, false), (2, true), (3, false)]);
+}
