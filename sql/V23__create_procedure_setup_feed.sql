@@ -20,6 +20,10 @@ begin
     -- autocommit off, pyodbc's default) its begin transaction would open two levels and its
     -- commit leave one open, with every lock held. The setting reverts when it returns.
     set implicit_transactions off;
+    -- create_feed_storage runs ALTER TABLE (lock escalation) in this transaction, and SQL
+    -- Server refuses ALTER TABLE in an explicit transaction at SNAPSHOT isolation (metadata is
+    -- not versioned). The registry reads take their locks explicitly. This reverts on return.
+    set transaction isolation level read committed;
 
     declare @schema_name sysname;
     declare @object_name sysname;
