@@ -228,24 +228,26 @@ begin
                             m.ulid,
                             __template_key__
                         from @moved as m
-                        -- FORCESEEK on both key columns, here and below: these rows are
-                        -- committed and ours, but a scan (or a range seek on shard_id alone)
-                        -- would also touch uncommitted writer rows and, under locking READ
-                        -- COMMITTED, wait for those writers.
+                        -- FORCESEEK on both key columns (and the same seek in the delete
+                        -- below): these rows are committed and ours, but a scan (or a range
+                        -- seek on shard_id alone) would also touch uncommitted writer rows
+                        -- and, under locking READ COMMITTED, wait for those writers.
                         inner join [changefeed].[outbox:changefeed.__template__] as o
                             with (
                                 forceseek ([outbox_pk:changefeed.__template__] (shard_id, order_sequence))
                             )
                             on o.shard_id = @shard_id and m.order_sequence = o.order_sequence;
 
+                        -- SQL Server refuses FORCESEEK on the target of a DELETE (Msg 10724),
+                        -- so the delete gets its seek from the plan shape instead: @moved
+                        -- drives nested loops (FORCE ORDER, LOOP JOIN) into the outbox, each
+                        -- of its rows found by the full clustered key (shard_id,
+                        -- order_sequence), no other row read.
                         delete o
-                        from [changefeed].[outbox:changefeed.__template__] as o
-                            with (
-                                forceseek ([outbox_pk:changefeed.__template__] (shard_id, order_sequence)),
-                                rowlock
-                            )
-                        inner join @moved as m
-                            on o.shard_id = @shard_id and o.order_sequence = m.order_sequence;
+                        from @moved as m
+                        inner join [changefeed].[outbox:changefeed.__template__] as o with (rowlock)
+                            on o.shard_id = @shard_id and o.order_sequence = m.order_sequence
+                        option (force order, loop join);
 
                         -- The state continues after the last ULID issued: its first 6 bytes
                         -- are the shard's millisecond, its first 8 the high part.
