@@ -37,7 +37,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, timeout};
@@ -209,7 +208,7 @@ impl<S: ClaimStore, P: Publisher> Relay<S, P, NoHooks> {
             hooks: NoHooks,
             config,
             wake: Arc::new(Notify::new()),
-            rng: StdRng::from_os_rng(),
+            rng: rand::make_rng(),
         })
     }
 }
