@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use rand::Rng;
+use rand::{Rng, RngExt};
 
 use crate::error::{Error, Result};
 
@@ -26,13 +26,14 @@ pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
 /// use std::time::Duration;
 /// use changefeed::relay::{RetryDecision, RetryPolicy};
 ///
-/// let policy = RetryPolicy { jitter: false, ..RetryPolicy::default() };
+/// let policy = RetryPolicy::default().jitter(false);
 /// let mut rng = rand::rng();
 /// assert_eq!(policy.next_delay(1, &mut rng), RetryDecision::RetryAfter(Duration::from_secs(1)));
 /// assert_eq!(policy.next_delay(4, &mut rng), RetryDecision::RetryAfter(Duration::from_secs(8)));
 /// assert_eq!(policy.next_delay(10, &mut rng), RetryDecision::Dead);
 /// ```
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// The upper end of the first delay. Default: 1 s. At least 1 ms.
     pub initial: Duration,
@@ -67,6 +68,36 @@ impl RetryPolicy {
     pub const DEFAULT_MULTIPLIER: f64 = 2.0;
     /// The default number of failures before a message is dead, 10.
     pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+
+    /// Sets [`initial`](Self::initial), the upper end of the first delay.
+    pub fn initial(mut self, initial: Duration) -> Self {
+        self.initial = initial;
+        self
+    }
+
+    /// Sets [`max`](Self::max), the cap on every delay.
+    pub fn max(mut self, max: Duration) -> Self {
+        self.max = max;
+        self
+    }
+
+    /// Sets [`multiplier`](Self::multiplier), the factor of each failure.
+    pub fn multiplier(mut self, multiplier: f64) -> Self {
+        self.multiplier = multiplier;
+        self
+    }
+
+    /// Sets [`max_attempts`](Self::max_attempts), the failures that make a message dead.
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// Sets [`jitter`](Self::jitter), whether delays are drawn at random (full jitter).
+    pub fn jitter(mut self, jitter: bool) -> Self {
+        self.jitter = jitter;
+        self
+    }
 
     /// Checks the policy; the error names the field, the value and what to use instead.
     pub fn validate(&self) -> Result<()> {
