@@ -1,4 +1,4 @@
-//! The claim-style outbox (DESIGN.md 4.5): messages enqueued in the business transaction,
+//! The claim-style outbox (ARCHITECTURE.md, "The claim protocol"): messages enqueued in the business transaction,
 //! claimed in batches by any number of relays, acknowledged with a fenced token.
 //!
 //! This module holds the message types and [`ClaimStore`], the operations a relay needs.
