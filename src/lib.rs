@@ -17,6 +17,21 @@
 //! This crate is a thin client: the procedures own the logic; it calls them, decodes rows
 //! and keeps the ULID allocator's reference model ([`allocator`]) for tests.
 
+/// Builder-style setters for the public fields of the option structs, each
+/// `fn field(mut self, value) -> Self` with its own documentation: the structs are
+/// `#[non_exhaustive]`, so users build them from `Default` with these.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $field(mut self, $field: $ty) -> Self {
+                self.$field = $field;
+                self
+            }
+        )*
+    };
+}
+
 pub mod allocator;
 pub mod connection;
 pub mod cursor;

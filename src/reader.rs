@@ -33,7 +33,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(3600);
 /// (`sp_getapplock @LockTimeout = 10000` in both modes' procedures).
 pub const SHARD_LOCK_WAIT: Duration = Duration::from_secs(10);
 
-/// The least [`FeedReaderOptions::timeout_margin`]: the shard-lock wait plus 2 s for the
+/// The least `timeout_margin` of [`FeedReaderOptions`]: the shard-lock wait plus 2 s for the
 /// network and the work `read_feed` does after it, so a call that is only waiting for its
 /// lock is never taken for a dead connection.
 pub const MIN_TIMEOUT_MARGIN: Duration = Duration::from_secs(12);
@@ -69,17 +69,12 @@ impl Default for ReadOptions {
 }
 
 impl ReadOptions {
-    /// Sets [`page_size`](Self::page_size), rows per page (1..=[`MAX_PAGE_SIZE`]).
-    pub fn page_size(mut self, page_size: u32) -> Self {
-        self.page_size = page_size;
-        self
-    }
-
-    /// Sets [`wait_ms`](Self::wait_ms), the server long-poll in milliseconds (0: answer at
-    /// once).
-    pub fn wait_ms(mut self, wait_ms: u32) -> Self {
-        self.wait_ms = wait_ms;
-        self
+    setters! {
+        /// Sets `page_size`, rows per page (1..=[`MAX_PAGE_SIZE`]).
+        page_size: u32;
+        /// Sets `wait_ms`, the server long-poll in milliseconds (0: answer at
+        /// once).
+        wait_ms: u32;
     }
 }
 
@@ -364,8 +359,8 @@ pub enum Wait {
     /// not wait), the stream falls back to the client back-off for that pause.
     LongPoll(Duration),
     /// Client back-off: reads never wait on the server; after a page that is not full the
-    /// stream sleeps [`IdleBackoff::min`], doubling after each empty page up to
-    /// [`IdleBackoff::max`].
+    /// stream sleeps the [`IdleBackoff`]'s `min`, doubling after each empty page up to its
+    /// `max`.
     ClientBackoff,
 }
 
@@ -400,16 +395,11 @@ impl Default for IdleBackoff {
 }
 
 impl IdleBackoff {
-    /// Sets [`min`](Self::min), the first sleep (at least 1 ms).
-    pub fn min(mut self, min: Duration) -> Self {
-        self.min = min;
-        self
-    }
-
-    /// Sets [`max`](Self::max), the longest sleep (at least `min`).
-    pub fn max(mut self, max: Duration) -> Self {
-        self.max = max;
-        self
+    setters! {
+        /// Sets `min`, the first sleep (at least 1 ms).
+        min: Duration;
+        /// Sets `max`, the longest sleep (at least `min`).
+        max: Duration;
     }
 
     /// The sleep after `streak` consecutive empty polls before this one (0 for the first):
@@ -464,22 +454,13 @@ impl Default for ReadRetryPolicy {
 }
 
 impl ReadRetryPolicy {
-    /// Sets [`initial`](Self::initial), the upper end of the first delay (at least 1 ms).
-    pub fn initial(mut self, initial: Duration) -> Self {
-        self.initial = initial;
-        self
-    }
-
-    /// Sets [`max`](Self::max), the cap on every delay (at least `initial`).
-    pub fn max(mut self, max: Duration) -> Self {
-        self.max = max;
-        self
-    }
-
-    /// Sets [`max_retries`](Self::max_retries); `None` retries forever.
-    pub fn max_retries(mut self, max_retries: Option<u32>) -> Self {
-        self.max_retries = max_retries;
-        self
+    setters! {
+        /// Sets `initial`, the upper end of the first delay (at least 1 ms).
+        initial: Duration;
+        /// Sets `max`, the cap on every delay (at least `initial`).
+        max: Duration;
+        /// Sets `max_retries`; `None` retries forever.
+        max_retries: Option<u32>;
     }
 
     /// The upper end of retry `retry`'s delay (1-based): `min(max, initial × 2^(retry−1))`.
@@ -552,34 +533,17 @@ impl Default for FeedReaderOptions {
 }
 
 impl FeedReaderOptions {
-    /// Sets [`page_size`](Self::page_size), rows per page (1..=[`MAX_PAGE_SIZE`]).
-    pub fn page_size(mut self, page_size: u32) -> Self {
-        self.page_size = page_size;
-        self
-    }
-
-    /// Sets [`wait`](Self::wait), how a caught-up stream waits.
-    pub fn wait(mut self, wait: Wait) -> Self {
-        self.wait = wait;
-        self
-    }
-
-    /// Sets [`idle_backoff`](Self::idle_backoff), the client back-off.
-    pub fn idle_backoff(mut self, idle_backoff: IdleBackoff) -> Self {
-        self.idle_backoff = idle_backoff;
-        self
-    }
-
-    /// Sets [`retry`](Self::retry), the retries of transient failures.
-    pub fn retry(mut self, retry: ReadRetryPolicy) -> Self {
-        self.retry = retry;
-        self
-    }
-
-    /// Sets [`timeout_margin`](Self::timeout_margin) (at least [`MIN_TIMEOUT_MARGIN`]).
-    pub fn timeout_margin(mut self, timeout_margin: Duration) -> Self {
-        self.timeout_margin = timeout_margin;
-        self
+    setters! {
+        /// Sets `page_size`, rows per page (1..=[`MAX_PAGE_SIZE`]).
+        page_size: u32;
+        /// Sets `wait`, how a caught-up stream waits.
+        wait: Wait;
+        /// Sets `idle_backoff`, the client back-off.
+        idle_backoff: IdleBackoff;
+        /// Sets `retry`, the retries of transient failures.
+        retry: ReadRetryPolicy;
+        /// Sets `timeout_margin` (at least [`MIN_TIMEOUT_MARGIN`]).
+        timeout_margin: Duration;
     }
 
     /// Checks the options; the error names the field and the allowed range.
@@ -652,7 +616,7 @@ pub trait PageSource: Send + 'static {
 /// The stream of pages of `shard` from `cursor` on, read from `source`.
 ///
 /// * Full pages come back to back; a page that is not full means the stream is caught up,
-///   and it waits as [`FeedReaderOptions::wait`] says before the next read. It never polls
+///   and it waits as the options' `wait` says before the next read. It never polls
 ///   in a loop: after an empty page it either had the server wait (long-poll) or sleeps
 ///   the [`IdleBackoff`]. Empty pages are not yielded.
 /// * A transient error ([`Error::is_transient`]) calls [`PageSource::reset`] and retries
@@ -948,7 +912,7 @@ impl<T: FeedItem + Send + 'static> PageSource for PoolSource<T> {
 /// tiberius 0.13 bounds each server round-trip by its `command_timeout`, 30 s by default,
 /// and `read_feed` sends nothing while it long-polls. The reader therefore never asks the
 /// server to wait longer than the connection's command timeout minus
-/// [`FeedReaderOptions::timeout_margin`] (see [`effective_wait`]; with the defaults, a 10 s
+/// the `timeout_margin` of [`FeedReaderOptions`] (see [`effective_wait`]; with the defaults, a 10 s
 /// long-poll and a 15 s margin fit in 30 s untouched; a longer wait is served as shorter
 /// long-polls, which the consumer cannot tell apart). It also bounds each call itself with
 /// `tokio::time::timeout` — which also covers connections opened with no command timeout:

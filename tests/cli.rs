@@ -211,13 +211,19 @@ fn bad_durations_are_refused_before_connecting() {
     }
 }
 
+/// A listener whose connections the kernel accepts and nobody answers: its port and URL.
+fn silent_server() -> (std::net::TcpListener, u16, String) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let url = format!("server=tcp:127.0.0.1,{port};user=sa;password=x;TrustServerCertificate=true");
+    (listener, port, url)
+}
+
 /// A listener that accepts TCP connections and never answers: the tool must give up after
 /// `--connect-timeout` with one line, not hang.
 #[test]
 fn a_server_that_never_answers_times_out_with_one_line() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let url = format!("server=tcp:127.0.0.1,{port};user=sa;password=x;TrustServerCertificate=true");
+    let (listener, port, url) = silent_server();
     let started = Instant::now();
     let output = changefeed(&["status", "--url", &url, "--connect-timeout", "500ms"]);
     let elapsed = started.elapsed();
@@ -290,9 +296,7 @@ fn usage_errors_and_bad_counts_are_one_line() {
 /// one line that says which setting to raise. (Takes 16 s.)
 #[test]
 fn a_connect_timeout_above_fifteen_seconds_is_honoured() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let url = format!("server=tcp:127.0.0.1,{port};user=sa;password=x;TrustServerCertificate=true");
+    let (listener, port, url) = silent_server();
     let started = Instant::now();
     let output = changefeed(&["status", "--url", &url, "--connect-timeout", "16s"]);
     let elapsed = started.elapsed();

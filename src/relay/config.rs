@@ -49,28 +49,15 @@ impl RelayConfig {
     /// The default claim timeout, 30 s.
     pub const DEFAULT_CLAIM_TIMEOUT: Duration = Duration::from_secs(30);
 
-    /// Sets [`batch_size`](Self::batch_size), messages per claim (1..=10000).
-    pub fn batch_size(mut self, batch_size: u32) -> Self {
-        self.batch_size = batch_size;
-        self
-    }
-
-    /// Sets [`poll_interval`](Self::poll_interval), the sleep after an empty claim.
-    pub fn poll_interval(mut self, poll_interval: Duration) -> Self {
-        self.poll_interval = poll_interval;
-        self
-    }
-
-    /// Sets [`claim_timeout`](Self::claim_timeout), how long a claim holds its messages.
-    pub fn claim_timeout(mut self, claim_timeout: Duration) -> Self {
-        self.claim_timeout = claim_timeout;
-        self
-    }
-
-    /// Sets [`retry`](Self::retry), the back-off and the limit on failures.
-    pub fn retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = retry;
-        self
+    setters! {
+        /// Sets `batch_size`, messages per claim (1..=10000).
+        batch_size: u32;
+        /// Sets `poll_interval`, the sleep after an empty claim.
+        poll_interval: Duration;
+        /// Sets `claim_timeout`, how long a claim holds its messages.
+        claim_timeout: Duration;
+        /// Sets `retry`, the back-off and the limit on failures.
+        retry: RetryPolicy;
     }
 
     /// Checks every setting; the [`Error::Config`] names the field, the value and the

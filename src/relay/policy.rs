@@ -69,34 +69,17 @@ impl RetryPolicy {
     /// The default number of failures before a message is dead, 10.
     pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 
-    /// Sets [`initial`](Self::initial), the upper end of the first delay.
-    pub fn initial(mut self, initial: Duration) -> Self {
-        self.initial = initial;
-        self
-    }
-
-    /// Sets [`max`](Self::max), the cap on every delay.
-    pub fn max(mut self, max: Duration) -> Self {
-        self.max = max;
-        self
-    }
-
-    /// Sets [`multiplier`](Self::multiplier), the factor of each failure.
-    pub fn multiplier(mut self, multiplier: f64) -> Self {
-        self.multiplier = multiplier;
-        self
-    }
-
-    /// Sets [`max_attempts`](Self::max_attempts), the failures that make a message dead.
-    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
-        self.max_attempts = max_attempts;
-        self
-    }
-
-    /// Sets [`jitter`](Self::jitter), whether delays are drawn at random (full jitter).
-    pub fn jitter(mut self, jitter: bool) -> Self {
-        self.jitter = jitter;
-        self
+    setters! {
+        /// Sets `initial`, the upper end of the first delay.
+        initial: Duration;
+        /// Sets `max`, the cap on every delay.
+        max: Duration;
+        /// Sets `multiplier`, the factor of each failure.
+        multiplier: f64;
+        /// Sets `max_attempts`, the failures that make a message dead.
+        max_attempts: u32;
+        /// Sets `jitter`, whether delays are drawn at random (full jitter).
+        jitter: bool;
     }
 
     /// Checks the policy; the error names the field, the value and what to use instead.

@@ -205,39 +205,32 @@ mod tests {
         assert_eq!(out.writes, [b"0\n".to_vec()]);
     }
 
+    /// Runs the loop over `pages` with neither Ctrl-C nor a closed output.
+    async fn uninterrupted(pages: Vec<changefeed::Result<Page<u32>>>, out: &mut Recorder) -> Stop {
+        let never = std::future::pending::<()>;
+        follow(
+            then_idle(pages),
+            out,
+            |n: u32| n.to_string(),
+            never(),
+            never(),
+        )
+        .await
+    }
+
     #[tokio::test]
     async fn a_broken_pipe_is_a_closed_output_and_errors_end_the_loop() {
         let mut out = Recorder {
             fail_with: Some(io::ErrorKind::BrokenPipe),
             ..Recorder::default()
         };
-        let stop = follow(
-            then_idle(vec![page(0..1)]),
-            &mut out,
-            |n: u32| n.to_string(),
-            std::future::pending::<()>(),
-            std::future::pending::<()>(),
-        )
-        .await;
+        let stop = uninterrupted(vec![page(0..1)], &mut out).await;
         assert!(matches!(stop, Stop::Closed), "{stop:?}");
         out.fail_with = Some(io::ErrorKind::StorageFull);
-        let stop = follow(
-            then_idle(vec![page(0..1)]),
-            &mut out,
-            |n: u32| n.to_string(),
-            std::future::pending::<()>(),
-            std::future::pending::<()>(),
-        )
-        .await;
+        let stop = uninterrupted(vec![page(0..1)], &mut out).await;
         assert!(matches!(stop, Stop::Write(_)), "{stop:?}");
-        let stop = follow(
-            then_idle(vec![Err(changefeed::Error::Config("x".into()))]),
-            &mut Recorder::default(),
-            |n: u32| n.to_string(),
-            std::future::pending::<()>(),
-            std::future::pending::<()>(),
-        )
-        .await;
+        let failed = vec![Err(changefeed::Error::Config("x".into()))];
+        let stop = uninterrupted(failed, &mut Recorder::default()).await;
         assert!(matches!(stop, Stop::Failed(_)), "{stop:?}");
     }
 }
