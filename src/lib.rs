@@ -56,6 +56,36 @@ pub use pool::Pool;
 pub use reader::{FeedEvent, FeedReader, FeedReaderOptions, read_events};
 pub use reader::{FeedRow, Page, ReadOptions, read_page};
 
+/// The option structs are `#[non_exhaustive]`: outside the crate no struct expression
+/// builds them, so a field added later breaks no one; they are built from `Default` with
+/// setters. Each of these must fail to compile:
+///
+/// ```compile_fail,E0639
+/// let _ = changefeed::ReadOptions { ..changefeed::ReadOptions::default() };
+/// ```
+/// ```compile_fail,E0639
+/// use changefeed::FeedReaderOptions as O;
+/// let _ = O { ..O::default() };
+/// ```
+/// ```compile_fail,E0639
+/// use changefeed::reader::ReadRetryPolicy as O;
+/// let _ = O { ..O::default() };
+/// ```
+/// ```compile_fail,E0639
+/// use changefeed::reader::IdleBackoff as O;
+/// let _ = O { ..O::default() };
+/// ```
+/// ```compile_fail,E0639
+/// use changefeed::relay::RelayConfig as O;
+/// let _ = O { ..O::default() };
+/// ```
+/// ```compile_fail,E0639
+/// use changefeed::relay::RetryPolicy as O;
+/// let _ = O { ..O::default() };
+/// ```
+#[cfg(doctest)]
+pub struct OptionStructsAreNonExhaustive;
+
 /// README.md's Rust examples, compiled as doctests so the README cannot drift from the API.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -21,15 +21,35 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The files the crate ships and the examples: they must stand on their own already.
 #[test]
-#[ignore = "fails until sql/ and tests/ stop citing the unshipped notes (lead: after the merge, \
-            point them at ARCHITECTURE.md and remove this ignore)"]
-fn no_file_cites_a_document_that_is_not_in_the_repository() {
+fn shipped_files_cite_only_what_is_in_the_repository() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut all = Vec::new();
-    files(root, &mut all);
+    let mut shipped = Vec::new();
+    for dir in ["src", "examples"] {
+        files(&root.join(dir), &mut shipped);
+    }
+    for document in [
+        "README.md",
+        "MOTIVATION.md",
+        "POWEROFF.md",
+        "ARCHITECTURE.md",
+    ] {
+        shipped.push(root.join(document));
+    }
+    assert!(shipped.len() > 20, "the walk found the shipped files");
+    let citing = citations(root, &shipped);
+    assert!(
+        citing.is_empty(),
+        "cite ARCHITECTURE.md (its relevant section) instead:\n{}",
+        citing.join("\n")
+    );
+}
+
+/// Every line of `paths` that names one of the unshipped notes, as `path:line: text`.
+fn citations(root: &Path, paths: &[PathBuf]) -> Vec<String> {
     let mut citing = Vec::new();
-    for path in &all {
+    for path in paths {
         let Ok(text) = std::fs::read_to_string(path) else {
             continue; // not text
         };
@@ -45,6 +65,17 @@ fn no_file_cites_a_document_that_is_not_in_the_repository() {
             }
         }
     }
+    citing
+}
+
+#[test]
+#[ignore = "fails until sql/ and tests/ stop citing the unshipped notes (lead: after the merge, \
+            point them at ARCHITECTURE.md and remove this ignore)"]
+fn no_file_cites_a_document_that_is_not_in_the_repository() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut all = Vec::new();
+    files(root, &mut all);
+    let citing = citations(root, &all);
     assert!(
         all.len() > 50,
         "the walk found the repository's files ({})",

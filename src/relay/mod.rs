@@ -102,7 +102,7 @@ use hooks::{guarded, panic_message};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> changefeed::Result<()> {
 /// let store = connect_outbox_store(); // an OutboxStore over SQL Server
-/// let config = RelayConfig { batch_size: 500, ..RelayConfig::default() };
+/// let config = RelayConfig::default().batch_size(500);
 /// let relay = Relay::new(store, Stdout, config)?;
 ///
 /// // Enqueuers call `handle.wake()` after their transaction commits.
