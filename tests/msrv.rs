@@ -28,7 +28,8 @@ fn metadata() -> Value {
         .expect("cargo runs");
     assert!(
         output.status.success(),
-        "cargo metadata failed: {}",
+        "cargo metadata (locked, offline) failed; it reads every package of the lock file, \
+         for every platform: run `cargo fetch` once, then the test again: {}",
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON")
