@@ -214,16 +214,7 @@ pub async fn read_items<T: FeedItem>(
     cursor: Cursor,
     options: ReadOptions,
 ) -> Result<Page<T>> {
-    let cursor_bytes = cursor.to_bytes();
-    let (page_size, wait_ms) = (options.page_size as i32, options.wait_ms as i32);
-    let stream = client
-        .query(
-            read_feed_sql::<T>(feed),
-            &[&shard, &&cursor_bytes[..], &page_size, &wait_ms],
-        )
-        .await?;
-    let rows = stream.into_first_result().await?;
-    decode_page(&rows, cursor, options.page_size)
+    read_items_within(client, feed, shard, cursor, options, None).await
 }
 
 /// The `read_feed` call of [`read_items`]: parameters `@P1` shard, `@P2` cursor, `@P3` page
@@ -322,27 +313,34 @@ where
     }
 }
 
-/// [`read_items`] under [`CallBounds`] instead of one bound on the whole call, for a
-/// connection that may die without a word.
-async fn read_items_bounded<T: FeedItem>(
+/// [`read_items`], and with `bounds` under [`CallBounds`] rather than one bound on the whole
+/// call, for a connection that may die without a word.
+async fn read_items_within<T: FeedItem>(
     client: &mut Client,
     feed: &Feed,
     shard: i32,
     cursor: Cursor,
     options: ReadOptions,
-    bounds: CallBounds,
+    bounds: Option<CallBounds>,
 ) -> Result<Page<T>> {
     let cursor_bytes = cursor.to_bytes();
     let (page_size, wait_ms) = (options.page_size as i32, options.wait_ms as i32);
-    let sql = read_feed_sql::<T>(feed);
     let params: [&dyn tiberius::ToSql; 4] = [&shard, &&cursor_bytes[..], &page_size, &wait_ms];
-    let stream = match tokio::time::timeout(bounds.first, client.query(sql, &params)).await {
-        Err(_elapsed) => return Err(Overrun::FirstAnswer(bounds.first).into_error(feed, shard)),
-        Ok(stream) => stream?,
+    let query = client.query(read_feed_sql::<T>(feed), &params);
+    let rows = match bounds {
+        None => query.await?.into_first_result().await?,
+        Some(bounds) => {
+            let stream = match tokio::time::timeout(bounds.first, query).await {
+                Err(_elapsed) => {
+                    return Err(Overrun::FirstAnswer(bounds.first).into_error(feed, shard));
+                }
+                Ok(stream) => stream?,
+            };
+            collect_first_result(stream, bounds.idle)
+                .await
+                .map_err(|overrun| overrun.into_error(feed, shard))??
+        }
     };
-    let rows = collect_first_result(stream, bounds.idle)
-        .await
-        .map_err(|overrun| overrun.into_error(feed, shard))??;
     decode_page(&rows, cursor, options.page_size)
 }
 
@@ -808,7 +806,7 @@ impl<T: FeedItem + Send + 'static> PoolSource<T> {
         };
         // Broken until the call completes: dropped half-way, it stays marked.
         conn.set_broken(true);
-        match read_items_bounded::<T>(conn, &self.feed, shard, cursor, options, bounds).await {
+        match read_items_within::<T>(conn, &self.feed, shard, cursor, options, Some(bounds)).await {
             Ok(page) => {
                 conn.set_broken(false);
                 Ok((page, wait))
@@ -998,7 +996,8 @@ impl FeedReader {
         };
         conn.set_broken(true);
         let page =
-            read_items_bounded::<T>(&mut conn, &self.feed, shard, cursor, options, bounds).await?;
+            read_items_within::<T>(&mut conn, &self.feed, shard, cursor, options, Some(bounds))
+                .await?;
         conn.set_broken(false);
         Ok(page)
     }
