@@ -1,4 +1,4 @@
-//! The benchmark harness (DESIGN.md §7): measures every hot path of changefeed next to a
+//! The benchmark harness: measures every hot path of changefeed next to a
 //! baseline measured in the same run, and prints one table (and, with `--json`, a JSON
 //! file). Nothing is asserted; timing never decides a test.
 //!

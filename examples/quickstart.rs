@@ -253,11 +253,9 @@ async fn demo(ado: &str) -> Result<(), String> {
     let reader = FeedReader::with_options(
         pool,
         feed.clone(),
-        FeedReaderOptions {
-            page_size: 100,
-            wait: Wait::LongPoll(Duration::from_secs(5)),
-            ..FeedReaderOptions::default()
-        },
+        FeedReaderOptions::default()
+            .page_size(100)
+            .wait(Wait::LongPoll(Duration::from_secs(5))),
     )
     .map_err(|error| error.to_string())?;
 

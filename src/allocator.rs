@@ -1,4 +1,5 @@
-//! Pure reference model of the per-shard ULID allocator (DESIGN.md §4.3).
+//! Pure reference model of the per-shard ULID allocator (ARCHITECTURE.md, "ULIDs and the
+//! allocator").
 //!
 //! The server allocates ULIDs in T-SQL; this module carries the same arithmetic
 //! without a server so that it can be property-tested and so that the server's

@@ -39,6 +39,13 @@ pub async fn connect(ado_connection_string: &str) -> Result<Client> {
 }
 
 /// Connects with a prepared tiberius configuration.
+///
+/// The configuration's handshake timeout ([`tiberius::Config::handshake_timeout`], 15 s
+/// unless set; the connect timeout of ADO.NET) bounds both steps of opening a connection:
+/// the TCP connect (which tiberius leaves to its caller, and which the operating system
+/// would otherwise let hang for minutes on an unroutable address) and the login handshake.
+/// Either one overrunning it is an [`Error::Connection`] of one line that names the address
+/// and the bound. `None` waits as long as the network does.
 pub async fn connect_with(mut config: tiberius::Config) -> Result<Client> {
     match open(&config).await {
         Err(Error::Redirect { host, port }) => {
@@ -52,14 +59,13 @@ pub async fn connect_with(mut config: tiberius::Config) -> Result<Client> {
 
 async fn open(config: &tiberius::Config) -> Result<Client> {
     let address = config.get_addr();
-    // The same bound as the handshake (tiberius' handshake timeout, 15 s unless set): a host
-    // that drops SYNs would otherwise hold the connect for the OS's retry time (minutes).
-    let tcp = match config.get_handshake_timeout() {
-        Some(bound) => tokio::time::timeout(bound, TcpStream::connect(&address))
+    let timeout = config.get_handshake_timeout();
+    let tcp = match timeout {
+        Some(timeout) => tokio::time::timeout(timeout, TcpStream::connect(&address))
             .await
-            .map_err(|_| {
+            .map_err(|_elapsed| {
                 Error::Connection(format!(
-                    "cannot reach SQL Server at {address}: no answer within {bound:?}"
+                    "cannot reach SQL Server at {address}: no answer within {timeout:?}"
                 ))
             })?,
         None => TcpStream::connect(&address).await,
@@ -69,6 +75,16 @@ async fn open(config: &tiberius::Config) -> Result<Client> {
     match tiberius::Client::connect(config.clone(), tcp.compat_write()).await {
         Ok(client) => Ok(client),
         Err(tiberius::error::Error::Routing { host, port }) => Err(Error::Redirect { host, port }),
+        // The handshake timeout: the only timer running before the login completes.
+        Err(tiberius::error::Error::Io {
+            kind: std::io::ErrorKind::TimedOut,
+            ..
+        }) => Err(Error::Connection(format!(
+            "SQL Server at {address} accepted the TCP connection but did not complete the \
+             login within {:?} (a slow or overloaded server, a TLS mismatch, or not SQL Server \
+             on that port)",
+            timeout.unwrap_or_default()
+        ))),
         Err(error) => Err(login_error(error, host_of(&address))),
     }
 }
@@ -121,6 +137,7 @@ fn is_azure_sql_database(host: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn error_4060() -> Error {
         Error::from_server(
@@ -149,5 +166,42 @@ mod tests {
         );
         assert!(matches!(error, Error::Config(_)), "{error:?}");
         assert!(error.to_string().contains("TrustServerCertificate"));
+    }
+
+
+    /// A listener that accepts TCP connections (the kernel completes them) and never
+    /// answers a byte.
+    fn silent_listener() -> (std::net::TcpListener, u16) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        (listener, port)
+    }
+
+    fn config(port: u16, timeout: Option<Duration>) -> tiberius::Config {
+        let mut config = tiberius::Config::from_ado_string(&format!(
+            "server=tcp:127.0.0.1,{port};user=sa;password=x;TrustServerCertificate=true"
+        ))
+        .unwrap();
+        config.handshake_timeout(timeout);
+        config
+    }
+
+    #[tokio::test]
+    async fn a_stalled_login_ends_at_the_handshake_timeout_with_one_line() {
+        let (_listener, port) = silent_listener();
+        let started = std::time::Instant::now();
+        let error = connect_with(config(port, Some(Duration::from_millis(300))))
+            .await
+            .unwrap_err();
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let message = error.to_string();
+        assert!(matches!(error, Error::Connection(_)), "{error:?}");
+        assert!(message.contains(&format!("127.0.0.1:{port}")), "{message}");
+        assert!(message.contains("within 300ms"), "{message}");
+        assert!(
+            !message.contains('\n') && !message.contains("Config::"),
+            "{message}"
+        );
     }
 }

@@ -19,6 +19,21 @@
 //! This crate is a thin client: the procedures own the logic; it calls them, decodes rows
 //! and keeps the ULID allocator's reference model ([`allocator`]) for tests.
 
+/// Builder-style setters for the public fields of the option structs, each
+/// `fn field(mut self, value) -> Self` with its own documentation: the structs are
+/// `#[non_exhaustive]`, so users build them from `Default` with these.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $field(mut self, $field: $ty) -> Self {
+                self.$field = $field;
+                self
+            }
+        )*
+    };
+}
+
 pub mod allocator;
 pub mod connection;
 pub mod cursor;
@@ -42,6 +57,36 @@ pub use feed::{Feed, TableName};
 pub use pool::{Pool, PooledClient, Transaction};
 pub use reader::{FeedEvent, FeedReader, FeedReaderOptions, read_events};
 pub use reader::{FeedRow, Page, ReadOptions, read_page};
+
+/// The option structs are `#[non_exhaustive]`: outside the crate no struct expression
+/// builds them, so a field added later breaks no one; they are built from `Default` with
+/// setters. Each of these must fail to compile:
+///
+/// ```compile_fail,E0639
+/// let _ = changefeed::ReadOptions { ..changefeed::ReadOptions::default() };
+/// ```
+/// ```compile_fail,E0639
+/// use changefeed::FeedReaderOptions as O;
+/// let _ = O { ..O::default() };
+/// ```
+/// ```compile_fail,E0639
+/// use changefeed::reader::ReadRetryPolicy as O;
+/// let _ = O { ..O::default() };
+/// ```
+/// ```compile_fail,E0639
+/// use changefeed::reader::IdleBackoff as O;
+/// let _ = O { ..O::default() };
+/// ```
+/// ```compile_fail,E0639
+/// use changefeed::relay::RelayConfig as O;
+/// let _ = O { ..O::default() };
+/// ```
+/// ```compile_fail,E0639
+/// use changefeed::relay::RetryPolicy as O;
+/// let _ = O { ..O::default() };
+/// ```
+#[cfg(doctest)]
+pub struct OptionStructsAreNonExhaustive;
 
 /// README.md's Rust examples, compiled as doctests so the README cannot drift from the API.
 #[cfg(doctest)]

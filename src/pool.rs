@@ -297,6 +297,14 @@ impl ConnectionManager {
         self
     }
 
+    /// Sets how long opening a new connection may take: the TCP connect and the login
+    /// handshake, each (tiberius' handshake timeout, 15 s unless set; `None`: as long as the
+    /// network takes). See [`connect_with`].
+    pub fn connect_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.config.handshake_timeout(timeout);
+        self
+    }
+
     /// The configuration new connections are opened with.
     pub fn config(&self) -> &tiberius::Config {
         &self.config
@@ -523,6 +531,13 @@ mod tests {
         assert_eq!(
             manager.command_timeout(None).config().get_command_timeout(),
             None
+        );
+        let manager = ConnectionManager::from_ado(ado)
+            .unwrap()
+            .connect_timeout(Some(Duration::from_secs(40)));
+        assert_eq!(
+            manager.config().get_handshake_timeout(),
+            Some(Duration::from_secs(40))
         );
     }
 

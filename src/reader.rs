@@ -10,7 +10,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use rand::Rng;
+use rand::{Rng, RngExt};
 use tiberius::Row;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -29,8 +29,28 @@ pub const MAX_PAGE_SIZE: u32 = 10_000;
 /// The longest long-poll `read_feed` accepts (`@wait_ms` up to 3 600 000).
 pub const MAX_WAIT: Duration = Duration::from_secs(3600);
 
+/// How long `read_feed` may wait for its shard's lock after its long-poll
+/// (`sp_getapplock @LockTimeout = 10000` in both modes' procedures).
+pub const SHARD_LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// The least `timeout_margin` of [`FeedReaderOptions`]: the shard-lock wait plus 2 s for the
+/// network and the work `read_feed` does after it, so a call that is only waiting for its
+/// lock is never taken for a dead connection.
+pub const MIN_TIMEOUT_MARGIN: Duration = Duration::from_secs(12);
+
 /// What to ask `read_feed` for.
+///
+/// Built from [`Default`] with setters, so that a field added later is not a breaking
+/// change:
+///
+/// ```
+/// use changefeed::ReadOptions;
+///
+/// let options = ReadOptions::default().page_size(500).wait_ms(2_000);
+/// assert_eq!((options.page_size, options.wait_ms), (500, 2_000));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReadOptions {
     /// Rows per page, 1..=[`MAX_PAGE_SIZE`].
     pub page_size: u32,
@@ -45,6 +65,16 @@ impl Default for ReadOptions {
             page_size: 1000,
             wait_ms: 0,
         }
+    }
+}
+
+impl ReadOptions {
+    setters! {
+        /// Sets `page_size`, rows per page (1..=[`MAX_PAGE_SIZE`]).
+        page_size: u32;
+        /// Sets `wait_ms`, the server long-poll in milliseconds (0: answer at
+        /// once).
+        wait_ms: u32;
     }
 }
 
@@ -184,6 +214,12 @@ pub async fn read_items<T: FeedItem>(
     cursor: Cursor,
     options: ReadOptions,
 ) -> Result<Page<T>> {
+    read_items_within(client, feed, shard, cursor, options, None).await
+}
+
+/// The `read_feed` call of [`read_items`]: parameters `@P1` shard, `@P2` cursor, `@P3` page
+/// size, `@P4` wait in milliseconds.
+fn read_feed_sql<T: FeedItem>(feed: &Feed) -> String {
     // The procedure name comes from a validated Feed (no ']' or quote can occur in it);
     // every value is a parameter (`@with_event = 1` is a constant of this code). It always
     // asks for a result set: a #read left in a pooled session must not swallow the page.
@@ -195,21 +231,13 @@ pub async fn read_items<T: FeedItem>(
     if T::WITH_EVENT {
         sql.push_str(", @with_event = 1");
     }
-    let cursor_bytes = cursor.to_bytes();
-    let stream = client
-        .query(
-            sql,
-            &[
-                &shard,
-                &&cursor_bytes[..],
-                &(options.page_size as i32),
-                &(options.wait_ms as i32),
-            ],
-        )
-        .await?;
-    let rows = stream.into_first_result().await?;
+    sql
+}
+
+/// Decodes the rows of one `read_feed` result into a page after `cursor`.
+fn decode_page<T: FeedItem>(rows: &[Row], cursor: Cursor, page_size: u32) -> Result<Page<T>> {
     let mut decoded = Vec::with_capacity(rows.len());
-    for row in &rows {
+    for row in rows {
         let ulid = Ulid::column(row, 0)?;
         decoded.push(T::from_feed_row(ulid, row).map_err(|e| e.at_row(ulid))?);
     }
@@ -219,8 +247,101 @@ pub async fn read_items<T: FeedItem>(
     Ok(Page {
         rows: decoded,
         next_cursor,
-        page_size: options.page_size,
+        page_size,
     })
+}
+
+/// The two bounds on a `read_feed` call whose connection may die silently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallBounds {
+    /// The longest wait for the first answer (the result's column description, which
+    /// `read_feed` sends once its page is ready): the long-poll plus the margin.
+    pub first: Duration,
+    /// The longest silence between two later parts of the answer: the margin.
+    pub idle: Duration,
+}
+
+/// Which bound of [`CallBounds`] a call overran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Overrun {
+    /// No first answer within [`CallBounds::first`].
+    FirstAnswer(Duration),
+    /// The answer stopped for [`CallBounds::idle`] half-way through the page.
+    MidPage(Duration),
+}
+
+impl Overrun {
+    /// The transient error of a call of `feed`'s shard `shard` that overran.
+    fn into_error(self, feed: &Feed, shard: i32) -> Error {
+        let what = match self {
+            Overrun::FirstAnswer(bound) => {
+                format!("did not answer within {bound:?} (the long-poll plus the margin)")
+            }
+            Overrun::MidPage(bound) => {
+                format!("stopped sending its page: nothing came for {bound:?}")
+            }
+        };
+        Error::Connection(format!(
+            "read_feed of {feed} shard {shard} {what}: the connection is presumed dead and \
+             was dropped"
+        ))
+    }
+}
+
+/// Collects the rows of the first result set of `items` (a tiberius `QueryStream`), each
+/// part of it within `idle` of the one before: however long the whole page takes, only a
+/// silence longer than `idle` fails it.
+pub async fn collect_first_result<S>(
+    items: S,
+    idle: Duration,
+) -> std::result::Result<Result<Vec<Row>>, Overrun>
+where
+    S: Stream<Item = tiberius::Result<tiberius::QueryItem>>,
+{
+    let mut items = std::pin::pin!(items);
+    let mut rows = Vec::new();
+    loop {
+        match tokio::time::timeout(idle, items.next()).await {
+            Err(_elapsed) => return Err(Overrun::MidPage(idle)),
+            Ok(None) => return Ok(Ok(rows)),
+            Ok(Some(Err(error))) => return Ok(Err(error.into())),
+            Ok(Some(Ok(tiberius::QueryItem::Row(row)))) if row.result_index() == 0 => {
+                rows.push(row);
+            }
+            Ok(Some(Ok(_))) => {}
+        }
+    }
+}
+
+/// [`read_items`], and with `bounds` under [`CallBounds`] rather than one bound on the whole
+/// call, for a connection that may die without a word.
+async fn read_items_within<T: FeedItem>(
+    client: &mut Client,
+    feed: &Feed,
+    shard: i32,
+    cursor: Cursor,
+    options: ReadOptions,
+    bounds: Option<CallBounds>,
+) -> Result<Page<T>> {
+    let cursor_bytes = cursor.to_bytes();
+    let (page_size, wait_ms) = (options.page_size as i32, options.wait_ms as i32);
+    let params: [&dyn tiberius::ToSql; 4] = [&shard, &&cursor_bytes[..], &page_size, &wait_ms];
+    let query = client.query(read_feed_sql::<T>(feed), &params);
+    let rows = match bounds {
+        None => query.await?.into_first_result().await?,
+        Some(bounds) => {
+            let stream = match tokio::time::timeout(bounds.first, query).await {
+                Err(_elapsed) => {
+                    return Err(Overrun::FirstAnswer(bounds.first).into_error(feed, shard));
+                }
+                Ok(stream) => stream?,
+            };
+            collect_first_result(stream, bounds.idle)
+                .await
+                .map_err(|overrun| overrun.into_error(feed, shard))??
+        }
+    };
+    decode_page(&rows, cursor, options.page_size)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -236,14 +357,25 @@ pub enum Wait {
     /// not wait), the stream falls back to the client back-off for that pause.
     LongPoll(Duration),
     /// Client back-off: reads never wait on the server; after a page that is not full the
-    /// stream sleeps [`IdleBackoff::min`], doubling after each empty page up to
-    /// [`IdleBackoff::max`].
+    /// stream sleeps the [`IdleBackoff`]'s `min`, doubling after each empty page up to its
+    /// `max`.
     ClientBackoff,
 }
 
 /// The client-side sleep between polls of a caught-up stream: `min`, doubling after every
 /// consecutive empty page, capped at `max`; a page with rows resets it.
+///
+/// ```
+/// use std::time::Duration;
+/// use changefeed::reader::IdleBackoff;
+///
+/// let backoff = IdleBackoff::default()
+///     .min(Duration::from_millis(50))
+///     .max(Duration::from_secs(2));
+/// assert_eq!(backoff.delay(3), Duration::from_millis(400));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct IdleBackoff {
     /// The first sleep. Default 100 ms; at least 1 ms.
     pub min: Duration,
@@ -261,6 +393,13 @@ impl Default for IdleBackoff {
 }
 
 impl IdleBackoff {
+    setters! {
+        /// Sets `min`, the first sleep (at least 1 ms).
+        min: Duration;
+        /// Sets `max`, the longest sleep (at least `min`).
+        max: Duration;
+    }
+
     /// The sleep after `streak` consecutive empty polls before this one (0 for the first):
     /// `min × 2^streak`, at most `max`.
     pub fn delay(&self, streak: u32) -> Duration {
@@ -279,7 +418,18 @@ fn exponential(initial: Duration, cap: Duration, doublings: u32) -> Duration {
 /// Retry `n` (1 for the first after a failure) sleeps a delay drawn uniformly from
 /// `[0, min(max, initial × 2^(n−1))]`. After `max_retries` consecutive failed retries the
 /// stream yields the error and ends; a successful read resets the count.
+///
+/// ```
+/// use std::time::Duration;
+/// use changefeed::reader::ReadRetryPolicy;
+///
+/// let retry = ReadRetryPolicy::default()
+///     .initial(Duration::from_millis(50))
+///     .max_retries(None); // retry forever
+/// assert_eq!(retry.ceiling(3), Duration::from_millis(200));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReadRetryPolicy {
     /// The upper end of the first delay. Default 100 ms; at least 1 ms.
     pub initial: Duration,
@@ -302,6 +452,15 @@ impl Default for ReadRetryPolicy {
 }
 
 impl ReadRetryPolicy {
+    setters! {
+        /// Sets `initial`, the upper end of the first delay (at least 1 ms).
+        initial: Duration;
+        /// Sets `max`, the cap on every delay (at least `initial`).
+        max: Duration;
+        /// Sets `max_retries`; `None` retries forever.
+        max_retries: Option<u32>;
+    }
+
     /// The upper end of retry `retry`'s delay (1-based): `min(max, initial × 2^(retry−1))`.
     pub fn ceiling(&self, retry: u32) -> Duration {
         exponential(self.initial, self.max, retry.saturating_sub(1))
@@ -324,8 +483,21 @@ impl ReadRetryPolicy {
     }
 }
 
-/// The settings of a [`FeedReader`] and of [`page_stream`].
+/// The settings of a [`FeedReader`] and of [`page_stream`]: [`Default`], then setters.
+///
+/// ```
+/// use std::time::Duration;
+/// use changefeed::reader::{FeedReaderOptions, ReadRetryPolicy, Wait};
+///
+/// let options = FeedReaderOptions::default()
+///     .page_size(500)
+///     .wait(Wait::LongPoll(Duration::from_secs(20)))
+///     .retry(ReadRetryPolicy::default().max_retries(Some(5)));
+/// options.validate()?;
+/// # Ok::<(), changefeed::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct FeedReaderOptions {
     /// Rows per page, 1..=[`MAX_PAGE_SIZE`]. Default 1000.
     pub page_size: u32,
@@ -335,11 +507,14 @@ pub struct FeedReaderOptions {
     pub idle_backoff: IdleBackoff,
     /// Retries of transient failures.
     pub retry: ReadRetryPolicy,
-    /// How much longer than the long-poll a `read_feed` call may take before the
-    /// connection is presumed dead: the call is then abandoned, the connection discarded,
-    /// and the read retried as a transient failure. It covers the network and the work
-    /// `read_feed` does after its wait (up to 10 s waiting for the shard's lock). Default
-    /// 15 s; at least 1 s.
+    /// How long a connection may stay silent before it is presumed dead: the first
+    /// answer of a `read_feed` call must come within the long-poll plus this margin, and
+    /// each later part of a page within this margin of the one before (a large
+    /// `@with_event` page that keeps arriving is never cut off). A silent connection is
+    /// abandoned and discarded, and the read retried as a transient failure. It covers the
+    /// network and the work `read_feed` does after its wait, including up to
+    /// [`SHARD_LOCK_WAIT`] for the shard's lock. Default 15 s; at least
+    /// [`MIN_TIMEOUT_MARGIN`] (12 s).
     pub timeout_margin: Duration,
 }
 
@@ -356,6 +531,19 @@ impl Default for FeedReaderOptions {
 }
 
 impl FeedReaderOptions {
+    setters! {
+        /// Sets `page_size`, rows per page (1..=[`MAX_PAGE_SIZE`]).
+        page_size: u32;
+        /// Sets `wait`, how a caught-up stream waits.
+        wait: Wait;
+        /// Sets `idle_backoff`, the client back-off.
+        idle_backoff: IdleBackoff;
+        /// Sets `retry`, the retries of transient failures.
+        retry: ReadRetryPolicy;
+        /// Sets `timeout_margin` (at least [`MIN_TIMEOUT_MARGIN`]).
+        timeout_margin: Duration;
+    }
+
     /// Checks the options; the error names the field and the allowed range.
     pub fn validate(&self) -> Result<()> {
         let bad = |message: String| Err(Error::Config(message));
@@ -388,9 +576,11 @@ impl FeedReaderOptions {
                 self.retry
             ));
         }
-        if self.timeout_margin < Duration::from_secs(1) {
+        if self.timeout_margin < MIN_TIMEOUT_MARGIN {
             return bad(format!(
-                "timeout_margin is {:?}; it must be at least 1 s",
+                "timeout_margin is {:?}; it must be at least {MIN_TIMEOUT_MARGIN:?}, or a \
+                 read_feed call waiting up to {SHARD_LOCK_WAIT:?} for its shard's lock would \
+                 be taken for a dead connection",
                 self.timeout_margin
             ));
         }
@@ -424,7 +614,7 @@ pub trait PageSource: Send + 'static {
 /// The stream of pages of `shard` from `cursor` on, read from `source`.
 ///
 /// * Full pages come back to back; a page that is not full means the stream is caught up,
-///   and it waits as [`FeedReaderOptions::wait`] says before the next read. It never polls
+///   and it waits as the options' `wait` says before the next read. It never polls
 ///   in a loop: after an empty page it either had the server wait (long-poll) or sleeps
 ///   the [`IdleBackoff`]. Empty pages are not yielded.
 /// * A transient error ([`Error::is_transient`]) calls [`PageSource::reset`] and retries
@@ -606,35 +796,24 @@ impl<T: FeedItem + Send + 'static> PoolSource<T> {
             unreachable!("the connection was just set");
         };
         let wait = effective_wait(wait, conn.command_timeout(), self.margin);
-        let bound = wait + self.margin;
+        let bounds = CallBounds {
+            first: wait + self.margin,
+            idle: self.margin,
+        };
         let options = ReadOptions {
             page_size: self.page_size,
             wait_ms: wait.as_millis().min(MAX_WAIT.as_millis()) as u32,
         };
         // Broken until the call completes: dropped half-way, it stays marked.
         conn.set_broken(true);
-        let outcome = tokio::time::timeout(
-            bound,
-            read_items::<T>(conn, &self.feed, shard, cursor, options),
-        )
-        .await;
-        match outcome {
-            Ok(Ok(page)) => {
+        match read_items_within::<T>(conn, &self.feed, shard, cursor, options, Some(bounds)).await {
+            Ok(page) => {
                 conn.set_broken(false);
                 Ok((page, wait))
             }
-            Ok(Err(error)) => {
+            Err(error) => {
                 self.discard();
                 Err(error)
-            }
-            Err(_elapsed) => {
-                self.discard();
-                Err(Error::Connection(format!(
-                    "read_feed of {} shard {shard} did not answer within {bound:?} (a \
-                     long-poll of {wait:?} plus the margin): the connection is presumed dead \
-                     and was dropped",
-                    self.feed
-                )))
             }
         }
     }
@@ -712,10 +891,7 @@ impl<T: FeedItem + Send + 'static> PageSource for PoolSource<T> {
 ///
 /// let pool = changefeed::pool::pool(&std::env::var("CHANGEFEED_URL").unwrap(), 8).await?;
 /// let feed: Feed = "myservice.MyEvent".parse()?;
-/// let reader = FeedReader::with_options(pool, feed, FeedReaderOptions {
-///     page_size: 500,
-///     ..FeedReaderOptions::default()
-/// })?;
+/// let reader = FeedReader::with_options(pool, feed, FeedReaderOptions::default().page_size(500))?;
 ///
 /// // Keys (the event table's primary key, here a bigint), from the beginning, forever.
 /// let mut pages = std::pin::pin!(reader.stream::<i64>(0, Cursor::START));
@@ -734,12 +910,14 @@ impl<T: FeedItem + Send + 'static> PageSource for PoolSource<T> {
 /// tiberius 0.13 bounds each server round-trip by its `command_timeout`, 30 s by default,
 /// and `read_feed` sends nothing while it long-polls. The reader therefore never asks the
 /// server to wait longer than the connection's command timeout minus
-/// [`FeedReaderOptions::timeout_margin`] (see [`effective_wait`]; with the defaults, a 10 s
+/// the `timeout_margin` of [`FeedReaderOptions`] (see [`effective_wait`]; with the defaults, a 10 s
 /// long-poll and a 15 s margin fit in 30 s untouched; a longer wait is served as shorter
-/// long-polls, which the consumer cannot tell apart). It also bounds each call itself by
-/// the long-poll plus the margin with `tokio::time::timeout` — which also covers
-/// connections opened with no command timeout — and treats a call that overruns it as a
-/// dead connection: dropped, and the read retried on a fresh one.
+/// long-polls, which the consumer cannot tell apart). It also bounds each call itself with
+/// `tokio::time::timeout` — which also covers connections opened with no command timeout:
+/// the first answer must come within the long-poll plus the margin, and every later part
+/// of the page within the margin of the one before ([`CallBounds`]), so a large
+/// `@with_event` page that is still arriving is never cut off. A call that overruns a
+/// bound is taken for a dead connection: dropped, and the read retried on a fresh one.
 ///
 /// # Connections
 ///
@@ -811,27 +989,17 @@ impl FeedReader {
 
     async fn read_once<T: FeedItem>(&self, shard: i32, cursor: Cursor) -> Result<Page<T>> {
         let mut conn = self.pool.get().await?;
-        let options = ReadOptions {
-            page_size: self.options.page_size,
-            wait_ms: 0,
+        let options = ReadOptions::default().page_size(self.options.page_size);
+        let bounds = CallBounds {
+            first: self.options.timeout_margin,
+            idle: self.options.timeout_margin,
         };
         conn.set_broken(true);
-        let outcome = tokio::time::timeout(
-            self.options.timeout_margin,
-            read_items::<T>(&mut conn, &self.feed, shard, cursor, options),
-        )
-        .await;
-        match outcome {
-            Ok(Ok(page)) => {
-                conn.set_broken(false);
-                Ok(page)
-            }
-            Ok(Err(error)) => Err(error),
-            Err(_elapsed) => Err(Error::Connection(format!(
-                "read_feed of {} shard {shard} did not answer within {:?}",
-                self.feed, self.options.timeout_margin
-            ))),
-        }
+        let page =
+            read_items_within::<T>(&mut conn, &self.feed, shard, cursor, options, Some(bounds))
+                .await?;
+        conn.set_broken(false);
+        Ok(page)
     }
 
     /// A [`PageSource`] over this reader's pool, for [`page_stream`].
@@ -869,10 +1037,13 @@ impl FeedReader {
     /// The streams of keys of several shards, each from its own cursor, merged (see
     /// [`merge_shards`]): `(0..n).map(|shard| (shard, Cursor::START))` follows shards
     /// `0..n`. Each shard holds one pooled connection.
+    ///
+    /// `cursors` is consumed before this returns, so the stream is `Send + 'static`
+    /// whatever it borrowed (`shards.iter().copied()` is fine) and can be `tokio::spawn`ed.
     pub fn stream_shards<K, I>(
         &self,
         cursors: I,
-    ) -> impl Stream<Item = (i32, Result<Page<FeedRow<K>>>)> + Send + use<K, I>
+    ) -> impl Stream<Item = (i32, Result<Page<FeedRow<K>>>)> + Send + 'static + use<K, I>
     where
         K: FromRow + Send + 'static,
         I: IntoIterator<Item = (i32, Cursor)>,
@@ -884,11 +1055,12 @@ impl FeedReader {
         merge_shards(streams)
     }
 
-    /// The streams of whole events of several shards, merged (see [`merge_shards`]).
+    /// The streams of whole events of several shards, merged (see [`merge_shards`]); like
+    /// [`stream_shards`](Self::stream_shards), `Send + 'static` whatever `cursors` borrowed.
     pub fn event_stream_shards<E, I>(
         &self,
         cursors: I,
-    ) -> impl Stream<Item = (i32, Result<Page<FeedEvent<E>>>)> + Send + use<E, I>
+    ) -> impl Stream<Item = (i32, Result<Page<FeedEvent<E>>>)> + Send + 'static + use<E, I>
     where
         E: FromRow + Send + 'static,
         I: IntoIterator<Item = (i32, Cursor)>,
@@ -1016,6 +1188,159 @@ mod tests {
         let items: Vec<_> = stream.collect().await;
         assert_eq!(items.len(), 1, "one error, then the end");
         assert!(matches!(&items[0], Err(Error::Connection(_))), "{items:?}");
+    }
+
+    /// A pool whose every check-out fails after `timeout` (nothing listens on port 1).
+    async fn unreachable_pool(timeout: Duration) -> Pool {
+        let manager = crate::pool::ConnectionManager::from_ado(
+            "server=tcp:127.0.0.1,1;user=sa;password=x;TrustServerCertificate=true",
+        )
+        .unwrap();
+        Pool::from_builder(
+            Pool::builder().max_size(2).connection_timeout(timeout),
+            manager,
+        )
+    }
+
+    /// The streams of several shards own everything they use: a borrowing iterator of
+    /// cursors (dropped before the streams run) still gives streams that can be spawned.
+    #[tokio::test]
+    async fn shard_streams_of_a_borrowing_iterator_can_be_spawned() {
+        let options = FeedReaderOptions::default().retry(
+            ReadRetryPolicy::default()
+                .initial(Duration::from_millis(1))
+                .max(Duration::from_millis(5))
+                .max_retries(Some(0)),
+        );
+        let pool = unreachable_pool(Duration::from_millis(200)).await;
+        let reader = FeedReader::with_options(pool, "app.Event".parse().unwrap(), options).unwrap();
+        let cursors = vec![(0, Cursor::START), (3, Cursor::START)];
+        let keys = reader.stream_shards::<i64, _>(cursors.iter().copied());
+        let events = reader.event_stream_shards::<(i64, String), _>(cursors.iter().copied());
+        drop(cursors);
+        drop(reader);
+        assert_send_static(&keys);
+        assert_send_static(&events);
+        let keys = tokio::spawn(keys.collect::<Vec<_>>());
+        let events = tokio::spawn(events.collect::<Vec<_>>());
+        for items in [
+            keys.await
+                .unwrap()
+                .into_iter()
+                .map(|(s, p)| (s, p.map(|_| ())))
+                .collect::<Vec<_>>(),
+            events
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|(s, p)| (s, p.map(|_| ())))
+                .collect(),
+        ] {
+            let mut shards: Vec<i32> = items.iter().map(|(shard, _)| *shard).collect();
+            shards.sort();
+            assert_eq!(
+                shards,
+                [0, 3],
+                "one error per shard, then the end: {items:?}"
+            );
+            assert!(
+                items
+                    .iter()
+                    .all(|(_, page)| page.as_ref().is_err_and(Error::is_transient))
+            );
+        }
+    }
+
+    #[test]
+    fn the_timeout_margin_covers_the_shard_lock_wait() {
+        const { assert!(MIN_TIMEOUT_MARGIN.as_millis() > SHARD_LOCK_WAIT.as_millis()) };
+        assert!(FeedReaderOptions::default().timeout_margin >= MIN_TIMEOUT_MARGIN);
+        FeedReaderOptions::default()
+            .timeout_margin(MIN_TIMEOUT_MARGIN)
+            .validate()
+            .unwrap();
+        for short in [
+            Duration::from_secs(1),
+            SHARD_LOCK_WAIT,
+            MIN_TIMEOUT_MARGIN / 2,
+        ] {
+            let error = FeedReaderOptions::default()
+                .timeout_margin(short)
+                .validate()
+                .unwrap_err();
+            let message = error.to_string();
+            assert!(
+                message.contains("timeout_margin") && message.contains("lock"),
+                "{message}"
+            );
+        }
+    }
+
+    fn key_row(key: i64, result_index: usize) -> tiberius::QueryItem {
+        tiberius::QueryItem::Row(
+            tiberius::Row::builder()
+                .column("ulid", T::BigBinary, D::Binary(Some(vec![0u8; 16].into())))
+                .column("id", T::Int8, D::I64(Some(key)))
+                .result_index(result_index)
+                .build(),
+        )
+    }
+
+    /// Rows arriving `gaps` apart (virtual time), one per gap.
+    fn arriving(gaps: Vec<Duration>) -> impl Stream<Item = tiberius::Result<tiberius::QueryItem>> {
+        futures::stream::iter(gaps.into_iter().enumerate()).then(|(key, gap)| async move {
+            tokio::time::sleep(gap).await;
+            Ok(key_row(key as i64, 0))
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_large_page_that_keeps_arriving_is_not_cut_off() {
+        let idle = Duration::from_secs(15);
+        // 40 rows 5 s apart: 200 s in all, far past the margin, but never silent for 15 s.
+        let started = Instant::now();
+        let rows = collect_first_result(arriving(vec![Duration::from_secs(5); 40]), idle)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(rows.len(), 40);
+        assert!(started.elapsed() >= Duration::from_secs(200));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_page_that_stops_arriving_is_an_overrun() {
+        let idle = Duration::from_secs(15);
+        let mut gaps = vec![Duration::from_secs(1); 5];
+        gaps.push(Duration::from_secs(16));
+        let outcome = collect_first_result(arriving(gaps), idle).await;
+        assert_eq!(outcome.unwrap_err(), Overrun::MidPage(idle));
+        let feed: Feed = "app.Event".parse().unwrap();
+        let error = Overrun::MidPage(idle).into_error(&feed, 2);
+        assert!(error.is_transient(), "{error}");
+        assert!(error.to_string().contains("app.Event shard 2"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn only_the_first_result_is_collected_and_errors_pass_through() {
+        let items =
+            futures::stream::iter([Ok(key_row(1, 0)), Ok(key_row(2, 1)), Ok(key_row(3, 0))]);
+        let rows = collect_first_result(items, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .unwrap();
+        let keys: Vec<i64> = rows
+            .iter()
+            .map(|row| i64::column(row, 1).unwrap())
+            .collect();
+        assert_eq!(keys, [1, 3]);
+        let failing = futures::stream::iter([
+            Ok(key_row(1, 0)),
+            Err(tiberius::error::Error::Protocol("torn".into())),
+        ]);
+        let outcome = collect_first_result(failing, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(outcome.is_err());
     }
 
     #[test]

@@ -722,11 +722,9 @@ mod fake {
 }
 
 fn relay_config() -> changefeed::relay::RelayConfig {
-    changefeed::relay::RelayConfig {
-        batch_size: 100,
-        poll_interval: Duration::from_millis(5),
-        ..changefeed::relay::RelayConfig::default()
-    }
+    changefeed::relay::RelayConfig::default()
+        .batch_size(100)
+        .poll_interval(Duration::from_millis(5))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -211,13 +211,19 @@ fn bad_durations_are_refused_before_connecting() {
     }
 }
 
+/// A listener whose connections the kernel accepts and nobody answers: its port and URL.
+fn silent_server() -> (std::net::TcpListener, u16, String) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let url = format!("server=tcp:127.0.0.1,{port};user=sa;password=x;TrustServerCertificate=true");
+    (listener, port, url)
+}
+
 /// A listener that accepts TCP connections and never answers: the tool must give up after
 /// `--connect-timeout` with one line, not hang.
 #[test]
 fn a_server_that_never_answers_times_out_with_one_line() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let url = format!("server=tcp:127.0.0.1,{port};user=sa;password=x;TrustServerCertificate=true");
+    let (listener, port, url) = silent_server();
     let started = Instant::now();
     let output = changefeed(&["status", "--url", &url, "--connect-timeout", "500ms"]);
     let elapsed = started.elapsed();
@@ -249,4 +255,60 @@ fn a_peer_that_hangs_up_is_one_line_naming_the_address() {
     );
     assert_eq!(output.status.code(), Some(2));
     closer.join().unwrap();
+}
+
+/// A usage error is one line (clap's explanation without its usage block) naming what to
+/// read, and a negative count says so.
+#[test]
+fn usage_errors_and_bad_counts_are_one_line() {
+    assert_refused(
+        &["tail", "app.Event", "--bogus"],
+        "unexpected argument '--bogus' found; see changefeed tail --help",
+    );
+    assert_refused(&["purge", "app.Event"], "--older-than");
+    assert_refused(&["frobnicate"], "unrecognized subcommand 'frobnicate'");
+    for args in [
+        &[
+            "purge",
+            "app.Event",
+            "--older-than",
+            "30d",
+            "--max-rows",
+            "-5",
+        ][..],
+        &[
+            "purge-outbox",
+            "dbo.outbox",
+            "--older-than",
+            "7d",
+            "--max-rows",
+            "-5",
+        ],
+        &["tail", "app.Event", "--page-size", "-5"],
+    ] {
+        assert_refused(args, "invalid value \"-5\"");
+        assert_refused(args, "cannot be negative; give a whole number from 1 to");
+    }
+}
+
+/// `--connect-timeout` above tiberius' own 15 s handshake bound is honoured: a server that
+/// accepts the connection and never answers is waited for the whole 16 s, then named in
+/// one line that says which setting to raise. (Takes 16 s.)
+#[test]
+fn a_connect_timeout_above_fifteen_seconds_is_honoured() {
+    let (listener, port, url) = silent_server();
+    let started = Instant::now();
+    let output = changefeed(&["status", "--url", &url, "--connect-timeout", "16s"]);
+    let elapsed = started.elapsed();
+    let line = assert_one_error_line(&output);
+    assert!(
+        elapsed >= Duration::from_secs(16),
+        "gave up after {elapsed:?}: {line}"
+    );
+    assert!(line.contains(&format!("127.0.0.1:{port}")), "{line}");
+    assert!(line.contains("within 16s"), "{line}");
+    assert!(line.contains("--connect-timeout"), "{line}");
+    assert!(!line.contains("Config::"), "{line}");
+    assert_eq!(output.status.code(), Some(2));
+    drop(listener);
 }

@@ -64,10 +64,7 @@ async fn write_serialized(client: &mut Client, feed: &Feed, id: i64) {
 }
 
 fn options() -> ReadOptions {
-    ReadOptions {
-        page_size: 100,
-        wait_ms: 0,
-    }
+    ReadOptions::default().page_size(100).wait_ms(0)
 }
 
 /// Every row of shard 0, through the client library (which passes 16-byte cursors).

@@ -128,10 +128,7 @@ async fn slow_writer_scenario(db: &TestDb) {
     const SHARD: i32 = 1;
     const HOLD: Duration = Duration::from_secs(5);
     const LATENCY: Duration = Duration::from_secs(1);
-    let options = ReadOptions {
-        page_size: 100,
-        wait_ms: 0,
-    };
+    let options = ReadOptions::default().page_size(100).wait_ms(0);
     let mut admin = db.client().await;
     let feed = create_feed(
         &mut admin,
@@ -272,10 +269,7 @@ async fn abandoned_writer_never_blocks_readers_and_leaves_no_trace() {
 
 async fn abandoned_writer_scenario(db: &TestDb) {
     const SHARD: i32 = 0;
-    let options = ReadOptions {
-        page_size: 100,
-        wait_ms: 0,
-    };
+    let options = ReadOptions::default().page_size(100).wait_ms(0);
     let mut admin = db.client().await;
     let feed = create_feed(
         &mut admin,
@@ -426,10 +420,7 @@ async fn readers_racing_at_the_head_both_return_the_rows() {
 async fn head_race_scenario(db: &TestDb) {
     const ROUNDS: i32 = 20;
     const EVENTS: i32 = 200;
-    let options = ReadOptions {
-        page_size: 1000,
-        wait_ms: 0,
-    };
+    let options = ReadOptions::default().page_size(1000).wait_ms(0);
     let mut admin = db.client().await;
     let feed = create_feed(
         &mut admin,

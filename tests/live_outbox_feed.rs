@@ -211,10 +211,7 @@ async fn write_events(client: &mut Client, feed: &Feed, shard: i32, ids: &[i32])
 }
 
 fn options(page_size: u32) -> ReadOptions {
-    ReadOptions {
-        page_size,
-        wait_ms: 0,
-    }
+    ReadOptions::default().page_size(page_size).wait_ms(0)
 }
 
 /// Reads pages until an empty one; returns every row and the cursor reached.
@@ -957,10 +954,7 @@ async fn long_poll(db: &TestDb) {
     let feed = feed("dbo.long_poll");
     create_feed(&mut reader, &feed).await;
 
-    let waiting = ReadOptions {
-        page_size: 10,
-        wait_ms: 5_000,
-    };
+    let waiting = ReadOptions::default().page_size(10).wait_ms(5_000);
     let started = Instant::now();
     let (page, ()) = tokio::join!(
         read_page::<i32>(&mut reader, &feed, 0, Cursor::START, waiting),
@@ -983,10 +977,7 @@ async fn long_poll(db: &TestDb) {
     );
 
     // Nothing written: an empty page after about wait_ms.
-    let idle = ReadOptions {
-        page_size: 10,
-        wait_ms: 1_000,
-    };
+    let idle = ReadOptions::default().page_size(10).wait_ms(1_000);
     let started = Instant::now();
     let empty = read_page::<i32>(&mut reader, &feed, 0, page.next_cursor, idle)
         .await

@@ -59,11 +59,9 @@ async fn three_consumers_scenario(db: &TestDb) {
     let reader = FeedReader::with_options(
         pool,
         feed.clone(),
-        FeedReaderOptions {
-            page_size: 17,
-            wait: Wait::LongPoll(Duration::from_millis(500)),
-            ..FeedReaderOptions::default()
-        },
+        FeedReaderOptions::default()
+            .page_size(17)
+            .wait(Wait::LongPoll(Duration::from_millis(500))),
     )
     .expect("valid options");
 
@@ -160,11 +158,9 @@ async fn replay_at_scenario(db: &TestDb) {
     let reader = FeedReader::with_options(
         pool,
         feed.clone(),
-        FeedReaderOptions {
-            page_size: 100,
-            wait: Wait::LongPoll(Duration::from_millis(500)),
-            ..FeedReaderOptions::default()
-        },
+        FeedReaderOptions::default()
+            .page_size(100)
+            .wait(Wait::LongPoll(Duration::from_millis(500))),
     )
     .expect("valid options");
     let mut writer = db.client().await;
@@ -256,10 +252,7 @@ async fn cursor_transaction_scenario(db: &TestDb) {
     let reader = FeedReader::with_options(
         pool,
         feed.clone(),
-        FeedReaderOptions {
-            page_size: 4,
-            ..FeedReaderOptions::default()
-        },
+        FeedReaderOptions::default().page_size(4),
     )
     .expect("valid options");
     let mut writer = db.client().await;
@@ -397,16 +390,15 @@ async fn kill_scenario(db: &TestDb) {
     let reader = FeedReader::with_options(
         pool,
         feed.clone(),
-        FeedReaderOptions {
-            page_size: 10,
-            wait: Wait::LongPoll(Duration::from_millis(500)),
-            retry: ReadRetryPolicy {
-                initial: Duration::from_millis(5),
-                max: Duration::from_millis(200),
-                max_retries: Some(100),
-            },
-            ..FeedReaderOptions::default()
-        },
+        FeedReaderOptions::default()
+            .page_size(10)
+            .wait(Wait::LongPoll(Duration::from_millis(500)))
+            .retry(
+                ReadRetryPolicy::default()
+                    .initial(Duration::from_millis(5))
+                    .max(Duration::from_millis(200))
+                    .max_retries(Some(100)),
+            ),
     )
     .expect("valid options");
 
@@ -657,11 +649,9 @@ async fn expired_stream_scenario(db: &TestDb) {
     let reader = FeedReader::with_options(
         pool,
         feed.clone(),
-        FeedReaderOptions {
-            page_size: 5,
-            wait: Wait::LongPoll(Duration::from_millis(500)),
-            ..FeedReaderOptions::default()
-        },
+        FeedReaderOptions::default()
+            .page_size(5)
+            .wait(Wait::LongPoll(Duration::from_millis(500))),
     )
     .expect("valid options");
     let mut writer = db.client().await;

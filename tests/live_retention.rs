@@ -940,10 +940,7 @@ async fn reader_for(db: &TestDb, feed: &Feed, page_size: u32) -> FeedReader {
     FeedReader::with_options(
         pool,
         feed.clone(),
-        FeedReaderOptions {
-            page_size,
-            ..FeedReaderOptions::default()
-        },
+        FeedReaderOptions::default().page_size(page_size),
     )
     .expect("valid options")
 }

@@ -2806,10 +2806,7 @@ fn sql_datetime(t: PrimitiveDateTime) -> String {
 }
 
 fn options(page_size: u32) -> ReadOptions {
-    ReadOptions {
-        page_size,
-        wait_ms: 0,
-    }
+    ReadOptions::default().page_size(page_size).wait_ms(0)
 }
 
 fn ulids_and_keys<K: Clone>(page: &Page<FeedRow<K>>) -> Vec<(Ulid, K)> {

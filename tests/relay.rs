@@ -586,18 +586,18 @@ fn ms(n: u64) -> Duration {
 
 /// Quick polling, exact (jitter-free) 10 ms × 2^n retries, 5 attempts.
 fn config() -> RelayConfig {
-    RelayConfig {
-        batch_size: 100,
-        poll_interval: ms(20),
-        claim_timeout: Duration::from_secs(10),
-        retry: RetryPolicy {
-            initial: ms(10),
-            max: Duration::from_secs(1),
-            multiplier: 2.0,
-            max_attempts: 5,
-            jitter: false,
-        },
-    }
+    RelayConfig::default()
+        .batch_size(100)
+        .poll_interval(ms(20))
+        .claim_timeout(Duration::from_secs(10))
+        .retry(
+            RetryPolicy::default()
+                .initial(ms(10))
+                .max(Duration::from_secs(1))
+                .multiplier(2.0)
+                .max_attempts(5)
+                .jitter(false),
+        )
 }
 
 struct Running {
@@ -813,10 +813,7 @@ async fn fatal_is_dead_and_stops_the_relay_after_acknowledging_its_batch() {
     let later = store.enqueue(None);
     publisher.script(fatal, [Err(PublishError::fatal("bad credentials"))]);
     publisher.script(retriable, [Err(PublishError::retriable("timeout"))]);
-    let config = RelayConfig {
-        batch_size: 3,
-        ..config()
-    };
+    let config = config().batch_size(3);
     let relay = start(&store, &publisher, &hooks, config);
 
     let error = relay
@@ -1095,10 +1092,7 @@ async fn a_hung_publisher_is_cut_off_at_the_claim_timeout() {
     let (store, publisher, hooks) = fakes();
     let id = store.enqueue(None);
     *publisher.slow_once.lock().unwrap() = Some(LONG);
-    let config = RelayConfig {
-        claim_timeout: ms(100),
-        ..config()
-    };
+    let config = config().claim_timeout(ms(100));
     let relay = start(&store, &publisher, &hooks, config);
     eventually("done", || store.status(id) == Status::Done).await;
     relay.stop().await.unwrap();
@@ -1227,10 +1221,7 @@ async fn a_lost_claim_is_reported() {
 #[tokio::test(start_paused = true)]
 async fn an_empty_claim_waits_the_poll_interval() {
     let (store, publisher, hooks) = fakes();
-    let config = RelayConfig {
-        poll_interval: ms(100),
-        ..config()
-    };
+    let config = config().poll_interval(ms(100));
     let relay = start(&store, &publisher, &hooks, config);
     sleep(ms(350)).await;
     relay.stop().await.unwrap();
@@ -1247,11 +1238,7 @@ async fn an_empty_claim_waits_the_poll_interval() {
 async fn a_full_batch_is_followed_by_an_immediate_claim() {
     let (store, publisher, hooks) = fakes();
     let ids: Vec<i64> = (0..5).map(|_| store.enqueue(None)).collect();
-    let config = RelayConfig {
-        batch_size: 2,
-        poll_interval: LONG,
-        ..config()
-    };
+    let config = config().batch_size(2).poll_interval(LONG);
     let relay = start(&store, &publisher, &hooks, config);
     eventually("all done without a poll wait", || {
         ids.iter().all(|id| store.status(*id) == Status::Done)
@@ -1264,10 +1251,7 @@ async fn a_full_batch_is_followed_by_an_immediate_claim() {
 #[tokio::test(start_paused = true)]
 async fn a_wake_ends_an_idle_wait() {
     let (store, publisher, hooks) = fakes();
-    let config = RelayConfig {
-        poll_interval: LONG,
-        ..config()
-    };
+    let config = config().poll_interval(LONG);
     let relay = start(&store, &publisher, &hooks, config);
     eventually("first claim", || !store.claim_times().is_empty()).await;
     let id = store.enqueue(None);
@@ -1315,10 +1299,7 @@ async fn a_wake_during_a_batch_is_not_lost() {
 async fn a_wake_during_a_claim_is_not_lost() {
     let (store, publisher, hooks) = fakes();
     let gate = store.gate_next_claim();
-    let config = RelayConfig {
-        poll_interval: LONG,
-        ..config()
-    };
+    let config = config().poll_interval(LONG);
     let relay = start(&store, &publisher, &hooks, config);
     // The claim has looked at the table (and found nothing) but not returned yet.
     timeout(PATIENCE, gate.started.notified()).await.unwrap();
@@ -1357,10 +1338,7 @@ async fn shutdown_drains_the_in_flight_batch() {
 #[tokio::test(start_paused = true)]
 async fn shutdown_while_idle_returns_promptly() {
     let (store, publisher, hooks) = fakes();
-    let config = RelayConfig {
-        poll_interval: LONG,
-        ..config()
-    };
+    let config = config().poll_interval(LONG);
     let relay = start(&store, &publisher, &hooks, config);
     eventually("idle", || !store.claim_times().is_empty()).await;
     relay.stop().await.unwrap();
@@ -1405,10 +1383,7 @@ async fn run_once_processes_one_batch_and_reports_it() {
 #[tokio::test(start_paused = true)]
 async fn an_invalid_config_is_refused() {
     let (store, publisher, _) = fakes();
-    let config = RelayConfig {
-        batch_size: 0,
-        ..config()
-    };
+    let config = config().batch_size(0);
     match Relay::new(store, publisher, config) {
         Err(Error::Config(message)) => assert!(message.contains("batch_size"), "{message}"),
         Err(other) => panic!("expected a config error, got {other:?}"),

@@ -270,18 +270,13 @@ fn ulid_of(key: u64) -> Ulid {
 }
 
 fn long_poll(wait: Duration) -> FeedReaderOptions {
-    FeedReaderOptions {
-        wait: Wait::LongPoll(wait),
-        ..FeedReaderOptions::default()
-    }
+    FeedReaderOptions::default().wait(Wait::LongPoll(wait))
 }
 
 fn client_backoff(min: Duration, max: Duration) -> FeedReaderOptions {
-    FeedReaderOptions {
-        wait: Wait::ClientBackoff,
-        idle_backoff: IdleBackoff { min, max },
-        ..FeedReaderOptions::default()
-    }
+    FeedReaderOptions::default()
+        .wait(Wait::ClientBackoff)
+        .idle_backoff(IdleBackoff::default().min(min).max(max))
 }
 
 /// Collects pages until `count` rows have come (or the virtual `limit` passes).
@@ -542,13 +537,7 @@ async fn permanent_errors_are_yielded_once_and_end_the_stream() {
 
 #[tokio::test(start_paused = true)]
 async fn retries_give_up_after_the_maximum_of_consecutive_failures() {
-    let options = FeedReaderOptions {
-        retry: ReadRetryPolicy {
-            max_retries: Some(3),
-            ..ReadRetryPolicy::default()
-        },
-        ..long_poll(10 * SECOND)
-    };
+    let options = long_poll(10 * SECOND).retry(ReadRetryPolicy::default().max_retries(Some(3)));
     let failures = (1..=4).map(|call| (call, Failure::Deadlock));
     let fake = Fake::new(rows_now(10), 3).failing(failures);
     let shared = fake.shared();
@@ -565,13 +554,7 @@ async fn retries_give_up_after_the_maximum_of_consecutive_failures() {
     assert_eq!(shared.resets(), 4);
 
     // With no retries at all, the first transient error ends the stream.
-    let options = FeedReaderOptions {
-        retry: ReadRetryPolicy {
-            max_retries: Some(0),
-            ..ReadRetryPolicy::default()
-        },
-        ..long_poll(10 * SECOND)
-    };
+    let options = long_poll(10 * SECOND).retry(ReadRetryPolicy::default().max_retries(Some(0)));
     let fake = Fake::new(rows_now(10), 3).failing([(0, Failure::ConnectionReset)]);
     let mut stream = Box::pin(page_stream(fake, 0, Cursor::START, options));
     assert!(stream.next().await.unwrap().is_err());
@@ -580,13 +563,7 @@ async fn retries_give_up_after_the_maximum_of_consecutive_failures() {
 
 #[tokio::test(start_paused = true)]
 async fn a_successful_read_resets_the_retry_count() {
-    let options = FeedReaderOptions {
-        retry: ReadRetryPolicy {
-            max_retries: Some(2),
-            ..ReadRetryPolicy::default()
-        },
-        ..long_poll(10 * SECOND)
-    };
+    let options = long_poll(10 * SECOND).retry(ReadRetryPolicy::default().max_retries(Some(2)));
     let failures = [1, 2, 4, 5, 7, 8].map(|call| (call, Failure::LockTimeout));
     let fake = Fake::new(rows_now(12), 3).failing(failures);
     let shared = fake.shared();
@@ -598,15 +575,11 @@ async fn a_successful_read_resets_the_retry_count() {
 
 #[tokio::test(start_paused = true)]
 async fn retry_pauses_stay_within_the_policy_bounds() {
-    let retry = ReadRetryPolicy {
-        initial: Duration::from_millis(100),
-        max: SECOND,
-        max_retries: None,
-    };
-    let options = FeedReaderOptions {
-        retry,
-        ..long_poll(10 * SECOND)
-    };
+    let retry = ReadRetryPolicy::default()
+        .initial(Duration::from_millis(100))
+        .max(SECOND)
+        .max_retries(None);
+    let options = long_poll(10 * SECOND).retry(retry);
     let failures = (0..12).map(|call| (call, Failure::Timeout));
     let fake = Fake::new(rows_now(1), 3).failing(failures);
     let shared = fake.shared();
@@ -626,13 +599,8 @@ async fn retry_pauses_stay_within_the_policy_bounds() {
 
 #[tokio::test(start_paused = true)]
 async fn invalid_options_are_an_error_first_thing() {
-    let options = FeedReaderOptions {
-        idle_backoff: IdleBackoff {
-            min: Duration::ZERO,
-            max: SECOND,
-        },
-        ..FeedReaderOptions::default()
-    };
+    let options = FeedReaderOptions::default()
+        .idle_backoff(IdleBackoff::default().min(Duration::ZERO).max(SECOND));
     let fake = Fake::new(rows_now(3), 3);
     let shared = fake.shared();
     let mut stream = Box::pin(page_stream(fake, 0, Cursor::START, options));
@@ -786,11 +754,10 @@ async fn a_failed_shard_ends_alone_in_the_merge() {
 
 #[test]
 fn retry_ceiling_doubles_and_is_capped() {
-    let policy = ReadRetryPolicy {
-        initial: Duration::from_millis(100),
-        max: Duration::from_secs(10),
-        max_retries: Some(20),
-    };
+    let policy = ReadRetryPolicy::default()
+        .initial(Duration::from_millis(100))
+        .max(Duration::from_secs(10))
+        .max_retries(Some(20));
     let ceilings: Vec<u128> = (1..=10).map(|n| policy.ceiling(n).as_millis()).collect();
     assert_eq!(
         ceilings,
@@ -800,10 +767,7 @@ fn retry_ceiling_doubles_and_is_capped() {
     assert_eq!(policy.ceiling(u32::MAX), Duration::from_secs(10));
     assert!(policy.retries(20));
     assert!(!policy.retries(21));
-    let forever = ReadRetryPolicy {
-        max_retries: None,
-        ..policy
-    };
+    let forever = policy.max_retries(None);
     assert!(forever.retries(u32::MAX));
 }
 
@@ -830,10 +794,9 @@ fn retry_delays_use_the_whole_jitter_window_and_never_exceed_it() {
 
 #[test]
 fn idle_backoff_doubles_and_is_capped() {
-    let backoff = IdleBackoff {
-        min: Duration::from_millis(100),
-        max: Duration::from_secs(5),
-    };
+    let backoff = IdleBackoff::default()
+        .min(Duration::from_millis(100))
+        .max(Duration::from_secs(5));
     let delays: Vec<u128> = (0..9).map(|n| backoff.delay(n).as_millis()).collect();
     assert_eq!(delays, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
     assert_eq!(backoff.delay(u32::MAX), Duration::from_secs(5));
@@ -887,14 +850,12 @@ proptest! {
                 .collect();
             let fake = Fake::new(rows, page_size).failing(failures.iter().copied());
             let shared = fake.shared();
-            let options = FeedReaderOptions {
-                retry: ReadRetryPolicy { max_retries: None, ..ReadRetryPolicy::default() },
-                ..if client_side {
+            let options = if client_side {
                     client_backoff(Duration::from_millis(50), 2 * SECOND)
                 } else {
                     long_poll(5 * SECOND)
-                }
-            };
+                };
+            let options = options.retry(ReadRetryPolicy::default().max_retries(None));
             let mut stream = Box::pin(page_stream(fake, 0, Cursor::START, options));
             let got = take_rows(&mut stream, row_count as usize, 24 * HOUR).await;
             assert_eq!(keys(&got), (0..row_count).collect::<Vec<_>>());
@@ -912,11 +873,7 @@ proptest! {
         retry in 0u32..100,
         seed in any::<u64>(),
     ) {
-        let policy = ReadRetryPolicy {
-            initial: Duration::from_millis(initial_ms),
-            max: Duration::from_millis(initial_ms + extra_ms),
-            max_retries: None,
-        };
+        let policy = ReadRetryPolicy::default().initial(Duration::from_millis(initial_ms)).max(Duration::from_millis(initial_ms + extra_ms)).max_retries(None);
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let ceiling = policy.ceiling(retry);
         prop_assert!(ceiling >= policy.initial.min(policy.max));

@@ -540,10 +540,7 @@ pub async fn read_feed_loop(
         let mut seen = 0u64;
         let mut empty = 0u32;
         let mut transient = 0u64;
-        let options = ReadOptions {
-            page_size,
-            wait_ms: 0,
-        };
+        let options = ReadOptions::default().page_size(page_size);
         while seen < expected {
             match read_page::<i64>(&mut client, &feed, shard, cursor, options).await {
                 Ok(page) => {
@@ -724,7 +721,7 @@ pub async fn consume_loop(
                 Waiting::LongPoll { wait_ms } => wait_ms,
                 Waiting::Polling { .. } => 0,
             };
-            let options = ReadOptions { page_size, wait_ms };
+            let options = ReadOptions::default().page_size(page_size).wait_ms(wait_ms);
             match read_page::<i64>(&mut client, &feed, 0, cursor, options).await {
                 Ok(page) => {
                     let seen_at = Instant::now();

@@ -1180,11 +1180,9 @@ async fn claim_outbox(
             .await?;
         stores.push(store);
     }
-    let config = RelayConfig {
-        batch_size: CLAIM_BATCH,
-        poll_interval: CLAIM_POLL,
-        ..RelayConfig::default()
-    };
+    let config = RelayConfig::default()
+        .batch_size(CLAIM_BATCH)
+        .poll_interval(CLAIM_POLL);
     let relayed = run_relays(stores, messages, config).await?;
     let (relay_elapsed, relay_claims) = (relayed.elapsed, relayed.claims);
 

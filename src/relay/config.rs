@@ -17,15 +17,14 @@ pub const MAX_CLAIM_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 /// use std::time::Duration;
 /// use changefeed::relay::RelayConfig;
 ///
-/// let config = RelayConfig {
-///     batch_size: 500,
-///     poll_interval: Duration::from_millis(200),
-///     ..RelayConfig::default()
-/// };
+/// let config = RelayConfig::default()
+///     .batch_size(500)
+///     .poll_interval(Duration::from_millis(200));
 /// config.validate()?;
 /// # Ok::<(), changefeed::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct RelayConfig {
     /// Messages per claim, 1..=10000. Default: 100.
     pub batch_size: u32,
@@ -49,6 +48,17 @@ impl RelayConfig {
     pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
     /// The default claim timeout, 30 s.
     pub const DEFAULT_CLAIM_TIMEOUT: Duration = Duration::from_secs(30);
+
+    setters! {
+        /// Sets `batch_size`, messages per claim (1..=10000).
+        batch_size: u32;
+        /// Sets `poll_interval`, the sleep after an empty claim.
+        poll_interval: Duration;
+        /// Sets `claim_timeout`, how long a claim holds its messages.
+        claim_timeout: Duration;
+        /// Sets `retry`, the back-off and the limit on failures.
+        retry: RetryPolicy;
+    }
 
     /// Checks every setting; the [`Error::Config`] names the field, the value and the
     /// accepted range.

@@ -39,7 +39,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, timeout};
@@ -118,7 +117,7 @@ pub const SHUTDOWN_CLAIM_GRACE: Duration = Duration::from_secs(5);
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> changefeed::Result<()> {
 /// let store = connect_outbox_store(); // an OutboxStore over SQL Server
-/// let config = RelayConfig { batch_size: 500, ..RelayConfig::default() };
+/// let config = RelayConfig::default().batch_size(500);
 /// let relay = Relay::new(store, Stdout, config)?;
 ///
 /// // Enqueuers call `handle.wake()` after their transaction commits.
@@ -224,7 +223,7 @@ impl<S: ClaimStore, P: Publisher> Relay<S, P, NoHooks> {
             hooks: NoHooks,
             config,
             wake: Arc::new(Notify::new()),
-            rng: StdRng::from_os_rng(),
+            rng: rand::make_rng(),
         })
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use rand::Rng;
+use rand::{Rng, RngExt};
 
 use crate::error::{Error, Result};
 
@@ -26,13 +26,14 @@ pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
 /// use std::time::Duration;
 /// use changefeed::relay::{RetryDecision, RetryPolicy};
 ///
-/// let policy = RetryPolicy { jitter: false, ..RetryPolicy::default() };
+/// let policy = RetryPolicy::default().jitter(false);
 /// let mut rng = rand::rng();
 /// assert_eq!(policy.next_delay(1, &mut rng), RetryDecision::RetryAfter(Duration::from_secs(1)));
 /// assert_eq!(policy.next_delay(4, &mut rng), RetryDecision::RetryAfter(Duration::from_secs(8)));
 /// assert_eq!(policy.next_delay(10, &mut rng), RetryDecision::Dead);
 /// ```
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// The upper end of the first delay. Default: 1 s. At least 1 ms.
     pub initial: Duration,
@@ -67,6 +68,19 @@ impl RetryPolicy {
     pub const DEFAULT_MULTIPLIER: f64 = 2.0;
     /// The default number of failures before a message is dead, 10.
     pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+
+    setters! {
+        /// Sets `initial`, the upper end of the first delay.
+        initial: Duration;
+        /// Sets `max`, the cap on every delay.
+        max: Duration;
+        /// Sets `multiplier`, the factor of each failure.
+        multiplier: f64;
+        /// Sets `max_attempts`, the failures that make a message dead.
+        max_attempts: u32;
+        /// Sets `jitter`, whether delays are drawn at random (full jitter).
+        jitter: bool;
+    }
 
     /// Checks the policy; the error names the field, the value and what to use instead.
     pub fn validate(&self) -> Result<()> {

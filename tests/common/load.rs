@@ -123,10 +123,7 @@ where
             )
         })
         .collect();
-    let options = ReadOptions {
-        page_size: LOAD_PAGE_SIZE,
-        wait_ms: 0,
-    };
+    let options = ReadOptions::default().page_size(LOAD_PAGE_SIZE).wait_ms(0);
     let readers: Vec<_> = (0..load.readers)
         .map(|reader| {
             let (database, feed) = (db.name.clone(), feed.clone());

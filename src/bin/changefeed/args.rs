@@ -18,7 +18,7 @@ use crate::duration::{CliDuration, parse_duration, parse_retention};
 #[command(after_help = "The connection string is an ADO.NET string, e.g. \
     CHANGEFEED_URL='server=tcp:localhost,1433;user=sa;password=...;database=app;\
     TrustServerCertificate=true'. Exit status: 0 done, 1 failed, 2 bad arguments or no \
-    usable connection.")]
+    usable connection, 130 tail stopped by Ctrl-C.")]
 pub struct Cli {
     /// The ADO.NET connection string of the database
     #[arg(
@@ -59,7 +59,7 @@ pub enum Command {
         ULID's time, RFC 3339>\",\"shard\":<n>,\"key\":{<key columns>}} or, with \
         --with-event, \"event\":{<event columns>} (null for an event deleted since). Binary \
         values are 0x… hex, decimals exact text, dates and times ISO 8601. Pass a printed \
-        ulid to --from to resume after it. Ctrl-C stops."
+        ulid to --from to resume after it. Ctrl-C stops (exit status 130, like tail -f)."
     )]
     Tail(TailArgs),
     /// Show every feed shard (changefeed.feed_status) as a table
@@ -147,7 +147,8 @@ pub struct TailArgs {
         long,
         value_name = "N",
         default_value_t = 1000,
-        value_parser = clap::value_parser!(u32).range(1..=10_000)
+        allow_hyphen_values = true,
+        value_parser = |text: &str| parse_count(text, 10_000).map(|n| n as u32)
     )]
     pub page_size: u32,
 }
@@ -195,7 +196,8 @@ pub struct PurgeArgs {
         long,
         value_name = "N",
         default_value_t = 5000,
-        value_parser = clap::value_parser!(u32).range(1..=50_000)
+        allow_hyphen_values = true,
+        value_parser = |text: &str| parse_count(text, 50_000).map(|n| n as u32)
     )]
     pub batch_size: u32,
 
@@ -203,7 +205,8 @@ pub struct PurgeArgs {
     #[arg(
         long,
         value_name = "N",
-        value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64)
+        allow_hyphen_values = true,
+        value_parser = |text: &str| parse_count(text, i64::MAX as u64)
     )]
     pub max_rows: Option<u64>,
 }
@@ -229,7 +232,8 @@ pub struct PurgeOutboxArgs {
         long,
         value_name = "N",
         default_value_t = 1000,
-        value_parser = clap::value_parser!(u32).range(1..=4000)
+        allow_hyphen_values = true,
+        value_parser = |text: &str| parse_count(text, 4000).map(|n| n as u32)
     )]
     pub batch_size: u32,
 
@@ -237,7 +241,8 @@ pub struct PurgeOutboxArgs {
     #[arg(
         long,
         value_name = "N",
-        value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64)
+        allow_hyphen_values = true,
+        value_parser = |text: &str| parse_count(text, i64::MAX as u64)
     )]
     pub max_rows: Option<u64>,
 }
@@ -274,6 +279,28 @@ pub fn parse_column(text: &str) -> Result<String, String> {
         return Err("a column name cannot contain control characters".to_owned());
     }
     Ok(text.to_owned())
+}
+
+/// A count from 1 to `max`: the error says what is wrong with the text (the caller quotes
+/// it and names the argument).
+pub fn parse_count(text: &str, max: u64) -> Result<u64, String> {
+    let range = format!("give a whole number from 1 to {max}");
+    let trimmed = text.trim();
+    let Ok(number) = trimmed.parse::<i128>() else {
+        return Err(if trimmed.is_empty() {
+            format!("the number is missing; {range}")
+        } else if trimmed.parse::<f64>().is_ok() {
+            format!("not a whole number; {range}")
+        } else {
+            format!("not a number; {range}")
+        });
+    };
+    match u64::try_from(number) {
+        Ok(count) if (1..=max).contains(&count) => Ok(count),
+        _ if number < 0 => Err(format!("a count cannot be negative; {range}")),
+        _ if number == 0 => Err(format!("a count of zero does nothing; {range}")),
+        _ => Err(format!("too large; {range}")),
+    }
 }
 
 /// `--connect-timeout`: a duration other than zero.
@@ -413,6 +440,25 @@ mod tests {
                 assert!(error.contains(form), "{text:?}: {error}");
             }
             assert!(!error.contains('\n'), "{text:?}: one line");
+        }
+    }
+
+    #[test]
+    fn counts_say_what_is_wrong() {
+        assert_eq!(parse_count("5", 10), Ok(5));
+        assert_eq!(parse_count(" 10 ", 10), Ok(10));
+        for (text, expect) in [
+            ("-5", "negative"),
+            ("0", "zero"),
+            ("11", "too large"),
+            ("1.5", "whole number"),
+            ("five", "not a number"),
+            ("", "missing"),
+            ("99999999999999999999999999", "too large"),
+        ] {
+            let error = parse_count(text, 10).unwrap_err();
+            assert!(error.contains(expect), "{text:?}: {error}");
+            assert!(error.contains("from 1 to 10"), "{text:?}: {error}");
         }
     }
 

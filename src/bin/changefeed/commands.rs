@@ -5,15 +5,15 @@ use std::time::{Duration, SystemTime};
 use changefeed::connection::{Client, URL_VARIABLE, connect_with, url_from_env};
 use changefeed::outbox_store::OutboxStore;
 use changefeed::pool::ConnectionManager;
-use changefeed::reader::{FeedReader, FeedReaderOptions, Page};
+use changefeed::reader::{FeedEvent, FeedReader, FeedReaderOptions, FeedRow};
 use changefeed::row::Column;
 use changefeed::{Error, Feed, TableName};
-use futures::{Stream, StreamExt};
 use tiberius::{ColumnData, Row};
 use ulid::Ulid;
 
 use crate::Failure;
 use crate::args::{Cli, Command, PurgeArgs, PurgeOutboxArgs, SetupFeedArgs, StatusArgs, TailArgs};
+use crate::follow::{Stop, follow, interrupted, output_closed};
 use crate::json::JsonColumns;
 use crate::output::{
     Align, Out, Table, feed_line, human_lag, text_cell, ulid_cell, utc_cell, yes_no_cell,
@@ -33,7 +33,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Migrate => migrate(&connect, &mut out).await,
         Command::SetupFeed(args) => setup_feed(&connect, &mut out, args).await,
-        Command::Tail(args) => tail(&connect, &mut out, args).await,
+        Command::Tail(args) => tail(&connect, args).await,
         Command::Status(args) => status(&connect, &mut out, args).await,
         Command::Purge(args) => purge(&connect, &mut out, args).await,
         Command::PurgeOutbox(args) => purge_outbox(&connect, &mut out, args).await,
@@ -69,25 +69,29 @@ impl Connect {
             Error::Config(message) => Failure::connect(format!("{message}; {CHECK_URL}")),
             other => Failure::connect(format!("{other}; {CHECK_URL}")),
         })?;
-        let config = manager.command_timeout(command_timeout).config().clone();
+        // --connect-timeout bounds the TCP connect and the login handshake (tiberius'
+        // handshake timeout, whose own default of 15 s would otherwise cut a longer one).
+        let config = manager
+            .command_timeout(command_timeout)
+            .connect_timeout(Some(self.timeout))
+            .config()
+            .clone();
         let address = config.get_addr();
-        match tokio::time::timeout(self.timeout, connect_with(config)).await {
-            Ok(Ok(client)) => Ok(client),
-            Ok(Err(error)) => Err(Failure::connect(connect_message(&address, &error))),
-            Err(_elapsed) => Err(Failure::connect(format!(
-                "cannot reach SQL Server at {address}: no answer within {:?}; {CHECK_URL} \
-                 (or raise --connect-timeout)",
-                self.timeout
-            ))),
-        }
+        connect_with(config)
+            .await
+            .map_err(|error| Failure::connect(connect_message(&address, &error, self.timeout)))
     }
 }
 
 /// The line for a connection that could not be opened: the address, what went wrong,
-/// and where the connection string comes from.
-pub fn connect_message(address: &str, error: &Error) -> String {
+/// and where the connection string comes from (and `--connect-timeout` when `timeout` ran
+/// out).
+pub fn connect_message(address: &str, error: &Error, timeout: Duration) -> String {
     match error {
-        Error::Connection(message) if message.starts_with("cannot reach SQL Server") => {
+        Error::Connection(message) if message.contains(&format!("within {timeout:?}")) => {
+            format!("{message}; {CHECK_URL} (or raise --connect-timeout)")
+        }
+        Error::Connection(message) if message.contains(address) => {
             format!("{message}; {CHECK_URL}")
         }
         Error::Server {
@@ -249,7 +253,7 @@ async fn setup_feed(connect: &Connect, out: &mut Out, args: SetupFeedArgs) -> Re
 // ---------------------------------------------------------------------------------------
 // tail
 
-async fn tail(connect: &Connect, out: &mut Out, args: TailArgs) -> Result<(), Failure> {
+async fn tail(connect: &Connect, args: TailArgs) -> Result<(), Failure> {
     let TailArgs {
         feed,
         shard,
@@ -265,25 +269,35 @@ async fn tail(connect: &Connect, out: &mut Out, args: TailArgs) -> Result<(), Fa
             return Err(Failure::run(not_a_feed(&feed)));
         }
     }
-    let pool = changefeed::pool::pool(&connect.url, 1).await?;
-    let options = FeedReaderOptions {
-        page_size,
-        ..FeedReaderOptions::default()
-    };
+    let manager = ConnectionManager::from_ado(&connect.url)?.connect_timeout(Some(connect.timeout));
+    let pool = changefeed::Pool::from_builder(changefeed::Pool::builder().max_size(1), manager);
+    let options = FeedReaderOptions::default().page_size(page_size);
     let reader = FeedReader::with_options(pool, feed, options)?;
     let cursor = from.cursor(SystemTime::now());
-    if with_event {
+    let mut stdout = std::io::stdout();
+    let stop = if with_event {
         let stream = reader.event_stream::<JsonColumns>(shard, cursor);
-        follow(stream, out, |row| {
+        let line = |row: FeedEvent<JsonColumns>| {
             feed_line(row.ulid, shard, "event", &row.event.into_value())
-        })
-        .await
+        };
+        follow(stream, &mut stdout, line, interrupted(), output_closed()).await
     } else {
         let stream = reader.stream::<JsonColumns>(shard, cursor);
-        follow(stream, out, |row| {
-            feed_line(row.ulid, shard, "key", &row.key.into_value())
-        })
-        .await
+        let line =
+            |row: FeedRow<JsonColumns>| feed_line(row.ulid, shard, "key", &row.key.into_value());
+        follow(stream, &mut stdout, line, interrupted(), output_closed()).await
+    };
+    match stop {
+        Stop::Ended => Ok(()),
+        // Like `tail -f`: Ctrl-C is the normal way to stop, and the status says so. Lines
+        // are written whole, and read_feed holds no transaction while it waits, so nothing
+        // is left behind on the server.
+        Stop::Interrupted => Err(Failure::interrupted()),
+        Stop::Closed => Err(Failure::quiet()),
+        Stop::Failed(error) => Err(tail_error(error)),
+        Stop::Write(error) => Err(Failure::run(format!(
+            "cannot write to standard output: {error}"
+        ))),
     }
 }
 
@@ -293,29 +307,6 @@ fn not_a_feed(feed: &Feed) -> String {
          `changefeed setup-feed {feed} --outbox` (or check the database in --url)",
         feed.read_feed_procedure()
     )
-}
-
-/// Prints every row of every page as one line, until the stream ends with its error.
-async fn follow<T, S>(stream: S, out: &mut Out, line: impl Fn(T) -> String) -> Result<(), Failure>
-where
-    S: Stream<Item = changefeed::Result<Page<T>>>,
-{
-    let mut stream = std::pin::pin!(stream);
-    // Ctrl-C ends tail like `tail -f`, with exit 0: lines are written whole, and read_feed
-    // holds no transaction while it waits, so nothing is left behind on the server.
-    let mut interrupted = std::pin::pin!(tokio::signal::ctrl_c());
-    loop {
-        let page = tokio::select! {
-            page = stream.next() => page,
-            _ = &mut interrupted => return Ok(()),
-        };
-        let Some(page) = page else { break };
-        let page = page.map_err(tail_error)?;
-        for row in page.rows {
-            out.line(&line(row))?;
-        }
-    }
-    Ok(())
 }
 
 /// The line a stream's final error ends `tail` with.
@@ -599,7 +590,7 @@ mod tests {
             "cannot reach SQL Server at 127.0.0.1:1: Connection refused (os error 111)".into(),
         );
         assert_eq!(
-            connect_message("127.0.0.1:1", &unreachable),
+            connect_message("127.0.0.1:1", &unreachable, Duration::from_secs(15)),
             "cannot reach SQL Server at 127.0.0.1:1: Connection refused (os error 111); \
              check --url or CHANGEFEED_URL"
         );
@@ -609,14 +600,21 @@ mod tests {
             class: 14,
             message: "Login failed for user 'sa'.".into(),
         };
-        let line = connect_message("db:1433", &login);
+        let line = connect_message("db:1433", &login, Duration::from_secs(15));
         assert!(line.contains("db:1433") && line.contains("18456"), "{line}");
         assert!(
             line.contains("--url") && line.contains("CHANGEFEED_URL"),
             "{line}"
         );
+        let stalled = Error::Connection(
+            "SQL Server at db:1433 accepted the TCP connection but did not complete the login \
+             within 20s (…)"
+                .into(),
+        );
+        let line = connect_message("db:1433", &stalled, Duration::from_secs(20));
+        assert!(line.ends_with("(or raise --connect-timeout)"), "{line}");
         let tls = Error::Connection("tls handshake failed".into());
-        let line = connect_message("db:1433", &tls);
+        let line = connect_message("db:1433", &tls, Duration::from_secs(15));
         assert!(
             line.starts_with("cannot connect to SQL Server at db:1433: "),
             "{line}"

@@ -12,11 +12,13 @@
 //! The connection string comes from `--url` or `CHANGEFEED_URL`. Every failure is one line
 //! on standard error, `error: …`, and the exit status says which kind: 1 the command
 //! failed, 2 the arguments were refused or there is no usable connection (no URL, an
-//! unreachable server, a refused login).
+//! unreachable server, a refused login). `tail` stopped by Ctrl-C exits with 130, like
+//! `tail -f`.
 
 mod args;
 mod commands;
 mod duration;
+mod follow;
 mod json;
 mod output;
 
@@ -60,6 +62,14 @@ impl Failure {
         }
     }
 
+    /// Ctrl-C stopped `tail`: no message, exit status 130 like `tail -f`.
+    pub fn interrupted() -> Self {
+        Failure {
+            message: None,
+            code: follow::INTERRUPTED_STATUS,
+        }
+    }
+
     /// Standard output was closed by its reader (`| head`): stop without a word.
     pub fn quiet() -> Self {
         Failure {
@@ -86,21 +96,57 @@ fn print_error(message: &str) {
     let _ = writeln!(std::io::stderr().lock(), "error: {}", line.join(" "));
 }
 
-/// The one-line message of a value clap's parser refused (a feed name, a duration,
-/// `--from`), or `None` for the other errors, which clap prints itself with the usage.
-fn value_error_line(error: &clap::Error) -> Option<String> {
-    if error.kind() != ErrorKind::ValueValidation {
-        return None;
+/// The one line (without `error: `) for an error of clap's parser, or `None` for `--help`
+/// and `--version`, which clap prints itself.
+///
+/// A refused value (a feed name, a duration, `--from`, a number) names the argument, the
+/// value and the reason. Any other error keeps clap's explanation without its usage block:
+/// `unexpected argument '--bogus' found; see changefeed tail --help`.
+fn clap_error_line(error: &clap::Error) -> Option<String> {
+    match error.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => return None,
+        ErrorKind::ValueValidation => {
+            if let (Some(argument), Some(value)) = (
+                error.get(ContextKind::InvalidArg),
+                error.get(ContextKind::InvalidValue),
+            ) {
+                let reason = std::error::Error::source(error)
+                    .map(ToString::to_string)
+                    .unwrap_or_else(|| "invalid value".to_owned());
+                return Some(format!(
+                    "invalid value {} for {argument}: {reason}",
+                    output::one_line(&format!("{:?}", value.to_string()))
+                ));
+            }
+        }
+        _ => {}
     }
-    let argument = error.get(ContextKind::InvalidArg)?.to_string();
-    let value = error.get(ContextKind::InvalidValue)?.to_string();
-    let reason = std::error::Error::source(error)
-        .map(ToString::to_string)
-        .unwrap_or_else(|| "invalid value".to_owned());
-    Some(format!(
-        "invalid value {} for {argument}: {reason}",
-        output::one_line(&format!("{value:?}"))
-    ))
+    // clap's rendering: "error: <what>", maybe indented details and a tip, then the usage
+    // and "For more information, try '--help'.". Keep what and details, drop the rest.
+    let rendered = error.render().to_string();
+    let mut parts = Vec::new();
+    let mut usage = None;
+    for line in rendered.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("Usage: ") {
+            usage = rest
+                .split_whitespace()
+                .take_while(|word| !word.starts_with(['[', '<', '-']))
+                .map(str::to_owned)
+                .reduce(|a, b| format!("{a} {b}"));
+            break;
+        }
+        if !line.is_empty() && !line.starts_with("tip:") {
+            parts.push(line.strip_prefix("error: ").unwrap_or(line));
+        }
+    }
+    let mut text = parts.join(" ");
+    text.push_str(&format!(
+        "; see {} --help",
+        usage.as_deref().unwrap_or("changefeed")
+    ));
+    Some(output::one_line(&text))
 }
 
 fn main() -> ExitCode {
@@ -112,11 +158,11 @@ fn main() -> ExitCode {
     let cli = match args::Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
-            if let Some(line) = value_error_line(&error) {
+            if let Some(line) = clap_error_line(&error) {
                 print_error(&line);
                 return ExitCode::from(2);
             }
-            // --help, --version, or a usage error with clap's own explanation.
+            // --help or --version.
             let _ = error.print();
             return ExitCode::from(error.exit_code().clamp(0, 255) as u8);
         }
@@ -157,7 +203,7 @@ mod tests {
             "30d",
         ])
         .unwrap_err();
-        let line = value_error_line(&error).unwrap();
+        let line = clap_error_line(&error).unwrap();
         assert!(
             line.starts_with("invalid value \"dbo.x]; drop table y\" for <SCHEMA.TABLE>: "),
             "{line}"
@@ -167,18 +213,30 @@ mod tests {
         let error =
             args::Cli::try_parse_from(["changefeed", "purge", "app.Event", "--older-than", "30x"])
                 .unwrap_err();
-        let line = value_error_line(&error).unwrap();
+        let line = clap_error_line(&error).unwrap();
         assert!(
             line.starts_with("invalid value \"30x\" for --older-than <DURATION>: "),
             "{line}"
         );
 
         let error = args::Cli::try_parse_from(["changefeed", "tail", "a.b\nc"]).unwrap_err();
-        let line = value_error_line(&error).unwrap();
+        let line = clap_error_line(&error).unwrap();
         assert!(!line.contains('\n'), "{line}");
 
-        // A missing argument keeps clap's explanation and usage.
+        // A missing argument keeps clap's explanation on one line, and where to look.
         let error = args::Cli::try_parse_from(["changefeed", "purge", "app.Event"]).unwrap_err();
-        assert!(value_error_line(&error).is_none());
+        let line = clap_error_line(&error).unwrap();
+        assert!(line.contains("--older-than"), "{line}");
+        assert!(line.ends_with("; see changefeed purge --help"), "{line}");
+        let error =
+            args::Cli::try_parse_from(["changefeed", "tail", "app.Event", "--bogus"]).unwrap_err();
+        let line = clap_error_line(&error).unwrap();
+        assert!(
+            line.starts_with("unexpected argument '--bogus' found"),
+            "{line}"
+        );
+        assert!(!line.contains("Usage") && !line.contains("tip"), "{line}");
+        let error = args::Cli::try_parse_from(["changefeed", "--help"]).unwrap_err();
+        assert!(clap_error_line(&error).is_none());
     }
 }

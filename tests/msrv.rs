@@ -1,0 +1,76 @@
+//! The declared minimum Rust (`rust-version` in Cargo.toml) is true for the locked
+//! dependency graph: no package of `cargo metadata` (locked, offline) declares a higher
+//! one. Only one toolchain can be installed where the tests run, so this is how a
+//! dependency update that raises the real minimum is caught. README.md states the same
+//! version.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+/// `"1.92"`, `"1.88.0"` as comparable numbers (missing parts are 0).
+fn version(text: &str) -> [u64; 3] {
+    let mut parts = [0; 3];
+    for (part, number) in parts.iter_mut().zip(text.split('.')) {
+        *part = number
+            .parse()
+            .unwrap_or_else(|_| panic!("rust-version {text:?} is not a version"));
+    }
+    parts
+}
+
+fn metadata() -> Value {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let output = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo runs");
+    assert!(
+        output.status.success(),
+        "cargo metadata (locked, offline) failed; it reads every package of the lock file, \
+         for every platform: run `cargo fetch` once, then the test again: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON")
+}
+
+#[test]
+fn no_locked_dependency_needs_a_newer_rust_than_we_declare() {
+    let metadata = metadata();
+    let packages = metadata["packages"].as_array().expect("packages");
+    let ours = packages
+        .iter()
+        .find(|p| p["name"] == env!("CARGO_PKG_NAME") && p["source"].is_null())
+        .expect("this package");
+    let declared = ours["rust_version"]
+        .as_str()
+        .expect("Cargo.toml declares rust-version");
+    let mut newer: Vec<String> = packages
+        .iter()
+        .filter(|p| !p["source"].is_null())
+        .filter_map(|p| {
+            let needs = p["rust_version"].as_str()?;
+            (version(needs) > version(declared))
+                .then(|| format!("{} {} needs Rust {needs}", p["name"], p["version"]))
+        })
+        .collect();
+    newer.sort();
+    assert!(
+        newer.is_empty(),
+        "Cargo.toml says rust-version = {declared:?}, but {}: raise rust-version (and \
+         README.md's toolchain line) to the highest of these, or pin older versions",
+        newer.join(", ")
+    );
+    assert!(packages.len() > 50, "the whole locked graph was read");
+}
+
+#[test]
+fn readme_states_the_declared_minimum() {
+    let declared = env!("CARGO_PKG_RUST_VERSION");
+    let readme = include_str!("../README.md");
+    assert!(
+        readme.contains(&format!("Rust {declared} or later")),
+        "README.md must say \"Rust {declared} or later\" (Cargo.toml's rust-version)"
+    );
+}
