@@ -315,19 +315,8 @@ fn the_steps_are_readmes_live_command_and_the_quick_bench() {
         "test --all-features -- --ignored"
     );
     assert_eq!(
-        plan::bench_arguments("server=tcp:h,1;user=sa", "/tmp/b.json"),
-        [
-            "run",
-            "--release",
-            "--example",
-            "bench",
-            "--",
-            "--quick",
-            "--url",
-            "server=tcp:h,1;user=sa",
-            "--json",
-            "/tmp/b.json"
-        ]
+        plan::bench_arguments("server=tcp:h,1;user=sa", "/tmp/b.json").join(" "),
+        "run --release --example bench -- --quick --url server=tcp:h,1;user=sa --json /tmp/b.json"
     );
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
         .expect("README.md");
