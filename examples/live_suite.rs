@@ -52,6 +52,20 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        // Here the file was named: its absence is an error, not "no scenario ran".
+        Ok(Command::Report(file)) => match std::fs::metadata(&file)
+            .map_err(|error| format!("cannot read the live report {file}: {error}"))
+            .and_then(|_| read_report(Path::new(&file)))
+        {
+            Ok(records) => {
+                print!("{}", report::table(&records));
+                ExitCode::from(plan::exit_code(&records))
+            }
+            Err(error) => {
+                eprintln!("live_suite: {error}");
+                ExitCode::from(1)
+            }
+        },
         Err(message) => {
             eprintln!("live_suite: {message}");
             ExitCode::from(2)

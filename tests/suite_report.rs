@@ -301,6 +301,12 @@ fn the_command_line_takes_help_and_nothing_else() {
     assert_eq!(plan::parse(args(&[])), Ok(plan::Command::Run));
     assert_eq!(plan::parse(args(&["--help"])), Ok(plan::Command::Help));
     assert_eq!(plan::parse(args(&["-h"])), Ok(plan::Command::Help));
+    assert_eq!(
+        plan::parse(args(&["--report", "r.tsv"])),
+        Ok(plan::Command::Report("r.tsv".to_owned()))
+    );
+    let error = plan::parse(args(&["--report"])).unwrap_err();
+    assert!(error.contains("--report needs a file name"), "{error}");
     let error = plan::parse(args(&["--quick"])).unwrap_err();
     assert!(
         error.contains("\"--quick\"") && error.contains("--help"),
@@ -345,9 +351,13 @@ fn the_no_server_line_says_what_to_set_and_what_to_start() {
 // ------------------------------------------------------------------------------------------
 
 /// The example's binary, next to this test's directory (`target/<profile>/examples/`).
-/// `cargo test` builds every example; when only this test was built, build it the same way.
+/// `cargo test` builds every example along with the tests, so it is normally there and up
+/// to date; when this test was built alone (`cargo test --test suite_report`) and the binary
+/// is missing or older than its sources, it is built here. (Not always: `cargo build
+/// --example` resolves the dev-dependencies' features apart from `cargo test`, so each
+/// would rebuild what the other built.)
 fn live_suite_binary() -> PathBuf {
-    // Built once per test process, however many tests ask.
+    // Found or built once per test process, however many tests ask.
     static BINARY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BINARY.get_or_init(find_or_build_live_suite).clone()
 }
@@ -361,12 +371,24 @@ fn find_or_build_live_suite() -> PathBuf {
     let binary = profile_dir
         .join("examples")
         .join(format!("live_suite{}", std::env::consts::EXE_SUFFIX));
-    if !binary.exists() {
+    let built = std::fs::metadata(&binary).and_then(|m| m.modified()).ok();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sources = [
+        "examples/live_suite.rs",
+        "examples/live_suite",
+        "examples/support",
+        "src",
+    ]
+    .iter()
+    .map(|path| newest_change(&root.join(path)))
+    .max()
+    .flatten();
+    if built.is_none() || built < sources {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut build = Command::new(cargo);
         build
-            .args(["build", "--example", "live_suite"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
+            .args(["build", "--quiet", "--example", "live_suite"])
+            .current_dir(root);
         if cfg!(feature = "cli") {
             build.arg("--all-features");
         }
@@ -374,6 +396,19 @@ fn find_or_build_live_suite() -> PathBuf {
         assert!(status.success(), "cargo build --example live_suite failed");
     }
     binary
+}
+
+/// The latest modification time of `path` or of any file below it.
+fn newest_change(path: &std::path::Path) -> Option<std::time::SystemTime> {
+    let metadata = std::fs::metadata(path).ok()?;
+    if !metadata.is_dir() {
+        return metadata.modified().ok();
+    }
+    std::fs::read_dir(path)
+        .ok()?
+        .filter_map(|entry| entry.ok())
+        .filter_map(|entry| newest_change(&entry.path()))
+        .max()
 }
 
 #[test]
@@ -400,6 +435,67 @@ fn without_a_server_or_docker_it_says_what_is_needed_in_one_line_and_exits_2() {
     );
     assert!(lines[0].contains("Docker engine"), "{}", lines[0]);
     assert!(output.stdout.is_empty(), "nothing on stdout: {output:?}");
+}
+
+#[test]
+fn report_prints_the_table_of_a_report_file_and_exits_by_its_results() {
+    let path =
+        std::env::temp_dir().join(format!("changefeed-suite-table-{}.tsv", std::process::id()));
+    let run = |records: &[Record]| {
+        let _ = std::fs::remove_file(&path);
+        for record in records {
+            report::append(&path, record).unwrap();
+        }
+        Command::new(live_suite_binary())
+            .arg("--report")
+            .arg(&path)
+            .output()
+            .expect("the live_suite example runs")
+    };
+    let passed = Record::passed("a::x", Some(false), ms(1500));
+    let output = run(std::slice::from_ref(&passed));
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        table(std::slice::from_ref(&passed))
+    );
+
+    let failed = Record::failed("a::x", Some(true), ms(10), "boom");
+    let output = run(&[passed.clone(), failed.clone()]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        table(&[passed, failed])
+    );
+
+    std::fs::remove_file(&path).unwrap();
+    let output = Command::new(live_suite_binary())
+        .arg("--report")
+        .arg(&path)
+        .output()
+        .expect("the live_suite example runs");
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "a missing report: {output:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("cannot read the live report"),
+        "{output:?}"
+    );
+
+    std::fs::write(&path, "not a report\n").unwrap();
+    let output = Command::new(live_suite_binary())
+        .arg("--report")
+        .arg(&path)
+        .output()
+        .expect("the live_suite example runs");
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("report line 1"),
+        "{output:?}"
+    );
 }
 
 #[test]

@@ -16,6 +16,7 @@ changefeed live suite: the one command for a reviewer with Docker (or a SQL Serv
 
 USAGE:
     cargo run --example live_suite
+    cargo run --example live_suite -- --report <FILE>
 
 It uses the SQL Server named by $CHANGEFEED_TEST_MSSQL (an ADO.NET connection string whose
 login may create databases and logins), or starts SQL Server 2022 with testcontainers (a
@@ -28,9 +29,13 @@ runs
 and prints one table: scenario, RCSI, result, time. Both commands print their own output
 as they go.
 
+With --report FILE it runs nothing and prints the table of a report the live tests wrote
+(cargo test -- --ignored with $CHANGEFEED_LIVE_REPORT=FILE), as CI does.
+
 EXIT STATUS:
-    0 everything passed; 1 something failed (the table says what); 2 no SQL Server (neither
-    $CHANGEFEED_TEST_MSSQL nor a Docker engine) or a bad argument; 130 interrupted.
+    0 everything passed; 1 something failed (the table says what) or the report cannot be
+    read; 2 no SQL Server (neither $CHANGEFEED_TEST_MSSQL nor a Docker engine) or a bad
+    argument; 130 interrupted.
 ";
 
 /// What the command line asks for.
@@ -40,17 +45,25 @@ pub enum Command {
     Help,
     /// Run the suite.
     Run,
+    /// Print the table of this report file and exit.
+    Report(String),
 }
 
-/// Parses the arguments after the program name: none, or `-h`/`--help`.
+/// Parses the arguments after the program name: none, `--report FILE`, or `-h`/`--help`.
 pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String> {
     let mut command = Command::Run;
-    for arg in args {
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
         match arg.as_str() {
-            "-h" | "--help" => command = Command::Help,
+            "-h" | "--help" => return Ok(Command::Help),
+            "--report" => match args.next() {
+                Some(file) if !file.is_empty() => command = Command::Report(file),
+                _ => return Err("--report needs a file name (see --help)".to_owned()),
+            },
             other => {
                 return Err(format!(
-                    "unknown argument {other:?}: live_suite takes no arguments (see --help)"
+                    "unknown argument {other:?}: live_suite takes --report FILE or nothing \
+                     (see --help)"
                 ));
             }
         }
