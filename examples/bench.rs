@@ -18,6 +18,8 @@
 
 #[path = "bench/args.rs"]
 mod args;
+#[path = "support/container.rs"]
+mod container;
 #[path = "bench/load.rs"]
 mod load;
 #[path = "bench/report.rs"]
@@ -29,7 +31,6 @@ mod sql;
 #[path = "bench/stats.rs"]
 mod stats;
 
-use std::panic::AssertUnwindSafe;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
@@ -37,7 +38,6 @@ use std::time::{Duration, Instant};
 
 use changefeed::Client;
 use changefeed::connection::connect_with;
-use futures::FutureExt;
 use serde_json::json;
 use testcontainers::ContainerAsync;
 use testcontainers_modules::mssql_server::MssqlServer;
@@ -109,63 +109,17 @@ async fn run(options: Options) -> ExitCode {
     code
 }
 
-/// Starts SQL Server 2022 with testcontainers. A failure (no Docker engine) comes back as
-/// an error, never a panic: a panic inside testcontainers is caught and its message kept
-/// quiet, so the caller prints one line.
+/// Starts SQL Server 2022 with testcontainers (examples/support/container.rs).
 async fn start_container() -> Result<Server, String> {
-    use testcontainers::runners::AsyncRunner;
-
-    let start = async {
-        let container = MssqlServer::default()
-            .with_accept_eula()
-            .start()
-            .await
-            .map_err(|e| e.to_string())?;
-        let port = container
-            .get_host_port_ipv4(1433)
-            .await
-            .map_err(|e| e.to_string())?;
-        let host = container
-            .get_host()
-            .await
-            .map(|h| h.to_string())
-            .unwrap_or_else(|_| "127.0.0.1".to_owned());
-        let ado = format!(
-            "server=tcp:{host},{port};user=sa;password={};TrustServerCertificate=true",
-            MssqlServer::DEFAULT_SA_PASSWORD
-        );
-        Ok::<_, String>(Server {
-            ado,
-            container: Some(container),
-        })
-    };
-    let previous_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let mut start = std::pin::pin!(AssertUnwindSafe(start).catch_unwind());
-    // Pulling the image can take minutes; say what is going on only when it does, so
-    // that a machine without Docker still gets exactly one line.
-    let outcome = tokio::select! {
-        outcome = &mut start => outcome,
-        () = tokio::time::sleep(Duration::from_secs(3)) => {
-            eprintln!(
-                "bench: no --url or {URL_VARIABLE}: starting SQL Server 2022 with testcontainers \
-                 (the first run pulls the image)..."
-            );
-            match tokio::time::timeout(Duration::from_secs(900), &mut start).await {
-                Ok(outcome) => outcome,
-                Err(_) => Ok(Err("the container did not start within 15 minutes".to_owned())),
-            }
-        }
-    };
-    std::panic::set_hook(previous_hook);
-    match outcome {
-        Ok(result) => result,
-        Err(panic) => Err(panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "testcontainers panicked".to_owned())),
-    }
+    let started = container::start_sql_server(&format!(
+        "bench: no --url or {URL_VARIABLE}: starting SQL Server 2022 with testcontainers \
+         (the first run pulls the image)..."
+    ))
+    .await?;
+    Ok(Server {
+        ado: started.ado,
+        container: Some(started.container),
+    })
 }
 
 /// Connects with `config`; a fresh container accepts logins a little after it reports

@@ -105,6 +105,56 @@ where
     Ok((database, level))
 }
 
+/// Applies the migrations of the bundle up to and including `version`, and none after it;
+/// migrations the database already has are skipped, as in [`migrate`].
+///
+/// [`migrate`] is what applications call. This one stops a database at an earlier release
+/// of the bundle: the upgrade test (`tests/live_upgrade.rs`) builds a database as an older
+/// release left it, then runs [`migrate`] to check that the newest release upgrades it.
+/// `version` must be one of the bundle's versions (see [`bundle`]); anything else is
+/// [`Error::Config`], naming the range.
+///
+/// ```no_run
+/// # async fn run(client: &mut changefeed::Client) -> changefeed::Result<()> {
+/// changefeed::migrations::migrate_to(client, 47).await?; // as release 0.1 left it
+/// changefeed::migrations::migrate(client).await?; // the newest release
+/// # Ok(()) }
+/// ```
+pub async fn migrate_to<S>(
+    client: &mut tiberius::Client<S>,
+    version: i32,
+) -> Result<refinery::Report>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    check_target(version, newest_version())?;
+    let (database, level) = compatibility_level(client).await?;
+    check_compatibility_level(&database, level)?;
+    runner()
+        .set_target(refinery::Target::Version(version))
+        .run_async(client)
+        .await
+        .map_err(from_refinery)
+}
+
+/// The highest version of the embedded bundle.
+pub fn newest_version() -> i32 {
+    bundle().last().map_or(0, |(version, _)| *version)
+}
+
+/// A target version must be a version of the bundle: refinery would silently treat a
+/// higher one as "everything", and versions start at 1.
+fn check_target(version: i32, newest: i32) -> Result<()> {
+    if (1..=newest).contains(&version) {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "cannot migrate to version {version}: the changefeed bundle has versions 1 to \
+             {newest}; pass one of them (or call migrate for the newest)"
+        )))
+    }
+}
+
 /// Keeps the server's error (number, message) when refinery wraps one.
 fn from_refinery(error: refinery::Error) -> Error {
     let mut source = std::error::Error::source(&error);
@@ -174,6 +224,19 @@ mod tests {
     }
 
     #[test]
+    fn a_target_outside_the_bundle_is_refused_with_the_range() {
+        assert!(check_target(1, 47).is_ok());
+        assert!(check_target(47, 47).is_ok());
+        for version in [0, -1, 48, i32::MAX] {
+            let message = check_target(version, 47).unwrap_err().to_string();
+            assert!(
+                message.contains(&format!("version {version}")) && message.contains("1 to 47"),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
     fn compatibility_level_below_130_is_refused_with_the_fix() {
         for level in [80, 90, 100, 110, 120, 129] {
             let error = check_compatibility_level("my]db", level).unwrap_err();
@@ -189,6 +252,11 @@ mod tests {
             );
             assert!(text.contains("Nothing was applied"), "{text}");
         }
+    }
+
+    #[test]
+    fn the_newest_version_is_the_last_file() {
+        assert_eq!(newest_version(), bundle().len() as i32);
     }
 
     #[test]

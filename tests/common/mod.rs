@@ -16,6 +16,8 @@ use tiberius::{Config, QueryItem, Row};
 pub mod events;
 pub mod load;
 pub mod logins;
+#[path = "../../examples/live_suite/report.rs"]
+pub mod report;
 pub mod tasks;
 
 /// The environment variable naming the test server.
@@ -64,17 +66,18 @@ fn start_container() -> Server {
             .build()
             .expect("a tokio runtime for the test container");
         runtime.block_on(async move {
-            let container = MssqlServer::default()
-                .with_accept_eula()
-                .start()
-                .await
-                .unwrap_or_else(|error| {
-                    panic!(
+            let container = match MssqlServer::default().with_accept_eula().start().await {
+                Ok(container) => container,
+                Err(error) => {
+                    // The test thread panics with this, so that it names the cause.
+                    let _ = sender.send(Err(format!(
                         "no SQL Server for the live tests: {SERVER_VARIABLE} is not set and \
                          testcontainers could not start mcr.microsoft.com/mssql/server ({error}). \
                          Set {SERVER_VARIABLE} to an ADO.NET connection string, or start Docker."
-                    )
-                });
+                    )));
+                    return;
+                }
+            };
             let port = container
                 .get_host_port_ipv4(1433)
                 .await
@@ -83,16 +86,19 @@ fn start_container() -> Server {
                 "server=tcp:127.0.0.1,{port};user=sa;password={};TrustServerCertificate=true",
                 MssqlServer::DEFAULT_SA_PASSWORD
             );
-            sender.send(ado).expect("the harness waits for the address");
+            sender
+                .send(Ok(ado))
+                .expect("the harness waits for the address");
             // Keep the container (and this runtime) alive for the rest of the process.
             std::future::pending::<()>().await;
             drop(container);
         });
     });
-    let ado = receiver
-        .recv()
-        .expect("the container thread reports the server address");
-    Server { ado }
+    match receiver.recv() {
+        Ok(Ok(ado)) => Server { ado },
+        Ok(Err(message)) => panic!("{message}"),
+        Err(_) => panic!("the test container's thread ended without reporting the server address"),
+    }
 }
 
 /// The harness's connection configuration for `database` of the test server.
@@ -173,6 +179,12 @@ impl TestDb {
     /// Creates `changefeed_<label>_<n>_<pid>` with READ_COMMITTED_SNAPSHOT as asked and
     /// applies the migrations.
     pub async fn create(label: &str, isolation: Isolation) -> TestDb {
+        Self::create_at(label, isolation, None).await
+    }
+
+    /// [`TestDb::create`] with the bundle applied only up to `version` when one is given
+    /// (an older release's database, for the upgrade test), else all of it.
+    pub async fn create_at(label: &str, isolation: Isolation, version: Option<i32>) -> TestDb {
         let name = format!(
             "changefeed_{label}_{}_{}",
             DATABASE_COUNTER.fetch_add(1, Ordering::SeqCst),
@@ -200,9 +212,16 @@ impl TestDb {
         .expect("set READ_COMMITTED_SNAPSHOT");
         let db = TestDb { name, isolation };
         let mut client = db.client().await;
-        changefeed::migrations::migrate(&mut client)
-            .await
-            .expect("apply the changefeed bundle");
+        match version {
+            None => changefeed::migrations::migrate(&mut client)
+                .await
+                .expect("apply the changefeed bundle"),
+            Some(version) => changefeed::migrations::migrate_to(&mut client, version)
+                .await
+                .unwrap_or_else(|error| {
+                    panic!("apply the changefeed bundle up to V{version}: {error}")
+                }),
+        };
         db
     }
 
@@ -231,13 +250,103 @@ impl TestDb {
 }
 
 /// Runs `scenario` once with READ_COMMITTED_SNAPSHOT off and once with it on, each in a
-/// fresh database. A database is dropped when its scenario returns; when the scenario
-/// panics, the panic unwinds past the drop and the database is kept to look at.
+/// fresh database with the whole bundle applied. A database is dropped when its scenario
+/// returns; when the scenario panics, the database is kept to look at, the other setting
+/// still runs (so a report shows both), and then the first panic fails the test.
+///
+/// With [`report::REPORT_VARIABLE`] naming a file, each run appends one line to it: the
+/// scenario (test binary and test name), the setting, passed or failed (with the panic's
+/// message) and how long it took, database creation included. `cargo run --example
+/// live_suite` reads it back.
 pub async fn under_both_isolations(label: &str, scenario: impl AsyncFn(&TestDb)) {
+    run_under_both_isolations(label, None, scenario).await;
+}
+
+/// [`under_both_isolations`] on databases migrated only up to `version`, as an older
+/// release of the bundle left them: the scenario itself migrates further.
+pub async fn under_both_isolations_from(
+    label: &str,
+    version: i32,
+    scenario: impl AsyncFn(&TestDb),
+) {
+    run_under_both_isolations(label, Some(version), scenario).await;
+}
+
+async fn run_under_both_isolations(
+    label: &str,
+    version: Option<i32>,
+    scenario: impl AsyncFn(&TestDb),
+) {
+    use futures::FutureExt;
+    use std::panic::AssertUnwindSafe;
+
+    let name = scenario_name(label);
+    let mut first_panic = None;
     for isolation in ISOLATIONS {
-        let db = TestDb::create(label, isolation).await;
-        eprintln!("-- {label}: {isolation:?} in {}", db.name);
-        scenario(&db).await;
-        db.drop_database().await;
+        let started = std::time::Instant::now();
+        let run = async {
+            let db = TestDb::create_at(label, isolation, version).await;
+            eprintln!("-- {label}: {isolation:?} in {}", db.name);
+            scenario(&db).await;
+            db.drop_database().await;
+        };
+        let outcome = AssertUnwindSafe(run).catch_unwind().await;
+        let rcsi = Some(isolation == Isolation::ReadCommittedSnapshot);
+        let record = match &outcome {
+            Ok(()) => report::Record::passed(&name, rcsi, started.elapsed()),
+            Err(payload) => report::Record::failed(
+                &name,
+                rcsi,
+                started.elapsed(),
+                &report::panic_message(payload.as_ref()),
+            ),
+        };
+        write_record(&record);
+        if let Err(payload) = outcome {
+            first_panic.get_or_insert(payload);
+        }
+    }
+    if let Some(payload) = first_panic {
+        std::panic::resume_unwind(payload);
+    }
+}
+
+/// `<test binary>::<test name> (<label>)`: libtest names each test's thread after the
+/// test (when it runs tests on the main thread, with one test thread, only the label is
+/// left); the label tells apart the scenarios of a test that runs several, and is part of
+/// the database's name.
+fn scenario_name(label: &str) -> String {
+    let binary = std::env::current_exe()
+        .ok()
+        .and_then(|path| path.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .map(|stem| match stem.rsplit_once('-') {
+            // cargo names a test binary <target>-<16 hex digits of hash>.
+            Some((target, hash))
+                if hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) =>
+            {
+                target.to_owned()
+            }
+            _ => stem,
+        })
+        .unwrap_or_else(|| "live".to_owned());
+    match std::thread::current().name() {
+        Some(test) if test != "main" => format!("{binary}::{test} ({label})"),
+        _ => format!("{binary}::{label}"),
+    }
+}
+
+/// Appends `record` to the report file, if one is asked for. A report that cannot be
+/// written fails the test: the runner would otherwise print a table with runs missing.
+fn write_record(record: &report::Record) {
+    let Some(path) = std::env::var_os(report::REPORT_VARIABLE).filter(|p| !p.is_empty()) else {
+        return;
+    };
+    let path = std::path::PathBuf::from(path);
+    if let Err(error) = report::append(&path, record) {
+        panic!(
+            "cannot append to the live report {} ({} is set): {error}",
+            path.display(),
+            report::REPORT_VARIABLE
+        );
     }
 }

@@ -1,0 +1,666 @@
+//! The upgrade test (issue 12, item 5): a database as an older release of the bundle left
+//! it — feeds of both modes and a claim outbox set up, events written and partly read,
+//! consumers' cursors saved, messages enqueued, claimed and partly acknowledged — is
+//! migrated to the newest bundle, and then every row and cursor must still be there and
+//! every object must work: `read_feed` continues from each saved cursor with no gap and no
+//! repeat, new ULIDs come after the old ones, `lock_feed` and `ulid(@i)` work, a claim made
+//! before the upgrade can still be acknowledged and `claim` goes on in order, and
+//! `feed_status` and `consumer_lag` show the feeds.
+//!
+//! It needs a SQL Server (`CHANGEFEED_TEST_MSSQL`, or Docker for testcontainers) and is
+//! `#[ignore]`d: `cargo test --test live_upgrade -- --ignored`. It runs once per version in
+//! [`FROM_VERSIONS`], each with READ_COMMITTED_SNAPSHOT off and on.
+//!
+//! # Which versions it starts from, and how to extend it
+//!
+//! Before an upgrade, the database holds objects generated from an older release's
+//! templates; the migration that changes a template must regenerate them
+//! (`upgrade_all_feeds`) without touching their data. So for every migration `V<m>` that
+//! changes a template or a generator (its text mentions a `__template…__` object), add
+//! `m - 1` — the database as it stood just before that change — to [`FROM_VERSIONS`]. The
+//! test `from_versions_cover_every_template_change` below (no server needed, part of
+//! `cargo test`) fails until that is done.
+//!
+//! [`BASELINE`] is the first released bundle (V1 to V47 as one release): versions below it
+//! were never released on their own, and its files are not upgrades of each other (e.g.
+//! V46 adds the purge template without regenerating feeds set up before it, which is right
+//! for a bundle that is installed whole). Starting below it would test a database no
+//! release ever produced, so no from-version is below the baseline. The setup step calls
+//! only objects the baseline has, through plain SQL with the baseline's parameters; the
+//! checks after the upgrade use the Rust client, which speaks the newest bundle.
+
+mod common;
+
+use std::time::Duration;
+
+use changefeed::outbox::{ClaimToken, Claimed, ClaimedMessage, NewMessage};
+use changefeed::outbox_store::OutboxStore;
+use changefeed::writer::lock_feed;
+use changefeed::{Client, Cursor, CursorStore, Feed, ReadOptions, read_page};
+use common::events::{exec_ok, hex, required, rows_ok};
+use common::load::ulid_of;
+use common::{TestDb, scalar_i64};
+use ulid::Ulid;
+
+/// The first released version of the bundle: every from-version is at least this.
+const BASELINE: i32 = 47;
+
+/// The versions the upgrade starts from, ascending. Add `m - 1` for each later migration
+/// `V<m>` that changes a template (see the module's documentation).
+const FROM_VERSIONS: &[i32] = &[BASELINE];
+
+/// The consumer whose cursors the test saves before the upgrade.
+const CONSUMER: &str = "upgrade-test";
+/// Claims made before the upgrade outlive it: ten minutes.
+const CLAIM_TIMEOUT_MS: i32 = 600_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn an_older_release_upgrades_with_every_row_cursor_and_object_intact() {
+    for &from in FROM_VERSIONS {
+        common::under_both_isolations_from(&format!("upgrade_from_v{from}"), from, async |db| {
+            upgrade_scenario(db, from).await
+        })
+        .await;
+    }
+}
+
+/// What the test wrote and read before the upgrade, to compare with after it.
+struct Before {
+    /// Outbox-mode feed, shard 0: the (ULID, id) pairs of the first page (saved cursor
+    /// after it) and of the second page (read, cursor not saved).
+    orders_first_page: Vec<(Ulid, i64)>,
+    orders_second_page: Vec<(Ulid, i64)>,
+    /// Serialized feed: every event with its ULID, and the cursor saved after the first page.
+    ledger_events: Vec<(Ulid, i64)>,
+    ledger_cursor: Ulid,
+    /// Claim outbox: ids by message id, and the token of the claim still open.
+    message_ids: Vec<(String, i64)>,
+    open_claim: (i64, tiberius::Uuid),
+}
+
+async fn upgrade_scenario(db: &TestDb, from: i32) {
+    let mut admin = db.client().await;
+    let orders = Feed::new("dbo", "up_orders").expect("a valid feed name");
+    let ledger = Feed::new("dbo", "up_ledger").expect("a valid feed name");
+    let messages: OutboxStore = "dbo.up_messages".parse().expect("a valid outbox name");
+
+    let before = set_up_at_old_version(&mut admin, &orders, &ledger).await;
+
+    // The upgrade itself.
+    let report = changefeed::migrations::migrate(&mut admin)
+        .await
+        .unwrap_or_else(|error| panic!("migrating from V{from} to the newest bundle: {error}"));
+    let newest = changefeed::migrations::newest_version();
+    assert_eq!(
+        report.applied_migrations().len(),
+        usize::try_from(newest - from).expect("from is at most the newest version"),
+        "the upgrade applies exactly V{} to V{newest}",
+        from + 1
+    );
+    assert_eq!(
+        scalar_i64(
+            &mut admin,
+            &format!(
+                "select count_big(*) from {} where version between 1 and {newest};",
+                changefeed::migrations::HISTORY_TABLE
+            ),
+        )
+        .await,
+        i64::from(newest),
+        "the history records every version once"
+    );
+
+    check_outbox_feed(db, &mut admin, &orders, &before).await;
+    check_serialized_feed(&mut admin, &ledger, &before).await;
+    check_claim_outbox(&mut admin, &messages, &before).await;
+    check_status_views(&mut admin, &orders, &ledger).await;
+}
+
+// ------------------------------------------------------------------------------------------
+// Before: plain SQL against the old version
+// ------------------------------------------------------------------------------------------
+
+async fn set_up_at_old_version(admin: &mut Client, orders: &Feed, ledger: &Feed) -> Before {
+    // An outbox-mode feed: events 1-6 on shard 0, 101-103 on shard 1.
+    exec_ok(
+        admin,
+        "create table dbo.up_orders (id bigint not null primary key, payload nvarchar(50) null); \
+         exec changefeed.setup_feed @table_name = N'dbo.up_orders', @outbox = 1;",
+    )
+    .await;
+    for id in 1..=6 {
+        write_order(admin, orders, 0, id).await;
+    }
+    for id in 101..=103 {
+        write_order(admin, orders, 1, id).await;
+    }
+    // Page 1 (events 1-4) is read and its cursor saved; page 2 (5, 6) is read, so those
+    // rows are in the feed with their ULIDs, but the consumer has not saved past them.
+    let orders_first_page = read_feed_sql(admin, orders, 0, Ulid(0), 4).await;
+    assert_eq!(
+        keys_of(&orders_first_page),
+        [1, 2, 3, 4],
+        "page 1 before the upgrade"
+    );
+    let saved = orders_first_page[3].0;
+    save_cursor_sql(admin, orders, 0, saved).await;
+    let orders_second_page = read_feed_sql(admin, orders, 0, saved, 4).await;
+    assert_eq!(
+        keys_of(&orders_second_page),
+        [5, 6],
+        "page 2 before the upgrade"
+    );
+    // Events 7-9 stay in the outbox, not yet moved into the feed, across the upgrade.
+    for id in 7..=9 {
+        write_order(admin, orders, 0, id).await;
+    }
+
+    // A serialized-writer feed: three transactions on shard 0 (events 1-2, 3, 4-5).
+    exec_ok(
+        admin,
+        "create table dbo.up_ledger (id bigint not null primary key, Shard int not null, \
+             ULID binary(16) not null, amount int not null); \
+         create unique index ux_up_ledger on dbo.up_ledger (Shard, ULID); \
+         exec changefeed.setup_feed @table_name = N'dbo.up_ledger', @serialize_writers = 1, \
+             @shard_column = N'Shard', @ulid_column = N'ULID';",
+    )
+    .await;
+    for ids in [&[1, 2][..], &[3], &[4, 5]] {
+        write_ledger_sql(admin, ledger, ids).await;
+    }
+    let ledger_events = read_feed_sql(admin, ledger, 0, Ulid(0), 100).await;
+    assert_eq!(
+        keys_of(&ledger_events),
+        [1, 2, 3, 4, 5],
+        "the ledger before the upgrade"
+    );
+    let ledger_cursor = ledger_events[1].0;
+    save_cursor_sql(admin, ledger, 0, ledger_cursor).await;
+
+    // A claim outbox: m1, m2 of aggregate a-1, m3 of a-2, m4 of none. The claim gets the
+    // heads m1, m3, m4; m1 and m4 are acknowledged, m3 stays claimed over the upgrade.
+    exec_ok(
+        admin,
+        "exec changefeed.setup_outbox @table_name = N'dbo.up_messages';",
+    )
+    .await;
+    let mut message_ids = Vec::new();
+    for (message_id, aggregate) in [
+        ("m1", "N'a-1'"),
+        ("m2", "N'a-1'"),
+        ("m3", "N'a-2'"),
+        ("m4", "null"),
+    ] {
+        let rows = rows_ok(
+            admin,
+            &format!(
+                "set xact_abort on; begin transaction; \
+                 exec [changefeed].[enqueue:dbo.up_messages] @topic = N'orders', \
+                     @payload = N'{{\"n\": \"{message_id}\"}}', @aggregate_type = N'order', \
+                     @aggregate_id = {aggregate}, @message_id = N'{message_id}'; \
+                 commit transaction;"
+            ),
+        )
+        .await;
+        let id: i64 = required(&rows[0], "id");
+        message_ids.push((message_id.to_owned(), id));
+    }
+    let claimed = rows_ok(
+        admin,
+        &format!(
+            "exec [changefeed].[claim:dbo.up_messages] @batch_size = 10, \
+             @claim_timeout_ms = {CLAIM_TIMEOUT_MS};"
+        ),
+    )
+    .await;
+    let claimed_ids: Vec<String> = claimed
+        .iter()
+        .map(|row| required::<&str>(row, "message_id").to_owned())
+        .collect();
+    assert_eq!(
+        claimed_ids,
+        ["m1", "m3", "m4"],
+        "the heads of each aggregate, by id"
+    );
+    let token: tiberius::Uuid = required(&claimed[0], "claim_token");
+    let id_of = |name: &str| {
+        message_ids
+            .iter()
+            .find(|(m, _)| m == name)
+            .map(|(_, id)| *id)
+            .expect("an enqueued message")
+    };
+    let done = rows_ok(
+        admin,
+        &format!(
+            "exec [changefeed].[mark_done:dbo.up_messages] @ids = N'[{}, {}]', \
+             @claim_token = '{token}';",
+            id_of("m1"),
+            id_of("m4")
+        ),
+    )
+    .await;
+    assert_eq!(
+        required::<i32>(&done[0], "updated"),
+        2,
+        "m1 and m4 acknowledged"
+    );
+    let open_claim = (id_of("m3"), token);
+
+    Before {
+        orders_first_page,
+        orders_second_page,
+        ledger_events,
+        ledger_cursor,
+        message_ids,
+        open_claim,
+    }
+}
+
+/// Commits order `id` and its outbox row on `shard`.
+async fn write_order(client: &mut Client, feed: &Feed, shard: i32, id: i64) {
+    exec_ok(
+        client,
+        &format!(
+            "set xact_abort on; begin transaction; \
+             insert into {} (id, payload) values ({id}, N'order {id}'); \
+             insert into {} (shard_id, id) values ({shard}, {id}); \
+             commit transaction;",
+            feed.quoted_table(),
+            feed.outbox_table()
+        ),
+    )
+    .await;
+}
+
+/// One serialized-writer transaction on shard 0, entirely on the server: lock_feed, then
+/// the events numbered with ulid(1), ulid(2), ...
+async fn write_ledger_sql(client: &mut Client, feed: &Feed, ids: &[i64]) {
+    let values: Vec<String> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| format!("({id}, 0, {}({}), {id})", feed.object("ulid"), i + 1))
+        .collect();
+    exec_ok(
+        client,
+        &format!(
+            "set xact_abort on; begin transaction; \
+             declare @ulid binary(16); \
+             exec {} @shard_id = 0, @lock_timeout_ms = 10000, @ulid = @ulid output; \
+             insert into {} (id, Shard, ULID, amount) values {}; \
+             commit transaction;",
+            feed.object("lock_feed"),
+            feed.quoted_table(),
+            values.join(", ")
+        ),
+    )
+    .await;
+}
+
+/// One read_feed call as the baseline defines it (keys only, no wait): (ULID, id) pairs.
+async fn read_feed_sql(
+    client: &mut Client,
+    feed: &Feed,
+    shard: i32,
+    cursor: Ulid,
+    page_size: i32,
+) -> Vec<(Ulid, i64)> {
+    rows_ok(
+        client,
+        &format!(
+            "exec {} @shard_id = {shard}, @cursor = {}, @page_size = {page_size};",
+            feed.read_feed_procedure(),
+            hex(&cursor.to_bytes())
+        ),
+    )
+    .await
+    .iter()
+    .map(|row| (ulid_of(required::<&[u8]>(row, "ulid")), required(row, "id")))
+    .collect()
+}
+
+async fn save_cursor_sql(client: &mut Client, feed: &Feed, shard: i32, cursor: Ulid) {
+    exec_ok(
+        client,
+        &format!(
+            "exec changefeed.save_cursor @consumer = N'{CONSUMER}', @feed = N'{feed}', \
+             @shard_id = {shard}, @cursor = {};",
+            hex(&cursor.to_bytes())
+        ),
+    )
+    .await;
+}
+
+fn keys_of(pairs: &[(Ulid, i64)]) -> Vec<i64> {
+    pairs.iter().map(|(_, key)| *key).collect()
+}
+
+// ------------------------------------------------------------------------------------------
+// After: the Rust client against the newest version
+// ------------------------------------------------------------------------------------------
+
+/// Reads `shard` of `feed` from `from` to the end, in pages of `page_size`.
+async fn read_all(client: &mut Client, feed: &Feed, shard: i32, from: Cursor) -> Vec<(Ulid, i64)> {
+    let options = ReadOptions::default().page_size(3).wait_ms(0);
+    let mut cursor = from;
+    let mut rows = Vec::new();
+    loop {
+        let page = read_page::<i64>(client, feed, shard, cursor, options)
+            .await
+            .unwrap_or_else(|error| panic!("read_page {feed} shard {shard} at {cursor}: {error}"));
+        let full = page.is_full();
+        cursor = page.next_cursor;
+        rows.extend(page.rows.iter().map(|row| (row.ulid, row.key)));
+        if !full {
+            return rows;
+        }
+    }
+}
+
+async fn load_cursor(client: &mut Client, feed: &Feed, shard: i32) -> Cursor {
+    CursorStore::load(client, CONSUMER, feed, shard)
+        .await
+        .unwrap_or_else(|error| panic!("load_cursor {feed} shard {shard}: {error}"))
+        .unwrap_or_else(|| panic!("the cursor saved for {feed} shard {shard} is gone"))
+}
+
+async fn check_outbox_feed(db: &TestDb, admin: &mut Client, orders: &Feed, before: &Before) {
+    let saved = load_cursor(admin, orders, 0).await;
+    assert_eq!(
+        saved.ulid(),
+        before.orders_first_page[3].0,
+        "the saved cursor survives the upgrade unchanged"
+    );
+
+    // Events written after the upgrade: 10 on shard 0, 104 on shard 1.
+    write_order(admin, orders, 0, 10).await;
+    write_order(admin, orders, 1, 104).await;
+
+    // From the saved cursor: the rows read before (same ULIDs), then 7-9 (moved from the
+    // outbox only now) and 10, each once, in ULID order.
+    let mut reader = db.client().await;
+    let resumed = read_all(&mut reader, orders, 0, saved).await;
+    assert_eq!(
+        keys_of(&resumed),
+        [5, 6, 7, 8, 9, 10],
+        "read_feed continues from the saved cursor with no gap and no repeat"
+    );
+    assert_eq!(
+        resumed[..2],
+        before.orders_second_page[..],
+        "rows moved into the feed before the upgrade keep their ULIDs"
+    );
+    assert_ulids_increase(&resumed, "shard 0 after the upgrade");
+
+    // The whole shard from the start is the old pages followed by the new rows.
+    let everything = read_all(&mut reader, orders, 0, Cursor::START).await;
+    let mut expected = before.orders_first_page.clone();
+    expected.extend_from_slice(&resumed);
+    assert_eq!(
+        everything, expected,
+        "shard 0 replays identically from the start"
+    );
+
+    // Shard 1 was never read: every event, the old ones first.
+    let shard1 = read_all(&mut reader, orders, 1, Cursor::START).await;
+    assert_eq!(
+        keys_of(&shard1),
+        [101, 102, 103, 104],
+        "shard 1 after the upgrade"
+    );
+    assert_ulids_increase(&shard1, "shard 1 after the upgrade");
+
+    // Retention works on the upgraded feed: a dry run stops at the consumer's saved cursor
+    // (events 5 and 6 were moved before the upgrade, so they are older than the cutoff).
+    let purge = rows_ok(
+        admin,
+        &format!(
+            "exec {} @shard_id = 0, @older_than_ms = 0, @dry_run = 1;",
+            orders.object("purge_feed")
+        ),
+    )
+    .await;
+    assert_eq!(purge.len(), 1, "one row for shard 0");
+    let stopped: &str = required(&purge[0], "stopped_because");
+    assert!(
+        stopped.contains(CONSUMER),
+        "a dry-run purge of shard 0 is held back by {CONSUMER}, got {stopped:?}"
+    );
+
+    // The consumer moves on with the new client.
+    let last = Cursor::from(resumed[resumed.len() - 1].0);
+    CursorStore::save(admin, CONSUMER, orders, 0, last)
+        .await
+        .expect("save_cursor after the upgrade");
+    assert_eq!(load_cursor(admin, orders, 0).await, last);
+}
+
+async fn check_serialized_feed(admin: &mut Client, ledger: &Feed, before: &Before) {
+    let saved = load_cursor(admin, ledger, 0).await;
+    assert_eq!(
+        saved.ulid(),
+        before.ledger_cursor,
+        "the ledger cursor survives"
+    );
+
+    // A writer after the upgrade: the Rust lock_feed, then ulid(1) on the server.
+    exec_ok(admin, "set xact_abort on; begin transaction;").await;
+    let range = lock_feed(admin, ledger, 0, None, Some(Duration::from_secs(10)))
+        .await
+        .expect("lock_feed after the upgrade");
+    let written = rows_ok(
+        admin,
+        &format!(
+            "insert into {} (id, Shard, ULID, amount) output inserted.ULID \
+             values (6, 0, {}(1), 6);",
+            ledger.quoted_table(),
+            ledger.object("ulid")
+        ),
+    )
+    .await;
+    exec_ok(admin, "commit transaction;").await;
+    let new_ulid = ulid_of(required::<&[u8]>(&written[0], "ULID"));
+    assert_eq!(
+        new_ulid,
+        range.first(),
+        "ulid(1) is the first ULID lock_feed reserved"
+    );
+    let last_before = before.ledger_events[before.ledger_events.len() - 1].0;
+    assert!(
+        new_ulid > last_before,
+        "a ULID reserved after the upgrade ({new_ulid}) comes after every earlier one \
+         ({last_before})"
+    );
+
+    let resumed = read_all(admin, ledger, 0, saved).await;
+    let mut expected = before.ledger_events[2..].to_vec();
+    expected.push((new_ulid, 6));
+    assert_eq!(
+        resumed, expected,
+        "the ledger continues from the saved cursor with no gap and no repeat"
+    );
+}
+
+async fn check_claim_outbox(admin: &mut Client, messages: &OutboxStore, before: &Before) {
+    let (open_id, token) = before.open_claim;
+    // The claim made before the upgrade is still held and can be acknowledged.
+    let acknowledged = messages
+        .mark_done(admin, &[open_id], ClaimToken::new(token))
+        .await
+        .expect("mark_done of a claim made before the upgrade");
+    assert_eq!(
+        acknowledged, 1,
+        "the claim made before the upgrade still holds m3"
+    );
+
+    // A message enqueued after the upgrade, then one claim: m2 (now the head of a-1) and m5.
+    exec_ok(admin, "set xact_abort on; begin transaction;").await;
+    let mut m5 =
+        NewMessage::new("orders", serde_json::json!({ "n": "m5" })).aggregate("order", "a-3");
+    m5.message_id = Some("m5".to_owned());
+    let enqueued = messages
+        .enqueue(admin, &m5)
+        .await
+        .expect("enqueue after the upgrade");
+    exec_ok(admin, "commit transaction;").await;
+    let newest_old_id = before
+        .message_ids
+        .iter()
+        .map(|(_, id)| *id)
+        .max()
+        .unwrap_or(0);
+    assert!(enqueued.id > newest_old_id, "ids go on after the upgrade");
+
+    let claimed: Vec<ClaimedMessage> = messages
+        .claim(admin, 10, Duration::from_secs(60))
+        .await
+        .expect("claim after the upgrade")
+        .into_iter()
+        .map(|row| match row {
+            Claimed::Message(message) => message,
+            Claimed::Undecodable(row) => panic!("a row written before the upgrade: {row:?}"),
+        })
+        .collect();
+    let claimed_ids: Vec<&str> = claimed.iter().map(|m| m.message_id.as_str()).collect();
+    assert_eq!(
+        claimed_ids,
+        ["m2", "m5"],
+        "claim goes on in order after the upgrade"
+    );
+    assert_eq!(
+        claimed[0].payload,
+        serde_json::json!({ "n": "m2" }),
+        "m2's payload survives"
+    );
+    let ids: Vec<i64> = claimed.iter().map(|m| m.id).collect();
+    assert_eq!(
+        messages
+            .mark_done(admin, &ids, claimed[0].claim_token)
+            .await
+            .expect("mark_done after the upgrade"),
+        2
+    );
+    assert_eq!(
+        scalar_i64(
+            admin,
+            &format!(
+                "select count_big(*) from {} where status = 2; -- 2: done",
+                messages.table().quoted()
+            ),
+        )
+        .await,
+        5,
+        "all five messages are done, none lost or doubled"
+    );
+}
+
+async fn check_status_views(admin: &mut Client, orders: &Feed, ledger: &Feed) {
+    let status = rows_ok(
+        admin,
+        &format!(
+            "select feed, shard_id, outbox_depth from changefeed.feed_status \
+             where feed in (N'{orders}', N'{ledger}') order by feed, shard_id;"
+        ),
+    )
+    .await;
+    let shown: Vec<(String, i32, Option<i64>)> = status
+        .iter()
+        .map(|row| {
+            (
+                required::<&str>(row, "feed").to_owned(),
+                required(row, "shard_id"),
+                row.try_get::<i64, &str>("outbox_depth")
+                    .expect("outbox_depth is a bigint"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (ledger.to_string(), 0, None),
+            (orders.to_string(), 0, Some(0)),
+            (orders.to_string(), 1, Some(0)),
+        ],
+        "feed_status shows every shard of both feeds, with the outboxes drained"
+    );
+
+    let lag = rows_ok(
+        admin,
+        &format!(
+            "select feed, shard_id, expired from changefeed.consumer_lag \
+             where consumer = N'{CONSUMER}' order by feed, shard_id;"
+        ),
+    )
+    .await;
+    let shown: Vec<(String, i32, bool)> = lag
+        .iter()
+        .map(|row| {
+            (
+                required::<&str>(row, "feed").to_owned(),
+                required(row, "shard_id"),
+                required(row, "expired"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (ledger.to_string(), 0, false),
+            (orders.to_string(), 0, false)
+        ],
+        "consumer_lag shows both saved cursors, neither expired"
+    );
+}
+
+fn assert_ulids_increase(rows: &[(Ulid, i64)], what: &str) {
+    for pair in rows.windows(2) {
+        assert!(
+            pair[0].0 < pair[1].0,
+            "{what}: ULIDs must strictly increase, got {} then {}",
+            pair[0].0,
+            pair[1].0
+        );
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Which versions to start from (no server needed)
+// ------------------------------------------------------------------------------------------
+
+/// Every migration after the baseline that changes a template or a generator has the
+/// version before it in [`FROM_VERSIONS`], and every from-version is a real version of
+/// the bundle, at or after the baseline.
+#[test]
+fn from_versions_cover_every_template_change() {
+    let newest = changefeed::migrations::newest_version();
+    assert!(
+        FROM_VERSIONS.windows(2).all(|pair| pair[0] < pair[1]),
+        "FROM_VERSIONS must be ascending without repeats: {FROM_VERSIONS:?}"
+    );
+    for &from in FROM_VERSIONS {
+        assert!(
+            (BASELINE..=newest).contains(&from),
+            "from-version {from} must be between the baseline V{BASELINE} and the newest \
+             V{newest}"
+        );
+    }
+    let directory = concat!(env!("CARGO_MANIFEST_DIR"), "/sql");
+    for (version, name) in changefeed::migrations::bundle() {
+        if version <= BASELINE {
+            continue;
+        }
+        let path = format!("{directory}/V{version}__{name}.sql");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("read {path}: {error}"));
+        if text.contains("__template") {
+            assert!(
+                FROM_VERSIONS.contains(&(version - 1)),
+                "V{version}__{name}.sql changes a template: add {} to FROM_VERSIONS in \
+                 tests/live_upgrade.rs, so that the upgrade test starts from the database as it \
+                 stood just before it",
+                version - 1
+            );
+        }
+    }
+}
