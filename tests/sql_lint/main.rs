@@ -65,6 +65,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
+#[cfg(test)]
+mod generated;
 mod lex;
 mod schema;
 mod typed;

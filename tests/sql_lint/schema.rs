@@ -231,7 +231,7 @@ impl Schema {
         }
     }
 
-    fn add_tokens(&mut self, file: &str, code: &[&Token<'_>], line_offset: usize) {
+    pub fn add_tokens(&mut self, file: &str, code: &[&Token<'_>], line_offset: usize) {
         for i in 0..code.len() {
             let t = code[i];
             let named = match t.kind {

@@ -310,8 +310,35 @@ const NOT_A_COLUMN: &[&str] = &[
     "else", "end", "select", "from", "where", "on", "as", "set", "collate",
 ];
 
-/// Aliases of `#temp` tables and table variables in `from`/`join`/`update` clauses.
-fn aliases(code: &[&Token<'_>]) -> (Vec<String>, Vec<String>) {
+/// `declare @v [as] table (…)` in `code`: the variable (lowercase) and its columns. A
+/// variable of a table type is not here: its columns are the type's (known by name).
+fn table_variables(code: &[&Token<'_>]) -> Vec<(String, Schema)> {
+    let mut out = Vec::new();
+    for i in 0..code.len() {
+        let t = code[i];
+        if t.kind != Kind::Word || !t.text.starts_with('@') {
+            continue;
+        }
+        let mut j = i + 1;
+        if code.get(j).is_some_and(|n| n.is("as")) {
+            j += 1;
+        }
+        if !(code.get(j).is_some_and(|n| n.is("table"))
+            && code.get(j + 1).is_some_and(|n| n.is_punct(b'(')))
+        {
+            continue;
+        }
+        let close = close_paren(code, j + 1).unwrap_or(code.len());
+        let mut columns = Schema::default();
+        columns.add_tokens("a table variable", &code[j + 2..close], 0);
+        out.push((t.text.to_ascii_lowercase(), columns));
+    }
+    out
+}
+
+/// Aliases of `#temp` tables, and of table variables (alias, variable), in
+/// `from`/`join`/`update` clauses.
+fn aliases(code: &[&Token<'_>]) -> (Vec<String>, Vec<(String, String)>) {
     let mut temp = Vec::new();
     let mut variables = Vec::new();
     for i in 1..code.len() {
@@ -343,7 +370,7 @@ fn aliases(code: &[&Token<'_>]) -> (Vec<String>, Vec<String>) {
         if is_temp {
             temp.push(name);
         } else {
-            variables.push(name);
+            variables.push((name, t.text.to_ascii_lowercase()));
         }
     }
     (temp, variables)
@@ -352,7 +379,21 @@ fn aliases(code: &[&Token<'_>]) -> (Vec<String>, Vec<String>) {
 struct Context<'s> {
     schema: &'s Schema,
     temp_aliases: Vec<String>,
-    variable_aliases: Vec<String>,
+    /// (alias, table variable)
+    variable_aliases: Vec<(String, String)>,
+    table_variables: Vec<(String, Schema)>,
+}
+
+impl Context<'_> {
+    /// The columns of the table variable behind `alias`, when it is declared in this file
+    /// as `table (…)`.
+    fn table_variable(&self, alias: &str) -> Option<&Schema> {
+        let (_, variable) = self.variable_aliases.iter().find(|(a, _)| a == alias)?;
+        self.table_variables
+            .iter()
+            .find(|(v, _)| v == variable)
+            .map(|(_, s)| s)
+    }
 }
 
 /// The column references in `code[from..to]` that carry a collation label.
@@ -384,13 +425,18 @@ fn references(code: &[&Token<'_>], from: usize, to: usize, cx: &Context<'_>) -> 
             .is_some_and(|q| q.starts_with('#') || cx.temp_aliases.contains(q))
         {
             Some(Label::Temp)
-        } else if qualifier
-            .as_ref()
-            .is_some_and(|q| cx.variable_aliases.contains(q))
-        {
-            cx.schema
-                .string_column(&name)
-                .map(|c| Label::Default(c.at.clone()))
+        } else if let Some(columns) = qualifier.as_ref().and_then(|q| cx.table_variable(q)) {
+            // Table-variable columns: their own declaration, else the database default.
+            match columns.collated(&name) {
+                Some(c) => Some(Label::Collated(
+                    c.ty.collation.clone().unwrap_or_default(),
+                    format!("{} (a table variable)", c.at),
+                )),
+                None => columns
+                    .string_column(&name)
+                    .or_else(|| cx.schema.string_column(&name))
+                    .map(|_| Label::Default("a table variable".to_owned())),
+            }
         } else if let Some(c) = cx.schema.collated(&name) {
             Some(Label::Collated(
                 c.ty.collation.clone().unwrap_or_default(),
@@ -575,6 +621,7 @@ fn collation_mixes(src: &str, code: &[&Token<'_>], schema: &Schema, sink: &mut S
         schema,
         temp_aliases,
         variable_aliases,
+        table_variables: table_variables(code),
     };
     let fix = "Say the collation in the expression (`<column> collate <the declared \
                collation>` on the other side, or `collate database_default` for a #temp \

@@ -175,6 +175,15 @@ fn comparison_case_iif_and_union_of_two_collations_fire() {
          select 1 from t as o join @c as c\n  on c.aggregate_id = o.aggregate_id;"
     );
     assert_fires(&table_variable, Rule::CollationMix, 6);
+    // A table variable declares its own collation; one of a table type has the type's.
+    assert_clean(&table_variable.replace(
+        "@c table (aggregate_id nvarchar(256))",
+        "@c table (aggregate_id nvarchar(256) collate Latin1_General_100_BIN2)",
+    ));
+    assert_clean(&table_variable.replace(
+        "@c table (aggregate_id nvarchar(256))",
+        "@c [changefeed].[type:read:dbo.t]",
+    ));
 
     // One collation, parameters and variables (coercible), and assignments are fine.
     assert_clean(&format!(
