@@ -10,11 +10,15 @@
 //!
 //! The replacement rules mirror copy_template exactly, in its order (binary collation, so
 //! case-sensitive, and every occurrence):
-//!   1. `e.__template_key__ = r.__template_key__`  → `e.[k1] = r.[k1] and e.[k2] = r.[k2]`
-//!   2. `__template_key__`                         → `[k1], [k2]`
-//!   3. `__template_shard__`, `__template_ulid__`  → `[shard column]`, `[ulid column]`
-//!   4. `[changefeed].[<template table>]`          → `[schema].[table]`
-//!   5. `changefeed.<template table>`              → `schema.table`
+//!
+//! ```text
+//! 1. e.__template_key__ = r.__template_key__   -> e.[k1] = r.[k1] and e.[k2] = r.[k2]
+//! 2. __template_key__                          -> [k1], [k2]
+//! 3. __template_shard__, __template_ulid__     -> [shard column], [ulid column]
+//! 4. [changefeed].[<template table>]           -> [schema].[table]
+//! 5. changefeed.<template table>               -> schema.table
+//! ```
+//!
 //! and which templates are copied mirrors upgrade_feed (sql/V22: the kinds of
 //! changefeed.feed_objects with object class P, V or FN whose mode is 'both' or the feed's;
 //! the template table `__template_serialized__` for serialize_writers, else `__template__`)
@@ -358,10 +362,11 @@ fn known_names(bundle: &[(String, String)], sample: &Sample, target: Target) -> 
             }
         }
         for i in 0..code.len().saturating_sub(3) {
-            if code[i].is("create") && code[i + 1].is("table") {
-                if let Some(n) = changefeed_name(&code, i + 2) {
-                    names.insert(n.to_ascii_lowercase());
-                }
+            if code[i].is("create")
+                && code[i + 1].is("table")
+                && let Some(n) = changefeed_name(&code, i + 2)
+            {
+                names.insert(n.to_ascii_lowercase());
             }
         }
     }

@@ -66,6 +66,8 @@ use std::fmt;
 use std::path::Path;
 
 #[cfg(test)]
+mod coverage;
+#[cfg(test)]
 mod generated;
 mod lex;
 mod schema;

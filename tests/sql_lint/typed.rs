@@ -47,12 +47,12 @@ fn arguments(code: &[&Token<'_>], open: usize) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut depth = 0;
     let mut from = open + 1;
-    for i in open + 1..close {
-        if code[i].is_punct(b'(') {
+    for (i, t) in code.iter().enumerate().take(close).skip(open + 1) {
+        if t.is_punct(b'(') {
             depth += 1;
-        } else if code[i].is_punct(b')') {
+        } else if t.is_punct(b')') {
             depth -= 1;
-        } else if depth == 0 && code[i].is_punct(b',') {
+        } else if depth == 0 && t.is_punct(b',') {
             out.push((from, i));
             from = i + 1;
         }
@@ -486,8 +486,7 @@ fn case_branches(code: &[&Token<'_>], at: usize) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut depth = 0i32; // nested case … end and parentheses
     let mut open: Option<usize> = None;
-    for i in at + 1..code.len() {
-        let t = code[i];
+    for (i, t) in code.iter().enumerate().skip(at + 1) {
         if t.is("case") || t.is_punct(b'(') {
             depth += 1;
         } else if (t.is("end") || t.is_punct(b')')) && depth > 0 {
@@ -773,8 +772,8 @@ fn select_items(code: &[&Token<'_>], at: usize, backward: bool) -> Option<Vec<(u
     {
         from += 1;
     }
-    for i in from..code.len() {
-        let t = code[i];
+    let start = from;
+    for (i, t) in code.iter().enumerate().skip(start) {
         if t.is_punct(b'(') {
             depth += 1;
         } else if t.is_punct(b')') {
