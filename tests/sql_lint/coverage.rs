@@ -448,11 +448,7 @@ fn bundle() -> Bundle {
     let mut dynamic: Vec<(String, BTreeSet<String>, Edges)> = Vec::new();
     for (_, text) in &files {
         let lexed = lex(text);
-        let code: Vec<&Token<'_>> = lexed
-            .tokens
-            .iter()
-            .filter(|t| t.kind != Kind::Comment)
-            .collect();
+        let code: Vec<&Token<'_>> = lexed.code();
         let module = find_modules(text, &code).into_iter().next();
         let mut own = Edges::default();
         let mut defined = BTreeSet::new();
@@ -462,11 +458,7 @@ fn bundle() -> Bundle {
         for s in code.iter().filter(|t| t.kind == Kind::Str) {
             let value = s.string_value();
             let inner = lex(&value);
-            let inner: Vec<&Token<'_>> = inner
-                .tokens
-                .iter()
-                .filter(|t| t.kind != Kind::Comment)
-                .collect();
+            let inner: Vec<&Token<'_>> = inner.code();
             references(&inner, &mut in_strings, &mut defined_in_strings);
         }
         match module {

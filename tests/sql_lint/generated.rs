@@ -32,7 +32,7 @@ use std::process::Command;
 
 use crate::lex::{Kind, Token, lex};
 use crate::schema::{Column, Schema, parse_type};
-use crate::{Module, Violation, bundle_schema, find_modules, lint_file_in, read_bundle};
+use crate::{Violation, bundle_schema, find_modules, lint_file_in, module_of, read_bundle};
 
 /// `quotename(x)`: NULL (None) past 128 characters.
 fn quotename(name: &str) -> Option<String> {
@@ -151,20 +151,15 @@ pub fn samples() -> Vec<Sample> {
 /// The values rows of the inline function `name`'s `values` list, as string literals.
 fn values_rows(bundle: &[(String, String)], name: &str) -> Vec<Vec<String>> {
     for (_, text) in bundle {
-        let lexed = lex(text);
-        let code: Vec<&Token<'_>> = lexed
-            .tokens
-            .iter()
-            .filter(|t| t.kind != Kind::Comment)
-            .collect();
-        let modules = find_modules(text, &code);
-        if !modules.first().is_some_and(|m| {
+        if !module_of(text).is_some_and(|m| {
             m.name_parts
                 .last()
                 .is_some_and(|n| n.eq_ignore_ascii_case(name))
         }) {
             continue;
         }
+        let lexed = lex(text);
+        let code = lexed.code();
         let Some(values) = code.iter().position(|t| t.is("values")) else {
             continue;
         };
@@ -308,15 +303,7 @@ fn template_of<'b>(
 ) -> Option<(&'b str, &'b str)> {
     let wanted = format!("{kind}:changefeed.{template_table}");
     bundle.iter().find_map(|(name, text)| {
-        let lexed = lex(text);
-        let code: Vec<&Token<'_>> = lexed
-            .tokens
-            .iter()
-            .filter(|t| t.kind != Kind::Comment)
-            .collect();
-        let modules: Vec<Module> = find_modules(text, &code);
-        modules
-            .first()
+        module_of(text)
             .filter(|m| m.name_parts.last().is_some_and(|n| *n == wanted))
             .map(|_| (name.as_str(), text.as_str()))
     })
@@ -351,11 +338,7 @@ fn known_names(bundle: &[(String, String)], sample: &Sample, target: Target) -> 
     let mut names = BTreeSet::new();
     for (_, text) in bundle {
         let lexed = lex(text);
-        let code: Vec<&Token<'_>> = lexed
-            .tokens
-            .iter()
-            .filter(|t| t.kind != Kind::Comment)
-            .collect();
+        let code: Vec<&Token<'_>> = lexed.code();
         for m in find_modules(text, &code) {
             if let Some(n) = m.name_parts.last() {
                 names.insert(n.to_ascii_lowercase());
@@ -395,11 +378,7 @@ fn changefeed_name(code: &[&Token<'_>], i: usize) -> Option<String> {
 pub fn binding_problems(rendered: &Rendered, known: &BTreeSet<String>) -> Vec<String> {
     let mut out = Vec::new();
     let lexed = lex(&rendered.text);
-    let code: Vec<&Token<'_>> = lexed
-        .tokens
-        .iter()
-        .filter(|t| t.kind != Kind::Comment)
-        .collect();
+    let code: Vec<&Token<'_>> = lexed.code();
     for t in &code {
         if t.text.contains("__template") {
             out.push(format!(

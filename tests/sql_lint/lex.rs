@@ -95,6 +95,16 @@ fn is_word_char(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b'@' || b == b'#' || b == b'$' || b >= 0x80
 }
 
+impl<'a> Lexed<'a> {
+    /// The tokens without comments: what the server compiles.
+    pub fn code(&self) -> Vec<&Token<'a>> {
+        self.tokens
+            .iter()
+            .filter(|t| t.kind != Kind::Comment)
+            .collect()
+    }
+}
+
 /// Splits T-SQL into tokens. Never fails: an unterminated construct runs to the end of the
 /// text and is recorded in `problems`.
 pub fn lex(src: &str) -> Lexed<'_> {
@@ -273,11 +283,7 @@ pub fn in_strings(
     for t in code.iter().filter(|t| t.kind == Kind::Str) {
         let value = t.string_value();
         let lexed = lex(&value);
-        let inner: Vec<&Token<'_>> = lexed
-            .tokens
-            .iter()
-            .filter(|t| t.kind != Kind::Comment)
-            .collect();
+        let inner: Vec<&Token<'_>> = lexed.code();
         found.extend(
             f(&inner)
                 .into_iter()

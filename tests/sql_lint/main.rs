@@ -369,6 +369,12 @@ fn find_modules(src: &str, code: &[&Token<'_>]) -> Vec<Module> {
     modules
 }
 
+/// The module a file creates (the first), if any.
+fn module_of(src: &str) -> Option<Module> {
+    let lexed = lex(src);
+    find_modules(src, &lexed.code()).into_iter().next()
+}
+
 /// The `AS` that starts the module's body: the first `AS` outside parentheses after the
 /// name that is not `@param AS type` nor `EXECUTE AS`.
 fn body_as(code: &[&Token<'_>], module: &Module) -> Option<usize> {
@@ -952,11 +958,7 @@ fn lint_file_in(file: &str, src: &str, schema: &Schema) -> Vec<Violation> {
     for (line, message) in &lexed.problems {
         sink.push(*line, Rule::Lexical, message.clone());
     }
-    let code: Vec<&Token<'_>> = lexed
-        .tokens
-        .iter()
-        .filter(|t| t.kind != Kind::Comment)
-        .collect();
+    let code: Vec<&Token<'_>> = lexed.code();
 
     // R2
     for (n, line) in code_mask(src, &lexed.tokens).split('\n').enumerate() {
@@ -1214,11 +1216,7 @@ fn broken_copies_of_the_bundle_fail_lint() {
         assert!(fires(&go, Rule::NoGo), "{file}: a GO line is not caught");
 
         let lexed = lex(text);
-        let code: Vec<&Token<'_>> = lexed
-            .tokens
-            .iter()
-            .filter(|t| t.kind != Kind::Comment)
-            .collect();
+        let code: Vec<&Token<'_>> = lexed.code();
         let Some(module) = find_modules(text, &code).into_iter().next() else {
             continue;
         };

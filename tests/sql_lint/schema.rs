@@ -213,20 +213,12 @@ impl Schema {
     /// Adds every column definition in `src` (code and string literals).
     pub fn add(&mut self, file: &str, src: &str) {
         let lexed = lex(src);
-        let code: Vec<&Token<'_>> = lexed
-            .tokens
-            .iter()
-            .filter(|t| t.kind != Kind::Comment)
-            .collect();
+        let code: Vec<&Token<'_>> = lexed.code();
         self.add_tokens(file, &code, 0);
         for t in code.iter().filter(|t| t.kind == Kind::Str) {
             let value = t.string_value();
             let inner = lex(&value);
-            let inner: Vec<&Token<'_>> = inner
-                .tokens
-                .iter()
-                .filter(|t| t.kind != Kind::Comment)
-                .collect();
+            let inner: Vec<&Token<'_>> = inner.code();
             self.add_tokens(file, &inner, t.line - 1);
         }
     }
