@@ -1,12 +1,12 @@
 //! The project's own static lint of the T-SQL migration bundle in `sql/`
-//! (DESIGN.md §4.1; the SQL Server facts behind the rules are in TSQL-NOTES.md).
+//! (ARCHITECTURE.md describes the bundle and the SQL Server facts behind these rules).
 //!
 //! refinery sends every file of `sql/` to SQL Server as one batch, inside a transaction.
 //! CI has no SQL Server, so the rules that a server would only enforce at deploy time (or
 //! never: a `GRANT` after a procedure silently becomes part of its body) are checked here,
-//! per file, on a small T-SQL tokenizer that knows comments (`--`, nested `/* */`), string
-//! literals (`'…'`, `N'…'`, `''` escapes) and quoted identifiers (`[…]` with `]]`, `"…"`).
-//! Keywords inside comments and strings never count as code.
+//! per file, on a small T-SQL tokenizer (`lex.rs`) that knows comments (`--`, nested
+//! `/* */`), string literals (`'…'`, `N'…'`, `''` escapes) and quoted identifiers (`[…]`
+//! with `]]`, `"…"`). Keywords inside comments and strings never count as code.
 //!
 //! Rules (each violation names the file, the line, the rule and the fix):
 //!
@@ -33,10 +33,50 @@
 //!   full-text catalog/index DDL), in code or in dynamic SQL strings.
 //! * R10 `ulid-and-time-types` — no line pairs `ulid` with `uniqueidentifier`; no
 //!   `datediff(millisecond|ms|microsecond|mcs|nanosecond|ns, …)` (use `datediff_big`).
+//!
+//! The typed rules (`typed.rs`, over the declarations collected by `schema.rs`): what a
+//! server refuses at CREATE time or gets silently wrong from types and collations.
+//!
+//! * R11 `int-literal-range` — an integer literal outside the int range (typed numeric by
+//!   SQL Server) only as the direct operand of `convert(bigint, …)` / `cast(… as bigint)`
+//!   or as the initial value of a bigint variable or parameter (`@x bigint = …`). Literals
+//!   inside strings (messages) are not code and are not checked.
+//! * R12 `collation-mix` — a `coalesce` / `isnull` / `iif` / `nullif` / `case` result /
+//!   comparison / `union` column that mixes a column the bundle declares with an explicit
+//!   `collate` (in code or in dynamic DDL) with a column of another collation: another
+//!   character column, a table-variable column or a `#temp` column, with no `collate` in
+//!   the expression. Columns are known by name (see `schema.rs`).
+//! * R13 `implicit-transactions` — a procedure that opens its own transaction has `set
+//!   implicit_transactions off` before its first `BEGIN TRAN[SACTION]`.
+//! * R14 `silent-truncation` — `isnull(a, b)` where `b` can be longer than `a`'s declared
+//!   length, and `declare @v type(n) = <value longer than n>`, where both lengths are known
+//!   (declared variables, parameters and columns, literals, `convert`/`cast`, `concat`).
+//! * R15 `cursor-parameter` — no procedure input parameter `@cursor binary(n)`: binary pads
+//!   and cuts silently; take varbinary and check the length.
+//! * R16 `view-readpast` — no READPAST in a view (error 650 under SNAPSHOT/SERIALIZABLE).
+//! * R17 `session-context-type` — `session_context(…)` (sql_variant) only directly inside
+//!   `convert(type, …)` / `cast(… as type)`.
+//! * R18 `function-side-effects` — no newid/rand/crypt_gen_random, EXEC, THROW, RAISERROR or
+//!   PRINT inside a function.
+//! * R19 `bitwise-operand` — `&`, `|`, `^` never take a decimal/numeric/float/money operand
+//!   (including an integer literal beyond int) nor two binary operands.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
+
+#[cfg(test)]
+mod coverage;
+#[cfg(test)]
+mod generated;
+mod lex;
+mod schema;
+mod typed;
+#[cfg(test)]
+mod typed_tests;
+
+use lex::{Kind, Token, code_mask, comment_free, in_strings, lex, snippet};
+use schema::Schema;
 
 // ---------------------------------------------------------------------------------------
 // Violations
@@ -55,6 +95,15 @@ enum Rule {
     Template,
     NoTransactionRefused,
     UlidAndTimeTypes,
+    IntLiteral,
+    CollationMix,
+    ImplicitTransactions,
+    Truncation,
+    CursorParameter,
+    ViewReadpast,
+    SessionContext,
+    FunctionSideEffects,
+    BitwiseOperand,
 }
 
 impl Rule {
@@ -71,6 +120,15 @@ impl Rule {
             Rule::Template => "R8 template",
             Rule::NoTransactionRefused => "R9 no-transaction-refused",
             Rule::UlidAndTimeTypes => "R10 ulid-and-time-types",
+            Rule::IntLiteral => "R11 int-literal-range",
+            Rule::CollationMix => "R12 collation-mix",
+            Rule::ImplicitTransactions => "R13 implicit-transactions",
+            Rule::Truncation => "R14 silent-truncation",
+            Rule::CursorParameter => "R15 cursor-parameter",
+            Rule::ViewReadpast => "R16 view-readpast",
+            Rule::SessionContext => "R17 session-context-type",
+            Rule::FunctionSideEffects => "R18 function-side-effects",
+            Rule::BitwiseOperand => "R19 bitwise-operand",
         }
     }
 }
@@ -115,270 +173,6 @@ impl Sink<'_> {
             message: message.into(),
         });
     }
-}
-
-// ---------------------------------------------------------------------------------------
-// Tokenizer
-// ---------------------------------------------------------------------------------------
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    /// Keyword or plain identifier, including `@variable`, `@@function`, `#temp`.
-    Word,
-    Number,
-    /// `'…'` or `N'…'`; `text` includes the prefix and the quotes.
-    Str,
-    /// `[…]` or `"…"`; `text` includes the delimiters.
-    Ident,
-    Punct,
-    /// `-- …` (without the newline) or `/* … */` (nested).
-    Comment,
-}
-
-#[derive(Clone, Debug)]
-struct Token<'a> {
-    kind: Kind,
-    text: &'a str,
-    /// Byte offset in the lexed text.
-    start: usize,
-    /// 1-based line of the first character.
-    line: usize,
-}
-
-impl Token<'_> {
-    fn end(&self) -> usize {
-        self.start + self.text.len()
-    }
-
-    /// A keyword or plain identifier, compared case-insensitively.
-    fn is(&self, word: &str) -> bool {
-        self.kind == Kind::Word && self.text.eq_ignore_ascii_case(word)
-    }
-
-    fn is_any(&self, words: &[&str]) -> bool {
-        words.iter().any(|w| self.is(w))
-    }
-
-    fn is_punct(&self, c: u8) -> bool {
-        self.kind == Kind::Punct && self.text.as_bytes() == [c]
-    }
-
-    /// The value of a string literal (without `N`, quotes and `''` escapes).
-    fn string_value(&self) -> String {
-        let body = self.text.strip_prefix(['N', 'n']).unwrap_or(self.text);
-        let body = body.strip_prefix('\'').unwrap_or(body);
-        // Find the closing quote (a lone `'`); an unterminated literal runs to the end.
-        let bytes = body.as_bytes();
-        let mut i = 0;
-        while i < bytes.len() {
-            if bytes[i] == b'\'' {
-                if bytes.get(i + 1) == Some(&b'\'') {
-                    i += 2;
-                    continue;
-                }
-                break;
-            }
-            i += 1;
-        }
-        body[..i].replace("''", "'")
-    }
-
-    /// The name inside `[…]`/`"…"` (escapes undone), or the word itself.
-    fn ident_value(&self) -> String {
-        match self.kind {
-            Kind::Ident if self.text.starts_with('[') => {
-                let body = &self.text[1..];
-                body.strip_suffix(']').unwrap_or(body).replace("]]", "]")
-            }
-            Kind::Ident => {
-                let body = &self.text[1..];
-                body.strip_suffix('"').unwrap_or(body).replace("\"\"", "\"")
-            }
-            _ => self.text.to_owned(),
-        }
-    }
-}
-
-struct Lexed<'a> {
-    tokens: Vec<Token<'a>>,
-    /// (line, message) of unterminated comments, strings and quoted identifiers.
-    problems: Vec<(usize, String)>,
-}
-
-fn is_word_start(b: u8) -> bool {
-    b.is_ascii_alphabetic() || b == b'_' || b == b'@' || b == b'#' || b >= 0x80
-}
-
-fn is_word_char(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_' || b == b'@' || b == b'#' || b == b'$' || b >= 0x80
-}
-
-/// Splits T-SQL into tokens. Never fails: an unterminated construct runs to the end of the
-/// text and is recorded in `problems`.
-fn lex(src: &str) -> Lexed<'_> {
-    let bytes = src.as_bytes();
-    let n = bytes.len();
-    let mut tokens = Vec::new();
-    let mut problems = Vec::new();
-    let mut i = 0;
-    let mut line = 1;
-    while i < n {
-        let b = bytes[i];
-        let start = i;
-        let start_line = line;
-        let kind;
-        if b == b'\n' {
-            line += 1;
-            i += 1;
-            continue;
-        } else if b.is_ascii_whitespace() {
-            i += 1;
-            continue;
-        } else if b == b'-' && bytes.get(i + 1) == Some(&b'-') {
-            while i < n && bytes[i] != b'\n' {
-                i += 1;
-            }
-            kind = Kind::Comment;
-        } else if b == b'/' && bytes.get(i + 1) == Some(&b'*') {
-            // T-SQL block comments nest.
-            let mut depth = 1;
-            i += 2;
-            while i < n && depth > 0 {
-                if bytes[i] == b'/' && bytes.get(i + 1) == Some(&b'*') {
-                    depth += 1;
-                    i += 2;
-                } else if bytes[i] == b'*' && bytes.get(i + 1) == Some(&b'/') {
-                    depth -= 1;
-                    i += 2;
-                } else {
-                    if bytes[i] == b'\n' {
-                        line += 1;
-                    }
-                    i += 1;
-                }
-            }
-            if depth > 0 {
-                problems.push((
-                    start_line,
-                    "block comment `/*` is never closed (T-SQL block comments nest: every \
-                     `/*` inside it needs its own `*/`); close it with `*/`"
-                        .to_owned(),
-                ));
-            }
-            kind = Kind::Comment;
-        } else if b == b'\'' || ((b == b'N' || b == b'n') && bytes.get(i + 1) == Some(&b'\'')) {
-            i += if b == b'\'' { 1 } else { 2 };
-            let (next, closed) = scan_quoted(bytes, i, b'\'', &mut line);
-            i = next;
-            if !closed {
-                problems.push((
-                    start_line,
-                    "string literal is never closed; end it with `'` (write a quote inside \
-                     a string as `''`)"
-                        .to_owned(),
-                ));
-            }
-            kind = Kind::Str;
-        } else if b == b'[' || b == b'"' {
-            let close = if b == b'[' { b']' } else { b'"' };
-            let (next, closed) = scan_quoted(bytes, i + 1, close, &mut line);
-            i = next;
-            if !closed {
-                problems.push((
-                    start_line,
-                    format!(
-                        "quoted identifier `{}` is never closed; end it with `{}` (write `{}` \
-                         inside it as `{}{}`)",
-                        b as char, close as char, close as char, close as char, close as char
-                    ),
-                ));
-            }
-            kind = Kind::Ident;
-        } else if b.is_ascii_digit() {
-            while i < n && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'.') {
-                i += 1;
-            }
-            kind = Kind::Number;
-        } else if is_word_start(b) {
-            while i < n && is_word_char(bytes[i]) {
-                i += 1;
-            }
-            kind = Kind::Word;
-        } else {
-            i += 1;
-            kind = Kind::Punct;
-        }
-        tokens.push(Token {
-            kind,
-            text: &src[start..i],
-            start,
-            line: start_line,
-        });
-    }
-    Lexed { tokens, problems }
-}
-
-/// Scans to the closing `close` (a doubled `close` is an escape). Returns the index after
-/// the literal and whether it was closed.
-fn scan_quoted(bytes: &[u8], mut i: usize, close: u8, line: &mut usize) -> (usize, bool) {
-    while i < bytes.len() {
-        if bytes[i] == close {
-            if bytes.get(i + 1) == Some(&close) {
-                i += 2;
-                continue;
-            }
-            return (i + 1, true);
-        }
-        if bytes[i] == b'\n' {
-            *line += 1;
-        }
-        i += 1;
-    }
-    (i, false)
-}
-
-/// The text with comments, string contents and quoted-identifier contents blanked
-/// (newlines kept): what the server sees as bare code, line by line.
-fn code_mask(src: &str, tokens: &[Token<'_>]) -> String {
-    let mut mask: Vec<u8> = src
-        .bytes()
-        .map(|b| if b == b'\n' { b'\n' } else { b' ' })
-        .collect();
-    for t in tokens {
-        match t.kind {
-            Kind::Comment => {}
-            Kind::Str | Kind::Ident => {
-                mask[t.start] = b'x';
-                mask[t.end() - 1] = b'x';
-            }
-            _ => mask[t.start..t.end()].copy_from_slice(t.text.as_bytes()),
-        }
-    }
-    String::from_utf8_lossy(&mask).into_owned()
-}
-
-/// The text with comments blanked (newlines kept); strings and identifiers stay.
-fn comment_free(src: &str, tokens: &[Token<'_>]) -> String {
-    let mut text = src.as_bytes().to_vec();
-    for t in tokens.iter().filter(|t| t.kind == Kind::Comment) {
-        for b in &mut text[t.start..t.end()] {
-            if *b != b'\n' {
-                *b = b' ';
-            }
-        }
-    }
-    String::from_utf8_lossy(&text).into_owned()
-}
-
-fn snippet(code: &[&Token<'_>], from: usize) -> String {
-    let mut s = String::new();
-    for t in code.iter().skip(from).take(6) {
-        if !s.is_empty() {
-            s.push(' ');
-        }
-        s.push_str(t.text.lines().next().unwrap_or(""));
-    }
-    s
 }
 
 // ---------------------------------------------------------------------------------------
@@ -573,6 +367,12 @@ fn find_modules(src: &str, code: &[&Token<'_>]) -> Vec<Module> {
         });
     }
     modules
+}
+
+/// The module a file creates (the first), if any.
+fn module_of(src: &str) -> Option<Module> {
+    let lexed = lex(src);
+    find_modules(src, &lexed.code()).into_iter().next()
 }
 
 /// The `AS` that starts the module's body: the first `AS` outside parentheses after the
@@ -1015,7 +815,7 @@ fn lint_module(src: &str, code: &[&Token<'_>], module: &Module, sink: &mut Sink<
                     "the first statement of {what} after `AS BEGIN` must be `set nocount, \
                      xact_abort on;` (found {what_found}). Without XACT_ABORT a run-time \
                      error can leave the caller's transaction open; without NOCOUNT every \
-                     statement sends a row count (DESIGN.md §4.1)."
+                     statement sends a row count (ARCHITECTURE.md)."
                 ),
             );
         }
@@ -1044,7 +844,7 @@ fn lint_module(src: &str, code: &[&Token<'_>], module: &Module, sink: &mut Sink<
                         "`{}` in {what} is not inside a `BEGIN TRY` whose `BEGIN CATCH` rolls \
                          back and re-raises. Wrap it as `begin try begin transaction; … commit \
                          transaction; end try begin catch if @@trancount > 0 rollback \
-                         transaction; throw; end catch;` (DESIGN.md §4.1; the `;` before \
+                         transaction; throw; end catch;` (ARCHITECTURE.md; the `;` before \
                          `throw` is required).",
                         snippet(code, t)
                             .split(';')
@@ -1131,30 +931,6 @@ fn fine_datediffs(code: &[&Token<'_>]) -> Vec<(usize, String)> {
         .collect()
 }
 
-/// Runs `f` over the tokens of every string literal's value (dynamic SQL), with lines
-/// mapped back to the file.
-fn in_strings(
-    code: &[&Token<'_>],
-    f: impl Fn(&[&Token<'_>]) -> Vec<(usize, String)>,
-) -> Vec<(usize, String)> {
-    let mut found = Vec::new();
-    for t in code.iter().filter(|t| t.kind == Kind::Str) {
-        let value = t.string_value();
-        let lexed = lex(&value);
-        let inner: Vec<&Token<'_>> = lexed
-            .tokens
-            .iter()
-            .filter(|t| t.kind != Kind::Comment)
-            .collect();
-        found.extend(
-            f(&inner)
-                .into_iter()
-                .map(|(line, what)| (t.line + line - 1, what)),
-        );
-    }
-    found
-}
-
 fn is_go_line(line: &str) -> bool {
     let t = line.trim();
     let Some(rest) = t.get(..2).filter(|go| go.eq_ignore_ascii_case("go")) else {
@@ -1166,8 +942,14 @@ fn is_go_line(line: &str) -> bool {
     rest.is_empty()
 }
 
-/// Rules R0 and R2–R10 for one file; `file` is the name shown in messages.
+/// Rules R0 and R2–R19 for one file, knowing only what the file itself declares; `file`
+/// is the name shown in messages.
 fn lint_file(file: &str, src: &str) -> Vec<Violation> {
+    lint_file_in(file, src, &Schema::of(file, src))
+}
+
+/// Rules R0 and R2–R19 for one file, with the declarations of the whole bundle.
+fn lint_file_in(file: &str, src: &str, schema: &Schema) -> Vec<Violation> {
     let mut sink = Sink {
         file,
         out: Vec::new(),
@@ -1176,11 +958,7 @@ fn lint_file(file: &str, src: &str) -> Vec<Violation> {
     for (line, message) in &lexed.problems {
         sink.push(*line, Rule::Lexical, message.clone());
     }
-    let code: Vec<&Token<'_>> = lexed
-        .tokens
-        .iter()
-        .filter(|t| t.kind != Kind::Comment)
-        .collect();
+    let code: Vec<&Token<'_>> = lexed.code();
 
     // R2
     for (n, line) in code_mask(src, &lexed.tokens).split('\n').enumerate() {
@@ -1273,7 +1051,7 @@ fn lint_file(file: &str, src: &str) -> Vec<Violation> {
                 Rule::ThrowNumber,
                 format!(
                     "`throw {sign}{}` uses a number outside 51000–51999, the range this \
-                     project reserves for its errors (DESIGN.md §4.1). Pick a number in that \
+                     project reserves for its errors (ARCHITECTURE.md). Pick a number in that \
                      range and add it to the error table in README.md.",
                     number.text
                 ),
@@ -1304,7 +1082,7 @@ fn lint_file(file: &str, src: &str) -> Vec<Violation> {
                 n + 1,
                 Rule::UlidAndTimeTypes,
                 "a ULID next to `uniqueidentifier`: store ULIDs as `binary(16)`, never \
-                 `uniqueidentifier`, whose sort order scrambles the bytes (DESIGN.md §4.3).",
+                 `uniqueidentifier`, whose sort order scrambles the bytes (ARCHITECTURE.md).",
             );
         }
     }
@@ -1321,6 +1099,9 @@ fn lint_file(file: &str, src: &str) -> Vec<Violation> {
         );
     }
 
+    // R11–R19
+    typed::lint(src, &code, modules.first(), schema, &mut sink);
+
     let mut out = sink.out;
     out.sort_by_key(|v| (v.line, v.rule));
     out
@@ -1330,10 +1111,20 @@ fn lint_file(file: &str, src: &str) -> Vec<Violation> {
 fn lint_bundle(files: &[(String, String)]) -> Vec<Violation> {
     let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
     let mut out = lint_file_names(&names);
+    let schema = bundle_schema(files);
     for (name, text) in files.iter().filter(|(name, _)| name.ends_with(".sql")) {
-        out.extend(lint_file(&format!("sql/{name}"), text));
+        out.extend(lint_file_in(&format!("sql/{name}"), text, &schema));
     }
     out
+}
+
+/// The declarations of every file of the bundle (code and dynamic DDL).
+fn bundle_schema(files: &[(String, String)]) -> Schema {
+    let mut schema = Schema::default();
+    for (name, text) in files.iter().filter(|(name, _)| name.ends_with(".sql")) {
+        schema.add(&format!("sql/{name}"), text);
+    }
+    schema
 }
 
 /// Every entry of `sql/` as (name, text), sorted by version then name. Directories and
@@ -1383,7 +1174,7 @@ fn bundle_passes_lint() {
     violations.extend(lint_bundle(&files));
     assert!(
         violations.is_empty(),
-        "the SQL bundle breaks {} lint rule(s) (tests/sql_lint.rs, DESIGN.md §4.1):\n{}",
+        "the SQL bundle breaks {} lint rule(s) (tests/sql_lint/, ARCHITECTURE.md):\n{}",
         violations.len(),
         violations
             .iter()
@@ -1425,11 +1216,7 @@ fn broken_copies_of_the_bundle_fail_lint() {
         assert!(fires(&go, Rule::NoGo), "{file}: a GO line is not caught");
 
         let lexed = lex(text);
-        let code: Vec<&Token<'_>> = lexed
-            .tokens
-            .iter()
-            .filter(|t| t.kind != Kind::Comment)
-            .collect();
+        let code: Vec<&Token<'_>> = lexed.code();
         let Some(module) = find_modules(text, &code).into_iter().next() else {
             continue;
         };
@@ -1526,6 +1313,7 @@ create or alter procedure [changefeed].[good]
 as
 begin
     set nocount, xact_abort on;
+    set implicit_transactions off;
 
     declare @x int = case when @mode = 'go' then 1 else 0 end;
     if @name is null
@@ -1795,8 +1583,8 @@ fn transaction_without_catch_fires() {
 
 #[test]
 fn catch_without_rethrow_or_semicolon_fires() {
-    let swallowing = "create procedure p as begin\nset nocount, xact_abort on;\nbegin try\n\
-                      begin transaction;\ncommit;\nend try\nbegin catch\n\
+    let swallowing = "create procedure p as begin\nset nocount, xact_abort on;\n\
+                      set implicit_transactions off; begin try\nbegin transaction;\ncommit;\nend try\nbegin catch\n\
                       if @@trancount > 0 rollback;\nend catch\nend";
     assert_fires(swallowing, Rule::TransactionCatch, 4);
     let no_semicolon = swallowing.replace("rollback;\n", "rollback throw;\n");
