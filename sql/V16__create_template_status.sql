@@ -3,6 +3,9 @@
 -- shard last moved rows. Written as the template feed's view; upgrade_feed copies it.
 -- The outbox is read with READPAST so a dashboard never waits for a writer: it counts
 -- committed rows only.
+-- lint: R16 accepted: READPAST keeps this dashboard view from ever waiting for a writer;
+-- a caller inside a SNAPSHOT or SERIALIZABLE transaction may get error 650 from it, as
+-- README ("Status views") says: query it outside such a transaction.
 create or alter view [changefeed].[status:changefeed.__template__]
 as
 with shards as (

@@ -2,6 +2,9 @@
 -- columns as the outbox-mode status view so that feed_status can union them: there is
 -- no outbox, so its depth and oldest time are null. Written as the template feed's view.
 -- READPAST: a dashboard must not wait for a writer's open transaction.
+-- lint: R16 accepted: READPAST keeps this dashboard view from ever waiting for a writer;
+-- a caller inside a SNAPSHOT or SERIALIZABLE transaction may get error 650 from it, as
+-- README ("Status views") says: query it outside such a transaction.
 create or alter view [changefeed].[status:changefeed.__template_serialized__]
 as
 select

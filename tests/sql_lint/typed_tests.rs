@@ -2,6 +2,7 @@
 //! accepts the fixed form.
 
 use crate::{F, Rule, Schema, assert_clean, assert_fires, lint_file, lint_file_in};
+use crate::typed::ACCEPT_VIEW_READPAST;
 
 /// A procedure around `body` (the body starts on line 5).
 fn procedure(body: &str) -> String {
@@ -289,6 +290,9 @@ fn readpast_in_a_view_fires() {
     let message = assert_fires(bad, Rule::ViewReadpast, 4);
     assert!(message.contains("650"), "{message}");
     assert_clean(&bad.replace(", readpast", ""));
+    // A view may accept the rule only with a stated reason.
+    assert_clean(&format!("{ACCEPT_VIEW_READPAST} documented in README\n{bad}"));
+    assert_fires(&format!("{ACCEPT_VIEW_READPAST}\n{bad}"), Rule::ViewReadpast, 5);
     // In a procedure, which can set its isolation level, READPAST is fine.
     assert_clean(
         "create or alter procedure p as begin set nocount, xact_abort on;\n\
