@@ -1,4 +1,4 @@
--- Creates the storage of a feed for the event table @object_id (DESIGN.md 4.4): the state
+-- Creates the storage of a feed for the event table @object_id (ARCHITECTURE.md, "Templates"): the state
 -- table and read type of every feed, and for @mode = 'outbox' its outbox and feed
 -- tables. Each part is created only when it is missing, so a call never drops or changes data. Internal: setup_feed calls it after it
 -- validated the name and the key, and the template feed changefeed.__template__ is created by it too, so this

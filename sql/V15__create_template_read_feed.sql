@@ -1,4 +1,4 @@
--- read_feed for outbox-mode feeds (DESIGN.md 4.4), written as the template feed's procedure;
+-- read_feed for outbox-mode feeds (ARCHITECTURE.md, "read_feed"), written as the template feed's procedure;
 -- changefeed.upgrade_feed copies it for every outbox-mode feed (the markers are listed where changefeed.__template__ is created).
 --
 -- Returns the next rows of shard @shard_id with ulid > @cursor, in ulid order, at most

@@ -1,4 +1,4 @@
--- Creates or repairs a claim-style outbox table (DESIGN.md 4.5). Every part is guarded: a
+-- Creates or repairs a claim-style outbox table (ARCHITECTURE.md, "The claim protocol"). Every part is guarded: a
 -- missing table is created whole; for an existing one (a partial install, a table created
 -- by hand) missing indexes and constraints are added, and missing columns are reported,
 -- since adding them to a table with rows is the owner's decision. Nothing is ever dropped.

@@ -12,6 +12,10 @@ begin
     -- It begins and commits its own transaction: under a caller's SET IMPLICIT_TRANSACTIONS
     -- ON that commit would leave a level open with every lock held. Reverts on return.
     set implicit_transactions off;
+    -- create_outbox_storage runs ALTER TABLE and CREATE INDEX in this transaction, which SQL
+    -- Server refuses at SNAPSHOT isolation after BEGIN TRANSACTION (error 3961). Reverts on
+    -- return.
+    set transaction isolation level read committed;
 
     declare @schema_name sysname;
     declare @object_name sysname;

@@ -1,4 +1,4 @@
--- The per-shard ULID allocator (DESIGN.md 4.3), set-based form: the ULID of one row of a batch.
+-- The per-shard ULID allocator (ARCHITECTURE.md, "ULIDs and the allocator"), set-based form: the ULID of one row of a batch.
 --
 -- A ULID is ms(6 bytes, big-endian) || random16 (2 bytes) || counter (8 bytes, big-endian
 -- two's complement). The caller passes, per row in order_sequence order:

@@ -1,4 +1,4 @@
--- The template feed of serialized-writer mode (DESIGN.md 4.4). Like the outbox-mode
+-- The template feed of serialized-writer mode (ARCHITECTURE.md, "Templates"). Like the outbox-mode
 -- template feed changefeed.__template__, its per-feed code (the next files) is written once as real objects
 -- of this table, and changefeed.upgrade_feed copies it for each serialized-writer feed,
 -- replacing the same markers and also

@@ -26,7 +26,14 @@ begin
         @readers = o.object_name
     from changefeed.feeds as f
     cross apply changefeed.feed_objects(f.schema_name, f.table_name) as o
-    where f.schema_name + N'.' + f.table_name = @feed and o.kind = N'changefeed.readers';
+    -- Names never contain a dot (parse_feed_name), so parsename splits @feed exactly; the two
+    -- parts seek feeds_name_uq instead of scanning the registry, so a cursor call never waits
+    -- behind a setup or upgrade of another feed (locking READ COMMITTED).
+    where
+        f.schema_name = parsename(@feed, 2)
+        and f.table_name = parsename(@feed, 1)
+        and parsename(@feed, 3) is null
+        and o.kind = N'changefeed.readers';
 
     if @registered_feed is null
     begin

@@ -116,7 +116,7 @@ where
 ///
 /// ```no_run
 /// # async fn run(client: &mut changefeed::Client) -> changefeed::Result<()> {
-/// changefeed::migrations::migrate_to(client, 47).await?; // as release 0.1 left it
+/// changefeed::migrations::migrate_to(client, 49).await?; // as release 0.1 left it
 /// changefeed::migrations::migrate(client).await?; // the newest release
 /// # Ok(()) }
 /// ```

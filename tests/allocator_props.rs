@@ -1,4 +1,4 @@
-//! Property tests of the reference ULID allocator (DESIGN.md §4.3).
+//! Property tests of the reference ULID allocator (ARCHITECTURE.md, "ULIDs and the allocator").
 
 use changefeed::allocator::{
     Allocator, COUNTER_MASK, FixedRandom, HINT_TOLERANCE_MS, MAX_MS, RESERVATION_SIZE, RandomParts,

@@ -1,4 +1,4 @@
-//! Live tests of the claim-style outbox (DESIGN.md 4.5, issue 5): `changefeed.setup_outbox`,
+//! Live tests of the claim-style outbox (ARCHITECTURE.md, "The claim protocol"): `changefeed.setup_outbox`,
 //! the per-outbox procedures `[enqueue|claim|mark_done|mark_failed|requeue|purge_done:S.T]`
 //! and `OutboxStore`, which calls them.
 //!

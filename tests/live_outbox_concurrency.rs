@@ -1,4 +1,4 @@
-//! Live concurrency tests of outbox-mode feeds (DESIGN.md 4.4 and 6): writers and readers
+//! Live concurrency tests of outbox-mode feeds (ARCHITECTURE.md, "read_feed"): writers and readers
 //! on their own connections, slow and abandoned writers, readers racing for the shard lock,
 //! the reader and writer roles with real logins, and concurrent `setup_feed`.
 //!

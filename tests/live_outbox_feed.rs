@@ -1,4 +1,4 @@
-//! Live tests of outbox-mode feeds (DESIGN.md §4, §6): paging, ordering, the ULID allocator
+//! Live tests of outbox-mode feeds (ARCHITECTURE.md, "read_feed"): paging, ordering, the ULID allocator
 //! on the server, `#read`, `@with_event`, errors, long-poll, composite keys and unicode names,
 //! setup / upgrade / teardown, `feed_status` and shards.
 //!

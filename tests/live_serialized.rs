@@ -1,4 +1,4 @@
-//! Live tests of serialized-writer feeds (DESIGN.md 4.3-4.4, issue 4): `lock_feed`, the
+//! Live tests of serialized-writer feeds (ARCHITECTURE.md, "ULIDs and the allocator"): `lock_feed`, the
 //! per-feed `ulid(@i)` function, `read_feed` over the event table, `setup_feed`'s checks,
 //! the roles with real logins, and the reproduction of POWEROFF.md (`power_off_*`).
 //!
@@ -57,7 +57,7 @@ const T0_BEFORE_NOW_MS: i64 = 60_000;
 /// Fragments of the ulid(@i) function's two failure texts (V39).
 const NEEDS_LOCK_FEED: &str = "needs lock_feed";
 const OUT_OF_RANGE: &str = "takes @i from 1 to 100000000000";
-/// Bit 62, cleared in every fresh counter start (DESIGN.md 4.3).
+/// Bit 62, cleared in every fresh counter start (ARCHITECTURE.md, "ULIDs and the allocator").
 const BIT_62: i64 = 1 << 62;
 
 // ------------------------------------------------------------------------------------------
@@ -572,7 +572,7 @@ async fn commit_load_event(
     }
 }
 
-/// The ordering contract of DESIGN.md 2, from the writers' own clocks: for two events A and
+/// The ordering contract (ARCHITECTURE.md), from the writers' own clocks: for two events A and
 /// B of one shard, if A's commit had come back to its writer before B's writer sent B's
 /// batch (so B's lock_feed started after A's commit), then ulid(A) < ulid(B). Returns how
 /// many such pairs were checked.

@@ -21,7 +21,8 @@
 //! test `from_versions_cover_every_template_change` below (no server needed, part of
 //! `cargo test`) fails until that is done.
 //!
-//! [`BASELINE`] is the first released bundle (V1 to V47 as one release): versions below it
+//! [`BASELINE`] is the first released bundle (V1 to V49 as one release, the files frozen in
+//! tests/frozen_migrations.txt): versions below it
 //! were never released on their own, and its files are not upgrades of each other (e.g.
 //! V46 adds the purge template without regenerating feeds set up before it, which is right
 //! for a bundle that is installed whole). Starting below it would test a database no
@@ -43,7 +44,7 @@ use common::{TestDb, scalar_i64};
 use ulid::Ulid;
 
 /// The first released version of the bundle: every from-version is at least this.
-const BASELINE: i32 = 47;
+const BASELINE: i32 = 49;
 
 /// The versions the upgrade starts from, ascending. Add `m - 1` for each later migration
 /// `V<m>` that changes a template (see the module's documentation).
@@ -634,6 +635,15 @@ fn assert_ulids_increase(rows: &[(Ulid, i64)], what: &str) {
 #[test]
 fn from_versions_cover_every_template_change() {
     let newest = changefeed::migrations::newest_version();
+    let last_frozen = include_str!("frozen_migrations.txt")
+        .lines()
+        .filter_map(|line| line.split_whitespace().next()?.parse::<i32>().ok())
+        .max();
+    assert_eq!(
+        last_frozen,
+        Some(BASELINE),
+        "BASELINE must be the last frozen version (tests/frozen_migrations.txt)"
+    );
     assert!(
         FROM_VERSIONS.windows(2).all(|pair| pair[0] < pair[1]),
         "FROM_VERSIONS must be ascending without repeats: {FROM_VERSIONS:?}"

@@ -1,4 +1,4 @@
-//! The load matrix of DESIGN.md 6, shared by the outbox-mode (`live_outbox_concurrency`) and
+//! The load matrix, shared by the outbox-mode (`live_outbox_concurrency`) and
 //! serialized-writer (`live_serialized`) load tests: W writers commit N events each, keyed
 //! (writer, seq), while R readers, each an independent consumer, read every shard from the
 //! start. Both modes promise readers the same things, so the readers and every check of
@@ -27,7 +27,7 @@ pub const LOAD_PAGE_SIZE: u32 = 50;
 /// A caught-up load reader pauses this long before it polls its shards again.
 pub const IDLE_PAUSE: Duration = Duration::from_millis(5);
 /// Transient errors (deadlock victim, lock timeout, dropped connection) a task tolerates
-/// per call before it fails; `FeedReader::stream` would retry them too (DESIGN.md 5).
+/// per call before it fails; `FeedReader::stream` would retry them too (ARCHITECTURE.md, "Layers").
 pub const MAX_TRANSIENT_RETRIES: u32 = 20;
 
 /// The key of the load tests' event tables: (writer, seq).
@@ -38,7 +38,7 @@ pub type ReaderLog = Vec<Vec<FeedRow<WriterKey>>>;
 /// the table.
 pub type FeedMap = BTreeMap<(i32, Ulid), WriterKey>;
 
-/// One row of the load matrix of DESIGN.md 6.
+/// One row of the load matrix.
 #[derive(Clone, Copy, Debug)]
 pub struct Load {
     pub writers: usize,
