@@ -49,8 +49,16 @@ begin
 
     -- Update, else insert, until one of them wrote the row (at most three statements: a
     -- first save that loses the race to another session's first save updates after all).
+    -- Two turns settle every race at a locking isolation level (update, or insert, or wait
+    -- and update). A caller's SNAPSHOT transaction can see neither: its update reads the row
+    -- as of its snapshot (missing) while the locking check finds it, so the loop is bounded.
+    declare @turns int = 0;
     while 1 = 1
     begin
+        set @turns += 1;
+        if @turns > 3
+            throw 51113, N'save_cursor: another session saved this consumer''s first cursor after this SNAPSHOT transaction began, so this transaction cannot see it. Retry the transaction.', 1;
+
         -- The usual case, a consumer moving on: one keyed update, no range lock.
         update changefeed.consumer_cursor
         set

@@ -34,6 +34,12 @@ begin
     -- would wait) after it returns. Set before any statement that would open one; reverts
     -- on return.
     set implicit_transactions off;
+    -- Each batch updates the shard's state row, which movers update too: under a caller's
+    -- SNAPSHOT that would fail with 3960, under SERIALIZABLE hold range locks movers wait for.
+    -- And the shards cursor must survive each batch's commit (SET ANSI_DEFAULTS ON turns
+    -- CURSOR_CLOSE_ON_COMMIT on). Both revert on return.
+    set transaction isolation level read committed;
+    set cursor_close_on_commit off;
 
     -- 100 years in milliseconds, the largest @older_than_ms; typed (a literal above the int
     -- range is numeric).
