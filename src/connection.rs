@@ -168,7 +168,6 @@ mod tests {
         assert!(error.to_string().contains("TrustServerCertificate"));
     }
 
-
     /// A listener that accepts TCP connections (the kernel completes them) and never
     /// answers a byte.
     fn silent_listener() -> (std::net::TcpListener, u16) {

@@ -3003,7 +3003,6 @@ async fn racing_relays_in(db: &TestDb) {
 // 16. Rows a relay cannot decode
 // ------------------------------------------------------------------------------------------
 
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn an_undecodable_row_is_claimed_with_its_raw_text_and_can_be_marked_dead() {

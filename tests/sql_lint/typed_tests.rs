@@ -1,8 +1,8 @@
 //! R11–R19: each rule rejects a minimal bad example (naming file, line, rule and fix) and
 //! accepts the fixed form.
 
-use crate::{F, Rule, Schema, assert_clean, assert_fires, lint_file, lint_file_in};
 use crate::typed::ACCEPT_VIEW_READPAST;
+use crate::{F, Rule, Schema, assert_clean, assert_fires, lint_file, lint_file_in};
 
 /// A procedure around `body` (the body starts on line 5).
 fn procedure(body: &str) -> String {
@@ -291,8 +291,14 @@ fn readpast_in_a_view_fires() {
     assert!(message.contains("650"), "{message}");
     assert_clean(&bad.replace(", readpast", ""));
     // A view may accept the rule only with a stated reason.
-    assert_clean(&format!("{ACCEPT_VIEW_READPAST} documented in README\n{bad}"));
-    assert_fires(&format!("{ACCEPT_VIEW_READPAST}\n{bad}"), Rule::ViewReadpast, 5);
+    assert_clean(&format!(
+        "{ACCEPT_VIEW_READPAST} documented in README\n{bad}"
+    ));
+    assert_fires(
+        &format!("{ACCEPT_VIEW_READPAST}\n{bad}"),
+        Rule::ViewReadpast,
+        5,
+    );
     // In a procedure, which can set its isolation level, READPAST is fine.
     assert_clean(
         "create or alter procedure p as begin set nocount, xact_abort on;\n\
