@@ -11,10 +11,52 @@ use std::time::Duration;
 
 use crate::error::Result;
 
-/// A claim's fencing token (`claim_token uniqueidentifier`): acknowledgements change only
-/// rows still held under it, so a relay whose claim expired cannot clobber a newer claim.
+/// A claim's fencing token (`claim_token uniqueidentifier` on SQL Server, `binary(16)` on
+/// MariaDB/MySQL): acknowledgements change only rows still held under it, so a relay whose
+/// claim expired cannot clobber a newer claim.
+///
+/// ```
+/// use changefeed::outbox::ClaimToken;
+///
+/// let token = ClaimToken::new();
+/// assert_eq!(ClaimToken::from_bytes(*token.as_bytes()), token);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ClaimToken(pub tiberius::Uuid);
+pub struct ClaimToken(uuid::Uuid);
+
+impl ClaimToken {
+    /// A fresh random token.
+    pub fn new() -> Self {
+        ClaimToken(uuid::Uuid::new_v4())
+    }
+
+    /// The token as a UUID (tiberius's `Uuid` is the same type).
+    pub fn as_uuid(&self) -> uuid::Uuid {
+        self.0
+    }
+
+    /// The token from its 16 bytes (as a `binary(16)` column stores it).
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        ClaimToken(uuid::Uuid::from_bytes(bytes))
+    }
+
+    /// The token's 16 bytes.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        self.0.as_bytes()
+    }
+}
+
+impl Default for ClaimToken {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl From<uuid::Uuid> for ClaimToken {
+    fn from(uuid: uuid::Uuid) -> Self {
+        ClaimToken(uuid)
+    }
+}
 
 /// Message headers: string keys and values, stored as a JSON object.
 pub type Headers = BTreeMap<String, String>;
@@ -100,15 +142,67 @@ pub struct ClaimedMessage {
     pub claim_token: ClaimToken,
 }
 
+/// A claimed row whose payload or headers could not be decoded (a row written by hand, a
+/// column changed behind the store's back). The relay marks it dead with `error` instead of
+/// stalling the batch; the rest of the batch goes on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UndecodableMessage {
+    /// The outbox row's id.
+    pub id: i64,
+    /// The idempotency key, if it could be read.
+    pub message_id: Option<String>,
+    /// The destination, if it could be read.
+    pub topic: Option<String>,
+    /// The payload's raw text, if it could be read.
+    pub payload: Option<String>,
+    /// The headers' raw text, if any.
+    pub headers: Option<String>,
+    /// Failed attempts so far.
+    pub attempts: i32,
+    /// The token this claim holds the row under.
+    pub claim_token: ClaimToken,
+    /// Why the row could not be decoded.
+    pub error: String,
+}
+
+/// One row of a claim: a message to publish, or a row the relay must dead-letter.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Claimed {
+    /// A decoded message.
+    Message(ClaimedMessage),
+    /// A row whose payload or headers do not decode.
+    Undecodable(UndecodableMessage),
+}
+
+impl Claimed {
+    /// The outbox row's id.
+    pub fn id(&self) -> i64 {
+        match self {
+            Claimed::Message(m) => m.id,
+            Claimed::Undecodable(u) => u.id,
+        }
+    }
+
+    /// The claim token the row is held under.
+    pub fn claim_token(&self) -> ClaimToken {
+        match self {
+            Claimed::Message(m) => m.claim_token,
+            Claimed::Undecodable(u) => u.claim_token,
+        }
+    }
+}
+
 /// The operations a relay performs on the outbox; implemented over SQL Server by
-/// `OutboxStore` and by fakes in tests.
+/// `OutboxStore`, over MariaDB/MySQL by `changefeed::mysql::MysqlOutboxStore` (feature
+/// `mysql`), and by fakes in tests.
 pub trait ClaimStore: Send {
-    /// Claims up to `batch_size` due messages, head of aggregate only, ordered by id.
+    /// Claims up to `batch_size` due messages, head of aggregate only, ordered by id. A row
+    /// that does not decode comes back as [`Claimed::Undecodable`]; the others as usual.
     fn claim(
         &mut self,
         batch_size: u32,
         claim_timeout: Duration,
-    ) -> impl Future<Output = Result<Vec<ClaimedMessage>>> + Send;
+    ) -> impl Future<Output = Result<Vec<Claimed>>> + Send;
 
     /// Marks messages done; returns how many were still held under `token`.
     fn mark_done(

@@ -11,7 +11,10 @@ use tiberius::Row;
 use crate::connection::{Client, connect};
 use crate::error::{Error, Result, decode_error};
 use crate::feed::TableName;
-use crate::outbox::{ClaimStore, ClaimToken, ClaimedMessage, Enqueued, Headers, NewMessage};
+use crate::outbox::{
+    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers, NewMessage,
+    UndecodableMessage,
+};
 use crate::row::Column;
 
 /// The procedures of one claim outbox table.
@@ -117,6 +120,27 @@ impl OutboxStore {
         rows.iter().map(claimed_message).collect()
     }
 
+    /// Like [`claim`](Self::claim), but a row whose payload or headers do not decode comes
+    /// back as [`Claimed::Undecodable`] instead of failing the whole claim.
+    pub async fn claim_rows(
+        &self,
+        client: &mut Client,
+        batch_size: u32,
+        claim_timeout: Duration,
+    ) -> Result<Vec<Claimed>> {
+        let batch_size = i32::try_from(batch_size).unwrap_or(i32::MAX);
+        let timeout_ms = i32::try_from(claim_timeout.as_millis()).unwrap_or(i32::MAX);
+        let rows = self
+            .call(
+                client,
+                "claim",
+                "@batch_size = @P1, @claim_timeout_ms = @P2",
+                &[&batch_size, &timeout_ms],
+            )
+            .await?;
+        rows.iter().map(claimed).collect()
+    }
+
     /// Marks messages done; returns how many were still held under `token`.
     pub async fn mark_done(
         &self,
@@ -133,7 +157,7 @@ impl OutboxStore {
                 client,
                 "mark_done",
                 "@ids = @P1, @claim_token = @P2",
-                &[&ids.as_str(), &token.0],
+                &[&ids.as_str(), &token.as_uuid()],
             )
             .await?;
         count(&rows, "updated")
@@ -159,7 +183,7 @@ impl OutboxStore {
                 client,
                 "mark_failed",
                 "@id = @P1, @claim_token = @P2, @retry_after_ms = @P3, @dead = @P4, @error = @P5",
-                &[&id, &token.0, &retry_ms, &dead, &error.as_str()],
+                &[&id, &token.as_uuid(), &retry_ms, &dead, &error.as_str()],
             )
             .await?;
         count(&rows, "updated")
@@ -176,7 +200,7 @@ impl OutboxStore {
         after: Duration,
     ) -> Result<u64> {
         let after_ms = duration_ms("after", after)?;
-        let token = token.map(|t| t.0);
+        let token = token.map(|t| t.as_uuid());
         let rows = self
             .call(
                 client,
@@ -214,7 +238,7 @@ impl OutboxStore {
 
 /// The outbox checks payloads with ISJSON, which (before SQL Server 2022) accepts only JSON
 /// objects and arrays: refuse anything else here, with the reason, instead of a server error.
-fn check_payload(payload: &serde_json::Value) -> Result<()> {
+pub(crate) fn check_payload(payload: &serde_json::Value) -> Result<()> {
     if payload.is_object() || payload.is_array() {
         Ok(())
     } else {
@@ -272,13 +296,35 @@ fn claimed_message(row: &Row) -> Result<ClaimedMessage> {
         },
         trace_id: Option::<String>::column(row, 8)?,
         attempts: i32::column(row, 9)?,
-        claim_token: ClaimToken(tiberius::Uuid::column(row, 10)?),
+        claim_token: ClaimToken::from(tiberius::Uuid::column(row, 10)?),
     })
+}
+
+/// A claimed row as [`Claimed`]: the columns every row has must decode (else the claim
+/// fails: the table itself is wrong); a payload or headers that do not decode make the row
+/// [`Claimed::Undecodable`].
+fn claimed(row: &Row) -> Result<Claimed> {
+    match claimed_message(row) {
+        Ok(message) => Ok(Claimed::Message(message)),
+        Err(Error::Decode { column, reason }) if column == "payload" || column == "headers" => {
+            Ok(Claimed::Undecodable(UndecodableMessage {
+                id: i64::column(row, 0)?,
+                message_id: Option::<String>::column(row, 1)?,
+                topic: Option::<String>::column(row, 2)?,
+                payload: Option::<String>::column(row, 6)?,
+                headers: Option::<String>::column(row, 7)?,
+                attempts: i32::column(row, 9)?,
+                claim_token: ClaimToken::from(tiberius::Uuid::column(row, 10)?),
+                error: format!("cannot decode {column}: {reason}"),
+            }))
+        }
+        Err(error) => Err(error),
+    }
 }
 
 /// Headers are a JSON object; values that are not strings (enqueued from SQL by hand) are
 /// kept as their JSON text rather than refused, so one odd row cannot stall a relay.
-fn parse_headers(text: &str) -> Result<Headers> {
+pub(crate) fn parse_headers(text: &str) -> Result<Headers> {
     let value: serde_json::Value =
         serde_json::from_str(text).map_err(|e| decode_error("headers", e))?;
     let object = value
@@ -332,13 +378,11 @@ impl SqlClaimStore {
 }
 
 impl ClaimStore for SqlClaimStore {
-    async fn claim(
-        &mut self,
-        batch_size: u32,
-        claim_timeout: Duration,
-    ) -> Result<Vec<ClaimedMessage>> {
-        self.with_client(async |store, client| store.claim(client, batch_size, claim_timeout).await)
-            .await
+    async fn claim(&mut self, batch_size: u32, claim_timeout: Duration) -> Result<Vec<Claimed>> {
+        self.with_client(async |store, client| {
+            store.claim_rows(client, batch_size, claim_timeout).await
+        })
+        .await
     }
 
     async fn mark_done(&mut self, ids: &[i64], token: ClaimToken) -> Result<u64> {

@@ -643,7 +643,7 @@ mod fake {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use changefeed::outbox::{ClaimStore, ClaimToken, ClaimedMessage};
+    use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage};
 
     /// Pending ids shared by every store, as the outbox table is by every relay.
     #[derive(Clone, Default)]
@@ -662,7 +662,7 @@ mod fake {
             &mut self,
             batch_size: u32,
             _claim_timeout: Duration,
-        ) -> changefeed::Result<Vec<ClaimedMessage>> {
+        ) -> changefeed::Result<Vec<Claimed>> {
             if let Some(failure) = self.failure {
                 return Err(failure());
             }
@@ -674,18 +674,20 @@ mod fake {
             };
             Ok(ids
                 .into_iter()
-                .map(|id| ClaimedMessage {
-                    id,
-                    message_id: id.to_string(),
-                    topic: "bench".to_owned(),
-                    aggregate_type: None,
-                    aggregate_id: None,
-                    partition_key: None,
-                    payload: serde_json::json!({"bench": true}),
-                    headers: Default::default(),
-                    trace_id: None,
-                    attempts: 0,
-                    claim_token: ClaimToken(tiberius::Uuid::nil()),
+                .map(|id| {
+                    Claimed::Message(ClaimedMessage {
+                        id,
+                        message_id: id.to_string(),
+                        topic: "bench".to_owned(),
+                        aggregate_type: None,
+                        aggregate_id: None,
+                        partition_key: None,
+                        payload: serde_json::json!({"bench": true}),
+                        headers: Default::default(),
+                        trace_id: None,
+                        attempts: 0,
+                        claim_token: ClaimToken::from(tiberius::Uuid::nil()),
+                    })
                 })
                 .collect())
         }

@@ -464,7 +464,7 @@ async fn six_claimers_share_thirty_aggregates_in(db: &TestDb) {
         assert_eq!(message.attempts, 0);
         assert_eq!(
             state.claim_token,
-            Some(message.claim_token.0),
+            Some(message.claim_token.as_uuid()),
             "row {} is held under the token of the claim that returned it",
             message.id
         );
@@ -527,7 +527,7 @@ async fn fifty_claimers_on_one_aggregate_in(db: &TestDb) {
     assert_eq!(claimed[0].payload, messages[0].payload);
     let state = row_state(&mut admin, TABLE, head).await;
     assert_eq!(state.status, PROCESSING);
-    assert_eq!(state.claim_token, Some(claimed[0].claim_token.0));
+    assert_eq!(state.claim_token, Some(claimed[0].claim_token.as_uuid()));
     for &id in &row_ids[1..] {
         let state = row_state(&mut admin, TABLE, id).await;
         assert_eq!(state.status, PENDING, "row {id}: {state:?}");
@@ -736,7 +736,7 @@ async fn reaper_in(db: &TestDb) {
     let state = row_state(&mut client, TABLE, r1).await;
     assert_eq!(state.status, PROCESSING);
     assert_eq!(state.attempts, expected_attempts);
-    assert_eq!(state.claim_token, Some(t2.0));
+    assert_eq!(state.claim_token, Some(t2.as_uuid()));
     assert_eq!(store.mark_done(&mut client, &[r1], t2).await.unwrap(), 1);
 
     // The same with the real clock: claim, wait past the timeout, reclaim.
@@ -816,7 +816,7 @@ async fn stale_token_cannot_ack_in(db: &TestDb) {
     let held_by_relay2 = async |admin: &mut Client| {
         let state = row_state(admin, TABLE, m).await;
         assert_eq!(state.status, PROCESSING, "{state:?}");
-        assert_eq!(state.claim_token, Some(t2.0), "{state:?}");
+        assert_eq!(state.claim_token, Some(t2.as_uuid()), "{state:?}");
         assert_eq!(state.attempts, 1, "{state:?}");
         assert!(!state.processed, "{state:?}");
     };
@@ -997,7 +997,7 @@ async fn failed_message_is_due_again_in(db: &TestDb) {
     let state = row_state(&mut client, TABLE, f).await;
     assert_eq!(state.status, PROCESSING, "{state:?}");
     assert_eq!(state.attempts, 2, "{state:?}");
-    assert_eq!(state.claim_token, Some(t3.0), "{state:?}");
+    assert_eq!(state.claim_token, Some(t3.as_uuid()), "{state:?}");
     assert_eq!(store.mark_done(&mut client, &[f], t3).await.unwrap(), 1);
 }
 
@@ -1077,7 +1077,7 @@ async fn requeue_in(db: &TestDb) {
     );
     let state = row_state(&mut client, TABLE, q).await;
     assert_eq!(state.status, PROCESSING, "{state:?}");
-    assert_eq!(state.claim_token, Some(t3.0), "{state:?}");
+    assert_eq!(state.claim_token, Some(t3.as_uuid()), "{state:?}");
     assert_eq!(state.attempts, 1, "{state:?}");
 
     // Requeue with a later time: not due before it.

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use changefeed::Error;
-use changefeed::outbox::{ClaimStore, ClaimToken, ClaimedMessage, Headers};
+use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, Headers};
 use changefeed::relay::{
     BatchReport, ErrorKind, Hooks, PublishError, PublishOutcome, Publisher, Relay, RelayConfig,
     RelayHandle, RetryPolicy,
@@ -108,7 +108,7 @@ struct StoreState {
 impl StoreState {
     fn fresh_token(&mut self) -> ClaimToken {
         self.next_token += 1;
-        ClaimToken(tiberius::Uuid::from_u128(self.next_token))
+        ClaimToken::from(tiberius::Uuid::from_u128(self.next_token))
     }
 
     /// The claim procedure's rules: due rows only, head of aggregate only, ordered by id,
@@ -244,7 +244,7 @@ impl ClaimStore for FakeStore {
         &mut self,
         batch_size: u32,
         claim_timeout: Duration,
-    ) -> changefeed::Result<Vec<ClaimedMessage>> {
+    ) -> changefeed::Result<Vec<Claimed>> {
         let (claimed, gate) = {
             let mut state = self.state();
             state.claim_times.push(Instant::now());
@@ -262,7 +262,7 @@ impl ClaimStore for FakeStore {
             gate.started.notify_one();
             gate.release.notified().await;
         }
-        Ok(claimed)
+        Ok(claimed.into_iter().map(Claimed::Message).collect())
     }
 
     async fn mark_done(&mut self, ids: &[i64], token: ClaimToken) -> changefeed::Result<u64> {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use changefeed::outbox::{ClaimStore, ClaimToken, ClaimedMessage};
+use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage};
 use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
 use changefeed::relay::{Hooks, PublishOutcome, Publisher, Relay, RelayConfig};
 use changefeed::{Client, Cursor, Feed, TableName};
@@ -891,7 +891,7 @@ impl<S: ClaimStore> ClaimStore for TimedStore<S> {
         &mut self,
         batch_size: u32,
         claim_timeout: Duration,
-    ) -> changefeed::Result<Vec<ClaimedMessage>> {
+    ) -> changefeed::Result<Vec<Claimed>> {
         let started = Instant::now();
         let result = self.inner.claim(batch_size, claim_timeout).await;
         let took = started.elapsed();
@@ -1176,7 +1176,7 @@ async fn claim_outbox(
             SqlClaimStore::new(OutboxStore::new(relay_table.clone()), bench.ado.clone());
         // Opens the store's connection: an acknowledgement of nothing changes nothing.
         store
-            .mark_done(&[-1], ClaimToken(tiberius::Uuid::nil()))
+            .mark_done(&[-1], ClaimToken::from(tiberius::Uuid::nil()))
             .await?;
         stores.push(store);
     }

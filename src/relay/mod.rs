@@ -53,7 +53,7 @@ pub use publisher::{
 };
 
 use crate::error::{Error, Result};
-use crate::outbox::{ClaimStore, ClaimToken, ClaimedMessage};
+use crate::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, UndecodableMessage};
 use hooks::{guarded, panic_message};
 
 /// Publishes an outbox: claims batches from a [`ClaimStore`], hands them to a
@@ -79,10 +79,10 @@ use hooks::{guarded, panic_message};
 /// use std::time::Duration;
 /// use changefeed::outbox::ClaimedMessage;
 /// use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
-/// # use changefeed::outbox::{ClaimStore, ClaimToken};
+/// # use changefeed::outbox::{ClaimStore, ClaimToken, Claimed};
 /// # struct Empty;
 /// # impl ClaimStore for Empty {
-/// #     async fn claim(&mut self, _: u32, _: Duration) -> changefeed::Result<Vec<ClaimedMessage>> { Ok(vec![]) }
+/// #     async fn claim(&mut self, _: u32, _: Duration) -> changefeed::Result<Vec<Claimed>> { Ok(vec![]) }
 /// #     async fn mark_done(&mut self, _: &[i64], _: ClaimToken) -> changefeed::Result<u64> { Ok(0) }
 /// #     async fn mark_failed(&mut self, _: i64, _: ClaimToken, _: Option<Duration>, _: bool, _: &str) -> changefeed::Result<u64> { Ok(0) }
 /// #     async fn requeue(&mut self, _: i64, _: ClaimToken, _: Duration) -> changefeed::Result<u64> { Ok(0) }
@@ -332,15 +332,42 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
     async fn claim(&mut self) -> Result<Vec<ClaimedMessage>> {
         let batch_size = self.config.batch_size;
         let claim_timeout = self.config.claim_timeout;
-        let batch = self
+        let rows = self
             .store
             .claim(batch_size, claim_timeout)
             .instrument(tracing::debug_span!("relay.claim", batch_size))
             .await?;
-        if !batch.is_empty() {
-            guarded(&self.hooks, "on_claimed", |h| h.on_claimed(batch.len()));
+        if !rows.is_empty() {
+            guarded(&self.hooks, "on_claimed", |h| h.on_claimed(rows.len()));
+        }
+        let mut batch = Vec::with_capacity(rows.len());
+        for row in rows {
+            match row {
+                Claimed::Message(message) => batch.push(message),
+                Claimed::Undecodable(row) => self.bury_undecodable(&row).await,
+            }
         }
         Ok(batch)
+    }
+
+    /// Marks a row that does not decode dead at once: it can never be published, and
+    /// leaving it claimed would block its aggregate until the claim expired, again and
+    /// again.
+    async fn bury_undecodable(&mut self, row: &UndecodableMessage) {
+        tracing::warn!(id = row.id, error = %row.error, "outbox row does not decode; marked dead");
+        let text = format!("undecodable: {}", row.error);
+        let ack = Ack::Failed {
+            id: row.id,
+            token: row.claim_token,
+            retry_after: None,
+            dead: true,
+            error: &text,
+        };
+        let deadline = Instant::now() + self.config.claim_timeout;
+        let mut report = BatchReport::default();
+        self.acknowledge(ack, deadline, &mut report).await;
+        let error = PublishError::poison(row.error.clone());
+        guarded(&self.hooks, "on_dead", |h| h.on_dead(row.id, &error));
     }
 
     /// Publishes and acknowledges one claimed batch inside its `relay.batch` span; the
