@@ -104,13 +104,16 @@ struct RowState {
     last_error: Option<String>,
 }
 
+/// status, attempts, claim_token, retry in ms, processed, last_error.
+type RawState = (i64, i64, Option<Vec<u8>>, Option<i64>, bool, Option<String>);
+
 async fn row_state(db: &TestDb, outbox: &str, id: i64) -> RowState {
     let query = format!(
         "select status, attempts, claim_token, \
          timestampdiff(microsecond, utc_timestamp(3), next_retry_at) div 1000, \
          processed_at is not null, last_error from `{outbox}` where id = {id}"
     );
-    let row: (i64, i64, Option<Vec<u8>>, Option<i64>, bool, Option<String>) = db
+    let row: RawState = db
         .conn()
         .await
         .query_first(&query)

@@ -37,13 +37,6 @@ pub fn opts(url: &str) -> Result<Opts> {
     Ok(opts)
 }
 
-/// Whether `url` is a MariaDB/MySQL URL (`mysql://` or `mariadb://`) rather than an ADO.NET
-/// connection string for SQL Server.
-pub fn is_mysql_url(url: &str) -> bool {
-    let url = url.trim_start().to_ascii_lowercase();
-    url.starts_with("mysql://") || url.starts_with("mariadb://")
-}
-
 /// Opens a connection with the outbox's session settings (READ COMMITTED).
 pub async fn connect(opts: &Opts) -> Result<Conn> {
     let opts = OptsBuilder::from_opts(opts.clone()).setup(vec![SESSION_SETUP]);
@@ -61,10 +54,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_are_told_apart_and_need_a_database() {
-        assert!(is_mysql_url("mysql://u:p@h/db"));
-        assert!(is_mysql_url("  MariaDB://u:p@h/db"));
-        assert!(!is_mysql_url("server=tcp:localhost,1433;database=app"));
+    fn urls_need_a_database() {
         assert!(opts("mysql://u:p@localhost:3306/app").is_ok());
         for bad in [
             "mysql://u:p@localhost:3306",

@@ -68,6 +68,9 @@ fn run(program: &str, args: &[String]) -> std::process::Output {
 /// Installs a data directory and starts `mariadbd` on a socket in a fresh temporary
 /// directory, with the binlog on in ROW format (for the binlog waker). A watchdog shell
 /// shuts it down (and removes the directory) when this process ends, however it ends.
+// The watchdog is never waited for on purpose: it must outlive this process to stop the
+// server after it.
+#[allow(clippy::zombie_processes)]
 fn start_private() -> Server {
     let dir: PathBuf = std::env::temp_dir().join(format!(
         "changefeed-mariadb-{}-{}",

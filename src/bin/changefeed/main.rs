@@ -19,6 +19,7 @@ mod commands;
 mod duration;
 mod json;
 mod output;
+mod relay;
 
 use std::io::Write;
 use std::process::ExitCode;
