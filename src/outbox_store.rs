@@ -107,17 +107,16 @@ impl OutboxStore {
         batch_size: u32,
         claim_timeout: Duration,
     ) -> Result<Vec<ClaimedMessage>> {
-        let batch_size = i32::try_from(batch_size).unwrap_or(i32::MAX);
-        let timeout_ms = i32::try_from(claim_timeout.as_millis()).unwrap_or(i32::MAX);
-        let rows = self
-            .call(
-                client,
-                "claim",
-                "@batch_size = @P1, @claim_timeout_ms = @P2",
-                &[&batch_size, &timeout_ms],
-            )
-            .await?;
-        rows.iter().map(claimed_message).collect()
+        self.claim_rows(client, batch_size, claim_timeout)
+            .await?
+            .into_iter()
+            .map(|row| match row {
+                Claimed::Message(message) => Ok(message),
+                Claimed::Undecodable(row) => {
+                    Err(decode_error(format!("outbox row {}", row.id), row.error))
+                }
+            })
+            .collect()
     }
 
     /// Like [`claim`](Self::claim), but a row whose payload or headers do not decode comes

@@ -3,7 +3,8 @@
 //!
 //! They need a MariaDB (or MySQL 8.0+) server and are `#[ignore]`d, so that `cargo test
 //! --all-features` passes on a machine without one. `.ci/run` installs mariadb-server and
-//! runs them: `cargo test --features mysql --test live_mysql -- --ignored`. The harness
+//! runs them: `cargo test --features mysql,cli --test live_mysql -- --ignored` (`cli` adds
+//! the test of `changefeed relay`). The harness
 //! (tests/common_mysql) starts one private `mariadbd` for this test binary, or uses
 //! `CHANGEFEED_TEST_MYSQL`; every test has a database of its own, and every concurrent
 //! claimer a connection of its own.
@@ -1112,4 +1113,49 @@ async fn polling_takes_over_when_the_binlog_stream_is_cut_and_following_resumes(
     // The relay polls every 60 s and the fallback poll stopped: only the binlog is this fast.
     assert!(published.saturating_duration_since(committed) < Duration::from_secs(1));
     stop();
+}
+
+// ------------------------------------------------------------------------------------------
+// 8. the command line: `changefeed relay` with a mysql:// URL
+// ------------------------------------------------------------------------------------------
+
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn the_cli_relays_a_mariadb_outbox_to_stdout_as_json_lines() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let db = database("cli_relay").await;
+    db.outbox("outbox_cli").await;
+    let e = enqueue_committed(&db, "outbox_cli", &[message_of("cli-1", 1)]).await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
+        .args(["relay", "--outbox", "outbox_cli", "--url", &db.url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the changefeed binary runs");
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout).lines().next().map(|l| l.unwrap())
+    });
+    let line = tokio::time::timeout(Duration::from_secs(30), line)
+        .await
+        .expect("a line within 30 s")
+        .unwrap();
+    // Printed, then acknowledged: done within moments (it is killed only after that).
+    let started = Instant::now();
+    while db.count("outbox_cli", "status = 2").await == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never marked done"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.kill().ok();
+    child.wait().ok();
+    let line: serde_json::Value = serde_json::from_str(&line.expect("one line")).unwrap();
+    assert_eq!(line["id"], e[0].id);
+    assert_eq!(line["key"], "cli-1");
+    assert_eq!(line["payload"], json!({ "aggregate": "cli-1", "n": 1 }));
 }

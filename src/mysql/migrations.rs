@@ -30,20 +30,12 @@ pub const HISTORY_TABLE: &str = crate::migrations::HISTORY_TABLE;
 /// A refinery runner over the embedded MariaDB/MySQL bundle, recording into
 /// [`HISTORY_TABLE`].
 pub fn runner() -> refinery::Runner {
-    let mut runner = embedded::migrations::runner();
-    runner.set_migration_table_name(HISTORY_TABLE);
-    runner
+    crate::migrations::with_history(embedded::migrations::runner())
 }
 
 /// The embedded migrations as `(version, name)`, in version order.
 pub fn bundle() -> Vec<(i32, String)> {
-    let mut list: Vec<(i32, String)> = runner()
-        .get_migrations()
-        .iter()
-        .map(|m| (m.version(), m.name().to_owned()))
-        .collect();
-    list.sort();
-    list
+    crate::migrations::versions(&runner())
 }
 
 /// Applies every migration of the bundle that the database (the pool's) does not have yet:
@@ -87,24 +79,6 @@ mod tests {
 
     #[test]
     fn every_file_in_mysql_is_embedded_in_version_order() {
-        let on_disk = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/mysql"))
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .path()
-                    .extension()
-                    .is_some_and(|x| x == "sql")
-            })
-            .count();
-        let embedded = bundle();
-        assert_eq!(embedded.len(), on_disk);
-        for (index, (version, _)) in embedded.iter().enumerate() {
-            assert_eq!(
-                *version as usize,
-                index + 1,
-                "versions are contiguous from 1"
-            );
-        }
+        crate::migrations::assert_embedded("mysql", &bundle());
     }
 }
