@@ -199,7 +199,11 @@ impl BinlogWaker {
         };
         let heartbeat_ns = self.config.heartbeat.as_nanos().min(u128::from(u32::MAX));
         if let Err(error) = conn
-            .query_drop(format!("set @master_heartbeat_period = {heartbeat_ns}"))
+            // MySQL 8.0.26+ also reads the variable under its new name.
+            .query_drop(format!(
+                "set @master_heartbeat_period = {heartbeat_ns}, \
+                 @source_heartbeat_period = {heartbeat_ns}"
+            ))
             .await
         {
             return format!("cannot set the heartbeat: {error}");
