@@ -1110,7 +1110,13 @@ async fn polling_takes_over_when_the_binlog_stream_is_cut_and_following_resumes(
         .wait_for(e2[0].id, Duration::from_secs(10))
         .await
         .expect("published after resuming");
-    // The relay polls every 60 s and the fallback poll stopped: only the binlog is this fast.
+    // Still following (a resume at a wrong position would have fallen back to polling),
+    // and the relay polls every 60 s: the binlog delivered it.
+    assert!(
+        matches!(*state.borrow(), WakerState::Following { .. }),
+        "{:?}",
+        *state.borrow()
+    );
     assert!(published.saturating_duration_since(committed) < Duration::from_secs(1));
     stop();
 }

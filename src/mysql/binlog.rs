@@ -298,6 +298,10 @@ impl BinlogWaker {
             EventData::QueryEvent(query) if query.query().eq_ignore_ascii_case("commit") => {
                 Seen::Commit
             }
+            // The server's artificial rotate at the start of a stream (log_pos 0) restates
+            // the file we asked for, and arrives before the format description event that
+            // announces checksums, so its name still carries the 4 checksum bytes: skip it.
+            EventData::RotateEvent(_) if event.header().log_pos() == 0 => Seen::Other,
             EventData::RotateEvent(rotate) => Seen::Rotate(Position {
                 file: rotate.name().into_owned(),
                 position: rotate.position(),
