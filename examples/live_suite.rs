@@ -10,7 +10,7 @@
 //! It exits 0 when everything passed, 1 when something failed, and 2 with one line saying
 //! what is needed when there is no server.
 //!
-//! The live tests run as `cargo test --all-features -- --ignored` with
+//! The live tests run as `cargo test --features cli -- --ignored` with
 //! `CHANGEFEED_TEST_MSSQL` pointing at the server and `CHANGEFEED_LIVE_REPORT` at a file
 //! where the harness (`tests/common/mod.rs`) appends one line per scenario run, failures and
 //! panics included; the runner reads it back for the table. What needs no server (the

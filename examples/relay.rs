@@ -12,34 +12,9 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use changefeed::outbox::{ClaimedMessage, NewMessage};
+use changefeed::outbox::NewMessage;
 use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
-use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
-
-/// Writes each message as one JSON line. Writing to stdout cannot fail in a way a retry
-/// would fix, so every message succeeds.
-struct StdoutPublisher;
-
-impl Publisher for StdoutPublisher {
-    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
-        batch
-            .iter()
-            .map(|message| {
-                let line = serde_json::json!({
-                    "id": message.id,
-                    "message_id": message.message_id,
-                    "topic": message.topic,
-                    "key": message.partition_key,
-                    "headers": message.headers,
-                    "payload": message.payload,
-                    "attempts": message.attempts,
-                });
-                println!("{line}");
-                Ok(())
-            })
-            .collect()
-    }
-}
+use changefeed::relay::{JsonLines, Relay, RelayConfig};
 
 #[tokio::main]
 async fn main() {
@@ -65,7 +40,7 @@ async fn main() {
         .unwrap_or_else(|e| support::exit_with(e));
 
     let store = SqlClaimStore::with_pool(outbox, pool);
-    let relay = Relay::new(store, StdoutPublisher, RelayConfig::default())
+    let relay = Relay::new(store, JsonLines, RelayConfig::default())
         .unwrap_or_else(|e| support::exit_with(e));
     eprintln!("relaying dbo.outbox to stdout; Ctrl-C stops");
     let shutdown = async {

@@ -45,8 +45,20 @@ pub enum Error {
         /// The server's message, naming the cursor and the low-water mark.
         message: String,
     },
+    /// An error raised by MariaDB or MySQL (the `mysql` feature), with its error code (e.g.
+    /// 1213 deadlock, 1205 lock wait timeout, or 51000 and 51306 from the bundle's
+    /// `changefeed_setup_outbox`) and SQLSTATE.
+    #[error("MariaDB/MySQL error {code} ({state}): {message}")]
+    Mysql {
+        /// The server's error code.
+        code: u16,
+        /// The SQLSTATE, e.g. `40001`.
+        state: String,
+        /// The server's message.
+        message: String,
+    },
     /// A connection-level failure: I/O, TLS, protocol, a redirect to another host.
-    #[error("connection to SQL Server failed: {0}")]
+    #[error("connection to the database failed: {0}")]
     Connection(String),
     /// A value that could not be decoded into the requested Rust type, or text the driver
     /// could not read (invalid UTF-8 or UTF-16, an unsupported encoding). Deterministic:
@@ -86,6 +98,11 @@ pub enum Error {
     },
 }
 
+/// MariaDB/MySQL error codes a client may retry: lock wait timeout (also MariaDB's answer
+/// to `NOWAIT`), deadlock, MySQL's `NOWAIT` refusal, too many connections, server shutdown,
+/// connection killed (MariaDB 1927, MySQL 4031 idle disconnect), query interrupted.
+const TRANSIENT_MYSQL_ERRORS: &[u16] = &[1205, 1213, 3572, 1040, 1053, 1927, 4031, 1317];
+
 /// read_feed's "cursor expired" error.
 const CURSOR_EXPIRED: u32 = 51104;
 
@@ -116,10 +133,12 @@ const TRANSIENT_SERVER_ERRORS: &[u32] = &[
 pub const LOGIN_ERRORS: &[u32] = &[18456, 18452, 18470, 18486, 18487, 18488, 4060];
 
 impl Error {
-    /// The SQL Server error number, when the server raised the error.
+    /// The server's error number, when the server raised the error: SQL Server's, or
+    /// MariaDB/MySQL's code for [`Error::Mysql`].
     pub fn server_number(&self) -> Option<u32> {
         match self {
             Error::Server { number, .. } => Some(*number),
+            Error::Mysql { code, .. } => Some(u32::from(*code)),
             Error::CursorExpired { .. } => Some(CURSOR_EXPIRED),
             _ => None,
         }
@@ -188,6 +207,7 @@ impl Error {
             Error::Server { number, class, .. } => {
                 *class >= 20 || TRANSIENT_SERVER_ERRORS.contains(number)
             }
+            Error::Mysql { code, .. } => TRANSIENT_MYSQL_ERRORS.contains(code),
             Error::Connection(_) | Error::Redirect { .. } => true,
             _ => false,
         }
@@ -220,6 +240,27 @@ impl From<tiberius::error::Error> for Error {
             // does not enable (another crate in the build may).
             #[allow(unreachable_patterns)]
             other => Error::Connection(other.to_string()),
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl From<mysql_async::Error> for Error {
+    fn from(error: mysql_async::Error) -> Self {
+        use mysql_async::Error as M;
+        match error {
+            M::Server(server) => Error::Mysql {
+                code: server.code,
+                state: server.state,
+                message: server.message,
+            },
+            M::Url(url) => Error::Config(format!("the MariaDB/MySQL URL is not usable: {url}")),
+            M::Driver(mysql_async::DriverError::FromValue { value }) => Error::Decode {
+                column: "?".to_owned(),
+                reason: format!("unexpected value {value:?}"),
+                row: None,
+            },
+            other => Error::Connection(format!("MariaDB/MySQL: {other}")),
         }
     }
 }
@@ -359,6 +400,20 @@ mod tests {
         assert!(Error::from_server(0, 0, 20, String::new()).ends_session());
         assert!(!server(1205).ends_session());
         assert!(Error::Connection("gone".into()).ends_session());
+    }
+
+    #[test]
+    fn mysql_deadlocks_and_lock_waits_are_transient_and_numbered() {
+        let mysql = |code| Error::Mysql {
+            code,
+            state: "HY000".into(),
+            message: String::new(),
+        };
+        assert!(mysql(1213).is_transient());
+        assert!(mysql(1205).is_transient());
+        assert!(!mysql(51000).is_transient());
+        assert!(!mysql(1146).is_transient()); // no such table
+        assert_eq!(mysql(51306).server_number(), Some(51306));
     }
 
     #[test]

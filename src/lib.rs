@@ -41,6 +41,8 @@ pub mod cursor_store;
 pub mod error;
 pub mod feed;
 pub mod migrations;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 pub mod outbox;
 pub mod outbox_store;
 pub mod pool;

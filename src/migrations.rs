@@ -23,14 +23,23 @@ pub const HISTORY_TABLE: &str = "changefeed_schema_history";
 /// A refinery runner over the embedded bundle, recording into [`HISTORY_TABLE`].
 /// Each migration runs in its own transaction (refinery's default).
 pub fn runner() -> refinery::Runner {
-    let mut runner = embedded::migrations::runner();
+    with_history(embedded::migrations::runner())
+}
+
+/// `runner`, recording into [`HISTORY_TABLE`] (both bundles do).
+pub(crate) fn with_history(mut runner: refinery::Runner) -> refinery::Runner {
     runner.set_migration_table_name(HISTORY_TABLE);
     runner
 }
 
 /// The embedded migrations as `(version, name)`, in version order.
 pub fn bundle() -> Vec<(i32, String)> {
-    let mut list: Vec<(i32, String)> = runner()
+    versions(&runner())
+}
+
+/// A runner's migrations as `(version, name)`, in version order.
+pub(crate) fn versions(runner: &refinery::Runner) -> Vec<(i32, String)> {
+    let mut list: Vec<(i32, String)> = runner
         .get_migrations()
         .iter()
         .map(|m| (m.version(), m.name().to_owned()))
@@ -64,6 +73,31 @@ pub fn check_compatibility_level(database: &str, level: i32) -> Result<()> {
          Raise it first: alter database [{}] set compatibility_level = {MIN_COMPATIBILITY_LEVEL};",
         database.replace(']', "]]")
     )))
+}
+
+/// Checks that every `.sql` file of `folder` (under the crate's root) is embedded in
+/// `bundle`, with versions contiguous from 1.
+#[cfg(test)]
+pub(crate) fn assert_embedded(folder: &str, bundle: &[(i32, String)]) {
+    let on_disk = std::fs::read_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(folder))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "sql")
+        })
+        .count();
+    assert_eq!(bundle.len(), on_disk, "every file in {folder}/ is embedded");
+    for (index, (version, name)) in bundle.iter().enumerate() {
+        assert_eq!(
+            *version as usize,
+            index + 1,
+            "versions must be contiguous from 1"
+        );
+        assert!(!name.is_empty());
+    }
 }
 
 /// Applies every migration of the bundle that the database does not have yet.
@@ -194,26 +228,7 @@ mod tests {
 
     #[test]
     fn every_file_in_sql_is_embedded_in_version_order() {
-        let on_disk = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/sql"))
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .path()
-                    .extension()
-                    .is_some_and(|x| x == "sql")
-            })
-            .count();
-        let embedded = bundle();
-        assert_eq!(embedded.len(), on_disk);
-        for (index, (version, name)) in embedded.iter().enumerate() {
-            assert_eq!(
-                *version as usize,
-                index + 1,
-                "versions must be contiguous from 1"
-            );
-            assert!(!name.is_empty());
-        }
+        assert_embedded("sql", &bundle());
     }
 
     #[test]

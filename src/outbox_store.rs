@@ -223,7 +223,7 @@ impl OutboxStore {
 
 /// The outbox checks payloads with ISJSON, which (before SQL Server 2022) accepts only JSON
 /// objects and arrays: refuse anything else here, with the reason, instead of a server error.
-fn check_payload(payload: &serde_json::Value) -> Result<()> {
+pub(crate) fn check_payload(payload: &serde_json::Value) -> Result<()> {
     if payload.is_object() || payload.is_array() {
         Ok(())
     } else {
@@ -316,7 +316,7 @@ fn claimed_message(row: &Row, id: i64, claim_token: ClaimToken) -> Result<Claime
 
 /// Headers are a JSON object; values that are not strings (enqueued from SQL by hand) are
 /// kept as their JSON text rather than refused, so one odd row cannot stall a relay.
-fn parse_headers(text: &str) -> Result<Headers> {
+pub(crate) fn parse_headers(text: &str) -> Result<Headers> {
     let value: serde_json::Value =
         serde_json::from_str(text).map_err(|e| decode_error("headers", e))?;
     let object = value

@@ -50,6 +50,7 @@ fn help_lists_every_subcommand() {
         "status",
         "purge",
         "purge-outbox",
+        "relay",
     ] {
         assert!(
             help.lines()
@@ -72,6 +73,7 @@ fn every_subcommand_has_help() {
         "status",
         "purge",
         "purge-outbox",
+        "relay",
     ] {
         let output = changefeed(&[command, "--help"]);
         assert!(output.status.success(), "{command}: {output:?}");
@@ -311,4 +313,19 @@ fn a_connect_timeout_above_fifteen_seconds_is_honoured() {
     assert!(!line.contains("Config::"), "{line}");
     assert_eq!(output.status.code(), Some(2));
     drop(listener);
+}
+
+#[test]
+fn relay_refuses_an_outbox_name_before_connecting() {
+    for (url, outbox) in [
+        (UNREACHABLE, "dbo.x]; drop table y"),
+        ("mysql://relay@127.0.0.1:1/app", "outbox`; drop table y"),
+    ] {
+        let started = Instant::now();
+        let output = changefeed(&["relay", "--outbox", outbox, "--url", url]);
+        let line = assert_one_error_line(&output);
+        assert_eq!(output.status.code(), Some(2), "{line}");
+        assert!(line.contains("invalid table name"), "{line}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{line}");
+    }
 }

@@ -318,7 +318,7 @@ fn the_command_line_takes_help_and_nothing_else() {
 fn the_steps_are_readmes_live_command_and_the_quick_bench() {
     assert_eq!(
         plan::test_arguments().join(" "),
-        "test --all-features -- --ignored"
+        "test --features cli -- --ignored"
     );
     assert_eq!(
         plan::bench_arguments("server=tcp:h,1;user=sa", "/tmp/b.json").join(" "),
@@ -390,7 +390,7 @@ fn find_or_build_live_suite() -> PathBuf {
             .args(["build", "--quiet", "--example", "live_suite"])
             .current_dir(root);
         if cfg!(feature = "cli") {
-            build.arg("--all-features");
+            build.args(["--features", "cli"]);
         }
         let status = build.status().expect("cargo runs");
         assert!(status.success(), "cargo build --example live_suite failed");
@@ -507,7 +507,7 @@ fn help_exits_0_and_names_both_steps() {
     assert!(output.status.success(), "{output:?}");
     let help = String::from_utf8_lossy(&output.stdout);
     assert!(
-        help.contains("cargo test --all-features -- --ignored") && help.contains("--quick"),
+        help.contains("cargo test --features cli -- --ignored") && help.contains("--quick"),
         "{help}"
     );
 }

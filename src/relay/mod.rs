@@ -28,6 +28,7 @@
 
 mod config;
 mod hooks;
+mod json_lines;
 mod policy;
 mod publisher;
 
@@ -47,6 +48,7 @@ use tracing::field::Empty;
 
 pub use config::{MAX_BATCH_SIZE, MAX_CLAIM_TIMEOUT, RelayConfig};
 pub use hooks::{Hooks, NoHooks};
+pub use json_lines::JsonLines;
 pub use policy::{MAX_RETRY_DELAY, RetryDecision, RetryPolicy};
 pub use publisher::{
     DeadLetter, ErrorKind, HEADER_ATTEMPTS, HEADER_ERROR, HEADER_ERROR_KIND, HEADER_ORIGINAL_TOPIC,

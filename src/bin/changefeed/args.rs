@@ -69,6 +69,23 @@ pub enum Command {
     Purge(PurgeArgs),
     /// Delete a claim outbox's done messages older than a cutoff (dead ones are kept)
     PurgeOutbox(PurgeOutboxArgs),
+    /// Relay a claim outbox to standard output, one JSON line per message, until Ctrl-C.
+    /// --url may be an ADO.NET string (SQL Server) or a mysql:// URL (MariaDB/MySQL, with
+    /// the binlog wake; needs the `mysql` feature)
+    Relay(RelayArgs),
+}
+
+/// `relay`.
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    /// The claim outbox: schema.table on SQL Server, a table name on MariaDB/MySQL
+    #[arg(long, value_name = "TABLE")]
+    pub outbox: String,
+
+    /// Messages per claim
+    #[arg(long, value_name = "N", default_value_t = 100,
+        value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub batch_size: u32,
 }
 
 /// `setup-feed`.

@@ -37,6 +37,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Status(args) => status(&connect, &mut out, args).await,
         Command::Purge(args) => purge(&connect, &mut out, args).await,
         Command::PurgeOutbox(args) => purge_outbox(&connect, &mut out, args).await,
+        Command::Relay(args) => crate::relay::relay(&connect.url, args).await,
     }
 }
 

@@ -21,6 +21,7 @@ mod duration;
 mod follow;
 mod json;
 mod output;
+mod relay;
 
 use std::io::Write;
 use std::process::ExitCode;

@@ -1,0 +1,374 @@
+//! [`BinlogWaker`]: wakes a relay when a message is committed, by following the server's
+//! binary log like a replica does, and falls back to polling when it cannot.
+//!
+//! Server settings it needs: `log_bin` on, `binlog_format=ROW` (with STATEMENT or MIXED an
+//! insert is logged as SQL text, not as a row event of the outbox table), a `server_id`
+//! (any; the waker registers with its own, [`BinlogWakerConfig::server_id`], which must
+//! differ from the server's and from every other replica's and waker's). Grants for the
+//! waker's user: `REPLICATION SLAVE` (to stream the log) and, to read the current position
+//! with `SHOW MASTER STATUS`, `BINLOG MONITOR` on MariaDB 10.5+ or `REPLICATION CLIENT` on
+//! MySQL. MariaDB 10.11 and MySQL 8.0 keep these defaults: MariaDB needs `log_bin` and
+//! `binlog_format=ROW` turned on (it defaults to MIXED), MySQL 8.0 has both on by default.
+//!
+//! The waker sends nothing to the outbox and holds no lock: it is only a hint. Messages are
+//! claimed by the relay as always, so a missed or duplicate wake costs at most a poll
+//! interval or one empty claim.
+
+use std::future::Future;
+use std::pin::pin;
+use std::time::Duration;
+
+use futures::StreamExt;
+use mysql_async::binlog::events::{Event, EventData, RowsEventData};
+use mysql_async::prelude::Queryable;
+use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, Row};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until, timeout};
+
+use super::table::OutboxTable;
+use crate::relay::RelayHandle;
+
+/// How the waker behaves; [`Default`] suits most deployments.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BinlogWakerConfig {
+    /// The server id the waker registers under, as replicas do. Two connections with one id
+    /// make the server drop the older, so every waker (and replica) needs its own. Default:
+    /// a random id in 2³⁰..2³¹.
+    pub server_id: u32,
+    /// While the binlog cannot be followed, the waker wakes the relay this often: polling
+    /// as a safety net. Default: 500 ms.
+    pub fallback_poll: Duration,
+    /// How long to wait before trying to follow the binlog again after it broke (or was
+    /// off). Default: 1 s.
+    pub reconnect_delay: Duration,
+    /// The heartbeat the waker asks the server for; a stream silent for three of them is
+    /// taken as broken and reconnected. Default: 1 s.
+    pub heartbeat: Duration,
+    /// A second wake this long after each commit: the server sends a transaction's events
+    /// once they are in the binlog, which can be a moment before InnoDB makes the rows
+    /// visible, so a claim at the first wake may just miss them. `None`: no second wake.
+    /// Default: 2 ms.
+    pub settle: Option<Duration>,
+}
+
+impl Default for BinlogWakerConfig {
+    fn default() -> Self {
+        BinlogWakerConfig {
+            server_id: (1 << 30) + rand::random_range(0..(1u32 << 30)),
+            fallback_poll: Duration::from_millis(500),
+            reconnect_delay: Duration::from_secs(1),
+            heartbeat: Duration::from_secs(1),
+            settle: Some(Duration::from_millis(2)),
+        }
+    }
+}
+
+/// What the waker is doing, for health checks and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WakerState {
+    /// Not connected yet.
+    Starting,
+    /// Following the binlog; the last transaction boundary seen.
+    Following {
+        /// The binlog file.
+        file: String,
+        /// The position in it.
+        position: u64,
+    },
+    /// Polling every `fallback_poll`, because the binlog could not be followed.
+    Polling {
+        /// Why (the error, or the setting that is missing).
+        reason: String,
+    },
+}
+
+/// Where to resume the binlog: the last transaction boundary seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Position {
+    file: String,
+    position: u64,
+}
+
+/// Follows the ROW binlog events of one outbox table and wakes a relay when a transaction
+/// that inserted into it commits.
+///
+/// ```no_run
+/// # async fn run() -> changefeed::Result<()> {
+/// use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore};
+/// use changefeed::relay::{Relay, RelayConfig};
+/// # struct Stdout;
+/// # impl changefeed::relay::Publisher for Stdout {
+/// #     async fn publish(&self, b: &[changefeed::outbox::ClaimedMessage]) -> Vec<changefeed::relay::PublishOutcome> { vec![Ok(()); b.len()] }
+/// # }
+/// let url = "mysql://relay:secret@localhost:3306/app";
+/// let store = MysqlOutboxStore::connect("outbox", url)?;
+/// // The binlog wakes the relay; its own poll is only the last safety net.
+/// let config = RelayConfig { poll_interval: std::time::Duration::from_secs(5), ..RelayConfig::default() };
+/// let relay = Relay::new(store, Stdout, config)?;
+/// let waker = BinlogWaker::new(
+///     changefeed::mysql::opts(url)?,
+///     "outbox".parse()?,
+///     relay.handle(),
+///     BinlogWakerConfig::default(),
+/// );
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// tokio::spawn(waker.run(async { stopped.await.ok(); }));
+/// relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
+/// stop.send(()).ok();
+/// # Ok(()) }
+/// ```
+pub struct BinlogWaker {
+    opts: Opts,
+    database: String,
+    table: OutboxTable,
+    handle: RelayHandle,
+    config: BinlogWakerConfig,
+    state: watch::Sender<WakerState>,
+}
+
+impl BinlogWaker {
+    /// A waker for `table` in the database of `opts`, waking `handle`'s relay.
+    pub fn new(
+        opts: Opts,
+        table: OutboxTable,
+        handle: RelayHandle,
+        config: BinlogWakerConfig,
+    ) -> Self {
+        let database = opts.db_name().unwrap_or_default().to_owned();
+        BinlogWaker {
+            opts,
+            database,
+            table,
+            handle,
+            config,
+            state: watch::Sender::new(WakerState::Starting),
+        }
+    }
+
+    /// Watches the waker's [`WakerState`].
+    pub fn state(&self) -> watch::Receiver<WakerState> {
+        self.state.subscribe()
+    }
+
+    /// Follows the binlog until `shutdown` completes: wakes the relay on every commit that
+    /// inserted into the outbox, and while the binlog cannot be followed (off, not ROW, a
+    /// missing grant, a broken stream) wakes it every `fallback_poll` and tries again every
+    /// `reconnect_delay`, resuming from the last transaction boundary it saw.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let mut shutdown = pin!(shutdown);
+        let mut resume: Option<Position> = None;
+        loop {
+            let reason = tokio::select! {
+                biased;
+                () = shutdown.as_mut() => return,
+                reason = self.follow(&mut resume) => reason,
+            };
+            tracing::warn!(%reason, "binlog waker: polling until the binlog can be followed again");
+            self.state.send_replace(WakerState::Polling { reason });
+            // Rows may have been committed while the stream was down.
+            self.handle.wake();
+            let retry_at = Instant::now() + self.config.reconnect_delay;
+            loop {
+                let next_poll = (Instant::now() + self.config.fallback_poll).min(retry_at);
+                tokio::select! {
+                    biased;
+                    () = shutdown.as_mut() => return,
+                    () = sleep_until(next_poll) => {}
+                }
+                if Instant::now() >= retry_at {
+                    break;
+                }
+                self.handle.wake();
+            }
+        }
+    }
+
+    /// Connects, checks the settings, streams the binlog and wakes on commits; returns why
+    /// it stopped. `resume` is kept up to date with the last transaction boundary.
+    async fn follow(&self, resume: &mut Option<Position>) -> String {
+        let mut conn = match Conn::new(self.opts.clone()).await {
+            Ok(conn) => conn,
+            Err(error) => return format!("cannot connect: {error}"),
+        };
+        let start = match resume.clone() {
+            Some(position) => position,
+            None => match current_position(&mut conn).await {
+                Ok(position) => position,
+                Err(reason) => return reason,
+            },
+        };
+        let heartbeat_ns = self.config.heartbeat.as_nanos().min(u128::from(u32::MAX));
+        if let Err(error) = conn
+            // MySQL 8.0.26+ also reads the variable under its new name.
+            .query_drop(format!(
+                "set @master_heartbeat_period = {heartbeat_ns}, \
+                 @source_heartbeat_period = {heartbeat_ns}"
+            ))
+            .await
+        {
+            return format!("cannot set the heartbeat: {error}");
+        }
+        let request = BinlogStreamRequest::new(self.config.server_id)
+            .with_filename(start.file.as_bytes())
+            .with_pos(start.position);
+        let mut stream = match conn.get_binlog_stream(request).await {
+            Ok(stream) => stream,
+            Err(error) => return format!("cannot stream the binlog: {error}"),
+        };
+        tracing::info!(file = %start.file, position = start.position, "binlog waker: following");
+        self.state.send_replace(WakerState::Following {
+            file: start.file.clone(),
+            position: start.position,
+        });
+        *resume = Some(start);
+        let reason = self.stream(&mut stream, resume).await;
+        let _ = timeout(Duration::from_secs(1), stream.close()).await;
+        reason
+    }
+
+    async fn stream(&self, stream: &mut BinlogStream, resume: &mut Option<Position>) -> String {
+        let silence = self.config.heartbeat * 3;
+        let mut inserted = false;
+        let mut settle_at: Option<Instant> = None;
+        loop {
+            let next = tokio::select! {
+                biased;
+                next = timeout(silence, stream.next()) => next,
+                () = async { sleep_until(settle_at.expect("guarded")).await }, if settle_at.is_some() => {
+                    settle_at = None;
+                    self.handle.wake();
+                    continue;
+                }
+            };
+            let event = match next {
+                Err(_) => return format!("no event or heartbeat for {silence:?}"),
+                Ok(None) => return "the server ended the binlog stream".to_owned(),
+                Ok(Some(Err(error))) => return format!("the binlog stream broke: {error}"),
+                Ok(Some(Ok(event))) => event,
+            };
+            match self.classify(stream, &event) {
+                Seen::Insert => inserted = true,
+                Seen::Commit => {
+                    if inserted {
+                        inserted = false;
+                        self.handle.wake();
+                        if let Some(settle) = self.config.settle {
+                            settle_at = Some(Instant::now() + settle);
+                        }
+                    }
+                    if let Some(position) = resume.as_mut()
+                        && event.header().log_pos() > 0
+                    {
+                        position.position = u64::from(event.header().log_pos());
+                        self.state.send_replace(WakerState::Following {
+                            file: position.file.clone(),
+                            position: position.position,
+                        });
+                    }
+                }
+                Seen::Rotate(next) => {
+                    *resume = Some(next.clone());
+                    self.state.send_replace(WakerState::Following {
+                        file: next.file,
+                        position: next.position,
+                    });
+                }
+                Seen::Other => {}
+            }
+        }
+    }
+
+    fn classify(&self, stream: &BinlogStream, event: &Event) -> Seen {
+        let data = match event.read_data() {
+            Ok(Some(data)) => data,
+            // Event types this library does not know (MariaDB's own) carry nothing we need.
+            _ => return Seen::Other,
+        };
+        match data {
+            EventData::RowsEvent(
+                rows @ (RowsEventData::WriteRowsEventV1(_) | RowsEventData::WriteRowsEvent(_)),
+            ) => {
+                let ours = stream.get_tme(rows.table_id()).is_some_and(|map| {
+                    map.table_name() == self.table.name()
+                        && map.database_name() == self.database.as_str()
+                });
+                if ours { Seen::Insert } else { Seen::Other }
+            }
+            EventData::XidEvent(_) => Seen::Commit,
+            EventData::QueryEvent(query) if query.query().eq_ignore_ascii_case("commit") => {
+                Seen::Commit
+            }
+            // The server's artificial rotate at the start of a stream (log_pos 0) restates
+            // the file we asked for, and arrives before the format description event that
+            // announces checksums, so its name still carries the 4 checksum bytes: skip it.
+            EventData::RotateEvent(_) if event.header().log_pos() == 0 => Seen::Other,
+            EventData::RotateEvent(rotate) => Seen::Rotate(Position {
+                file: rotate.name().into_owned(),
+                position: rotate.position(),
+            }),
+            _ => Seen::Other,
+        }
+    }
+}
+
+/// What one event means to the waker.
+enum Seen {
+    /// A row inserted into the outbox (its transaction's commit follows).
+    Insert,
+    /// A transaction boundary.
+    Commit,
+    /// The server moved to another binlog file.
+    Rotate(Position),
+    Other,
+}
+
+/// The server's current binlog file and position, after checking that the binlog is on
+/// and in ROW format; the error says which setting or grant is missing.
+async fn current_position(conn: &mut Conn) -> Result<Position, String> {
+    let format: Option<String> = conn
+        .query_first("select @@global.binlog_format")
+        .await
+        .map_err(|e| format!("cannot read binlog_format: {e}"))?;
+    let format = format.unwrap_or_default();
+    if !format.eq_ignore_ascii_case("ROW") {
+        return Err(format!(
+            "binlog_format is {format}; the waker needs ROW (set binlog_format=ROW)"
+        ));
+    }
+    // MySQL 8.4 renamed the statement; MariaDB and MySQL 8.0 know the old name.
+    let row: Option<Row> = match conn.query_first("show master status").await {
+        Ok(row) => row,
+        Err(_) => conn
+            .query_first("show binary log status")
+            .await
+            .map_err(|e| {
+                format!(
+                    "cannot read the binlog position ({e}); grant BINLOG MONITOR (MariaDB) or \
+                     REPLICATION CLIENT (MySQL)"
+                )
+            })?,
+    };
+    let row = row.ok_or_else(|| {
+        "binary logging is off; start the server with log_bin (and binlog_format=ROW)".to_owned()
+    })?;
+    match (row.get::<String, usize>(0), row.get::<u64, usize>(1)) {
+        (Some(file), Some(position)) => Ok(Position { file, position }),
+        _ => Err("SHOW MASTER STATUS returned no file and position".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_server_ids_stay_clear_of_small_configured_ones() {
+        for _ in 0..100 {
+            let id = BinlogWakerConfig::default().server_id;
+            assert!((1 << 30..1 << 31).contains(&id), "{id}");
+        }
+        let config = BinlogWakerConfig::default();
+        assert!(config.fallback_poll > Duration::ZERO);
+        assert!(config.heartbeat > Duration::ZERO);
+    }
+}

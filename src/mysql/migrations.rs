@@ -1,0 +1,84 @@
+//! The MariaDB/MySQL bundle in `mysql/`, embedded at compile time and applied with refinery.
+//!
+//! ```no_run
+//! # async fn run() -> changefeed::Result<()> {
+//! use changefeed::mysql::{OutboxTable, migrate, setup_outbox};
+//!
+//! let url = "mysql://app:secret@localhost:3306/app";
+//! let pool = mysql_async::Pool::new(changefeed::mysql::opts(url)?);
+//! migrate(&pool).await?;
+//! let mut conn = pool.get_conn().await?;
+//! setup_outbox(&mut conn, &"outbox".parse::<OutboxTable>()?).await?;
+//! # Ok(()) }
+//! ```
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Pool};
+
+use super::table::OutboxTable;
+use crate::error::{Error, Result};
+
+mod embedded {
+    refinery::embed_migrations!("mysql");
+}
+
+/// refinery's history table for the bundle; not refinery's default, so an application's own
+/// refinery migrations in the same database keep a separate history. The SQL Server bundle
+/// uses the same name (`crate::migrations::HISTORY_TABLE`).
+pub const HISTORY_TABLE: &str = crate::migrations::HISTORY_TABLE;
+
+/// A refinery runner over the embedded MariaDB/MySQL bundle, recording into
+/// [`HISTORY_TABLE`].
+pub fn runner() -> refinery::Runner {
+    crate::migrations::with_history(embedded::migrations::runner())
+}
+
+/// The embedded migrations as `(version, name)`, in version order.
+pub fn bundle() -> Vec<(i32, String)> {
+    crate::migrations::versions(&runner())
+}
+
+/// Applies every migration of the bundle that the database (the pool's) does not have yet:
+/// the procedures `changefeed_check_table_name`, `changefeed_add_index` and
+/// `changefeed_setup_outbox`. Run it before your own migrations that call
+/// `changefeed_setup_outbox`.
+pub async fn migrate(pool: &Pool) -> Result<refinery::Report> {
+    let mut pool = pool.clone();
+    runner().run_async(&mut pool).await.map_err(from_refinery)
+}
+
+/// Creates the outbox table `table` in the connection's database, or completes an existing
+/// one (`CALL changefeed_setup_outbox(?)`): the same as calling the procedure from a SQL
+/// migration of yours. Fails with error 51306 when an existing table lacks columns.
+pub async fn setup_outbox(conn: &mut Conn, table: &OutboxTable) -> Result<()> {
+    conn.exec_drop("call changefeed_setup_outbox(?)", (table.name(),))
+        .await?;
+    Ok(())
+}
+
+/// Keeps the server's error (code, message) when refinery wraps one.
+fn from_refinery(error: refinery::Error) -> Error {
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        if let Some(mysql_async::Error::Server(server)) = cause.downcast_ref::<mysql_async::Error>()
+        {
+            return Error::Mysql {
+                code: server.code,
+                state: server.state.clone(),
+                message: format!("{} (while applying: {error})", server.message),
+            };
+        }
+        source = cause.source();
+    }
+    Error::Migration(error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_file_in_mysql_is_embedded_in_version_order() {
+        crate::migrations::assert_embedded("mysql", &bundle());
+    }
+}

@@ -1,0 +1,102 @@
+//! Harness of the MariaDB live tests: a private server per test binary (server.rs) and a
+//! fresh database per test, with the bundle applied.
+
+#![allow(dead_code)] // each test binary uses its own part
+
+pub mod server;
+
+use changefeed::mysql::{MysqlOutboxStore, OutboxTable, migrate, setup_outbox};
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, Pool};
+
+/// One test's database.
+pub struct TestDb {
+    /// The database's name.
+    pub name: String,
+    /// Its `mysql://` URL.
+    pub url: String,
+    /// Its connection options.
+    pub opts: Opts,
+    /// A pool for the test's own statements.
+    pub pool: Pool,
+}
+
+/// A fresh database `cf_<name>` (dropped first if a previous run left it) with the
+/// MariaDB/MySQL bundle applied.
+pub async fn database(name: &str) -> TestDb {
+    let name = format!("cf_{name}");
+    let server = server::server();
+    let mut admin = Conn::new(Opts::from_url(&server.url_for("mysql")).expect("the server URL"))
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to the test server: {e}"));
+    admin
+        .query_drop(format!(
+            "drop database if exists `{name}`; create database `{name}` \
+             character set utf8mb4 collate utf8mb4_bin"
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("cannot create database {name}: {e}"));
+    admin.disconnect().await.ok();
+    let url = server.url_for(&name);
+    let opts = changefeed::mysql::opts(&url).expect("a valid URL");
+    let pool = Pool::new(opts.clone());
+    migrate(&pool)
+        .await
+        .unwrap_or_else(|e| panic!("migrate {name}: {e}"));
+    TestDb {
+        name,
+        url,
+        opts,
+        pool,
+    }
+}
+
+impl TestDb {
+    /// A connection of the test's own (REPEATABLE READ, the server's default).
+    pub async fn conn(&self) -> Conn {
+        self.pool
+            .get_conn()
+            .await
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", self.name))
+    }
+
+    /// Creates the outbox `table` and returns a store over it with a connection of its own.
+    pub async fn outbox(&self, table: &str) -> MysqlOutboxStore {
+        let table: OutboxTable = table.parse().expect("a valid outbox name");
+        setup_outbox(&mut self.conn().await, &table)
+            .await
+            .unwrap_or_else(|e| panic!("setup_outbox {table}: {e}"));
+        self.store(table.name())
+    }
+
+    /// Another store (another connection) over an existing outbox.
+    pub fn store(&self, table: &str) -> MysqlOutboxStore {
+        MysqlOutboxStore::new(table.parse().expect("a valid name"), self.opts.clone())
+    }
+
+    /// Runs statements that must succeed.
+    pub async fn sql(&self, text: &str) {
+        self.conn()
+            .await
+            .query_drop(text)
+            .await
+            .unwrap_or_else(|e| panic!("{text}: {e}"));
+    }
+
+    /// The first column of the first row of `query`, as an integer.
+    pub async fn scalar(&self, query: &str) -> i64 {
+        let value: Option<i64> = self
+            .conn()
+            .await
+            .query_first(query)
+            .await
+            .unwrap_or_else(|e| panic!("{query}: {e}"));
+        value.unwrap_or_else(|| panic!("{query} returned no row"))
+    }
+
+    /// `count(*)` of `table` where `condition`.
+    pub async fn count(&self, table: &str, condition: &str) -> i64 {
+        self.scalar(&format!("select count(*) from `{table}` where {condition}"))
+            .await
+    }
+}

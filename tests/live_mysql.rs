@@ -1,0 +1,1162 @@
+//! Live tests of the claim outbox on MariaDB (feature `mysql`): the bundle in `mysql/`,
+//! `enqueue`, `MysqlOutboxStore`, the relay over it, and the `BinlogWaker`.
+//!
+//! They need a MariaDB (or MySQL 8.0+) server and are `#[ignore]`d, so that `cargo test
+//! --all-features` passes on a machine without one. `.ci/run` installs mariadb-server and
+//! runs them: `cargo test --features mysql,cli --test live_mysql -- --ignored` (`cli` adds
+//! the test of `changefeed relay`). The harness
+//! (tests/common_mysql) starts one private `mariadbd` for this test binary, or uses
+//! `CHANGEFEED_TEST_MYSQL`; every test has a database of its own, and every concurrent
+//! claimer a connection of its own.
+//!
+//! Time-based cases move a row's `claimed_at`, `next_retry_at` or `processed_at` back with
+//! server-side arithmetic instead of waiting; where a test does wait, it asserts only what
+//! must hold however slow the machine is.
+
+mod common_mysql;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use changefeed::Error;
+use changefeed::mysql::{
+    BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, OutboxTable, WakerState, enqueue,
+};
+use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, NewMessage};
+use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
+use common_mysql::{TestDb, database};
+use mysql_async::prelude::Queryable;
+use serde_json::json;
+use tokio::sync::Barrier;
+
+const PROCESSING: i64 = 1;
+const DONE: i64 = 2;
+const FAILED: i64 = 3;
+const DEAD: i64 = 4;
+
+/// A claim timeout no test outlives.
+const HELD: Duration = Duration::from_secs(3600);
+
+// ------------------------------------------------------------------------------------------
+// Helpers
+// ------------------------------------------------------------------------------------------
+
+fn table(name: &str) -> OutboxTable {
+    name.parse().expect("a valid outbox name")
+}
+
+fn message_of(aggregate: &str, n: usize) -> NewMessage {
+    NewMessage::new("orders", json!({ "aggregate": aggregate, "n": n }))
+        .aggregate("order", aggregate)
+}
+
+/// Enqueues `messages` in one committed transaction.
+async fn enqueue_committed(db: &TestDb, outbox: &str, messages: &[NewMessage]) -> Vec<Enqueued> {
+    let mut conn = db.conn().await;
+    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+    let mut enqueued = Vec::new();
+    for message in messages {
+        enqueued.push(
+            enqueue(&mut tx, &table(outbox), message)
+                .await
+                .unwrap_or_else(|e| panic!("enqueue {message:?}: {e}")),
+        );
+    }
+    tx.commit().await.unwrap();
+    enqueued
+}
+
+/// Claims and expects decodable messages only.
+async fn claim(store: &mut MysqlOutboxStore, batch: u32, timeout: Duration) -> Vec<ClaimedMessage> {
+    store
+        .claim(batch, timeout)
+        .await
+        .unwrap_or_else(|e| panic!("claim({batch}, {timeout:?}): {e}"))
+        .into_iter()
+        .map(|row| match row {
+            Claimed::Message(message) => message,
+            Claimed::Undecodable(row) => panic!("unexpected undecodable row {row:?}"),
+        })
+        .collect()
+}
+
+fn ids(batch: &[ClaimedMessage]) -> Vec<i64> {
+    batch.iter().map(|m| m.id).collect()
+}
+
+#[track_caller]
+fn token_of(batch: &[ClaimedMessage]) -> ClaimToken {
+    let token = batch.first().expect("a non-empty claim").claim_token;
+    assert!(batch.iter().all(|m| m.claim_token == token), "{batch:?}");
+    token
+}
+
+/// One row as stored.
+#[derive(Debug)]
+struct RowState {
+    status: i64,
+    attempts: i64,
+    token: Option<Vec<u8>>,
+    /// `next_retry_at` minus the server's now, in ms.
+    retry_in_ms: Option<i64>,
+    processed: bool,
+    last_error: Option<String>,
+}
+
+/// status, attempts, claim_token, retry in ms, processed, last_error.
+type RawState = (i64, i64, Option<Vec<u8>>, Option<i64>, bool, Option<String>);
+
+async fn row_state(db: &TestDb, outbox: &str, id: i64) -> RowState {
+    let query = format!(
+        "select status, attempts, claim_token, \
+         timestampdiff(microsecond, utc_timestamp(3), next_retry_at) div 1000, \
+         processed_at is not null, last_error from `{outbox}` where id = {id}"
+    );
+    let row: RawState = db
+        .conn()
+        .await
+        .query_first(&query)
+        .await
+        .unwrap_or_else(|e| panic!("{query}: {e}"))
+        .unwrap_or_else(|| panic!("{outbox} has no row {id}"));
+    RowState {
+        status: row.0,
+        attempts: row.1,
+        token: row.2,
+        retry_in_ms: row.3,
+        processed: row.4,
+        last_error: row.5,
+    }
+}
+
+/// Moves a time column of rows `ids` back by `ms` (ages them without waiting).
+async fn age(db: &TestDb, outbox: &str, column: &str, ms: i64, ids: &[i64]) {
+    let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+    db.sql(&format!(
+        "update `{outbox}` set {column} = {column} - interval {ms} * 1000 microsecond \
+         where id in ({})",
+        list.join(", ")
+    ))
+    .await;
+}
+
+#[track_caller]
+fn mysql_code<T: std::fmt::Debug>(result: changefeed::Result<T>, code: u32) -> String {
+    match result {
+        Err(error) => {
+            assert_eq!(error.server_number(), Some(code), "{error}");
+            error.to_string()
+        }
+        Ok(value) => panic!("expected error {code}, got {value:?}"),
+    }
+}
+
+#[track_caller]
+fn config_error<T: std::fmt::Debug>(result: changefeed::Result<T>, needle: &str) {
+    match result {
+        Err(Error::Config(message)) => assert!(message.contains(needle), "{message}"),
+        other => panic!("expected a configuration error about {needle}, got {other:?}"),
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 1. the bundle and setup_outbox
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn setup_outbox_checks_names_completes_tables_and_never_drops_data() {
+    let db = database("setup").await;
+    // migrate is idempotent.
+    let again = changefeed::mysql::migrate(&db.pool).await.unwrap();
+    assert!(again.applied_migrations().is_empty());
+
+    let mut conn = db.conn().await;
+    for bad in ["bad-name", "9x", "changefeed_x", "a`b", ""] {
+        let message = mysql_code(
+            conn.exec_drop("call changefeed_setup_outbox(?)", (bad,))
+                .await
+                .map_err(Error::from),
+            51000,
+        );
+        assert!(
+            message.contains("not a usable outbox table name"),
+            "{message}"
+        );
+    }
+    let store = db.outbox("outbox_setup").await;
+    assert_eq!(store.table().name(), "outbox_setup");
+
+    // A partial install: an index dropped by hand comes back; the rows stay.
+    enqueue_committed(&db, "outbox_setup", &[message_of("s-1", 1)]).await;
+    db.sql("alter table outbox_setup drop index open_messages")
+        .await;
+    db.outbox("outbox_setup").await;
+    assert_eq!(
+        db.scalar(
+            "select count(*) from information_schema.statistics where table_schema = database() \
+             and table_name = 'outbox_setup' and index_name = 'open_messages'"
+        )
+        .await,
+        2,
+        "open_messages (is_open, id) is back"
+    );
+    assert_eq!(db.count("outbox_setup", "1 = 1").await, 1);
+
+    // A hand-made table without trace_id: 51306 naming it; nothing dropped.
+    db.sql(
+        "create table handmade (id bigint auto_increment primary key, message_id varchar(64), \
+         topic varchar(256)); insert into handmade (message_id, topic) values ('k', 't')",
+    )
+    .await;
+    let message = mysql_code(
+        conn.exec_drop("call changefeed_setup_outbox(?)", ("handmade",))
+            .await
+            .map_err(Error::from),
+        51306,
+    );
+    assert!(message.contains("trace_id"), "{message}");
+    assert_eq!(db.count("handmade", "1 = 1").await, 1);
+
+    // The Rust name rule is the bundle's.
+    assert!("changefeed_x".parse::<OutboxTable>().is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn the_claim_reads_its_order_off_the_index_without_a_filesort() {
+    let db = database("explain").await;
+    db.outbox("outbox_explain").await;
+    let messages: Vec<NewMessage> = (0..50)
+        .map(|i| message_of(&format!("e-{}", i % 5), i))
+        .collect();
+    enqueue_committed(&db, "outbox_explain", &messages).await;
+    db.sql("analyze table outbox_explain").await;
+    let plan: Vec<(Option<String>, Option<String>)> = db
+        .conn()
+        .await
+        .query_map(
+            "explain select t.id from outbox_explain as t force index (open_messages) \
+             where t.is_open = 1 and t.status = 0 and not exists (select 1 from outbox_explain \
+             as e force index (head_of_aggregate) where e.aggregate_id = t.aggregate_id and \
+             e.is_open = 1 and e.id < t.id) order by t.id limit 10 for update skip locked",
+            |row: mysql_async::Row| (row.get("key"), row.get("Extra")),
+        )
+        .await
+        .unwrap();
+    let text = format!("{plan:?}");
+    assert!(!text.contains("filesort"), "{text}");
+    assert!(text.contains("open_messages"), "{text}");
+    assert!(text.contains("head_of_aggregate"), "{text}");
+}
+
+// ------------------------------------------------------------------------------------------
+// 2. enqueue belongs to the caller's transaction
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn enqueue_is_transactional_and_idempotent() {
+    let db = database("enqueue").await;
+    let mut store = db.outbox("outbox_enqueue").await;
+    let t = table("outbox_enqueue");
+
+    let keyed = NewMessage {
+        message_id: Some("order-42-created".to_owned()),
+        ..message_of("order-42", 1)
+    };
+    let mut conn = db.conn().await;
+    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+    let rolled_back = enqueue(&mut tx, &t, &keyed).await.unwrap();
+    assert!(rolled_back.id > 0);
+    let seen: Option<i64> = tx
+        .query_first("select count(*) from outbox_enqueue")
+        .await
+        .unwrap();
+    assert_eq!(seen, Some(1), "the transaction sees its own enqueue");
+    tx.rollback().await.unwrap();
+    assert_eq!(db.count("outbox_enqueue", "1 = 1").await, 0);
+    assert!(claim(&mut store, 10, HELD).await.is_empty());
+
+    // Server-made (here: client-made UUID) message id.
+    let made = enqueue_committed(&db, "outbox_enqueue", &[message_of("order-44", 1)]).await;
+    assert_eq!(made[0].message_id.len(), 36, "{made:?}");
+
+    // The same key returns the first row, across transactions and twice in one.
+    let first = enqueue_committed(&db, "outbox_enqueue", std::slice::from_ref(&keyed)).await;
+    let retried = NewMessage {
+        payload: json!({ "n": 2 }),
+        ..keyed.clone()
+    };
+    let second = enqueue_committed(&db, "outbox_enqueue", std::slice::from_ref(&retried)).await;
+    assert_eq!(second, first);
+    let twice = enqueue_committed(&db, "outbox_enqueue", &[keyed.clone(), retried]).await;
+    assert_eq!(twice, vec![first[0].clone(), first[0].clone()]);
+    assert_eq!(db.count("outbox_enqueue", "1 = 1").await, 2);
+
+    // Refused before the insert: empty topic, a too-long value, a scalar payload.
+    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+    config_error(
+        enqueue(&mut tx, &t, &NewMessage::new("", json!({}))).await,
+        "topic",
+    );
+    config_error(
+        enqueue(&mut tx, &t, &NewMessage::new("x".repeat(257), json!({}))).await,
+        "topic has 257",
+    );
+    config_error(
+        enqueue(&mut tx, &t, &NewMessage::new("t", json!(42))).await,
+        "object or array",
+    );
+    tx.rollback().await.unwrap();
+
+    let claimed = claim(&mut store, 10, HELD).await;
+    assert_eq!(ids(&claimed), vec![made[0].id, first[0].id]);
+    assert_eq!(
+        claimed[1].payload, keyed.payload,
+        "the first payload is kept"
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// 3. concurrent claimers
+// ------------------------------------------------------------------------------------------
+
+/// `claimers` concurrent claims (each on its own connection), started together.
+async fn concurrent_claims(
+    db: &TestDb,
+    outbox: &str,
+    claimers: usize,
+    batch: u32,
+) -> Vec<Vec<ClaimedMessage>> {
+    let barrier = Arc::new(Barrier::new(claimers));
+    let mut tasks = Vec::new();
+    for _ in 0..claimers {
+        let mut store = db.store(outbox);
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            // Connect first, so the barrier releases claims, not handshakes.
+            store
+                .purge_done(Duration::from_secs(3600), 1, Some(1))
+                .await
+                .unwrap();
+            barrier.wait().await;
+            claim(&mut store, batch, HELD).await
+        }));
+    }
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(
+            tokio::time::timeout(Duration::from_secs(120), task)
+                .await
+                .expect("a claimer is stuck")
+                .unwrap(),
+        );
+    }
+    results
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn six_claimers_share_thirty_aggregates_without_double_claims() {
+    let db = database("fanout").await;
+    db.outbox("outbox_fanout").await;
+    let messages: Vec<NewMessage> = (0..30)
+        .map(|i| message_of(&format!("order-{i}"), i))
+        .collect();
+    let enqueued = enqueue_committed(&db, "outbox_fanout", &messages).await;
+    let all: BTreeSet<i64> = enqueued.iter().map(|e| e.id).collect();
+
+    let mut seen = BTreeSet::new();
+    let mut rounds = 0;
+    while seen.len() < all.len() {
+        rounds += 1;
+        assert!(rounds < 50, "claimers stopped making progress: {seen:?}");
+        for batch in concurrent_claims(&db, "outbox_fanout", 6, 5).await {
+            for message in batch {
+                assert!(
+                    seen.insert(message.id),
+                    "message {} claimed twice",
+                    message.id
+                );
+            }
+        }
+    }
+    assert_eq!(seen, all);
+    assert_eq!(db.count("outbox_fanout", "status = 1").await, 30);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn fifty_claimers_on_one_aggregate_claim_only_its_first_row() {
+    let db = database("one_aggregate").await;
+    db.outbox("outbox_one").await;
+    let messages: Vec<NewMessage> = (0..5).map(|i| message_of("order-1", i)).collect();
+    let enqueued = enqueue_committed(&db, "outbox_one", &messages).await;
+    let claims: Vec<ClaimedMessage> = concurrent_claims(&db, "outbox_one", 50, 10)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(
+        ids(&claims),
+        vec![enqueued[0].id],
+        "one claim, of the first row"
+    );
+    assert_eq!(claims[0].payload["n"], 0);
+}
+
+// ------------------------------------------------------------------------------------------
+// 4. head of aggregate, liveness under an open transaction
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn head_of_aggregate_sequence() {
+    let db = database("head").await;
+    let mut store = db.outbox("outbox_head").await;
+    let e = enqueue_committed(
+        &db,
+        "outbox_head",
+        &[
+            message_of("a", 1),
+            message_of("a", 2),
+            message_of("a", 3),
+            message_of("b", 1),
+        ],
+    )
+    .await;
+    // Heads only: a1 and b1.
+    let first = claim(&mut store, 10, HELD).await;
+    assert_eq!(ids(&first), vec![e[0].id, e[3].id]);
+    assert!(
+        claim(&mut store, 10, HELD).await.is_empty(),
+        "a2 waits for a1"
+    );
+    // Done a1: a2 is next.
+    assert_eq!(
+        store.mark_done(&[e[0].id], token_of(&first)).await.unwrap(),
+        1
+    );
+    let second = claim(&mut store, 10, HELD).await;
+    assert_eq!(ids(&second), vec![e[1].id]);
+    // Failed a2 (retry in an hour) blocks a3.
+    let t2 = token_of(&second);
+    assert_eq!(
+        store
+            .mark_failed(e[1].id, t2, Some(HELD), false, "broker down")
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(
+        claim(&mut store, 10, HELD).await.is_empty(),
+        "a failed row blocks"
+    );
+    let state = row_state(&db, "outbox_head", e[1].id).await;
+    assert_eq!((state.status, state.attempts), (FAILED, 1), "{state:?}");
+    assert!(state.retry_in_ms.unwrap() > 3_500_000, "{state:?}");
+    assert_eq!(state.last_error.as_deref(), Some("broker down"));
+    // Due again: re-claimed with its attempt; dead then unblocks a3.
+    age(
+        &db,
+        "outbox_head",
+        "next_retry_at",
+        3_600_000 + 1000,
+        &[e[1].id],
+    )
+    .await;
+    let third = claim(&mut store, 10, HELD).await;
+    assert_eq!(ids(&third), vec![e[1].id]);
+    assert_eq!(third[0].attempts, 1);
+    store
+        .mark_failed(e[1].id, token_of(&third), None, true, "poison")
+        .await
+        .unwrap();
+    let fourth = claim(&mut store, 10, HELD).await;
+    assert_eq!(ids(&fourth), vec![e[2].id], "dead unblocks the aggregate");
+    let dead = row_state(&db, "outbox_head", e[1].id).await;
+    assert_eq!(
+        (dead.status, dead.attempts, dead.processed),
+        (DEAD, 2, true),
+        "{dead:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn an_open_enqueue_of_one_aggregate_does_not_stop_claims_of_another() {
+    let db = database("liveness").await;
+    let mut store = db.outbox("outbox_live").await;
+    let t = table("outbox_live");
+    // Aggregates whose index entries sit on both sides of the open one ("m"), so that a
+    // probe of "l" or "n" that read one entry too far would meet its lock.
+    enqueue_committed(&db, "outbox_live", &[message_of("l", 0)]).await;
+
+    let mut open = db.conn().await;
+    let mut tx = open.start_transaction(Default::default()).await.unwrap();
+    let uncommitted = enqueue(&mut tx, &t, &message_of("m", 1)).await.unwrap();
+
+    let later = enqueue_committed(
+        &db,
+        "outbox_live",
+        &[message_of("n", 2), message_of("l", 3)],
+    )
+    .await;
+    let started = Instant::now();
+    let claimed = claim(&mut store, 10, HELD).await;
+    let took = started.elapsed();
+    let claimed_ids = ids(&claimed);
+    assert!(claimed_ids.contains(&later[0].id), "{claimed:?}");
+    assert!(
+        !claimed_ids.contains(&uncommitted.id),
+        "an uncommitted row is never claimed"
+    );
+    assert!(!claimed_ids.contains(&later[1].id), "l3 waits for l0");
+    assert!(
+        took < Duration::from_secs(5),
+        "the claim did not wait for the open transaction ({took:?})"
+    );
+
+    // Two writers on one aggregate: m1 (uncommitted, earlier id) and m4 (committed later).
+    // m4 must wait for m1: it is not provably the head.
+    let m4 = enqueue_committed(&db, "outbox_live", &[message_of("m", 4)]).await;
+    let again = claim(&mut store, 10, HELD).await;
+    assert!(
+        !ids(&again).contains(&m4[0].id),
+        "m4 overtook the uncommitted m1: {again:?}"
+    );
+    tx.commit().await.unwrap();
+    let after = claim(&mut store, 10, HELD).await;
+    assert!(ids(&after).contains(&uncommitted.id), "{after:?}");
+    assert!(
+        !ids(&after).contains(&m4[0].id),
+        "m4 waits for m1 to be done"
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// 5. reaper, fencing, retry, requeue, dead, purge
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn reaper_and_fencing_by_the_claim_token() {
+    let db = database("reaper").await;
+    let mut store = db.outbox("outbox_reaper").await;
+    let mut other = db.store("outbox_reaper");
+    let e = enqueue_committed(&db, "outbox_reaper", &[message_of("r", 1)]).await;
+    let first = claim(&mut store, 10, Duration::from_secs(30)).await;
+    let t1 = token_of(&first);
+    assert_eq!(first[0].attempts, 0);
+    // Not expired yet: nobody else gets it.
+    assert!(
+        claim(&mut other, 10, Duration::from_secs(30))
+            .await
+            .is_empty()
+    );
+    // Expired by the server's clock: re-claimed with an attempt counted.
+    age(&db, "outbox_reaper", "claimed_at", 31_000, &[e[0].id]).await;
+    let second = claim(&mut other, 10, Duration::from_secs(30)).await;
+    assert_eq!(ids(&second), vec![e[0].id]);
+    assert_eq!(second[0].attempts, 1);
+    let t2 = token_of(&second);
+    assert_ne!(t1, t2);
+    // The stale token changes nothing, whatever the acknowledgement.
+    assert_eq!(store.mark_done(&[e[0].id], t1).await.unwrap(), 0);
+    assert_eq!(
+        store
+            .mark_failed(e[0].id, t1, None, true, "x")
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(store.requeue(e[0].id, t1, Duration::ZERO).await.unwrap(), 0);
+    let state = row_state(&db, "outbox_reaper", e[0].id).await;
+    assert_eq!((state.status, state.attempts), (PROCESSING, 1));
+    assert_eq!(state.token.as_deref(), Some(&t2.as_bytes()[..]));
+    assert_eq!(other.mark_done(&[e[0].id], t2).await.unwrap(), 1);
+    let done = row_state(&db, "outbox_reaper", e[0].id).await;
+    assert_eq!((done.status, done.processed), (DONE, true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn retry_requeue_redrive_and_dead_is_terminal() {
+    let db = database("retry").await;
+    let mut store = db.outbox("outbox_retry").await;
+    let e = enqueue_committed(
+        &db,
+        "outbox_retry",
+        &[
+            NewMessage::new("t", json!({"n": 1})),
+            NewMessage::new("t", json!({"n": 2})),
+        ],
+    )
+    .await;
+    let batch = claim(&mut store, 10, HELD).await;
+    let token = token_of(&batch);
+    // A real 1 s retry: not due before, due after.
+    store
+        .mark_failed(e[0].id, token, Some(Duration::from_secs(1)), false, "x")
+        .await
+        .unwrap();
+    // Requeue (backpressure): failed, attempts unchanged.
+    store
+        .requeue(e[1].id, token, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let requeued = row_state(&db, "outbox_retry", e[1].id).await;
+    assert_eq!(
+        (requeued.status, requeued.attempts),
+        (FAILED, 0),
+        "{requeued:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let retried = claim(&mut store, 10, HELD).await;
+    assert_eq!(ids(&retried), vec![e[0].id]);
+    assert_eq!(retried[0].attempts, 1);
+    // Dead: never claimed, never reaped, never purged.
+    store
+        .mark_failed(e[0].id, token_of(&retried), None, true, "poison")
+        .await
+        .unwrap();
+    age(&db, "outbox_retry", "claimed_at", 86_400_000, &[e[0].id]).await;
+    age(
+        &db,
+        "outbox_retry",
+        "processed_at",
+        86_400_000 * 400,
+        &[e[0].id],
+    )
+    .await;
+    assert!(
+        claim(&mut store, 10, Duration::from_millis(1))
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        store.purge_done(Duration::ZERO, 100, None).await.unwrap(),
+        0
+    );
+    assert_eq!(row_state(&db, "outbox_retry", e[0].id).await.status, DEAD);
+    // An operator's redrive brings it back, attempts kept; pending rows are not redriven.
+    assert_eq!(store.redrive(e[0].id, Duration::ZERO).await.unwrap(), 1);
+    let redriven = claim(&mut store, 10, HELD).await;
+    assert_eq!(ids(&redriven), vec![e[0].id]);
+    assert_eq!(redriven[0].attempts, 2);
+    assert_eq!(
+        store.redrive(e[0].id, Duration::ZERO).await.unwrap(),
+        0,
+        "processing"
+    );
+    // Bad arguments are refused before any SQL.
+    config_error(
+        store.mark_failed(e[0].id, token, None, false, "x").await,
+        "retry_after",
+    );
+    config_error(store.claim(0, HELD).await, "batch_size");
+    config_error(store.claim(1, Duration::ZERO).await, "claim_timeout");
+    config_error(
+        store.purge_done(Duration::ZERO, 4001, None).await,
+        "batch_size",
+    );
+    config_error(
+        store.purge_done(Duration::ZERO, 1, Some(0)).await,
+        "max_rows",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn purge_deletes_only_old_done_rows_in_batches() {
+    let db = database("purge").await;
+    let mut store = db.outbox("outbox_purge").await;
+    let messages: Vec<NewMessage> = (0..25)
+        .map(|i| NewMessage::new("t", json!({ "n": i })))
+        .collect();
+    let e = enqueue_committed(&db, "outbox_purge", &messages).await;
+    let batch = claim(&mut store, 100, HELD).await;
+    let done: Vec<i64> = e[..20].iter().map(|x| x.id).collect();
+    store.mark_done(&done, token_of(&batch)).await.unwrap();
+    // 15 of the done rows are 2 days old, 5 are fresh; 5 rows are still processing.
+    age(
+        &db,
+        "outbox_purge",
+        "processed_at",
+        2 * 86_400_000,
+        &done[..15],
+    )
+    .await;
+    assert_eq!(
+        store
+            .purge_done(Duration::from_secs(3 * 86_400), 4, None)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .purge_done(Duration::from_secs(86_400), 4, Some(6))
+            .await
+            .unwrap(),
+        6
+    );
+    assert_eq!(
+        store
+            .purge_done(Duration::from_secs(86_400), 4, None)
+            .await
+            .unwrap(),
+        9
+    );
+    assert_eq!(db.count("outbox_purge", "status = 2").await, 5);
+    assert_eq!(db.count("outbox_purge", "status = 1").await, 5);
+    assert_eq!(
+        store.purge_done(Duration::ZERO, 1, None).await.unwrap(),
+        5,
+        "window 0: all done rows"
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// 6. unicode, 1 MB, undecodable rows
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn unicode_and_one_megabyte_messages_round_trip() {
+    let db = database("unicode").await;
+    let mut store = db.outbox("outbox_unicode").await;
+    let text = "merhaba — 你好 — שלום — 🎉";
+    let unicode = NewMessage {
+        headers: [("grüße".to_owned(), text.to_owned())]
+            .into_iter()
+            .collect(),
+        message_id: Some(format!("id-{text}")),
+        trace_id: Some(text.to_owned()),
+        partition_key: Some(format!("key-{text}")),
+        ..NewMessage::new(
+            format!("topic-{text}"),
+            json!({ "text": text, "emoji": "🎉" }),
+        )
+        .aggregate(text, text)
+    };
+    let big = NewMessage::new("big", json!({ "blob": "x".repeat(1024 * 1024) }));
+    let e = enqueue_committed(&db, "outbox_unicode", &[unicode.clone(), big.clone()]).await;
+    assert_eq!(e[0].message_id, format!("id-{text}"));
+    let got = claim(&mut store, 10, HELD).await;
+    assert_eq!(ids(&got), vec![e[0].id, e[1].id]);
+    let m = &got[0];
+    assert_eq!(m.topic, unicode.topic);
+    assert_eq!(m.payload, unicode.payload);
+    assert_eq!(m.headers, unicode.headers);
+    assert_eq!(m.aggregate_id.as_deref(), Some(text));
+    assert_eq!(m.aggregate_type.as_deref(), Some(text));
+    assert_eq!(m.partition_key, unicode.partition_key);
+    assert_eq!(m.trace_id.as_deref(), Some(text));
+    assert_eq!(got[1].payload, big.payload, "the 1 MB payload is intact");
+    // Aggregate ids compare exactly: 'A' and 'a' are two aggregates.
+    let cased = enqueue_committed(
+        &db,
+        "outbox_unicode",
+        &[message_of("Case", 1), message_of("case", 2)],
+    )
+    .await;
+    assert_eq!(
+        ids(&claim(&mut store, 10, HELD).await),
+        vec![cased[0].id, cased[1].id]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn an_undecodable_row_is_handed_over_and_the_relay_marks_it_dead() {
+    let db = database("undecodable").await;
+    let mut store = db.outbox("outbox_odd").await;
+    let e = enqueue_committed(&db, "outbox_odd", &[NewMessage::new("t", json!({"ok": 1}))]).await;
+    // Valid JSON (the column's check passes) but not a headers object.
+    db.sql(
+        "insert into outbox_odd (message_id, topic, payload, headers, created_at) \
+         values ('odd', 't', '{}', '[1, 2]', utc_timestamp(3))",
+    )
+    .await;
+    let rows = store.claim(10, HELD).await.unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(matches!(&rows[0], Claimed::Message(m) if m.id == e[0].id));
+    match &rows[1] {
+        Claimed::Undecodable(odd) => {
+            assert_eq!(odd.message_id.as_deref(), Some("odd"));
+            assert_eq!(odd.headers.as_deref(), Some("[1, 2]"));
+            assert!(odd.error.contains("headers"), "{}", odd.error);
+        }
+        other => panic!("{other:?}"),
+    }
+    // A relay dead-letters such a row and publishes the rest.
+    db.sql("update outbox_odd set status = 0, claim_token = null")
+        .await;
+    let publisher = Arc::new(Recorder::default());
+    let mut relay = Relay::new(
+        db.store("outbox_odd"),
+        Arc::clone(&publisher),
+        RelayConfig::default(),
+    )
+    .unwrap();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(report.published, 1);
+    assert_eq!(
+        db.count("outbox_odd", "status = 4 and message_id = 'odd'")
+            .await,
+        1
+    );
+    assert_eq!(db.count("outbox_odd", "status = 2").await, 1);
+}
+
+// ------------------------------------------------------------------------------------------
+// 7. the relay on MariaDB: killed mid-batch, binlog wake, polling fallback
+// ------------------------------------------------------------------------------------------
+
+/// A publisher that records what it got and when.
+#[derive(Default)]
+struct Recorder {
+    published: Mutex<Vec<(i64, Instant)>>,
+    calls: AtomicUsize,
+    /// Sleep this long inside every publish (a slow broker).
+    delay: Mutex<Duration>,
+}
+
+impl Publisher for Recorder {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let delay = *self.delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let now = Instant::now();
+        self.published
+            .lock()
+            .unwrap()
+            .extend(batch.iter().map(|m| (m.id, now)));
+        vec![Ok(()); batch.len()]
+    }
+}
+
+impl Recorder {
+    fn ids(&self) -> BTreeSet<i64> {
+        self.published
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    async fn wait_for(&self, id: i64, limit: Duration) -> Option<Instant> {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if let Some((_, at)) = self
+                .published
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(x, _)| *x == id)
+            {
+                return Some(*at);
+            }
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        None
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn a_relay_killed_mid_batch_loses_nothing() {
+    let db = database("killed").await;
+    db.outbox("outbox_killed").await;
+    let messages: Vec<NewMessage> = (0..40)
+        .map(|i| message_of(&format!("k-{}", i % 8), i))
+        .collect();
+    let e = enqueue_committed(&db, "outbox_killed", &messages).await;
+    let all: BTreeSet<i64> = e.iter().map(|x| x.id).collect();
+
+    // The first relay publishes slowly and is killed (its task aborted) mid-batch: its
+    // claim stays processing until the 1 s claim timeout.
+    let slow = Arc::new(Recorder::default());
+    *slow.delay.lock().unwrap() = Duration::from_secs(30);
+    let config = RelayConfig::default()
+        .batch_size(10)
+        .claim_timeout(Duration::from_secs(1))
+        .poll_interval(Duration::from_millis(50));
+    let killed = Relay::new(db.store("outbox_killed"), Arc::clone(&slow), config.clone()).unwrap();
+    let task = tokio::spawn(killed.run(std::future::pending()));
+    while slow.calls.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    task.abort();
+    let _ = task.await;
+    assert!(
+        db.count("outbox_killed", "status = 1").await > 0,
+        "the kill left a claim behind"
+    );
+
+    // A second relay publishes everything, the killed claim after its timeout.
+    let survivor = Arc::new(Recorder::default());
+    let relay = Relay::new(db.store("outbox_killed"), Arc::clone(&survivor), config).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async {
+        stopped.await.ok();
+    }));
+    let started = Instant::now();
+    while survivor.ids() != all {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "not everything was published: {:?}",
+            all.difference(&survivor.ids())
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(()).unwrap();
+    run.await.unwrap().unwrap();
+    assert_eq!(db.count("outbox_killed", "status = 2").await, 40);
+    // The killed batch's messages were re-claimed after the timeout: one attempt each.
+    assert!(db.count("outbox_killed", "attempts = 1").await > 0);
+}
+
+/// A relay over `outbox` whose own poll is 60 s, so that only the waker can wake it fast;
+/// returns its recorder, the waker's state and a stop switch.
+async fn relay_with_waker(
+    db: &TestDb,
+    outbox: &str,
+    waker_config: BinlogWakerConfig,
+) -> (
+    Arc<Recorder>,
+    tokio::sync::watch::Receiver<WakerState>,
+    impl FnOnce(),
+) {
+    let recorder = Arc::new(Recorder::default());
+    let config = RelayConfig::default().poll_interval(Duration::from_secs(60));
+    let relay = Relay::new(db.store(outbox), Arc::clone(&recorder), config).unwrap();
+    let waker = BinlogWaker::new(db.opts.clone(), table(outbox), relay.handle(), waker_config);
+    let mut state = waker.state();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut stopped_relay = stopped.clone();
+    let mut stopped_waker = stopped;
+    tokio::spawn(relay.run(async move {
+        let _ = stopped_relay.wait_for(|s| *s).await;
+    }));
+    tokio::spawn(waker.run(async move {
+        let _ = stopped_waker.wait_for(|s| *s).await;
+    }));
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        state.wait_for(|s| matches!(s, WakerState::Following { .. })),
+    )
+    .await
+    .expect("the waker follows the binlog within 30 s")
+    .unwrap();
+    // The relay's first claim (at start) is over once it sleeps; give it a moment.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    (recorder, state, move || {
+        let _ = stop.send(true);
+    })
+}
+
+/// Kills the waker's binlog dump connection, as a failover or a network cut would.
+async fn kill_dump_threads(db: &TestDb) -> usize {
+    let mut conn = db.conn().await;
+    let ids: Vec<u64> = conn
+        .query("select id from information_schema.processlist where command = 'Binlog Dump' and db = database()")
+        .await
+        .unwrap();
+    for id in &ids {
+        let _ = conn.query_drop(format!("kill {id}")).await;
+    }
+    ids.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn the_binlog_wakes_the_relay_within_milliseconds_of_a_commit() {
+    let db = database("binlog_wake").await;
+    db.outbox("outbox_wake").await;
+    let (recorder, mut state, stop) =
+        relay_with_waker(&db, "outbox_wake", BinlogWakerConfig::default()).await;
+    let mut latencies = Vec::new();
+    for n in 0..20 {
+        if n == 10 {
+            // Halfway, the stream is cut; the waker reconnects within about a second and
+            // the wake is as fast again.
+            assert_eq!(kill_dump_threads(&db).await, 1);
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                state.wait_for(|s| matches!(s, WakerState::Polling { .. })),
+            )
+            .await
+            .expect("the waker notices the cut")
+            .unwrap();
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                state.wait_for(|s| matches!(s, WakerState::Following { .. })),
+            )
+            .await
+            .expect("the waker follows again")
+            .unwrap();
+        }
+        let mut conn = db.conn().await;
+        let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+        let e = enqueue(
+            &mut tx,
+            &table("outbox_wake"),
+            &message_of(&format!("w-{n}"), n),
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        let committed = Instant::now();
+        let published = recorder
+            .wait_for(e.id, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| {
+                panic!("message {n} was not published within 10 s (the relay polls every 60 s)")
+            });
+        latencies.push(published.saturating_duration_since(committed));
+    }
+    stop();
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    let worst = *latencies.last().unwrap();
+    eprintln!(
+        "binlog wake, commit to publish: median {median:?}, worst {worst:?} (20 commits, the stream cut and resumed after 10)"
+    );
+    // The bound: far below any poll interval. The benchmark measures the real figures; a
+    // shared CI machine gets a generous margin here.
+    assert!(
+        median < Duration::from_millis(100),
+        "median {median:?}: {latencies:?}"
+    );
+    assert!(
+        worst < Duration::from_secs(2),
+        "worst {worst:?}: {latencies:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn polling_takes_over_when_the_binlog_stream_is_cut_and_following_resumes() {
+    let db = database("binlog_cut").await;
+    db.outbox("outbox_cut").await;
+    let config = BinlogWakerConfig {
+        fallback_poll: Duration::from_millis(200),
+        reconnect_delay: Duration::from_secs(3),
+        ..BinlogWakerConfig::default()
+    };
+    let (recorder, mut state, stop) = relay_with_waker(&db, "outbox_cut", config).await;
+    let before = state.borrow().clone();
+    assert!(
+        kill_dump_threads(&db).await >= 1,
+        "the waker's dump thread is there"
+    );
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        state.wait_for(|s| matches!(s, WakerState::Polling { .. })),
+    )
+    .await
+    .expect("the waker notices the cut")
+    .unwrap();
+    // While it polls, a commit is still published, by the 200 ms fallback poll.
+    let e = enqueue_committed(&db, "outbox_cut", &[message_of("c", 1)]).await;
+    let committed = Instant::now();
+    let published = recorder
+        .wait_for(e[0].id, Duration::from_secs(10))
+        .await
+        .expect("published while polling");
+    let took = published.saturating_duration_since(committed);
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    // Then it follows again, from where it was (not from the server's current end).
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        state.wait_for(|s| matches!(s, WakerState::Following { .. })),
+    )
+    .await
+    .expect("the waker follows again")
+    .unwrap();
+    let (
+        WakerState::Following {
+            file: f0,
+            position: p0,
+        },
+        WakerState::Following {
+            file: f1,
+            position: p1,
+        },
+    ) = (before, state.borrow().clone())
+    else {
+        panic!("states")
+    };
+    assert!(
+        f1 > f0 || (f1 == f0 && p1 >= p0),
+        "resumed at {f1}:{p1}, was at {f0}:{p0}"
+    );
+    let e2 = enqueue_committed(&db, "outbox_cut", &[message_of("c", 2)]).await;
+    let committed = Instant::now();
+    let published = recorder
+        .wait_for(e2[0].id, Duration::from_secs(10))
+        .await
+        .expect("published after resuming");
+    // Still following (a resume at a wrong position would have fallen back to polling),
+    // and the relay polls every 60 s: the binlog delivered it.
+    assert!(
+        matches!(*state.borrow(), WakerState::Following { .. }),
+        "{:?}",
+        *state.borrow()
+    );
+    assert!(published.saturating_duration_since(committed) < Duration::from_secs(1));
+    stop();
+}
+
+// ------------------------------------------------------------------------------------------
+// 8. the command line: `changefeed relay` with a mysql:// URL
+// ------------------------------------------------------------------------------------------
+
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn the_cli_relays_a_mariadb_outbox_to_stdout_as_json_lines() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let db = database("cli_relay").await;
+    db.outbox("outbox_cli").await;
+    let e = enqueue_committed(&db, "outbox_cli", &[message_of("cli-1", 1)]).await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
+        .args(["relay", "--outbox", "outbox_cli", "--url", &db.url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the changefeed binary runs");
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout).lines().next().map(|l| l.unwrap())
+    });
+    let line = tokio::time::timeout(Duration::from_secs(30), line)
+        .await
+        .expect("a line within 30 s")
+        .unwrap();
+    // Printed, then acknowledged: done within moments (it is killed only after that).
+    let started = Instant::now();
+    while db.count("outbox_cli", "status = 2").await == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never marked done"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.kill().ok();
+    child.wait().ok();
+    let line: serde_json::Value = serde_json::from_str(&line.expect("one line")).unwrap();
+    assert_eq!(line["id"], e[0].id);
+    assert_eq!(line["key"], "cli-1");
+    assert_eq!(line["payload"], json!({ "aggregate": "cli-1", "n": 1 }));
+}
