@@ -41,6 +41,7 @@ fn the_package_holds_only_what_a_user_needs() {
         "POWEROFF.md",
         "README.md",
         "build.rs",
+        "mysql",
         "sql",
         "src",
     ];
@@ -56,6 +57,7 @@ fn the_package_holds_only_what_a_user_needs() {
         "build.rs",
         "src",
         "sql",
+        "mysql",
     ] {
         assert!(
             top.contains(needed),

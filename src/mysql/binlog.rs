@@ -103,7 +103,7 @@ struct Position {
 /// let url = "mysql://relay:secret@localhost:3306/app";
 /// let store = MysqlOutboxStore::connect("outbox", url)?;
 /// // The binlog wakes the relay; its own poll is only the last safety net.
-/// let config = RelayConfig { poll_interval: std::time::Duration::from_secs(5), ..RelayConfig::default() };
+/// let config = RelayConfig::default().poll_interval(std::time::Duration::from_secs(5));
 /// let relay = Relay::new(store, Stdout, config)?;
 /// let waker = BinlogWaker::new(
 ///     changefeed::mysql::opts(url)?,
