@@ -57,6 +57,16 @@ pub enum Error {
         /// The server's message.
         message: String,
     },
+    /// An error from the Kafka client (the `kafka` feature): librdkafka's error code name
+    /// (e.g. `TopicAuthorizationFailed`, `MessageSizeTooLarge`) when it has one, and its
+    /// message.
+    #[error("Kafka: {message}")]
+    Kafka {
+        /// librdkafka's error code, as its `RDKafkaErrorCode` name.
+        code: Option<String>,
+        /// What went wrong, with what to do about it where that is known.
+        message: String,
+    },
     /// A connection-level failure: I/O, TLS, protocol, a redirect to another host.
     #[error("connection to the database failed: {0}")]
     Connection(String),

@@ -40,6 +40,9 @@ pub mod cursor;
 pub mod cursor_store;
 pub mod error;
 pub mod feed;
+pub mod json;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod migrations;
 #[cfg(feature = "mysql")]
 pub mod mysql;

@@ -14,10 +14,10 @@ use ulid::Ulid;
 use crate::Failure;
 use crate::args::{Cli, Command, PurgeArgs, PurgeOutboxArgs, SetupFeedArgs, StatusArgs, TailArgs};
 use crate::follow::{Stop, follow, interrupted, output_closed};
-use crate::json::JsonColumns;
 use crate::output::{
     Align, Out, Table, feed_line, human_lag, text_cell, ulid_cell, utc_cell, yes_no_cell,
 };
+use changefeed::json::JsonColumns;
 
 /// Where to look when the connection fails.
 const CHECK_URL: &str = "check --url or CHANGEFEED_URL";

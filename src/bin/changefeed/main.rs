@@ -19,7 +19,6 @@ mod args;
 mod commands;
 mod duration;
 mod follow;
-mod json;
 mod output;
 mod relay;
 

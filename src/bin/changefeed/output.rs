@@ -8,7 +8,7 @@ use tiberius::ColumnData;
 use ulid::Ulid;
 
 use crate::Failure;
-use crate::json::column_json;
+use changefeed::json::column_json;
 
 /// How a column's cells line up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

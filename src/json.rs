@@ -1,5 +1,5 @@
-//! Rows of any shape as JSON: what `tail` prints for key and event columns it knows
-//! nothing about.
+//! Rows of any shape as JSON: what `changefeed tail` prints and what the Kafka exporter
+//! sends for key and event columns it knows nothing about.
 //!
 //! Integers, floats and `bit` become numbers and booleans; strings and `xml` strings;
 //! `uniqueidentifier` its hyphenated text; `binary`/`varbinary` hex text `0x…`; `decimal`
@@ -7,8 +7,8 @@
 //! 8601 text with as many fractional digits as the column's scale (`datetime2(3)`:
 //! `2024-05-01T12:00:00.123`; `datetimeoffset` with its offset, `+02:00`); NULL `null`.
 
-use changefeed::Error;
-use changefeed::row::FromRow;
+use crate::Error;
+use crate::row::FromRow;
 use serde_json::{Map, Number, Value};
 use tiberius::{ColumnData, FromSql, Row};
 
@@ -103,7 +103,7 @@ pub fn row_json(row: &Row, first: usize) -> Result<Map<String, Value>, Error> {
 pub struct JsonColumns(pub Option<Map<String, Value>>);
 
 impl FromRow for JsonColumns {
-    fn from_row(row: &Row, first: usize) -> changefeed::Result<Self> {
+    fn from_row(row: &Row, first: usize) -> crate::Result<Self> {
         let map = row_json(row, first)?;
         if !map.is_empty() && map.values().all(Value::is_null) {
             Ok(JsonColumns(None))
