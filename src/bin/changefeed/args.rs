@@ -17,8 +17,10 @@ use crate::duration::{CliDuration, parse_duration, parse_retention};
 #[command(name = "changefeed", version, propagate_version = true)]
 #[command(after_help = "The connection string is an ADO.NET string, e.g. \
     CHANGEFEED_URL='server=tcp:localhost,1433;user=sa;password=...;database=app;\
-    TrustServerCertificate=true'. Exit status: 0 done, 1 failed, 2 bad arguments or no \
-    usable connection, 130 tail stopped by Ctrl-C.")]
+    TrustServerCertificate=true'. Exit status: 0 done (relay and export: stopped by \
+    SIGINT or SIGTERM after finishing their batch), 1 failed, 2 bad arguments or no usable \
+    connection (database or Kafka brokers), 130 tail stopped by Ctrl-C, or relay and export \
+    stopped at once by a second signal.")]
 pub struct Cli {
     /// The ADO.NET connection string of the database
     #[arg(
@@ -69,14 +71,46 @@ pub enum Command {
     Purge(PurgeArgs),
     /// Delete a claim outbox's done messages older than a cutoff (dead ones are kept)
     PurgeOutbox(PurgeOutboxArgs),
-    /// Relay a claim outbox to standard output, one JSON line per message, until Ctrl-C.
-    /// --url may be an ADO.NET string (SQL Server) or a mysql:// URL (MariaDB/MySQL, with
-    /// the binlog wake; needs the `mysql` feature)
+    /// Relay a claim outbox to Kafka (--brokers; needs the `kafka` feature) or to standard
+    /// output, one JSON line per message, until SIGINT or SIGTERM. --url may be an ADO.NET
+    /// string (SQL Server) or a mysql:// URL (MariaDB/MySQL, with the binlog wake; needs
+    /// the `mysql` feature)
+    #[command(after_help = RELAY_HELP)]
     Relay(RelayArgs),
+    /// Export a feed's events to a Kafka topic, saving the consumer's cursor after every
+    /// acknowledged page, until SIGINT or SIGTERM (needs the `kafka` feature)
+    #[command(after_help = EXPORT_HELP)]
+    Export(ExportArgs),
 }
+
+/// What `relay --help` ends with: the two outputs, stopping, and the exit status.
+const RELAY_HELP: &str = "Without --brokers each message is printed as a JSON line. With \
+    --brokers it is produced to the Kafka topic <topic-prefix><the row's topic> by an \
+    idempotent producer (acks=all); a message that dies goes to that topic with \
+    <dlq-suffix> after it. The brokers are checked first, then the database. A progress \
+    line goes to standard error every --progress-interval unless --quiet. SIGINT or \
+    SIGTERM stops the relay once the batch in flight is published and acknowledged; a \
+    second signal stops it at once. Exit status: 0 stopped by a signal, 1 failed while \
+    running (a fatal publish error), 2 bad arguments or no usable connection (brokers or \
+    database), 130 stopped at once by a second signal.";
+
+/// What `export --help` ends with: cursors, stopping, and the exit status.
+const EXPORT_HELP: &str = "The cursor of each shard is saved under --consumer \
+    (changefeed.consumer_cursor) only once every message of a page is acknowledged, so a \
+    restart resumes after the last saved page (at least once: a page in flight when the \
+    process died is produced again). The brokers are checked first, then the database. A \
+    progress line goes to standard error every --progress-interval unless --quiet: events \
+    exported and their rate, how far the furthest-behind shard is from the feed's head, \
+    and the last ULID. SIGINT or SIGTERM stops the export once the page in flight is \
+    acknowledged and its cursor saved; a second signal stops it at once. Exit status: 0 \
+    stopped by a signal, 1 failed while running (a fatal produce error, a read error), 2 \
+    bad arguments or no usable connection (brokers or database), 130 stopped at once by a \
+    second signal.";
 
 /// `relay`.
 #[derive(Debug, Args)]
+// Without the kafka feature the Kafka options are parsed and refused, never read.
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 pub struct RelayArgs {
     /// The claim outbox: schema.table on SQL Server, a table name on MariaDB/MySQL
     #[arg(long, value_name = "TABLE")]
@@ -86,6 +120,150 @@ pub struct RelayArgs {
     #[arg(long, value_name = "N", default_value_t = 100,
         value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_size: u32,
+
+    /// Publish to the Kafka cluster at these bootstrap brokers instead of printing JSON
+    /// lines (needs the `kafka` feature)
+    #[arg(long, value_name = "HOST:PORT,...", value_parser = parse_brokers)]
+    pub brokers: Option<String>,
+
+    /// Put before every outbox row's topic to make the Kafka topic (needs --brokers)
+    #[arg(
+        long,
+        value_name = "PREFIX",
+        default_value = "",
+        requires = "brokers",
+        value_parser = parse_topic_affix
+    )]
+    pub topic_prefix: String,
+
+    /// Dead letters go to the message's Kafka topic with this after it (needs --brokers)
+    #[arg(
+        long,
+        value_name = "SUFFIX",
+        default_value = ".dlq",
+        requires = "brokers",
+        value_parser = parse_topic_affix
+    )]
+    pub dlq_suffix: String,
+
+    #[command(flatten)]
+    pub producer: ProducerArgs,
+
+    #[command(flatten)]
+    pub progress: ProgressArgs,
+}
+
+/// `export`.
+#[derive(Debug, Args)]
+// Without the kafka feature the Kafka options are parsed and refused, never read.
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+pub struct ExportArgs {
+    /// The feed, as schema.table
+    #[arg(value_name = "SCHEMA.TABLE", value_parser = parse_feed)]
+    pub feed: Feed,
+
+    /// The Kafka cluster's bootstrap brokers
+    #[arg(long, value_name = "HOST:PORT,...", value_parser = parse_brokers)]
+    pub brokers: String,
+
+    /// The Kafka topic every event goes to: key the event's primary-key columns as JSON,
+    /// value every column of the event row as JSON, header ulid its position
+    #[arg(long, value_name = "TOPIC", value_parser = parse_topic)]
+    pub topic: String,
+
+    /// The consumer name the cursors are saved under (changefeed.consumer_cursor); one
+    /// name per export job
+    #[arg(long, value_name = "NAME", value_parser = parse_consumer)]
+    pub consumer: String,
+
+    /// The shards to export, e.g. 0,2 (default: every shard the feed has when the export
+    /// starts, as changefeed status shows them)
+    #[arg(
+        long,
+        value_name = "N,N,...",
+        value_delimiter = ',',
+        allow_negative_numbers = true
+    )]
+    pub shards: Vec<i32>,
+
+    /// Where a shard with no saved cursor starts: `start` (the oldest retained event),
+    /// `now`, a ULID cursor (the events after it) or an RFC 3339 time. A shard with a
+    /// cursor saved under --consumer resumes after it: the saved cursor wins
+    #[arg(
+        long,
+        value_name = "WHERE",
+        default_value = "start",
+        allow_hyphen_values = true,
+        value_parser = parse_from
+    )]
+    pub from: StartAt,
+
+    /// Rows per read_feed call (1 to 10000)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1000,
+        allow_hyphen_values = true,
+        value_parser = |text: &str| parse_count(text, 10_000).map(|n| n as u32)
+    )]
+    pub page_size: u32,
+
+    #[command(flatten)]
+    pub producer: ProducerArgs,
+
+    #[command(flatten)]
+    pub progress: ProgressArgs,
+}
+
+/// The Kafka producer's options, shared by `relay` and `export`.
+#[derive(Debug, Args)]
+// Without the kafka feature the Kafka options are parsed and refused, never read.
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+pub struct ProducerArgs {
+    /// A librdkafka producer setting, e.g. -X security.protocol=SASL_SSL; repeat it for
+    /// more. enable.idempotence and acks=all cannot be turned off
+    #[arg(
+        short = 'X',
+        long = "producer-setting",
+        value_name = "KEY=VALUE",
+        value_parser = parse_setting
+    )]
+    pub settings: Vec<(String, String)>,
+
+    /// How long to wait for a broker to answer before giving up, first thing
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "10s",
+        allow_hyphen_values = true,
+        value_parser = parse_timeout
+    )]
+    pub broker_timeout: CliDuration,
+}
+
+/// The progress line's options, shared by `relay` and `export`.
+#[derive(Debug, Args)]
+pub struct ProgressArgs {
+    /// How often to print the progress line on standard error
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "5s",
+        allow_hyphen_values = true,
+        value_parser = parse_interval
+    )]
+    pub progress_interval: CliDuration,
+
+    /// Print nothing on standard error but errors: no start line, no progress lines
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+impl ProgressArgs {
+    /// How often to print the progress line: `None` with --quiet.
+    pub fn every(&self) -> Option<std::time::Duration> {
+        (!self.quiet).then_some(self.progress_interval.value)
+    }
 }
 
 /// `setup-feed`.
@@ -327,6 +505,99 @@ pub fn parse_timeout(text: &str) -> Result<CliDuration, String> {
         return Err("a timeout of zero would never connect; give e.g. 15s".to_owned());
     }
     Ok(duration)
+}
+
+/// `--progress-interval`: a duration other than zero.
+pub fn parse_interval(text: &str) -> Result<CliDuration, String> {
+    let duration = parse_duration(text)?;
+    if duration.value.is_zero() {
+        return Err(
+            "an interval of zero would print without pause; give e.g. 5s, or pass --quiet \
+             for no progress lines"
+                .to_owned(),
+        );
+    }
+    Ok(duration)
+}
+
+/// `--brokers`: librdkafka's `bootstrap.servers`, a comma-separated list of `host:port`.
+/// Only the shape is checked here; whether one answers is checked before the job starts.
+pub fn parse_brokers(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("no brokers; give host:port[,host:port...]".to_owned());
+    }
+    let bad = |broker: &&str| {
+        broker.is_empty() || broker.chars().any(|c| c.is_whitespace() || c.is_control())
+    };
+    if let Some(broker) = text.split(',').map(str::trim).find(bad) {
+        return Err(format!(
+            "{broker:?} is not a broker; give host:port[,host:port...] without spaces"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// The longest Kafka topic name.
+const MAX_TOPIC_LEN: usize = 249;
+
+/// Refuses what cannot be (part of) a Kafka topic name, whose characters are ASCII
+/// letters, digits, `.`, `_` and `-`.
+fn topic_characters(text: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    match text.chars().find(|&c| !allowed(c)) {
+        Some(c) => Err(format!(
+            "{c:?} cannot be in a Kafka topic name; use ASCII letters, digits, '.', '_' and '-'"
+        )),
+        None if text.len() > MAX_TOPIC_LEN => Err(format!(
+            "a Kafka topic name has at most {MAX_TOPIC_LEN} characters"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `--topic`: a Kafka topic name.
+pub fn parse_topic(text: &str) -> Result<String, String> {
+    if text.is_empty() {
+        return Err("the topic is empty; name the Kafka topic".to_owned());
+    }
+    if text == "." || text == ".." {
+        return Err("Kafka refuses the topic names '.' and '..'".to_owned());
+    }
+    topic_characters(text)?;
+    Ok(text.to_owned())
+}
+
+/// `--topic-prefix` and `--dlq-suffix`: a part of a Kafka topic name, maybe empty.
+pub fn parse_topic_affix(text: &str) -> Result<String, String> {
+    topic_characters(text)?;
+    Ok(text.to_owned())
+}
+
+/// `--consumer`: checked with the rule the cursor store applies.
+pub fn parse_consumer(text: &str) -> Result<String, String> {
+    match changefeed::cursor_store::check_consumer(text) {
+        Ok(()) => Ok(text.to_owned()),
+        Err(Error::Config(message)) => Err(message),
+        Err(other) => Err(other.to_string()),
+    }
+}
+
+/// `-X key=value`: a librdkafka setting. Only the shape is checked here; librdkafka judges
+/// the key and the value when the producer is made.
+pub fn parse_setting(text: &str) -> Result<(String, String), String> {
+    const EXAMPLE: &str = "write key=value, e.g. -X compression.type=zstd";
+    let Some((key, value)) = text.split_once('=') else {
+        return Err(format!("no '=' in the producer setting; {EXAMPLE}"));
+    };
+    let key = key.trim();
+    if key.is_empty() {
+        return Err(format!("the setting's name is missing; {EXAMPLE}"));
+    }
+    if key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("{key:?} is not a setting name; {EXAMPLE}"));
+    }
+    Ok((key.to_owned(), value.to_owned()))
 }
 
 /// Where `tail` starts.

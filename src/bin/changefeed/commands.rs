@@ -37,7 +37,8 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Status(args) => status(&connect, &mut out, args).await,
         Command::Purge(args) => purge(&connect, &mut out, args).await,
         Command::PurgeOutbox(args) => purge_outbox(&connect, &mut out, args).await,
-        Command::Relay(args) => crate::relay::relay(&connect.url, args).await,
+        Command::Relay(args) => crate::relay::relay(&connect, args).await,
+        Command::Export(args) => crate::export::export(&connect, args).await,
     }
 }
 
@@ -57,15 +58,17 @@ fn resolve_url(url: Option<String>) -> Result<String, Failure> {
 }
 
 /// How to open a connection.
-struct Connect {
-    url: String,
-    timeout: Duration,
+pub struct Connect {
+    /// The connection string (`--url` or `CHANGEFEED_URL`).
+    pub url: String,
+    /// `--connect-timeout`.
+    pub timeout: Duration,
 }
 
 impl Connect {
     /// A connection with this tiberius command timeout (`None`: a long purge or migration
     /// is not cut off after 30 s), or a failure naming the server's address.
-    async fn open(&self, command_timeout: Option<Duration>) -> Result<Client, Failure> {
+    pub async fn open(&self, command_timeout: Option<Duration>) -> Result<Client, Failure> {
         let manager = ConnectionManager::from_ado(&self.url).map_err(|error| match error {
             Error::Config(message) => Failure::connect(format!("{message}; {CHECK_URL}")),
             other => Failure::connect(format!("{other}; {CHECK_URL}")),
@@ -106,7 +109,7 @@ pub fn connect_message(address: &str, error: &Error, timeout: Duration) -> Strin
 }
 
 /// Runs a query and returns its first result set.
-async fn query_rows(
+pub async fn query_rows(
     client: &mut Client,
     sql: &str,
     params: &[&dyn tiberius::ToSql],
@@ -115,7 +118,7 @@ async fn query_rows(
 }
 
 /// Whether the procedure `name` (a bracketed `[changefeed].[kind:schema.table]`) exists.
-async fn procedure_exists(client: &mut Client, name: &str) -> Result<bool, Error> {
+pub async fn procedure_exists(client: &mut Client, name: &str) -> Result<bool, Error> {
     let rows = query_rows(client, "select object_id(@P1, N'P')", &[&name]).await?;
     Ok(match rows.first() {
         Some(row) => Option::<i32>::column(row, 0)?.is_some(),
@@ -149,7 +152,7 @@ fn position(row: &Row, name: &str) -> Result<usize, Error> {
 
 /// A hint for errors that mean the bundle is missing or old (invalid object 208, invalid
 /// column 207, missing procedure 2812).
-fn with_migrate_hint(error: Error) -> Failure {
+pub fn with_migrate_hint(error: Error) -> Failure {
     match error.server_number() {
         Some(207 | 208 | 2812) => Failure::run(format!(
             "{error} (is the changefeed bundle applied and current? run `changefeed migrate`)"
@@ -302,7 +305,7 @@ async fn tail(connect: &Connect, args: TailArgs) -> Result<(), Failure> {
     }
 }
 
-fn not_a_feed(feed: &Feed) -> String {
+pub fn not_a_feed(feed: &Feed) -> String {
     format!(
         "{feed} is not a feed in this database ({} does not exist); make it one with \
          `changefeed setup-feed {feed} --outbox` (or check the database in --url)",
@@ -568,7 +571,7 @@ async fn purge_outbox(
     ))
 }
 
-fn not_an_outbox(table: &TableName, procedure: &str) -> String {
+pub fn not_an_outbox(table: &TableName, procedure: &str) -> String {
     format!(
         "{table} is not a claim outbox in this database ({procedure} does not exist); create \
          it with exec changefeed.setup_outbox @table_name = N'{table}' (or check the database \

@@ -7,20 +7,27 @@
 //! changefeed status --consumers
 //! changefeed purge app.OrderPlaced --older-than 30d --dry-run
 //! changefeed purge-outbox dbo.outbox --older-than 7d
+//! changefeed relay --outbox dbo.outbox --brokers kafka:9092          # feature kafka
+//! changefeed export app.OrderPlaced --brokers kafka:9092 --topic orders --consumer export
 //! ```
 //!
 //! The connection string comes from `--url` or `CHANGEFEED_URL`. Every failure is one line
 //! on standard error, `error: …`, and the exit status says which kind: 1 the command
 //! failed, 2 the arguments were refused or there is no usable connection (no URL, an
-//! unreachable server, a refused login). `tail` stopped by Ctrl-C exits with 130, like
-//! `tail -f`.
+//! unreachable server, a refused login, no Kafka broker answering). `tail` stopped by
+//! Ctrl-C exits with 130, like `tail -f`; `relay` and `export` stopped by SIGINT or SIGTERM
+//! finish their batch and exit with 0, and with 130 at once on a second signal.
 
 mod args;
 mod commands;
 mod duration;
+mod export;
 mod follow;
+mod kafka;
 mod output;
+mod progress;
 mod relay;
+mod signals;
 
 use std::io::Write;
 use std::process::ExitCode;

@@ -1,12 +1,25 @@
-//! `changefeed relay`: a relay that prints each message as a JSON line, over SQL Server
-//! (an ADO.NET `--url`) or MariaDB/MySQL (a `mysql://` `--url`, woken by the binlog).
+//! `changefeed relay`: a claim outbox to Kafka (`--brokers`, with the `kafka` feature) or
+//! to standard output as JSON lines, over SQL Server (an ADO.NET `--url`) or MariaDB/MySQL
+//! (a `mysql://` `--url`, woken by the binlog).
+//!
+//! Checks come in this order, each a one-line failure: the outbox's name, the brokers,
+//! then the database (one connection: reachable, and the outbox exists). Only then does
+//! the relay start; it never gives up on its store after that (a failover must not stop
+//! it), so a database that goes away later shows in the progress line instead.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use changefeed::outbox::ClaimStore;
 use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
-use changefeed::relay::{JsonLines, Relay, RelayConfig};
+use changefeed::relay::{JsonLines, Publisher, Relay, RelayConfig, RelayHandle};
 use changefeed::{Error, TableName};
 
 use crate::Failure;
 use crate::args::RelayArgs;
+use crate::commands::{Connect, not_an_outbox, procedure_exists};
+use crate::progress::{RelayCounters, print_stderr, relay_line, with_progress};
+use crate::signals::Signals;
 
 /// Whether `url` is for MariaDB/MySQL.
 fn is_mysql(url: &str) -> bool {
@@ -19,55 +32,222 @@ fn config(args: &RelayArgs) -> RelayConfig {
     RelayConfig::default().batch_size(args.batch_size)
 }
 
-async fn ctrl_c() {
-    let _ = tokio::signal::ctrl_c().await;
+/// Where the messages go.
+enum Target {
+    /// Standard output, one JSON line each.
+    Stdout,
+    /// Kafka, with these settings (the brokers answered).
+    #[cfg(feature = "kafka")]
+    Kafka(changefeed::kafka::KafkaPublisherConfig),
 }
 
-/// Relays until Ctrl-C, then finishes the batch in flight.
-pub async fn relay(url: &str, args: RelayArgs) -> Result<(), Failure> {
-    if is_mysql(url) {
-        return relay_mysql(url, args).await;
+impl Target {
+    /// For the banner: `relaying <outbox> <this>`.
+    fn describe(&self) -> String {
+        match self {
+            Target::Stdout => "to standard output".to_owned(),
+            #[cfg(feature = "kafka")]
+            Target::Kafka(config) => format!(
+                "to Kafka at {} (topics {}<topic>, dead letters <topic>{})",
+                config.producer.brokers(),
+                config.topic_prefix,
+                config.dlq_suffix
+            ),
+        }
+    }
+}
+
+/// The target `args` ask for; with `--brokers`, once a broker has answered.
+async fn target(args: &RelayArgs) -> Result<Target, Failure> {
+    match &args.brokers {
+        None => Ok(Target::Stdout),
+        Some(brokers) => kafka_target(brokers, args).await,
+    }
+}
+
+#[cfg(feature = "kafka")]
+async fn kafka_target(brokers: &str, args: &RelayArgs) -> Result<Target, Failure> {
+    use changefeed::kafka::KafkaPublisherConfig;
+
+    let settings = crate::kafka::settings(brokers, &args.producer);
+    let checked = crate::kafka::checked_producer(&settings, &args.producer).await?;
+    // The publisher makes its own producer from the same settings.
+    drop(checked);
+    Ok(Target::Kafka(
+        KafkaPublisherConfig::new(settings)
+            .topic_prefix(args.topic_prefix.clone())
+            .dlq_suffix(args.dlq_suffix.clone()),
+    ))
+}
+
+#[cfg(not(feature = "kafka"))]
+async fn kafka_target(_brokers: &str, _args: &RelayArgs) -> Result<Target, Failure> {
+    Err(crate::kafka::without_kafka("relay to Kafka (--brokers)"))
+}
+
+/// Something that runs beside the relay (the binlog waker) and is stopped after it.
+trait Companion {
+    /// Stops it and waits for it.
+    async fn stop(self);
+}
+
+/// Nothing beside the relay.
+impl Companion for () {
+    async fn stop(self) {}
+}
+
+/// Relays until SIGINT or SIGTERM, then finishes the batch in flight.
+pub async fn relay(connect: &Connect, args: RelayArgs) -> Result<(), Failure> {
+    if is_mysql(&connect.url) {
+        return relay_mysql(&connect.url, args).await;
     }
     let table: TableName = args
         .outbox
         .parse()
         .map_err(|e: Error| Failure::usage(e.to_string()))?;
-    let store = SqlClaimStore::new(OutboxStore::new(table), url);
-    let relay = Relay::new(store, JsonLines, config(&args))?;
-    eprintln!("relaying {} to stdout; Ctrl-C stops", args.outbox);
-    relay.run(ctrl_c()).await?;
+    let target = target(&args).await?;
+    {
+        // One plain connection first: a clear line for an unreachable server or a missing
+        // outbox, instead of the relay's endless retries.
+        let mut client = connect.open(Some(Duration::from_secs(30))).await?;
+        let procedure = table.object("claim");
+        if !procedure_exists(&mut client, &procedure).await? {
+            return Err(Failure::run(not_an_outbox(&table, &procedure)));
+        }
+    }
+    let store = SqlClaimStore::new(OutboxStore::new(table), &connect.url);
+    run(store, target, config(&args), &args, "", |_| ()).await
+}
+
+/// Builds the relay over `store` for `target` and runs it with the progress line, `start`
+/// (given the relay's wake handle) running beside it.
+async fn run<S: ClaimStore, C: Companion>(
+    store: S,
+    target: Target,
+    config: RelayConfig,
+    args: &RelayArgs,
+    how: &str,
+    start: impl FnOnce(RelayHandle) -> C,
+) -> Result<(), Failure> {
+    let banner = format!("relaying {} {}{how}", args.outbox, target.describe());
+    match target {
+        Target::Stdout => drive(Relay::new(store, JsonLines, config)?, args, &banner, start).await,
+        #[cfg(feature = "kafka")]
+        Target::Kafka(kafka) => {
+            let publisher = changefeed::kafka::KafkaPublisher::new(kafka)
+                .map_err(|error| Failure::usage(format!("{error} (check -X)")))?;
+            drive(Relay::new(store, publisher, config)?, args, &banner, start).await
+        }
+    }
+}
+
+async fn drive<S: ClaimStore, P: Publisher, C: Companion>(
+    relay: Relay<S, P>,
+    args: &RelayArgs,
+    banner: &str,
+    start: impl FnOnce(RelayHandle) -> C,
+) -> Result<(), Failure> {
+    let quiet = args.progress.quiet;
+    let counters = Arc::new(RelayCounters::default());
+    let relay = relay.with_hooks(Arc::clone(&counters));
+    let companion = start(relay.handle());
+    let signals = Signals::install()?;
+    if !quiet {
+        print_stderr(&format!("{banner}; SIGINT or SIGTERM stops"));
+    }
+    let mut before = counters.snapshot();
+    let progress_line = |elapsed| {
+        let now = counters.snapshot();
+        let line = relay_line(&before, &now, elapsed);
+        before = now;
+        line
+    };
+    let result = with_progress(
+        relay.run(signals.first("the batch in flight", quiet)),
+        args.progress.every(),
+        progress_line,
+        print_stderr,
+    )
+    .await;
+    companion.stop().await;
+    // A fatal publish error: the batch was acknowledged, the relay stopped.
+    result?;
+    if !quiet {
+        let done = counters.snapshot();
+        print_stderr(&format!(
+            "stopped: published {}, failed {}, dead {}",
+            done.published, done.failed, done.dead
+        ));
+    }
     Ok(())
 }
 
 #[cfg(feature = "mysql")]
 async fn relay_mysql(url: &str, args: RelayArgs) -> Result<(), Failure> {
     use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, OutboxTable};
+    use mysql_async::prelude::Queryable;
+
+    /// The binlog waker's task and the sender that stops it.
+    struct Waker {
+        stop: tokio::sync::oneshot::Sender<()>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Companion for Waker {
+        async fn stop(self) {
+            let _ = self.stop.send(());
+            let _ = self.task.await;
+        }
+    }
 
     let usage = |e: Error| Failure::usage(e.to_string());
     let table: OutboxTable = args.outbox.parse().map_err(usage)?;
     let opts = changefeed::mysql::opts(url).map_err(usage)?;
+    let target = target(&args).await?;
+    {
+        // As for SQL Server: one connection, and the table must be there.
+        let address = match opts.socket() {
+            Some(socket) => socket.to_owned(),
+            None => format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port()),
+        };
+        let mut conn = changefeed::mysql::connect(&opts).await.map_err(|error| {
+            Failure::connect(format!(
+                "cannot connect to MariaDB/MySQL at {address}: {error}; check --url or \
+                 CHANGEFEED_URL"
+            ))
+        })?;
+        let found: Option<i64> = conn
+            .exec_first(
+                "select count(*) from information_schema.tables \
+                 where table_schema = database() and table_name = ?",
+                (table.name(),),
+            )
+            .await
+            .map_err(|error| Failure::run(Error::from(error).to_string()))?;
+        conn.disconnect().await.ok();
+        if found.unwrap_or(0) == 0 {
+            return Err(Failure::run(format!(
+                "{} is not a table of database {} on MariaDB/MySQL; create the outbox with \
+                 call changefeed_setup_outbox('{}') (or check the database in --url)",
+                table.name(),
+                opts.db_name().unwrap_or_default(),
+                table.name()
+            )));
+        }
+    }
     let store = MysqlOutboxStore::new(table.clone(), opts.clone());
     // The binlog wakes the relay; its own poll is the safety net behind the waker's.
-    let relay = Relay::new(
-        store,
-        JsonLines,
-        config(&args).poll_interval(std::time::Duration::from_secs(5)),
-    )?;
-    let waker = BinlogWaker::new(opts, table, relay.handle(), BinlogWakerConfig::default());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let waker = tokio::spawn(waker.run(async {
-        let _ = stopped.await;
-    }));
-    eprintln!(
-        "relaying {} to stdout (woken by the binlog, polling when it cannot be followed); \
-         Ctrl-C stops",
-        args.outbox
-    );
-    let result = relay.run(ctrl_c()).await;
-    let _ = stop.send(());
-    let _ = waker.await;
-    result?;
-    Ok(())
+    let config = config(&args).poll_interval(Duration::from_secs(5));
+    let start = |handle: RelayHandle| {
+        let waker = BinlogWaker::new(opts, table, handle, BinlogWakerConfig::default());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(waker.run(async {
+            let _ = stopped.await;
+        }));
+        Waker { stop, task }
+    };
+    let how = " (woken by the binlog, polling when it cannot be followed)";
+    run(store, target, config, &args, how, start).await
 }
 
 #[cfg(not(feature = "mysql"))]

@@ -1,0 +1,94 @@
+//! What `relay --brokers` and `export` share: the producer made from `--brokers` and `-X`,
+//! and the check that a broker answers, done before the database is touched so that an
+//! unreachable cluster is one line and exit status 2.
+
+/// The line for `relay --brokers` or `export` in a build without Kafka.
+#[cfg(not(feature = "kafka"))]
+pub fn without_kafka(what: &str) -> crate::Failure {
+    crate::Failure::usage(format!(
+        "this changefeed was built without Kafka support; build it with --features \
+         cli,kafka to {what}"
+    ))
+}
+
+#[cfg(feature = "kafka")]
+pub use with_kafka::*;
+
+#[cfg(feature = "kafka")]
+mod with_kafka {
+    use changefeed::Error;
+    use changefeed::kafka::rdkafka::producer::FutureProducer;
+    use changefeed::kafka::{ProducerSettings, check_brokers};
+
+    use crate::Failure;
+    use crate::args::ProducerArgs;
+
+    /// The producer's settings: `brokers`, then every `-X` in order.
+    pub fn settings(brokers: &str, args: &ProducerArgs) -> ProducerSettings {
+        args.settings
+            .iter()
+            .fold(ProducerSettings::new(brokers), |settings, (key, value)| {
+                settings.set(key.as_str(), value.as_str())
+            })
+    }
+
+    /// Makes the producer and waits up to `--broker-timeout` for a broker to answer: a
+    /// setting librdkafka refuses is a usage error, no answer a connection failure.
+    pub async fn checked_producer(
+        settings: &ProducerSettings,
+        args: &ProducerArgs,
+    ) -> Result<FutureProducer, Failure> {
+        let producer = settings.create().map_err(|error| setting_failure(&error))?;
+        check_brokers(&producer, args.broker_timeout.value)
+            .await
+            .map_err(|error| match error {
+                Error::Config(_) => setting_failure(&error),
+                other => Failure::connect(unreachable_message(
+                    settings.brokers(),
+                    &other,
+                    &args.broker_timeout.to_string(),
+                )),
+            })?;
+        Ok(producer)
+    }
+
+    /// A refused producer setting: the library's message names it.
+    fn setting_failure(error: &Error) -> Failure {
+        Failure::usage(format!("{error} (check -X)"))
+    }
+
+    /// The line for brokers that did not answer: which ones, and what to check.
+    pub fn unreachable_message(brokers: &str, error: &Error, timeout: &str) -> String {
+        let error = error.to_string();
+        let what = if error.contains(brokers) {
+            error
+        } else {
+            format!("no Kafka broker of {brokers} answered: {error}")
+        };
+        format!("{what}; check --brokers (or raise --broker-timeout, now {timeout})")
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn the_unreachable_line_names_the_brokers_once() {
+            let kafka = |message: &str| Error::Kafka {
+                code: Some("AllBrokersDown".into()),
+                message: message.into(),
+            };
+            assert_eq!(
+                unreachable_message("127.0.0.1:1", &kafka("timed out"), "10s"),
+                "no Kafka broker of 127.0.0.1:1 answered: Kafka: timed out; check --brokers \
+                 (or raise --broker-timeout, now 10s)"
+            );
+            let named = kafka("no broker of 127.0.0.1:1 answered within 2s");
+            assert_eq!(
+                unreachable_message("127.0.0.1:1", &named, "2s"),
+                "Kafka: no broker of 127.0.0.1:1 answered within 2s; check --brokers (or raise \
+                 --broker-timeout, now 2s)"
+            );
+        }
+    }
+}
