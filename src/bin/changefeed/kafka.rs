@@ -92,3 +92,14 @@ mod with_kafka {
         }
     }
 }
+
+#[cfg(all(test, not(feature = "kafka")))]
+mod tests {
+    #[test]
+    fn a_build_without_kafka_says_how_to_get_it() {
+        let failure = super::without_kafka("export a feed to Kafka");
+        let message = failure.message.as_deref().unwrap_or_default();
+        assert!(message.contains("--features cli,kafka"), "{message}");
+        assert_eq!(failure.code, 2);
+    }
+}
