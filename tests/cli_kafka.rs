@@ -483,6 +483,96 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0() {
     drop(cluster);
 }
 
+/// Without --brokers the relay prints JSON lines, and stops the same way: SIGTERM, then
+/// exit 0 with its counts; a second signal during the wait is not needed.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts() {
+    use std::io::{BufRead, BufReader};
+
+    use changefeed::mysql::{OutboxTable, enqueue};
+    use changefeed::outbox::NewMessage;
+
+    let db = common_mysql::database("cli_kafka_stdout").await;
+    db.outbox("outbox_stdout").await;
+    let table: OutboxTable = "outbox_stdout".parse().unwrap();
+    let mut conn = db.conn().await;
+    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+    for n in 0..3 {
+        let message = NewMessage::new("orders", serde_json::json!({ "n": n }));
+        enqueue(&mut tx, &table, &message).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    drop(conn);
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
+        .args([
+            "relay",
+            "--outbox",
+            "outbox_stdout",
+            "--url",
+            &db.url,
+            "--progress-interval",
+            "500ms",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the changefeed binary runs");
+    let stdout = child.stdout.take().unwrap();
+    let lines = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .take(3)
+            .map(|line| line.unwrap())
+            .collect::<Vec<_>>()
+    });
+    let lines = tokio::time::timeout(Duration::from_secs(30), lines)
+        .await
+        .expect("three lines within 30 s")
+        .unwrap();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let started = Instant::now();
+    while db.count("outbox_stdout", "status = 2").await < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never marked done"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    signal(&child, libc::SIGTERM);
+    let (status, stderr) =
+        tokio::task::spawn_blocking(move || wait_for_exit(child, Duration::from_secs(30)))
+            .await
+            .unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let stderr_lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        stderr_lines[0]
+            .starts_with("relaying outbox_stdout to standard output (woken by the binlog"),
+        "{stderr}"
+    );
+    assert!(
+        stderr_lines.contains(&"published 3 (0/s), failed 0, dead 0")
+            || stderr_lines
+                .iter()
+                .any(|line| line.starts_with("published 3 (") && line.ends_with("failed 0, dead 0")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("stopping: finishing the batch in flight"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr_lines.last(),
+        Some(&"stopped: published 3, failed 0, dead 0"),
+        "{stderr}"
+    );
+}
+
 #[path = "common/mod.rs"]
 mod common;
 
