@@ -57,15 +57,20 @@ mod with_kafka {
         Failure::usage(format!("{error} (check -X)"))
     }
 
-    /// The line for brokers that did not answer: which ones, and what to check.
+    /// The line for brokers that did not answer: which ones, and what to check (the
+    /// library's message may already name the brokers and the option).
     pub fn unreachable_message(brokers: &str, error: &Error, timeout: &str) -> String {
         let error = error.to_string();
-        let what = if error.contains(brokers) {
+        let mut line = if error.contains(brokers) {
             error
         } else {
             format!("no Kafka broker of {brokers} answered: {error}")
         };
-        format!("{what}; check --brokers (or raise --broker-timeout, now {timeout})")
+        if !line.contains("--brokers") {
+            line.push_str("; check --brokers");
+        }
+        line.push_str(&format!(" (or raise --broker-timeout, now {timeout})"));
+        line
     }
 
     #[cfg(test)]
@@ -73,7 +78,7 @@ mod with_kafka {
         use super::*;
 
         #[test]
-        fn the_unreachable_line_names_the_brokers_once() {
+        fn the_unreachable_line_names_the_brokers_and_the_options_once() {
             let kafka = |message: &str| Error::Kafka {
                 code: Some("AllBrokersDown".into()),
                 message: message.into(),
@@ -83,7 +88,7 @@ mod with_kafka {
                 "no Kafka broker of 127.0.0.1:1 answered: Kafka: timed out; check --brokers \
                  (or raise --broker-timeout, now 10s)"
             );
-            let named = kafka("no broker of 127.0.0.1:1 answered within 2s");
+            let named = kafka("no broker of 127.0.0.1:1 answered within 2s; check --brokers");
             assert_eq!(
                 unreachable_message("127.0.0.1:1", &named, "2s"),
                 "Kafka: no broker of 127.0.0.1:1 answered within 2s; check --brokers (or raise \
