@@ -158,15 +158,17 @@ fn an_unreachable_broker_is_one_line_and_exit_2_before_the_database() {
             &brokers,
             &["--broker-timeout", "2s", "--url", UNREACHABLE_SQL],
         ),
-        relay_args(
+        vec![
+            "relay",
+            "--outbox",
+            "outbox",
+            "--brokers",
             &brokers,
-            &[
-                "--broker-timeout",
-                "2s",
-                "--url",
-                "mysql://relay@127.0.0.1:1/app",
-            ],
-        ),
+            "--broker-timeout",
+            "2s",
+            "--url",
+            "mysql://relay@127.0.0.1:1/app",
+        ],
     ] {
         let started = Instant::now();
         let output = changefeed(&args);

@@ -52,9 +52,15 @@ mod with_kafka {
         Ok(producer)
     }
 
-    /// A refused producer setting: the library's message names it.
-    fn setting_failure(error: &Error) -> Failure {
-        Failure::usage(format!("{error} (check -X)"))
+    /// A refused producer setting: the library's message names it, and usually says to
+    /// fix the `-X` given.
+    pub fn setting_failure(error: &Error) -> Failure {
+        let error = error.to_string();
+        if error.contains("-X") {
+            Failure::usage(error)
+        } else {
+            Failure::usage(format!("{error} (check -X)"))
+        }
     }
 
     /// The line for brokers that did not answer: which ones, and what to check (the

@@ -135,7 +135,7 @@ async fn run<S: ClaimStore, C: Companion>(
         #[cfg(feature = "kafka")]
         Target::Kafka(kafka) => {
             let publisher = changefeed::kafka::KafkaPublisher::new(kafka)
-                .map_err(|error| Failure::usage(format!("{error} (check -X)")))?;
+                .map_err(|error| crate::kafka::setting_failure(&error))?;
             drive(Relay::new(store, publisher, config)?, args, &banner, start).await
         }
     }
