@@ -485,6 +485,80 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0() {
     drop(cluster);
 }
 
+/// The first signal waits for the batch in flight; when that batch cannot finish (the
+/// broker went down under it), a second signal ends the process at once with 130.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal() {
+    use changefeed::mysql::{OutboxTable, enqueue};
+    use changefeed::outbox::NewMessage;
+
+    let cluster = mock_cluster();
+    cluster.create_topic("orders", 1, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let db = common_mysql::database("cli_kafka_twice").await;
+    db.outbox("outbox_twice").await;
+    let child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
+        .args([
+            "relay",
+            "--outbox",
+            "outbox_twice",
+            "--url",
+            &db.url,
+            "--brokers",
+            &brokers,
+            "--quiet",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the changefeed binary runs");
+    // Running (past its checks) before the broker goes away.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.broker_down(1).unwrap();
+    let table: OutboxTable = "outbox_twice".parse().unwrap();
+    let mut conn = db.conn().await;
+    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+    enqueue(
+        &mut tx,
+        &table,
+        &NewMessage::new("orders", serde_json::json!({})),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    drop(conn);
+    // Claimed (status 1, processing): its publish waits for the broker.
+    let started = Instant::now();
+    while db.count("outbox_twice", "status = 1").await == 0 {
+        assert!(started.elapsed() < Duration::from_secs(30), "never claimed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    signal(&child, libc::SIGINT);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut child = child;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the first signal waits for the batch in flight"
+    );
+    signal(&child, libc::SIGINT);
+    let started = Instant::now();
+    let (status, stderr) =
+        tokio::task::spawn_blocking(move || wait_for_exit(child, Duration::from_secs(10)))
+            .await
+            .unwrap();
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{stderr}");
+    // --quiet keeps the first signal's note to itself; the second one is still said.
+    assert_eq!(
+        stderr.trim_end(),
+        "stopped at once by a second signal: the batch in flight was not finished"
+    );
+    drop(cluster);
+}
+
 /// Without --brokers the relay prints JSON lines, and stops the same way: SIGTERM, then
 /// exit 0 with its counts; a second signal during the wait is not needed.
 #[cfg(feature = "mysql")]

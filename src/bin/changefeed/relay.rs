@@ -163,7 +163,7 @@ async fn drive<S: ClaimStore, P: Publisher, C: Companion>(
         line
     };
     let result = with_progress(
-        relay.run(signals.first("the batch in flight", quiet)),
+        relay.run(signals.watch("the batch in flight", quiet)),
         args.progress.every(),
         progress_line,
         print_stderr,

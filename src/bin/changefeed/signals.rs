@@ -2,6 +2,7 @@
 //! it has in flight (the relay's batch, the exporter's page and its cursor) and exit 0; a
 //! second one ends the process at once with 130, for an operator who will not wait.
 
+use std::future::Future;
 use std::io::Write;
 
 use crate::Failure;
@@ -54,18 +55,22 @@ impl Signals {
         }
     }
 
-    /// Completes at the first signal, after saying on standard error (unless `quiet`) that
-    /// the job is finishing `what`; from then on a second signal exits at once with 130.
-    /// The job's shutdown future.
-    pub async fn first(mut self, what: &'static str, quiet: bool) {
-        self.next().await;
-        if !quiet {
-            let _ = writeln!(
-                std::io::stderr().lock(),
-                "stopping: finishing {what} (signal again to stop at once)"
-            );
-        }
+    /// Watches for the signals from now on, in a task of its own (so that it also runs
+    /// while the job is busy and not polling its shutdown future): the first SIGINT or
+    /// SIGTERM says on standard error (unless `quiet`) that the job is finishing `what` and
+    /// completes the returned future, the job's shutdown; a second one exits the process at
+    /// once with 130.
+    pub fn watch(mut self, what: &'static str, quiet: bool) -> impl Future<Output = ()> {
+        let (first, shutdown) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
+            self.next().await;
+            if !quiet {
+                let _ = writeln!(
+                    std::io::stderr().lock(),
+                    "stopping: finishing {what} (signal again to stop at once)"
+                );
+            }
+            let _ = first.send(());
             self.next().await;
             let _ = writeln!(
                 std::io::stderr().lock(),
@@ -73,5 +78,9 @@ impl Signals {
             );
             std::process::exit(i32::from(INTERRUPTED_STATUS));
         });
+        async move {
+            // The sender is dropped only by a process that is exiting anyway.
+            let _ = shutdown.await;
+        }
     }
 }
