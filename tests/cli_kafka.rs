@@ -5,8 +5,13 @@
 //! the database never tried), a reachable broker in front of an unreachable SQL Server
 //! (one line, exit 2), refused producer settings. With MariaDB (`#[ignore]`d; .ci/run's
 //! MariaDB step runs them): the relay delivers an outbox to the mock cluster and stops
-//! with exit 0 on SIGINT. With SQL Server (`#[ignore]`d; `CHANGEFEED_TEST_MSSQL`): the
+//! with exit 0 on SIGINT, exits 130 at once on a second signal while its batch is stuck,
+//! and stops the same way without --brokers (JSON lines). With SQL Server (`#[ignore]`d; `CHANGEFEED_TEST_MSSQL`): the
 //! export end to end, stopped by SIGINT and resumed after a restart.
+
+mod common;
+#[cfg(feature = "mysql")]
+mod common_mysql;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -389,10 +394,6 @@ fn consume(
 }
 
 #[cfg(feature = "mysql")]
-#[path = "common_mysql/mod.rs"]
-mod common_mysql;
-
-#[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
 async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0() {
@@ -648,9 +649,6 @@ async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts() {
         "{stderr}"
     );
 }
-
-#[path = "common/mod.rs"]
-mod common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs SQL Server (CHANGEFEED_TEST_MSSQL or Docker)"]
