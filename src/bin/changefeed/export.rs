@@ -138,7 +138,7 @@ async fn shards_of(
 ) -> Result<Vec<i32>, Failure> {
     use changefeed::row::Column;
 
-    use crate::commands::{query_rows, with_migrate_hint};
+    use crate::commands::query_rows;
 
     let rows = query_rows(
         client,
@@ -147,7 +147,13 @@ async fn shards_of(
         &[&feed.to_string()],
     )
     .await
-    .map_err(with_migrate_hint)?;
+    .map_err(|error| {
+        // Another feed's broken status view breaks the whole view: --shards goes around it.
+        Failure::run(format!(
+            "cannot list the shards of {feed} from changefeed.feed_status: {error}; name \
+             them with --shards"
+        ))
+    })?;
     let mut shards = Vec::new();
     for row in &rows {
         if let Some(problem) = Option::<String>::column(row, 1)? {
