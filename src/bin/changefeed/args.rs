@@ -520,22 +520,23 @@ pub fn parse_interval(text: &str) -> Result<CliDuration, String> {
     Ok(duration)
 }
 
-/// `--brokers`: librdkafka's `bootstrap.servers`, a comma-separated list of `host:port`.
-/// Only the shape is checked here; whether one answers is checked before the job starts.
+/// `--brokers`: librdkafka's `bootstrap.servers`, a comma-separated list of `host:port`,
+/// returned without the spaces around its commas. Only the shape is checked here; whether
+/// one answers is checked before the job starts.
 pub fn parse_brokers(text: &str) -> Result<String, String> {
-    let text = text.trim();
-    if text.is_empty() {
+    if text.trim().is_empty() {
         return Err("no brokers; give host:port[,host:port...]".to_owned());
     }
-    let bad = |broker: &&str| {
+    let brokers: Vec<&str> = text.split(',').map(str::trim).collect();
+    let bad = |broker: &str| {
         broker.is_empty() || broker.chars().any(|c| c.is_whitespace() || c.is_control())
     };
-    if let Some(broker) = text.split(',').map(str::trim).find(bad) {
+    if let Some(broker) = brokers.iter().find(|broker| bad(broker)) {
         return Err(format!(
-            "{broker:?} is not a broker; give host:port[,host:port...] without spaces"
+            "{broker:?} is not a broker; give host:port[,host:port...]"
         ));
     }
-    Ok(text.to_owned())
+    Ok(brokers.join(","))
 }
 
 /// The longest Kafka topic name.
@@ -829,6 +830,102 @@ mod tests {
             cli.command,
             Command::Status(StatusArgs { consumers: true })
         ));
+    }
+
+    #[test]
+    fn relay_and_export_parse_with_their_kafka_defaults() {
+        let cli = parse(&["relay", "--outbox", "dbo.outbox"]).unwrap();
+        match cli.command {
+            Command::Relay(relay) => {
+                assert_eq!(relay.brokers, None);
+                assert_eq!(relay.topic_prefix, "");
+                assert_eq!(relay.dlq_suffix, ".dlq");
+                assert!(relay.producer.settings.is_empty());
+                assert_eq!(relay.producer.broker_timeout.value, Duration::from_secs(10));
+                assert_eq!(relay.progress.every(), Some(Duration::from_secs(5)));
+            }
+            other => panic!("{other:?}"),
+        }
+        let cli = parse(&[
+            "export",
+            "app.Order",
+            "--brokers",
+            "k1:9092,k2:9092",
+            "--topic",
+            "orders",
+            "--consumer",
+            "to-kafka",
+            "--shards",
+            "2,0,2",
+            "-X",
+            "compression.type=zstd",
+            "-X",
+            "sasl.password=a=b",
+            "--quiet",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Export(export) => {
+                assert_eq!(export.brokers, "k1:9092,k2:9092");
+                assert_eq!(export.shards, [2, 0, 2]);
+                assert_eq!(export.from, StartAt::Start);
+                assert_eq!(export.page_size, 1000);
+                assert_eq!(
+                    export.producer.settings,
+                    [
+                        ("compression.type".to_owned(), "zstd".to_owned()),
+                        ("sasl.password".to_owned(), "a=b".to_owned())
+                    ]
+                );
+                assert_eq!(export.progress.every(), None);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The Kafka-only relay options need --brokers; export needs all three names.
+        for bad in [
+            &["relay", "--outbox", "o", "--topic-prefix", "p."][..],
+            &["relay", "--outbox", "o", "--dlq-suffix", ".dead"],
+            &["export", "app.Order", "--brokers", "k:1", "--topic", "t"],
+            &["export", "app.Order", "--brokers", "k:1", "--consumer", "c"],
+            &["export", "app.Order", "--topic", "t", "--consumer", "c"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn kafka_values_are_checked_with_a_reason() {
+        assert_eq!(
+            parse_brokers(" k1:9092, k2:9092 ").unwrap(),
+            "k1:9092,k2:9092"
+        );
+        for bad in ["", " ", "k1:9092,", "k1:9092,,k2:9092", "k1 :9092"] {
+            let error = parse_brokers(bad).expect_err(bad);
+            assert!(error.contains("host:port"), "{bad:?}: {error}");
+        }
+        assert_eq!(parse_topic("prod.orders-v2_x").unwrap(), "prod.orders-v2_x");
+        for bad in ["", ".", "..", "a b", "orders/1", &"t".repeat(250)] {
+            assert!(parse_topic(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_topic_affix("").unwrap(), "");
+        assert!(parse_topic_affix(".dead letters").is_err());
+        assert_eq!(
+            parse_setting("linger.ms=5").unwrap(),
+            ("linger.ms".to_owned(), "5".to_owned())
+        );
+        assert_eq!(
+            parse_setting("client.id=").unwrap(),
+            ("client.id".to_owned(), String::new())
+        );
+        for bad in ["linger.ms", "=5", "bad key=1"] {
+            let error = parse_setting(bad).expect_err(bad);
+            assert!(error.contains("key=value"), "{bad:?}: {error}");
+        }
+        assert!(parse_consumer("to-kafka").is_ok());
+        let error = parse_consumer(" to-kafka").unwrap_err();
+        assert!(error.contains("whitespace"), "{error}");
+        assert!(parse_interval("0s").unwrap_err().contains("--quiet"));
+        assert_eq!(parse_interval("2s").unwrap().value, Duration::from_secs(2));
     }
 
     #[test]
