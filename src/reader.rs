@@ -385,7 +385,10 @@ pub async fn key_columns(client: &mut Client, feed: &Feed) -> Result<Vec<String>
         other => other,
     };
     let mut stream = client
-        .query(read_feed_sql::<FeedRow<crate::json::JsonColumns>>(feed), &params)
+        .query(
+            read_feed_sql::<FeedRow<crate::json::JsonColumns>>(feed),
+            &params,
+        )
         .await
         .map_err(|error| named(error.into()))?;
     let columns = stream

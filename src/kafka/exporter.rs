@@ -681,8 +681,8 @@ impl<C: ExportCursors> Job<C> {
                 );
                 continue;
             };
-            let (key, key_text) = message_key(&self.key_columns, columns)
-                .map_err(|error| error.at_row(row.ulid))?;
+            let (key, key_text) =
+                message_key(&self.key_columns, columns).map_err(|error| error.at_row(row.ulid))?;
             let event = ExportEvent {
                 feed: self.feed_name.clone(),
                 shard,
@@ -690,15 +690,18 @@ impl<C: ExportCursors> Job<C> {
                 key,
                 event: columns.clone(),
             };
-            let value = self.serializer.serialize(&event).map_err(|reason| Error::Kafka {
-                code: None,
-                message: format!(
-                    "event {} of {} shard {shard} cannot be serialized: {reason}. Nothing of \
+            let value = self
+                .serializer
+                .serialize(&event)
+                .map_err(|reason| Error::Kafka {
+                    code: None,
+                    message: format!(
+                        "event {} of {} shard {shard} cannot be serialized: {reason}. Nothing of \
                      its page was saved; fix the value serializer (or skip the event by \
                      saving a cursor at its ULID) and export again",
-                    row.ulid, self.feed_name
-                ),
-            })?;
+                        row.ulid, self.feed_name
+                    ),
+                })?;
             messages.push(Prepared {
                 ulid: row.ulid,
                 key: key_text,
@@ -747,10 +750,7 @@ impl<C: ExportCursors> Job<C> {
                         failures - 1,
                     );
                     let again = (messages.len() - index) as u64;
-                    self.progress
-                        .0
-                        .retried
-                        .fetch_add(again, Ordering::Relaxed);
+                    self.progress.0.retried.fetch_add(again, Ordering::Relaxed);
                     tracing::warn!(
                         feed = %self.feed_name, shard, ulid = %message.ulid, %error,
                         kind = kind.as_str(), again, delay_ms = delay.as_millis() as u64,
@@ -836,7 +836,10 @@ impl<C: ExportCursors> Job<C> {
 /// The failure of one delivery report, if it failed. A report that never comes (the
 /// producer was closed under it) counts as a retriable failure.
 fn delivery_error(
-    result: std::result::Result<rdkafka::producer::future_producer::OwnedDeliveryResult, futures::channel::oneshot::Canceled>,
+    result: std::result::Result<
+        rdkafka::producer::future_producer::OwnedDeliveryResult,
+        futures::channel::oneshot::Canceled,
+    >,
 ) -> Option<KafkaError> {
     match result {
         Ok(Ok(_delivery)) => None,
@@ -848,7 +851,10 @@ fn delivery_error(
 /// The message key of an event: its key columns taken by name from the event row, in key
 /// order, as a compact JSON object (written by hand, as `serde_json::Map` may sort its
 /// keys); and the same columns as a map.
-fn message_key(key_columns: &[String], event: &Map<String, Value>) -> Result<(Map<String, Value>, String)> {
+fn message_key(
+    key_columns: &[String],
+    event: &Map<String, Value>,
+) -> Result<(Map<String, Value>, String)> {
     let mut map = Map::new();
     let mut text = String::from("{");
     for (index, column) in key_columns.iter().enumerate() {
