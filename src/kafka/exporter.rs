@@ -436,9 +436,10 @@ where
         self
     }
 
-    /// Streams pages with `options` (how a caught-up shard waits, how read failures are
-    /// retried; see [`page_stream`]); its `page_size` is the page size given to `read_feed`
-    /// by the source.
+    /// Streams pages with `options`: how a caught-up shard waits and how read failures are
+    /// retried (see [`page_stream`]). Rows per page are the source's business, not
+    /// `options.page_size` ([`connect`](FeedExporter::connect)'s source reads
+    /// `config.page_size`); `connect` passes the reader's options.
     pub fn with_reader_options(mut self, options: FeedReaderOptions) -> Self {
         self.reader_options = options;
         self
