@@ -1,29 +1,31 @@
 //! [`classify`]: what each librdkafka error means for the relay and the exporter.
 //!
-//! The producer is idempotent with `acks=all` ([`ProducerSettings`](super::ProducerSettings)),
-//! so librdkafka itself retries, in order and without duplicates, every produce failure it
-//! knows to be passing. Those errors reach a delivery report only when the message's
-//! `message.timeout.ms` runs out first, and then as `MessageTimedOut`. What does reach a
-//! delivery report (or `send_result`) is judged by this table; the relay then acts on the
-//! [`ErrorKind`] as its [failure table](crate::relay) says.
-//!
-//! | librdkafka error (`RDKafkaErrorCode`) | kind | why |
-//! |---|---|---|
-//! | `NotLeaderForPartition`, `LeaderNotAvailable`, `RequestTimedOut`, `NetworkException`, `BrokerNotAvailable`, `ReplicaNotAvailable`, `NotEnoughReplicas`, `NotEnoughReplicasAfterAppend`, `KafkaStorageError`, `NotController`, `FencedLeaderEpoch`, `UnknownLeaderEpoch`, `OffsetNotAvailable`, `PreferredLeaderNotAvailable`, `EligibleLeadersNotAvailable`, `ElectionNotNeeded`, `RebootstrapRequired` | retried inside librdkafka; [`Retriable`](ErrorKind::Retriable) if one ever reaches us | leader changes, slow or restarting brokers: librdkafka refreshes its metadata and resends |
-//! | `MessageTimedOut`, `BrokerTransportFailure`, `AllBrokersDown`, `Resolve`, `OperationTimedOut`, `TimedOutQueue`, `Retry`, `PurgeQueue`, `PurgeInflight`, `BrokerDestroy`, `DestroyBroker`, `Interrupted`, `UnknownBroker`, `WaitCache`, `InProgress`, `NodeUpdate`, `Partial`, `ISRInsufficient`, `DuplicateSequenceNumber`, `UnknownPartition`, and a cancelled delivery (the producer was dropped) | [`Retriable`](ErrorKind::Retriable) | the message was not delivered for a reason that passes (no broker reachable within the message timeout, the producer shutting down): publish it again after the retry policy's delay |
-//! | `UnknownTopicOrPartition`, `UnknownTopic`, `UnknownTopicId` | [`Retriable`](ErrorKind::Retriable) | a topic that does not exist (yet) when auto-creation is off. Retried, not fatal: one row with a misspelt topic must not stop the relay for every other topic, and a topic being created appears within the retries; a topic that never appears makes its messages dead after `max_attempts` |
-//! | `MessageSizeTooLarge` (from librdkafka's own `message.max.bytes` check or from the broker), `InvalidMessageSize`, `MessageBatchTooLarge` (Kafka's `RECORD_LIST_TOO_LARGE`), `InvalidMessage` (`CORRUPT_MESSAGE`), `InvalidRecord`, `InvalidTimestamp`, `BadMessage`, `BadCompression`, `InvalidTopic`, `PolicyViolation`, `KeySerialization`, `ValueSerialization`, `InvalidArgument`, a NUL byte in the topic | [`Poison`](ErrorKind::Poison) | this message can never be produced as it is; the rest of the batch can |
-//! | `TopicAuthorizationFailed`, `ClusterAuthorizationFailed`, `TransactionalIdAuthorizationFailed`, `GroupAuthorizationFailed`, `DelegationTokenAuthorizationFailed`, `SaslAuthenticationFailed`, `UnsupportedSASLMechanism`, `IllegalSASLState`, `Authentication`, `SSL`, `Fatal` (librdkafka's `_FATAL`: the idempotent producer lost its guarantee), `Fenced`, `ProducerFenced`, `InvalidProducerEpoch`, `InvalidProducerIdMapping`, `OutOfOrderSequenceNumber`, `UnknownProducerId`, `InvalidRequiredAcks`, `UnsupportedForMessageFormat`, `UnsupportedCompressionType`, `UnsupportedVersion`, `InvalidConfig`, `NotImplemented`, `UnsupportedFeature`, `NotConfigured`, `State`, `CriticalSystemResource`, `FileSystem`, and a configuration or client-creation error | [`Fatal`](ErrorKind::Fatal) | the producer cannot work at all (credentials, ACLs, a fenced or failed producer, a broker or setting that cannot take these messages): every further message would fail the same way, so the relay hands the message back and stops |
-//! | `QueueFull` | [`Backpressure`](ErrorKind::Backpressure) | librdkafka's local queue (`queue.buffering.max.messages` / `.kbytes`) is full: hand the message back without counting an attempt and claim later |
-//! | `ThrottlingQuotaExceeded` | [`Backpressure`](ErrorKind::Backpressure) | the broker's quota: slow down |
-//! | anything else (consumer-group, admin and transaction codes a producer is not sent, `Unknown`, codes newer than this table) | [`Retriable`](ErrorKind::Retriable) | an error we cannot place is retried, and goes dead after `max_attempts` like any retriable failure, so it neither stops the relay nor throws a message away on first sight |
+//! The table is on [`classify`] itself, so that it shows in the public documentation.
 
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode as C;
 
 use crate::relay::ErrorKind;
 
-/// The kind of a produce failure, by the table in this module's documentation.
+/// The kind of a produce failure.
+///
+/// The producer is idempotent with `acks=all` ([`ProducerSettings`](super::ProducerSettings)),
+/// so librdkafka itself retries, in order and without duplicates, every produce failure it
+/// knows to be passing. Those errors reach a delivery report only when the message's
+/// `message.timeout.ms` runs out first, and then as `MessageTimedOut`. What does reach a
+/// delivery report (or `send_result`) is judged by this table; the relay then acts on the
+/// [`ErrorKind`] as its [failure table](crate::relay) says.
+///
+/// | librdkafka error (`RDKafkaErrorCode`) | kind | why |
+/// |---|---|---|
+/// | `NotLeaderForPartition`, `LeaderNotAvailable`, `RequestTimedOut`, `NetworkException`, `BrokerNotAvailable`, `ReplicaNotAvailable`, `NotEnoughReplicas`, `NotEnoughReplicasAfterAppend`, `KafkaStorageError`, `NotController`, `FencedLeaderEpoch`, `UnknownLeaderEpoch`, `OffsetNotAvailable`, `PreferredLeaderNotAvailable`, `EligibleLeadersNotAvailable`, `ElectionNotNeeded`, `RebootstrapRequired` | retried inside librdkafka; [`Retriable`](ErrorKind::Retriable) if one ever reaches us | leader changes, slow or restarting brokers: librdkafka refreshes its metadata and resends |
+/// | `MessageTimedOut`, `BrokerTransportFailure`, `AllBrokersDown`, `Resolve`, `OperationTimedOut`, `TimedOutQueue`, `Retry`, `PurgeQueue`, `PurgeInflight`, `BrokerDestroy`, `DestroyBroker`, `Interrupted`, `UnknownBroker`, `WaitCache`, `InProgress`, `NodeUpdate`, `Partial`, `ISRInsufficient`, `DuplicateSequenceNumber`, `UnknownPartition`, and a cancelled delivery (the producer was dropped) | [`Retriable`](ErrorKind::Retriable) | the message was not delivered for a reason that passes (no broker reachable within the message timeout, the producer shutting down): publish it again after the retry policy's delay |
+/// | `UnknownTopicOrPartition`, `UnknownTopic`, `UnknownTopicId` | [`Retriable`](ErrorKind::Retriable) | a topic that does not exist (yet) when auto-creation is off. Retried, not fatal: one row with a misspelt topic must not stop the relay for every other topic, and a topic being created appears within the retries; a topic that never appears makes its messages dead after `max_attempts` |
+/// | `MessageSizeTooLarge` (from librdkafka's own `message.max.bytes` check or from the broker), `InvalidMessageSize`, `MessageBatchTooLarge` (Kafka's `RECORD_LIST_TOO_LARGE`), `InvalidMessage` (`CORRUPT_MESSAGE`), `InvalidRecord`, `InvalidTimestamp`, `BadMessage`, `BadCompression`, `InvalidTopic`, `PolicyViolation`, `KeySerialization`, `ValueSerialization`, `InvalidArgument`, a NUL byte in the topic | [`Poison`](ErrorKind::Poison) | this message can never be produced as it is; the rest of the batch can |
+/// | `TopicAuthorizationFailed`, `ClusterAuthorizationFailed`, `TransactionalIdAuthorizationFailed`, `GroupAuthorizationFailed`, `DelegationTokenAuthorizationFailed`, `SaslAuthenticationFailed`, `UnsupportedSASLMechanism`, `IllegalSASLState`, `Authentication`, `SSL`, `Fatal` (librdkafka's `_FATAL`: the idempotent producer lost its guarantee), `Fenced`, `ProducerFenced`, `InvalidProducerEpoch`, `InvalidProducerIdMapping`, `OutOfOrderSequenceNumber`, `UnknownProducerId`, `InvalidRequiredAcks`, `UnsupportedForMessageFormat`, `UnsupportedCompressionType`, `UnsupportedVersion`, `InvalidConfig`, `NotImplemented`, `UnsupportedFeature`, `NotConfigured`, `State`, `CriticalSystemResource`, `FileSystem`, and a configuration or client-creation error | [`Fatal`](ErrorKind::Fatal) | the producer cannot work at all (credentials, ACLs, a fenced or failed producer, a broker or setting that cannot take these messages): every further message would fail the same way, so the relay hands the message back and stops |
+/// | `QueueFull` | [`Backpressure`](ErrorKind::Backpressure) | librdkafka's local queue (`queue.buffering.max.messages` / `.kbytes`) is full: hand the message back without counting an attempt and claim later |
+/// | `ThrottlingQuotaExceeded` | [`Backpressure`](ErrorKind::Backpressure) | the broker's quota: slow down |
+/// | anything else (consumer-group, admin and transaction codes a producer is not sent, `Unknown`, codes newer than this table) | [`Retriable`](ErrorKind::Retriable) | an error we cannot place is retried, and goes dead after `max_attempts` like any retriable failure, so it neither stops the relay nor throws a message away on first sight |
 ///
 /// ```
 /// use changefeed::kafka::classify;

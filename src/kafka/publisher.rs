@@ -96,8 +96,8 @@ impl KafkaPublisherConfig {
 /// pipelines them) and then awaiting every delivery report; nothing blocks: a full local
 /// queue is a [`Backpressure`](crate::relay::ErrorKind::Backpressure) outcome for that
 /// message at once. Each outcome is its delivery report judged by
-/// [`classify`](super::classify) (the table of librdkafka errors is in
-/// [its module's documentation](super::classify)). Since the batch holds at most one
+/// [`classify`](super::classify), whose documentation holds the table of librdkafka errors
+/// and what each means for the relay. Since the batch holds at most one
 /// message per aggregate (the claim's head-of-aggregate rule) and the producer is
 /// idempotent, an aggregate's messages reach their partition once each and in order.
 ///
