@@ -13,8 +13,13 @@ use std::time::{Duration, Instant};
 use changefeed::Error;
 use changefeed::kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use changefeed::kafka::{KafkaPublisher, KafkaPublisherConfig, ProducerSettings};
-use changefeed::outbox::{ClaimStore, NewMessage};
-use changefeed::relay::{Relay, RelayConfig, RetryPolicy};
+use changefeed::outbox::{
+    ClaimStore, ClaimToken, ClaimedMessage, Headers, NewMessage, UndecodableMessage,
+};
+use changefeed::relay::{
+    DeadLetter, ErrorKind, PublishError, Publisher, Relay, RelayConfig, RetryPolicy,
+    dead_letter_headers,
+};
 use serde_json::json;
 
 use common_kafka::{Cluster, Consumed, consume, count_by_message_id, create_topic, start_cluster};
@@ -468,4 +473,88 @@ async fn the_memory_store_claims_heads_of_aggregates_and_fences_acknowledgements
         .map(|c| (c.id(), c.message().unwrap().attempts))
         .collect();
     assert_eq!(claimed, vec![(a2, 1), (loose, 1)]);
+}
+
+fn claimed(id: i64, aggregate: &str) -> ClaimedMessage {
+    ClaimedMessage {
+        id,
+        message_id: format!("m-{id}"),
+        topic: TOPIC.to_owned(),
+        aggregate_type: Some("order".to_owned()),
+        aggregate_id: Some(aggregate.to_owned()),
+        partition_key: Some(aggregate.to_owned()),
+        payload: json!({ "id": id }),
+        headers: Headers::new(),
+        trace_id: None,
+        attempts: 0,
+        claim_token: ClaimToken::new(uuid::Uuid::nil()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_local_queue_is_backpressure_for_the_messages_that_do_not_fit() {
+    let cluster = start_cluster(1);
+    create_topic(&cluster, TOPIC, 1);
+    // Room for three messages until their deliveries are reported.
+    let settings = producer(&cluster).set("queue.buffering.max.messages", "3");
+    let publisher = publisher(settings);
+    let batch: Vec<ClaimedMessage> = (1..=5).map(|id| claimed(id, &format!("k{id}"))).collect();
+    let outcomes = publisher.publish(&batch).await;
+    let kinds: Vec<Option<ErrorKind>> = outcomes
+        .iter()
+        .map(|o| o.as_ref().err().map(|e| e.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            None,
+            None,
+            None,
+            Some(ErrorKind::Backpressure),
+            Some(ErrorKind::Backpressure)
+        ]
+    );
+    assert!(outcomes[3].as_ref().unwrap_err().message.contains("QueueFull"));
+    // Once the queue has drained, the handed-back messages go through.
+    assert_eq!(publisher.publish(&batch[3..]).await, vec![Ok(()), Ok(())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_row_without_a_topic_goes_to_the_configured_topic_or_fails_clearly() {
+    let cluster = start_cluster(1);
+    let fallback = "outbox.undecodable";
+    create_topic(&cluster, fallback, 1);
+    let row = UndecodableMessage {
+        id: 42,
+        message_id: None,
+        topic: None,
+        payload: Some("[1e400]".to_owned()),
+        headers: None,
+        attempts: 0,
+        claim_token: ClaimToken::new(uuid::Uuid::nil()),
+        error: "payload: number out of range".to_owned(),
+    };
+    let error = PublishError::poison("the outbox row cannot be decoded");
+    let headers = dead_letter_headers(DeadLetter::Undecodable(&row), 1, &error);
+
+    let without = publisher(producer(&cluster));
+    let failed = without
+        .publish_dead_letter(DeadLetter::Undecodable(&row), &headers)
+        .await
+        .expect_err("no topic to send it to");
+    assert!(failed.message.contains("outbox row 42"), "{failed}");
+    assert!(failed.message.contains("undecodable_topic"), "{failed}");
+
+    let config = KafkaPublisherConfig::new(producer(&cluster))
+        .undecodable_topic(Some(fallback.to_owned()));
+    let with = KafkaPublisher::new(config).unwrap();
+    with.publish_dead_letter(DeadLetter::Undecodable(&row), &headers)
+        .await
+        .expect("sent to the configured topic");
+    let letters = read_back(&cluster, fallback, 1).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].value.as_deref(), Some(&b"[1e400]"[..]));
+    assert_eq!(letters[0].header("x-error-kind"), Some("poison"));
+    assert_eq!(letters[0].header("x-original-topic"), None);
+    assert_eq!(letters[0].key, None);
 }

@@ -206,7 +206,8 @@ impl Publisher for KafkaPublisher {
         let mut outcomes = Vec::with_capacity(batch.len());
         for (enqueued, message) in pending {
             outcomes.push(match enqueued {
-                Ok(delivery) => delivered(delivery.await, &self.topic(&message.topic)),
+                Ok(delivery) => delivered(delivery.await)
+                    .map_err(|error| publish_error(&error, &self.topic(&message.topic))),
                 Err(error) => Err(error),
             });
         }
@@ -279,7 +280,7 @@ impl KafkaPublisher {
             .producer
             .send_result(record)
             .map_err(|(error, _)| publish_error(&error, topic))?;
-        delivered(delivery.await, topic)
+        delivered(delivery.await).map_err(|error| publish_error(&error, topic))
     }
 }
 
@@ -291,13 +292,13 @@ fn message_key(message: &ClaimedMessage) -> Option<&str> {
         .or(message.aggregate_id.as_deref())
 }
 
-/// The outcome of a delivery report.
-fn delivered<E>(report: std::result::Result<OwnedDeliveryResult, E>, topic: &str) -> PublishOutcome {
+/// A delivery report's error, if it has one.
+fn delivered<E>(report: std::result::Result<OwnedDeliveryResult, E>) -> Result<(), KafkaError> {
     match report {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err((error, _))) => Err(publish_error(&error, topic)),
+        Ok(Err((error, _))) => Err(error),
         // The report's sender was dropped: the producer went away before reporting.
-        Err(_) => Err(publish_error(&KafkaError::Canceled, topic)),
+        Err(_) => Err(KafkaError::Canceled),
     }
 }
 
