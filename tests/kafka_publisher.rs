@@ -116,7 +116,8 @@ async fn the_relay_delivers_every_message_once_in_per_key_order() {
     for seq in 0..per_aggregate {
         for a in 0..aggregates {
             let mut m = message(&format!("order-{a}"), seq);
-            m.headers.insert("content-type".into(), "application/json".into());
+            m.headers
+                .insert("content-type".into(), "application/json".into());
             if a == 0 {
                 m.trace_id = Some(TRACEPARENT.to_owned());
             }
@@ -157,9 +158,16 @@ async fn the_relay_delivers_every_message_once_in_per_key_order() {
     for a in 0..aggregates {
         let seen = &by_key[&format!("order-{a}")];
         let partition = seen[0].0;
-        assert!(seen.iter().all(|(p, _)| *p == partition), "one partition per key");
+        assert!(
+            seen.iter().all(|(p, _)| *p == partition),
+            "one partition per key"
+        );
         let seqs: Vec<u64> = seen.iter().map(|(_, s)| *s).collect();
-        assert_eq!(seqs, (0..per_aggregate as u64).collect::<Vec<_>>(), "order-{a}");
+        assert_eq!(
+            seqs,
+            (0..per_aggregate as u64).collect::<Vec<_>>(),
+            "order-{a}"
+        );
     }
 
     // Headers: the row's, then message-id, attempts and the trace header.
@@ -182,7 +190,11 @@ async fn the_relay_delivers_every_message_once_in_per_key_order() {
         .iter()
         .find(|r| r.header("message-id") == Some(keyed_id.as_str()))
         .unwrap();
-    assert_eq!(keyed.key.as_deref(), Some("tenant-7"), "the partition key wins");
+    assert_eq!(
+        keyed.key.as_deref(),
+        Some("tenant-7"),
+        "the partition key wins"
+    );
     let unkeyed_id = format!("m-{unkeyed}");
     let unkeyed = records
         .iter()
@@ -302,7 +314,10 @@ async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_pay
     // One aggregate: the first claim holds its head alone, so the refused produce request
     // carries that message only; the others follow once it is dead.
     let refused = store.enqueue(message("order-1", 0));
-    let rest = [store.enqueue(message("order-1", 1)), store.enqueue(message("order-1", 2))];
+    let rest = [
+        store.enqueue(message("order-1", 1)),
+        store.enqueue(message("order-1", 2)),
+    ];
     cluster.request_errors(
         RDKafkaApiKey::Produce,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
@@ -377,7 +392,10 @@ async fn topic_authorization_failed_stops_the_relay_and_hands_the_batch_back() {
         .collect();
     assert_eq!(reclaimed, ids.iter().map(|id| (*id, 0)).collect::<Vec<_>>());
     cluster.clear_request_errors(RDKafkaApiKey::Produce);
-    assert!(read_back(&cluster, DLQ, 0).await.is_empty(), "no dead letter");
+    assert!(
+        read_back(&cluster, DLQ, 0).await.is_empty(),
+        "no dead letter"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -421,7 +439,11 @@ async fn a_broker_outage_during_a_batch_loses_nothing() {
     relay.await.unwrap().expect("the relay survives the outage");
 
     assert_eq!(store.count(Status::Dead), 0);
-    assert_eq!(store.count(Status::Done), total, "everything delivered after the outage");
+    assert_eq!(
+        store.count(Status::Done),
+        total,
+        "everything delivered after the outage"
+    );
     assert!(at_outage < total);
     assert!(
         store.rows().iter().any(|row| row.attempts > 0),
@@ -456,13 +478,20 @@ async fn the_memory_store_claims_heads_of_aggregates_and_fences_acknowledgements
             .unwrap(),
         1
     );
-    assert_eq!(store.requeue(loose, token, Duration::ZERO).await.unwrap(), 1);
+    assert_eq!(
+        store.requeue(loose, token, Duration::ZERO).await.unwrap(),
+        1
+    );
     let batch = store.claim(10, timeout).await.unwrap();
     let claimed: Vec<(i64, i32)> = batch
         .iter()
         .map(|c| (c.id(), c.message().unwrap().attempts))
         .collect();
-    assert_eq!(claimed, vec![(a2, 0), (loose, 0)], "requeue counts no attempt");
+    assert_eq!(
+        claimed,
+        vec![(a2, 0), (loose, 0)],
+        "requeue counts no attempt"
+    );
     assert_eq!(store.row(b1).status, Status::Dead);
     assert_eq!(store.row(b1).attempts, 1);
     // An expired claim is taken over, and that counts an attempt.
@@ -514,7 +543,13 @@ async fn a_full_local_queue_is_backpressure_for_the_messages_that_do_not_fit() {
             Some(ErrorKind::Backpressure)
         ]
     );
-    assert!(outcomes[3].as_ref().unwrap_err().message.contains("QueueFull"));
+    assert!(
+        outcomes[3]
+            .as_ref()
+            .unwrap_err()
+            .message
+            .contains("QueueFull")
+    );
     // Once the queue has drained, the handed-back messages go through.
     assert_eq!(publisher.publish(&batch[3..]).await, vec![Ok(()), Ok(())]);
 }
@@ -545,8 +580,8 @@ async fn an_undecodable_row_without_a_topic_goes_to_the_configured_topic_or_fail
     assert!(failed.message.contains("outbox row 42"), "{failed}");
     assert!(failed.message.contains("undecodable_topic"), "{failed}");
 
-    let config = KafkaPublisherConfig::new(producer(&cluster))
-        .undecodable_topic(Some(fallback.to_owned()));
+    let config =
+        KafkaPublisherConfig::new(producer(&cluster)).undecodable_topic(Some(fallback.to_owned()));
     let with = KafkaPublisher::new(config).unwrap();
     with.publish_dead_letter(DeadLetter::Undecodable(&row), &headers)
         .await

@@ -847,8 +847,14 @@ async fn fatal_hands_the_message_back_and_stops_the_relay_after_acknowledging_it
     assert!(publisher.dead_letters().is_empty());
     let events = hooks.events();
     assert!(events.contains(&Event::Fatal(fatal)), "{events:?}");
-    assert!(!events.iter().any(|e| matches!(e, Event::Dead(..))), "{events:?}");
-    assert!(!events.contains(&Event::Requeued(fatal)), "not backpressure: {events:?}");
+    assert!(
+        !events.iter().any(|e| matches!(e, Event::Dead(..))),
+        "{events:?}"
+    );
+    assert!(
+        !events.contains(&Event::Requeued(fatal)),
+        "not backpressure: {events:?}"
+    );
     assert!(events.contains(&Event::Failed(retriable, ErrorKind::Retriable)));
     assert!(hooks.loop_errors().iter().any(|m| m.contains("fatal")));
 }

@@ -74,7 +74,9 @@ struct State {
 
 impl State {
     fn row(&mut self, id: i64) -> Option<&mut Row> {
-        usize::try_from(id - 1).ok().and_then(|i| self.rows.get_mut(i))
+        usize::try_from(id - 1)
+            .ok()
+            .and_then(|i| self.rows.get_mut(i))
     }
 
     /// The row, when it is processing under `token`.
@@ -119,7 +121,9 @@ impl MemoryStore {
 
     fn state(&self) -> MutexGuard<'_, State> {
         // A panicking test thread must not hide the rows from the assertions after it.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Enqueues a message and returns its id; a message without a `message_id` gets

@@ -19,8 +19,7 @@ pub use exporter::{
 pub use producer::{ProducerSettings, check_brokers};
 pub use publisher::{
     HEADER_MESSAGE_ID, HEADER_PUBLISH_ATTEMPTS, HEADER_TRACE_ID, HEADER_TRACEPARENT,
-    HEADER_VALUE_OMITTED, KafkaPublisher,
-    KafkaPublisherConfig,
+    HEADER_VALUE_OMITTED, KafkaPublisher, KafkaPublisherConfig,
 };
 
 /// The rdkafka this crate was built with, for its `ClientConfig`, `FutureProducer` and

@@ -112,7 +112,9 @@ impl ProducerSettings {
 fn check_setting(key: &str, value: &str) -> Result<()> {
     let value = value.trim();
     match key {
-        "enable.idempotence" if !matches!(value.to_ascii_lowercase().as_str(), "true" | "t" | "1") => {
+        "enable.idempotence"
+            if !matches!(value.to_ascii_lowercase().as_str(), "true" | "t" | "1") =>
+        {
             Err(Error::Config(format!(
                 "the Kafka setting enable.idempotence={value} is refused: without idempotence a \
                  retried produce can duplicate or reorder the messages of one key; remove it \

@@ -118,13 +118,15 @@ impl KafkaPublisherConfig {
 /// use changefeed::kafka::{KafkaPublisher, KafkaPublisherConfig, ProducerSettings, check_brokers};
 /// use changefeed::relay::{Relay, RelayConfig};
 /// # use std::time::Duration;
-/// # async fn f(store: changefeed::outbox_store::OutboxStore) -> changefeed::Result<()> {
-///
+/// # async fn f(store: changefeed::outbox_store::SqlClaimStore) -> changefeed::Result<()> {
+/// // `store`: a SqlClaimStore over the outbox table.
 /// let producer = ProducerSettings::new("kafka-1:9092,kafka-2:9092").set("linger.ms", "5");
 /// let publisher = KafkaPublisher::new(KafkaPublisherConfig::new(producer))?;
 /// check_brokers(publisher.producer(), Duration::from_secs(10)).await?;
 /// let relay = Relay::new(store, publisher, RelayConfig::default())?;
-/// relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
+/// # let shutdown = async {};
+/// // e.g. `let shutdown = async { tokio::signal::ctrl_c().await.ok(); };`
+/// relay.run(shutdown).await?;
 /// # Ok(()) }
 /// ```
 pub struct KafkaPublisher {
@@ -365,7 +367,9 @@ fn is_traceparent(value: &str) -> bool {
         return false;
     };
     let hex = |s: &str, len: usize| {
-        s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     };
     let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
     hex(version, 2)

@@ -574,7 +574,10 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             };
             self.acknowledge(ack, deadline, &mut report).await;
             report.requeued += 1;
-            tracing::warn!(id = message.id, "message handed back after a fatal publish error");
+            tracing::warn!(
+                id = message.id,
+                "message handed back after a fatal publish error"
+            );
         }
 
         // Dead-letter before marking dead: a crash in between re-publishes the dead letter
