@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use changefeed::kafka::rdkafka::error::KafkaError;
 use changefeed::kafka::rdkafka::message::{Header, OwnedHeaders};
 use changefeed::kafka::rdkafka::mocking::MockCluster;
-use changefeed::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+use changefeed::kafka::rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use changefeed::kafka::rdkafka::types::RDKafkaErrorCode;
 use changefeed::kafka::{KafkaPublisher, KafkaPublisherConfig, ProducerSettings};
 use changefeed::outbox::NewMessage;
@@ -40,6 +40,7 @@ Options:
   --rounds N         rounds of each, alternating (default 5)
   --payload-bytes N  bytes of filler in each JSON payload (default 200)
   --aggregates N     distinct aggregates (keys) the messages spread over (default 5000)
+  -X key=value       a librdkafka setting for both producers (repeatable)
   -h, --help         this text
 ";
 
@@ -49,6 +50,7 @@ struct Args {
     rounds: usize,
     payload_bytes: usize,
     aggregates: usize,
+    settings: Vec<(String, String)>,
 }
 
 fn parse_args() -> Result<Option<Args>, String> {
@@ -58,6 +60,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         rounds: 5,
         payload_bytes: 200,
         aggregates: 5000,
+        settings: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -82,6 +85,12 @@ fn parse_args() -> Result<Option<Args>, String> {
             "--rounds" => args.rounds = number(&value)?,
             "--payload-bytes" => args.payload_bytes = number(&value)?,
             "--aggregates" => args.aggregates = number(&value)?,
+            "-X" => {
+                let (key, value) = value
+                    .split_once('=')
+                    .ok_or_else(|| format!("-X takes key=value, not {value:?}"))?;
+                args.settings.push((key.to_owned(), value.to_owned()));
+            }
             other => return Err(format!("unknown option {other} (see --help)")),
         }
     }
@@ -106,8 +115,15 @@ fn messages(args: &Args, topic: &str) -> Vec<NewMessage> {
         .collect()
 }
 
-fn settings(bootstrap: &str) -> ProducerSettings {
-    ProducerSettings::new(bootstrap)
+/// The same producer settings for both sides: KafkaPublisher's `linger.ms` default (so
+/// the bare producer does not pay librdkafka's 5 ms where the relay does not), then the
+/// `-X` settings.
+fn settings(args: &Args, bootstrap: &str) -> ProducerSettings {
+    let linger = KafkaPublisher::DEFAULT_LINGER.as_millis().to_string();
+    args.settings.iter().fold(
+        ProducerSettings::new(bootstrap).set("linger.ms", linger),
+        |settings, (key, value)| settings.set(key, value),
+    )
 }
 
 /// The relay's round: every message enqueued (untimed), then the relay runs until the
@@ -117,11 +133,12 @@ async fn relay_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, S
     for message in messages(args, topic) {
         store.enqueue(message);
     }
-    let publisher = KafkaPublisher::new(KafkaPublisherConfig::new(settings(bootstrap)))
+    let publisher = KafkaPublisher::new(KafkaPublisherConfig::new(settings(args, bootstrap)))
         .map_err(|e| e.to_string())?;
     let config = RelayConfig::default()
         .batch_size(args.batch_size)
         .poll_interval(Duration::from_millis(1));
+    warm_up(publisher.producer(), topic)?;
     let relay = Relay::new(store.clone(), publisher, config).map_err(|e| e.to_string())?;
     let watched = store.clone();
     let started = Instant::now();
@@ -145,10 +162,11 @@ async fn relay_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, S
 /// sent as fast as librdkafka takes them, every delivery awaited.
 async fn raw_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, String> {
     let messages = messages(args, topic);
-    let producer: FutureProducer = settings(bootstrap)
+    let producer: FutureProducer = settings(args, bootstrap)
         .set("message.timeout.ms", "25000")
         .create()
         .map_err(|e| e.to_string())?;
+    warm_up(&producer, topic)?;
     let started = Instant::now();
     let mut pending = VecDeque::with_capacity(messages.len());
     for m in &messages {
@@ -201,6 +219,16 @@ async fn raw_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, Str
         check(delivery.await)?;
     }
     Ok(args.messages as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Connects the producer and learns the topic's partitions before the clock starts, so
+/// neither side's figure includes the connection set-up.
+fn warm_up(producer: &FutureProducer, topic: &str) -> Result<(), String> {
+    producer
+        .client()
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .map(|_| ())
+        .map_err(|e| format!("the mock cluster did not answer: {e}"))
 }
 
 fn check<E: std::fmt::Debug>(
