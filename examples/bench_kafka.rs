@@ -3,7 +3,11 @@
 //! `FutureProducer` each send the same messages (same payload sizes, keys and headers)
 //! into librdkafka's mock cluster, in alternating rounds; it prints the median messages
 //! per second of each and their ratio (the relay's overhead: claim, build the records,
-//! await the delivery reports batch by batch, acknowledge).
+//! await the delivery reports batch by batch, acknowledge). Two diagnostics split that
+//! overhead: the bare producer sending batch by batch (awaiting each batch's reports, the
+//! relay's rhythm without the relay), and the in-memory store alone (claim and
+//! `mark_done` with no publishing). Every producer is warmed up (connected, its
+//! idempotent producer id acquired) before its clock starts.
 //!
 //! ```sh
 //! cargo run --release --features kafka --example bench_kafka
@@ -26,7 +30,7 @@ use changefeed::kafka::rdkafka::mocking::MockCluster;
 use changefeed::kafka::rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use changefeed::kafka::rdkafka::types::RDKafkaErrorCode;
 use changefeed::kafka::{KafkaPublisher, KafkaPublisherConfig, ProducerSettings};
-use changefeed::outbox::NewMessage;
+use changefeed::outbox::{ClaimStore, NewMessage};
 use changefeed::relay::{Relay, RelayConfig};
 use memory_store::MemoryStore;
 
@@ -138,7 +142,7 @@ async fn relay_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, S
     let config = RelayConfig::default()
         .batch_size(args.batch_size)
         .poll_interval(Duration::from_millis(1));
-    warm_up(publisher.producer(), topic)?;
+    warm_up(publisher.producer(), topic).await?;
     let relay = Relay::new(store.clone(), publisher, config).map_err(|e| e.to_string())?;
     let watched = store.clone();
     let started = Instant::now();
@@ -158,18 +162,54 @@ async fn relay_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, S
     Ok(args.messages as f64 / elapsed.as_secs_f64())
 }
 
+/// The in-memory store alone: claim and acknowledge every message, batch by batch, with
+/// no publishing (a diagnostic: the store's share of the relay's time).
+async fn store_round(args: &Args, topic: &str) -> Result<f64, String> {
+    let mut store = MemoryStore::new();
+    for message in messages(args, topic) {
+        store.enqueue(message);
+    }
+    let started = Instant::now();
+    loop {
+        let batch = store
+            .claim(args.batch_size, Duration::from_secs(30))
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(first) = batch.first() else { break };
+        let token = first.claim_token();
+        let ids: Vec<i64> = batch.iter().map(|c| c.id()).collect();
+        store
+            .mark_done(&ids, token)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(args.messages as f64 / started.elapsed().as_secs_f64())
+}
+
 /// The bare producer's round: the same records (payload bytes, key, the same headers)
-/// sent as fast as librdkafka takes them, every delivery awaited.
-async fn raw_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, String> {
+/// sent as fast as librdkafka takes them, every delivery awaited. With `batch`, every
+/// `batch` records wait for their deliveries before the next are sent: the relay's rhythm
+/// without the relay (a diagnostic: what the batch round trip itself costs).
+async fn raw_round(
+    args: &Args,
+    bootstrap: &str,
+    topic: &str,
+    batch: Option<usize>,
+) -> Result<f64, String> {
     let messages = messages(args, topic);
     let producer: FutureProducer = settings(args, bootstrap)
         .set("message.timeout.ms", "25000")
         .create()
         .map_err(|e| e.to_string())?;
-    warm_up(&producer, topic)?;
+    warm_up(&producer, topic).await?;
     let started = Instant::now();
     let mut pending = VecDeque::with_capacity(messages.len());
-    for m in &messages {
+    for (i, m) in messages.iter().enumerate() {
+        if batch.is_some_and(|b| i % b == 0) {
+            for delivery in pending.drain(..) {
+                check(delivery.await)?;
+            }
+        }
         let payload = serde_json::to_vec(&m.payload).map_err(|e| e.to_string())?;
         let message_id = m.message_id.as_deref().unwrap_or_default();
         let mut headers = OwnedHeaders::new_with_capacity(4);
@@ -221,14 +261,19 @@ async fn raw_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, Str
     Ok(args.messages as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Connects the producer and learns the topic's partitions before the clock starts, so
-/// neither side's figure includes the connection set-up.
-fn warm_up(producer: &FutureProducer, topic: &str) -> Result<(), String> {
+/// Connects the producer, learns the topic's partitions and gets the idempotent
+/// producer's id (one record to a topic of its own) before the clock starts, so neither
+/// side's figure includes the set-up (about half a second on the mock cluster).
+async fn warm_up(producer: &FutureProducer, topic: &str) -> Result<(), String> {
     producer
         .client()
         .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .map(|_| ())
-        .map_err(|e| format!("the mock cluster did not answer: {e}"))
+        .map_err(|e| format!("the mock cluster did not answer: {e}"))?;
+    let record = FutureRecord::<str, str>::to("warm-up").payload("warm-up");
+    let delivery = producer
+        .send_result(record)
+        .map_err(|(e, _)| format!("the warm-up record was refused: {e}"))?;
+    check(delivery.await)
 }
 
 fn check<E: std::fmt::Debug>(
@@ -276,42 +321,63 @@ async fn main() -> ExitCode {
         "{} messages per round, batch size {}, {} rounds, {}-byte filler, {} keys, 3 mock brokers",
         args.messages, args.batch_size, args.rounds, args.payload_bytes, args.aggregates
     );
-    let (mut relay, mut raw) = (Vec::new(), Vec::new());
+    let (mut relay, mut raw, mut batched) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..args.rounds {
         // Fresh topics each round, so no round writes behind another's data; the order
         // alternates, so neither side always runs on a warmer cluster.
         let relay_topic = format!("relay-{round}");
         let raw_topic = format!("raw-{round}");
-        for topic in [&relay_topic, &raw_topic] {
+        let batched_topic = format!("raw-batched-{round}");
+        for topic in [&relay_topic, &raw_topic, &batched_topic] {
             if let Err(error) = cluster.create_topic(topic, 6, 1) {
                 eprintln!("error: creating mock topic {topic}: {error}");
                 return ExitCode::FAILURE;
             }
         }
-        let (a, b) = if round % 2 == 0 {
+        let batch = Some(args.batch_size as usize);
+        let (a, b, c) = if round % 2 == 0 {
             let a = relay_round(&args, &bootstrap, &relay_topic).await;
-            (a, raw_round(&args, &bootstrap, &raw_topic).await)
+            let b = raw_round(&args, &bootstrap, &raw_topic, None).await;
+            (
+                a,
+                b,
+                raw_round(&args, &bootstrap, &batched_topic, batch).await,
+            )
         } else {
-            let b = raw_round(&args, &bootstrap, &raw_topic).await;
-            (relay_round(&args, &bootstrap, &relay_topic).await, b)
+            let c = raw_round(&args, &bootstrap, &batched_topic, batch).await;
+            let b = raw_round(&args, &bootstrap, &raw_topic, None).await;
+            (relay_round(&args, &bootstrap, &relay_topic).await, b, c)
         };
-        match (a, b) {
-            (Ok(a), Ok(b)) => {
+        match (a, b, c) {
+            (Ok(a), Ok(b), Ok(c)) => {
                 println!(
-                    "round {}: relay {a:>10.0} msg/s   raw {b:>10.0} msg/s",
+                    "round {}: relay {a:>9.0} msg/s   raw {b:>9.0} msg/s   raw batch by batch \
+                     {c:>9.0} msg/s",
                     round + 1
                 );
                 relay.push(a);
                 raw.push(b);
+                batched.push(c);
             }
-            (Err(error), _) | (_, Err(error)) => {
+            (Err(error), _, _) | (_, Err(error), _) | (_, _, Err(error)) => {
                 eprintln!("error: round {}: {error}", round + 1);
                 return ExitCode::FAILURE;
             }
         }
     }
-    let (relay, raw) = (median(&mut relay), median(&mut raw));
-    println!("median: relay {relay:.0} msg/s, raw FutureProducer {raw:.0} msg/s");
+    let (relay, raw, batched) = (median(&mut relay), median(&mut raw), median(&mut batched));
+    match store_round(&args, "store-only").await {
+        Ok(rate) => println!("the in-memory store alone (claim + mark_done): {rate:.0} msg/s"),
+        Err(error) => eprintln!("error: the store-only round: {error}"),
+    }
+    println!(
+        "median: relay {relay:.0} msg/s, raw FutureProducer {raw:.0} msg/s, raw batch by \
+         batch {batched:.0} msg/s"
+    );
     println!("ratio relay/raw: {:.2} (goal >= 0.80)", relay / raw);
+    println!(
+        "ratio relay/raw batch by batch: {:.2} (what the relay adds to the batch round trip)",
+        relay / batched
+    );
     ExitCode::SUCCESS
 }

@@ -89,19 +89,25 @@ impl State {
     /// A row became done or dead: the next message of its aggregate becomes the head.
     fn close(&mut self, id: i64) {
         self.heads.remove(&id);
-        let aggregate = self.rows[id as usize - 1].message.aggregate_id.clone();
-        if let Some(aggregate) = aggregate
-            && let Some(queue) = self.aggregates.get_mut(&aggregate)
-        {
-            debug_assert_eq!(queue.front(), Some(&id), "only a head is ever claimed");
-            queue.pop_front();
-            match queue.front() {
-                Some(&next) => {
-                    self.heads.insert(next);
-                }
-                None => {
-                    self.aggregates.remove(&aggregate);
-                }
+        let State {
+            rows,
+            aggregates,
+            heads,
+        } = self;
+        let Some(aggregate) = rows[id as usize - 1].message.aggregate_id.as_deref() else {
+            return;
+        };
+        let Some(queue) = aggregates.get_mut(aggregate) else {
+            return;
+        };
+        debug_assert_eq!(queue.front(), Some(&id), "only a head is ever claimed");
+        queue.pop_front();
+        match queue.front() {
+            Some(&next) => {
+                heads.insert(next);
+            }
+            None => {
+                aggregates.remove(aggregate);
             }
         }
     }
