@@ -344,6 +344,76 @@ async fn read_items_within<T: FeedItem>(
     decode_page(&rows, cursor, options.page_size)
 }
 
+/// The names of `feed`'s key columns, in key order: the columns after `ulid` of a
+/// `read_feed` call with `@with_event = 0`, read from the result's column description (which
+/// the server sends even for an empty page). The call reads at most one row of shard 0 with
+/// no wait, outside any transaction, so membership in the feed's readers role suffices.
+///
+/// A feed that does not exist (no `read_feed` procedure, SQL Server error 2812) or that the
+/// login may not read (229) is an [`Error::Server`] with that number and a message saying
+/// what to do.
+pub async fn key_columns(client: &mut Client, feed: &Feed) -> Result<Vec<String>> {
+    let cursor = Cursor::START.to_bytes();
+    let (page_size, wait_ms) = (1i32, 0i32);
+    let params: [&dyn tiberius::ToSql; 4] = [&0i32, &&cursor[..], &page_size, &wait_ms];
+    let named = |error: Error| match error {
+        Error::Server {
+            number,
+            state,
+            class,
+            message,
+        } if number == 2812 || number == 229 => {
+            let fix = if number == 2812 {
+                format!(
+                    "feed {feed} does not exist ({} is missing): check the name                      (schema.table), or set the feed up with changefeed.setup_feed",
+                    feed.read_feed_procedure()
+                )
+            } else {
+                format!(
+                    "the login may not read feed {feed}: add it to the role {} (or \
+                     db_owner)",
+                    feed.readers_role()
+                )
+            };
+            Error::Server {
+                number,
+                state,
+                class,
+                message: format!("{fix} ({message})"),
+            }
+        }
+        other => other,
+    };
+    let mut stream = client
+        .query(
+            read_feed_sql::<FeedRow<crate::json::JsonColumns>>(feed),
+            &params,
+        )
+        .await
+        .map_err(|error| named(error.into()))?;
+    let columns = stream
+        .columns()
+        .await
+        .map_err(|error| named(error.into()))?
+        .map(|columns| {
+            columns
+                .iter()
+                .map(|column| column.name().to_owned())
+                .collect::<Vec<_>>()
+        });
+    // Drained, so that the connection is ready for its next call.
+    stream.into_results().await?;
+    match columns.as_deref() {
+        Some([ulid, keys @ ..]) if ulid.eq_ignore_ascii_case("ulid") && !keys.is_empty() => {
+            Ok(keys.to_vec())
+        }
+        _ => Err(Error::Config(format!(
+            "read_feed of {feed} returned the columns {columns:?}, not ulid and the key \
+             columns: upgrade the feed with changefeed.upgrade_feed"
+        ))),
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Options
 
@@ -407,7 +477,9 @@ impl IdleBackoff {
     }
 }
 
-fn exponential(initial: Duration, cap: Duration, doublings: u32) -> Duration {
+/// `initial × 2^doublings`, at most `cap`: the bounded exponential back-off of the stream's
+/// idle sleep, and of the Kafka exporter's re-produce.
+pub(crate) fn exponential(initial: Duration, cap: Duration, doublings: u32) -> Duration {
     let factor = 1u32.checked_shl(doublings.min(31)).unwrap_or(u32::MAX);
     initial.saturating_mul(factor).min(cap)
 }
@@ -762,6 +834,13 @@ pub struct PoolSource<T> {
 }
 
 impl<T> PoolSource<T> {
+    /// The same source reading `page_size` rows per call (the reader's own page size
+    /// otherwise).
+    pub fn with_page_size(mut self, page_size: u32) -> Self {
+        self.page_size = page_size;
+        self
+    }
+
     fn discard(&mut self) {
         if let Some(mut conn) = self.conn.take() {
             conn.mark_broken();

@@ -805,7 +805,7 @@ async fn poison_is_dead_at_once_with_a_dead_letter() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn fatal_is_dead_and_stops_the_relay_after_acknowledging_its_batch() {
+async fn fatal_hands_the_message_back_and_stops_the_relay_after_acknowledging_its_batch() {
     let (store, publisher, hooks) = fakes();
     let ok = store.enqueue(None);
     let fatal = store.enqueue(None);
@@ -825,20 +825,36 @@ async fn fatal_is_dead_and_stops_the_relay_after_acknowledging_its_batch() {
             assert!(message.contains("fatal"), "{message}");
             assert!(message.contains("message 2"), "{message}");
             assert!(message.contains("bad credentials"), "{message}");
+            assert!(message.contains("handed the message back"), "{message}");
         }
         other => panic!("expected a publisher error, got {other:?}"),
     }
-    // The whole batch was acknowledged; nothing was claimed after it.
+    // The rest of the batch was acknowledged by its outcomes; nothing was claimed after it.
     assert_eq!(store.status(ok), Status::Done);
-    assert_eq!(store.status(fatal), Status::Dead);
     assert_eq!(store.status(retriable), Status::Failed);
     assert_eq!(store.status(later), Status::Pending);
     assert_eq!(store.claim_times().len(), 1);
-    assert_eq!(publisher.dead_letters().len(), 1);
-    assert_eq!(publisher.dead_letters()[0].1["x-error-kind"], "fatal");
+    // The fatal message is handed back, due at once, its attempts unchanged: not dead,
+    // not dead-lettered.
+    let row = store.row(fatal);
+    assert_eq!(row.status, Status::Failed);
+    assert_eq!(row.attempts, 0);
+    assert!(store.acks().contains(&Call::Requeue {
+        id: fatal,
+        after: Duration::ZERO,
+        changed: 1
+    }));
+    assert!(publisher.dead_letters().is_empty());
     let events = hooks.events();
     assert!(events.contains(&Event::Fatal(fatal)), "{events:?}");
-    assert!(events.contains(&Event::Dead(fatal, ErrorKind::Fatal)));
+    assert!(
+        !events.iter().any(|e| matches!(e, Event::Dead(..))),
+        "{events:?}"
+    );
+    assert!(
+        !events.contains(&Event::Requeued(fatal)),
+        "not backpressure: {events:?}"
+    );
     assert!(events.contains(&Event::Failed(retriable, ErrorKind::Retriable)));
     assert!(hooks.loop_errors().iter().any(|m| m.contains("fatal")));
 }
@@ -1375,9 +1391,14 @@ async fn run_once_processes_one_batch_and_reports_it() {
     assert_eq!(empty, BatchReport::default());
 
     let fatal = store.enqueue(None);
-    publisher.script(fatal, [Err(PublishError::fatal("revoked"))]);
+    publisher.script(fatal, [Err(PublishError::fatal("revoked")), Ok(())]);
     assert!(matches!(relay.run_once().await, Err(Error::Publisher(_))));
-    assert_eq!(store.status(fatal), Status::Dead);
+    assert_eq!(store.status(fatal), Status::Failed);
+    // Handed back due at once: the next claim takes it again, with no attempt counted.
+    let report = relay.run_once().await.unwrap();
+    assert_eq!((report.claimed, report.published), (1, 1));
+    assert_eq!(store.row(fatal).attempts, 0);
+    assert_eq!(store.status(fatal), Status::Done);
 }
 
 #[tokio::test(start_paused = true)]

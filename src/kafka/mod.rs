@@ -17,7 +17,10 @@ pub use exporter::{
     JsonValues, ProgressSnapshot, SqlCursors, ValueSerializer,
 };
 pub use producer::{ProducerSettings, check_brokers};
-pub use publisher::{KafkaPublisher, KafkaPublisherConfig};
+pub use publisher::{
+    HEADER_MESSAGE_ID, HEADER_PUBLISH_ATTEMPTS, HEADER_TRACE_ID, HEADER_TRACEPARENT,
+    HEADER_VALUE_OMITTED, KafkaPublisher, KafkaPublisherConfig,
+};
 
 /// The rdkafka this crate was built with, for its `ClientConfig`, `FutureProducer` and
 /// `mocking::MockCluster`.

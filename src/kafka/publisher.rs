@@ -1,13 +1,45 @@
 //! [`KafkaPublisher`]: the relay's publisher to Kafka.
 
+use std::borrow::Cow;
+use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::future_producer::OwnedDeliveryResult;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+
 use crate::error::Result;
 use crate::outbox::{ClaimedMessage, Headers};
-use crate::relay::{DeadLetter, PublishError, PublishOutcome, Publisher};
+use crate::relay::{DeadLetter, ErrorKind, PublishError, PublishOutcome, Publisher};
 
+use super::classify::classify;
 use super::producer::ProducerSettings;
+
+/// Header carrying the outbox message's idempotency key, for consumers to drop duplicates.
+pub const HEADER_MESSAGE_ID: &str = "message-id";
+/// Header carrying the message's failed attempts before this publish (`0` the first time).
+pub const HEADER_PUBLISH_ATTEMPTS: &str = "attempts";
+/// Header carrying the row's trace id when it is a W3C `traceparent`.
+pub const HEADER_TRACEPARENT: &str = "traceparent";
+/// Header carrying the row's trace id when it is anything else (passed as it is).
+pub const HEADER_TRACE_ID: &str = "trace-id";
+/// Dead-letter header: present when the dead letter goes without its value because the
+/// dead-letter topic refused it too (a message too large for the producer or the broker);
+/// says why. The dead outbox row keeps the payload.
+pub const HEADER_VALUE_OMITTED: &str = "x-value-omitted";
 
 /// Where the publisher sends messages: the topic is the outbox row's topic with
 /// `topic_prefix` before it; dead letters go to that topic with `dlq_suffix` after it.
+///
+/// ```
+/// use changefeed::kafka::{KafkaPublisherConfig, ProducerSettings};
+///
+/// let config = KafkaPublisherConfig::new(ProducerSettings::new("kafka:9092"))
+///     .topic_prefix("prod.".to_owned())
+///     .undecodable_topic(Some("prod.outbox.undecodable".to_owned()));
+/// // A row for `orders` goes to `prod.orders`, its dead letter to `prod.orders.dlq`.
+/// assert_eq!(config.dlq_suffix, ".dlq");
+/// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct KafkaPublisherConfig {
@@ -17,6 +49,12 @@ pub struct KafkaPublisherConfig {
     pub topic_prefix: String,
     /// Put after the topic for dead letters (default `.dlq`).
     pub dlq_suffix: String,
+    /// The topic, taken as it is (no prefix, no suffix), for dead letters of undecodable
+    /// rows whose topic column could not be read either. `None` (the default): such a dead
+    /// letter fails with an error naming the row, the relay reports it through
+    /// [`Hooks::on_dead_letter_failed`](crate::relay::Hooks::on_dead_letter_failed), and the
+    /// row stays dead in the outbox with its raw text for an operator.
+    pub undecodable_topic: Option<String>,
 }
 
 impl KafkaPublisherConfig {
@@ -26,6 +64,7 @@ impl KafkaPublisherConfig {
             producer,
             topic_prefix: String::new(),
             dlq_suffix: ".dlq".to_owned(),
+            undecodable_topic: None,
         }
     }
 
@@ -34,32 +73,161 @@ impl KafkaPublisherConfig {
         topic_prefix: String;
         /// Sets `dlq_suffix`.
         dlq_suffix: String;
+        /// Sets `undecodable_topic`.
+        undecodable_topic: Option<String>;
     }
 }
 
-/// Publishes claimed messages to Kafka (see the module documentation for keys, headers and
-/// the error table).
+/// Publishes claimed messages to Kafka through one idempotent producer.
+///
+/// Each outbox message becomes one Kafka record:
+///
+/// | record | from the outbox row |
+/// |---|---|
+/// | topic | `topic_prefix` + `topic` |
+/// | key | `partition_key`, else `aggregate_id`, else none (librdkafka then spreads the messages over the partitions) |
+/// | value | the payload as compact JSON bytes |
+/// | headers | the row's headers, then [`message-id`](HEADER_MESSAGE_ID) (the idempotency key), [`attempts`](HEADER_PUBLISH_ATTEMPTS) (failed attempts so far), and the trace id: as [`traceparent`](HEADER_TRACEPARENT) when it is a W3C trace context `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), else as [`trace-id`](HEADER_TRACE_ID) unchanged. A row header of one of these names is replaced, so each appears once |
+///
+/// A trace id that is not a `traceparent` is not turned into one: that would need a parent
+/// span id, and an invented one would point consumers' spans at a span no one recorded.
+///
+/// A batch is published by enqueueing every message first (librdkafka batches and
+/// pipelines them) and then awaiting every delivery report; nothing blocks: a full local
+/// queue is a [`Backpressure`](crate::relay::ErrorKind::Backpressure) outcome for that
+/// message at once. Each outcome is its delivery report judged by
+/// [`classify`](super::classify), whose documentation holds the table of librdkafka errors
+/// and what each means for the relay. Since the batch holds at most one
+/// message per aggregate (the claim's head-of-aggregate rule) and the producer is
+/// idempotent, an aggregate's messages reach their partition once each and in order.
+///
+/// Dead letters go to `topic_prefix` + `topic` + `dlq_suffix` through the same producer,
+/// with the relay's dead-letter headers plus `message-id`, the same key, and the payload
+/// text as the value (see [`KafkaPublisherConfig::undecodable_topic`] for rows whose
+/// topic could not be read). A dead letter whose value the dead-letter topic refuses as
+/// poison too (a payload over `message.max.bytes`) is sent again without it, with
+/// [`x-value-omitted`](HEADER_VALUE_OMITTED) saying why; the dead row keeps the payload.
+///
+/// Keep librdkafka's `message.timeout.ms` below the relay's `claim_timeout`: a delivery
+/// still pending when the claim expires is published again by the next claim. When the
+/// settings do not give one, [`new`](Self::new) sets
+/// [`DEFAULT_MESSAGE_TIMEOUT`](Self::DEFAULT_MESSAGE_TIMEOUT), below the relay's default
+/// claim timeout of 30 s.
+///
+/// ```no_run
+/// use changefeed::kafka::{KafkaPublisher, KafkaPublisherConfig, ProducerSettings, check_brokers};
+/// use changefeed::relay::{Relay, RelayConfig};
+/// # use std::time::Duration;
+/// # async fn f(store: changefeed::outbox_store::SqlClaimStore) -> changefeed::Result<()> {
+/// // `store`: a SqlClaimStore over the outbox table.
+/// let producer = ProducerSettings::new("kafka-1:9092,kafka-2:9092").set("linger.ms", "5");
+/// let publisher = KafkaPublisher::new(KafkaPublisherConfig::new(producer))?;
+/// check_brokers(publisher.producer(), Duration::from_secs(10)).await?;
+/// let relay = Relay::new(store, publisher, RelayConfig::default())?;
+/// # let shutdown = async {};
+/// // e.g. `let shutdown = async { tokio::signal::ctrl_c().await.ok(); };`
+/// relay.run(shutdown).await?;
+/// # Ok(()) }
+/// ```
 pub struct KafkaPublisher {
     config: KafkaPublisherConfig,
+    producer: FutureProducer,
 }
 
 impl KafkaPublisher {
-    /// Creates the producer.
-    pub fn new(config: KafkaPublisherConfig) -> Result<Self> {
-        let _ = config;
-        todo!("H1")
+    /// `message.timeout.ms` when the settings give neither it nor `delivery.timeout.ms`:
+    /// 25 s, below the relay's default claim timeout.
+    pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(25);
+
+    /// `linger.ms` when the settings give neither it nor `queue.buffering.max.ms`: 1 ms
+    /// instead of librdkafka's 5. The relay enqueues a whole batch at once and waits for
+    /// its delivery reports before it claims the next, so nothing more joins a batch while
+    /// librdkafka lingers; lingering only delays every batch's acknowledgement (measured by
+    /// `examples/bench_kafka.rs`).
+    pub const DEFAULT_LINGER: Duration = Duration::from_millis(1);
+
+    /// Creates the producer (see [`ProducerSettings::create`] for its errors), with
+    /// [`DEFAULT_MESSAGE_TIMEOUT`](Self::DEFAULT_MESSAGE_TIMEOUT) and
+    /// [`DEFAULT_LINGER`](Self::DEFAULT_LINGER) where the settings give none.
+    pub fn new(mut config: KafkaPublisherConfig) -> Result<Self> {
+        for (names, value) in [
+            (
+                ["message.timeout.ms", "delivery.timeout.ms"],
+                Self::DEFAULT_MESSAGE_TIMEOUT,
+            ),
+            (
+                ["linger.ms", "queue.buffering.max.ms"],
+                Self::DEFAULT_LINGER,
+            ),
+        ] {
+            if names.iter().all(|name| config.producer.get(name).is_none()) {
+                config.producer = config.producer.set(names[0], value.as_millis().to_string());
+            }
+        }
+        let producer = config.producer.create()?;
+        Ok(KafkaPublisher { config, producer })
     }
 
     /// The configuration.
     pub fn config(&self) -> &KafkaPublisherConfig {
         &self.config
     }
+
+    /// The producer, for [`check_brokers`](super::check_brokers) or a `flush` at shutdown.
+    pub fn producer(&self) -> &FutureProducer {
+        &self.producer
+    }
+
+    /// The Kafka topic of an outbox topic.
+    fn topic<'a>(&self, topic: &'a str) -> Cow<'a, str> {
+        if self.config.topic_prefix.is_empty() {
+            Cow::Borrowed(topic)
+        } else {
+            Cow::Owned(format!("{}{topic}", self.config.topic_prefix))
+        }
+    }
+
+    /// Hands one message to librdkafka without waiting for it.
+    fn enqueue(&self, message: &ClaimedMessage) -> Result<DeliveryFuture, PublishError> {
+        let value = serde_json::to_vec(&message.payload).map_err(|error| {
+            PublishError::poison(format!("the payload cannot be serialized: {error}"))
+        })?;
+        let topic = self.topic(&message.topic);
+        let headers = record_headers(
+            &message.headers,
+            Some(&message.message_id),
+            Some(message.attempts),
+            message.trace_id.as_deref(),
+        );
+        let mut record = FutureRecord::<str, [u8]>::to(&topic)
+            .payload(value.as_slice())
+            .headers(headers);
+        if let Some(key) = message_key(message) {
+            record = record.key(key);
+        }
+        self.producer
+            .send_result(record)
+            .map_err(|(error, _)| publish_error(&error, &topic))
+    }
 }
 
 impl Publisher for KafkaPublisher {
     async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
-        let _ = batch;
-        todo!("H1")
+        // Everything is enqueued before anything is awaited, so librdkafka sends the batch
+        // in as few requests as it can instead of one round trip per message.
+        let pending: Vec<_> = batch
+            .iter()
+            .map(|message| (self.enqueue(message), message))
+            .collect();
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for (enqueued, message) in pending {
+            outcomes.push(match enqueued {
+                Ok(delivery) => delivered(delivery.await)
+                    .map_err(|error| publish_error(&error, &self.topic(&message.topic))),
+                Err(error) => Err(error),
+            });
+        }
+        outcomes
     }
 
     async fn publish_dead_letter(
@@ -67,7 +235,231 @@ impl Publisher for KafkaPublisher {
         letter: DeadLetter<'_>,
         headers: &Headers,
     ) -> Result<(), PublishError> {
-        let _ = (letter, headers);
-        todo!("H1")
+        let topic = match letter.topic() {
+            Some(topic) => format!(
+                "{}{topic}{}",
+                self.config.topic_prefix, self.config.dlq_suffix
+            ),
+            None => match &self.config.undecodable_topic {
+                Some(topic) => topic.clone(),
+                None => {
+                    return Err(PublishError::poison(format!(
+                        "outbox row {} has no readable topic, so it has no dead-letter topic; \
+                         it stays dead in the outbox. Set KafkaPublisherConfig::\
+                         undecodable_topic to send such rows to a topic of their own",
+                        letter.id()
+                    )));
+                }
+            },
+        };
+        let value = letter.payload_text();
+        let key = match letter {
+            DeadLetter::Message(message) => message_key(message),
+            DeadLetter::Undecodable(_) => None,
+        };
+        let base = record_headers(headers, letter.message_id(), None, None);
+        let first = self
+            .produce_dead_letter(&topic, key, value.as_deref(), base.clone())
+            .await;
+        match first {
+            // What made the message poison (its size, above all) refuses its dead letter
+            // too: send the letter without the value, so the topic still records the
+            // failure and where to find the row.
+            Err(error) if error.kind == ErrorKind::Poison && value.is_some() => {
+                let headers = base.insert(Header {
+                    key: HEADER_VALUE_OMITTED,
+                    value: Some(error.message.as_str()),
+                });
+                self.produce_dead_letter(&topic, key, None, headers).await
+            }
+            other => other,
+        }
+    }
+}
+
+impl KafkaPublisher {
+    async fn produce_dead_letter(
+        &self,
+        topic: &str,
+        key: Option<&str>,
+        value: Option<&str>,
+        headers: OwnedHeaders,
+    ) -> Result<(), PublishError> {
+        let mut record = FutureRecord::<str, [u8]>::to(topic).headers(headers);
+        if let Some(value) = value {
+            record = record.payload(value.as_bytes());
+        }
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        let delivery = self
+            .producer
+            .send_result(record)
+            .map_err(|(error, _)| publish_error(&error, topic))?;
+        delivered(delivery.await).map_err(|error| publish_error(&error, topic))
+    }
+}
+
+/// The record key: the partition key, else the aggregate id.
+fn message_key(message: &ClaimedMessage) -> Option<&str> {
+    message
+        .partition_key
+        .as_deref()
+        .or(message.aggregate_id.as_deref())
+}
+
+/// A delivery report's error, if it has one.
+fn delivered<E>(report: std::result::Result<OwnedDeliveryResult, E>) -> Result<(), KafkaError> {
+    match report {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err((error, _))) => Err(error),
+        // The report's sender was dropped: the producer went away before reporting.
+        Err(_) => Err(KafkaError::Canceled),
+    }
+}
+
+/// A librdkafka error as the relay's error, judged by the classify table.
+fn publish_error(error: &KafkaError, topic: &str) -> PublishError {
+    PublishError::new(classify(error), format!("producing to {topic}: {error}"))
+}
+
+/// The record's headers: `base` without the names set here, then the idempotency key, the
+/// attempts and the trace header.
+fn record_headers(
+    base: &Headers,
+    message_id: Option<&str>,
+    attempts: Option<i32>,
+    trace_id: Option<&str>,
+) -> OwnedHeaders {
+    let trace = trace_id.map(|id| {
+        let name = if is_traceparent(id) {
+            HEADER_TRACEPARENT
+        } else {
+            HEADER_TRACE_ID
+        };
+        (name, id)
+    });
+    let ours = |name: &str| {
+        (message_id.is_some() && name == HEADER_MESSAGE_ID)
+            || (attempts.is_some() && name == HEADER_PUBLISH_ATTEMPTS)
+            || trace.is_some_and(|(trace_name, _)| name == trace_name)
+    };
+    let mut headers = OwnedHeaders::new_with_capacity(base.len() + 3);
+    for (key, value) in base.iter().filter(|(key, _)| !ours(key)) {
+        headers = headers.insert(Header {
+            key,
+            value: Some(value.as_str()),
+        });
+    }
+    if let Some(id) = message_id {
+        headers = headers.insert(Header {
+            key: HEADER_MESSAGE_ID,
+            value: Some(id),
+        });
+    }
+    if let Some(attempts) = attempts {
+        let text = attempts.to_string();
+        headers = headers.insert(Header {
+            key: HEADER_PUBLISH_ATTEMPTS,
+            value: Some(text.as_str()),
+        });
+    }
+    if let Some((name, id)) = trace {
+        headers = headers.insert(Header {
+            key: name,
+            value: Some(id),
+        });
+    }
+    headers
+}
+
+/// Whether `value` is a W3C trace context `traceparent`: `version-trace_id-parent_id-flags`
+/// in lower-case hex (2, 32, 16 and 2 digits), version not `ff`, ids not all zeros.
+fn is_traceparent(value: &str) -> bool {
+    let parts: Vec<&str> = value.split('-').collect();
+    let [version, trace_id, parent_id, flags] = parts[..] else {
+        return false;
+    };
+    let hex = |s: &str, len: usize| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
+    hex(version, 2)
+        && version != "ff"
+        // Version 00 has exactly these four fields; later versions may append more, which
+        // the split above already refused, so only 00's shape is accepted.
+        && hex(trace_id, 32)
+        && nonzero(trace_id)
+        && hex(parent_id, 16)
+        && nonzero(parent_id)
+        && hex(flags, 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::message::Headers as _;
+
+    use super::*;
+
+    fn header_map(headers: &OwnedHeaders) -> Vec<(String, String)> {
+        headers
+            .iter()
+            .map(|h| {
+                let value = h.value.map(|v| String::from_utf8_lossy(v).into_owned());
+                (h.key.to_owned(), value.unwrap_or_default())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_w3c_traceparent_is_recognised() {
+        assert!(is_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        for not in [
+            "4bf92f3577b34da6a3ce929d0e0e4736",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "",
+        ] {
+            assert!(!is_traceparent(not), "{not}");
+        }
+    }
+
+    #[test]
+    fn record_headers_add_ours_once_after_the_rows() {
+        let mut base = Headers::new();
+        base.insert("content-type".into(), "application/json".into());
+        base.insert("message-id".into(), "spoofed".into());
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let headers = header_map(&record_headers(
+            &base,
+            Some("m-1"),
+            Some(2),
+            Some(traceparent),
+        ));
+        assert_eq!(
+            headers,
+            vec![
+                ("content-type".into(), "application/json".into()),
+                ("message-id".into(), "m-1".into()),
+                ("attempts".into(), "2".into()),
+                ("traceparent".into(), traceparent.into()),
+            ]
+        );
+        let headers = header_map(&record_headers(&base, None, None, Some("abc")));
+        assert_eq!(
+            headers,
+            vec![
+                ("content-type".into(), "application/json".into()),
+                ("message-id".into(), "spoofed".into()),
+                ("trace-id".into(), "abc".into()),
+            ]
+        );
     }
 }

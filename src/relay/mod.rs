@@ -13,7 +13,7 @@
 //! | `Ok` | done (one `mark_done` for all of a batch's successes) | – | – |
 //! | [`Retriable`](ErrorKind::Retriable) | failed, due after the [`RetryPolicy`] delay | +1 | dead when this reaches `max_attempts` (with dead-letter) |
 //! | [`Poison`](ErrorKind::Poison) | dead | +1 | dead-letter hand-off |
-//! | [`Fatal`](ErrorKind::Fatal) | dead | +1 | dead-letter hand-off; the rest of the batch is acknowledged, then `run` returns an error |
+//! | [`Fatal`](ErrorKind::Fatal) | handed back, due at once (requeue) | – | not dead, no dead letter; the rest of the batch is acknowledged, then `run` returns an error and the message waits for a relay that can publish it |
 //! | [`Backpressure`](ErrorKind::Backpressure) | failed, due after `retry.initial` (requeue) | – | the relay waits `retry.initial` before its next claim |
 //! | publisher panicked, timed out, or returned the wrong number of outcomes | every message of the batch as `Retriable` | +1 | reported to [`Hooks::on_loop_error`] |
 //! | the claimed row cannot be decoded ([`Claimed::Undecodable`]: payload or headers not readable JSON) | dead, never published | +1 | dead-letter hand-off with the raw text ([`DeadLetter::Undecodable`]) |
@@ -168,7 +168,8 @@ pub struct BatchReport {
     pub published: usize,
     /// Messages marked failed, to be retried.
     pub failed: usize,
-    /// Messages handed back for backpressure.
+    /// Messages handed back without counting an attempt: for backpressure, or after a
+    /// fatal error.
     pub requeued: usize,
     /// Messages marked dead.
     pub dead: usize,
@@ -259,8 +260,9 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
     /// (publishes and acknowledges it) and returns `Ok(())`.
     ///
     /// Returns an [`Error::Publisher`] when the publisher reports a
-    /// [fatal](ErrorKind::Fatal) error, after acknowledging the whole batch. Store errors
-    /// never end it: they are reported and retried.
+    /// [fatal](ErrorKind::Fatal) error, after handing the fatal messages back and
+    /// acknowledging the rest of the batch. Store errors never end it: they are reported
+    /// and retried.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<()> {
         let mut shutdown = pin!(shutdown);
         let wake = Arc::clone(&self.wake);
@@ -365,7 +367,8 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
     /// Claims one batch and publishes and acknowledges it, for callers that drive their
     /// own loop (a scheduled job, a test). Returns an empty report when nothing was due,
     /// the store's error when the claim failed, and an [`Error::Publisher`] after a
-    /// [fatal](ErrorKind::Fatal) publish error (the batch is acknowledged first).
+    /// [fatal](ErrorKind::Fatal) publish error (the fatal messages are handed back and the
+    /// rest of the batch acknowledged first).
     pub async fn run_once(&mut self) -> Result<BatchReport> {
         let batch = self.claim().await.inspect_err(|e| self.loop_error(e))?;
         if batch.is_empty() {
@@ -418,8 +421,9 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
         let fatal = fatal.map(|(id, error)| {
             let error = Error::Publisher(format!(
                 "the publisher reported a fatal error for outbox message {id}: {}; the relay \
-                 acknowledged its batch and stopped. Fix the publisher (credentials, broker \
-                 address, topic) and start the relay again",
+                 handed the message back (claimable again, no attempt counted), acknowledged \
+                 the rest of its batch and stopped. Fix the publisher (credentials, \
+                 permissions, broker address, settings) and start the relay again",
                 error.message
             ));
             tracing::error!(%error, "relay stopped");
@@ -482,6 +486,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
         let mut done_index: HashMap<ClaimToken, usize> = HashMap::new();
         let mut retries: Vec<(&ClaimedMessage, Duration, PublishError)> = Vec::new();
         let mut requeues: Vec<(&ClaimedMessage, PublishError)> = Vec::new();
+        let mut handed_back: Vec<&ClaimedMessage> = Vec::new();
         let mut fatal: Option<(i64, PublishError)> = None;
         for (message, outcome) in batch.iter().zip(outcomes) {
             let error = match outcome {
@@ -510,7 +515,10 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                         fatal = Some((message.id, error.clone()));
                     }
                     guarded(&self.hooks, "on_fatal", |h| h.on_fatal(message.id, &error));
-                    dead.push((DeadLetter::Message(message), error));
+                    // The message is not at fault: the publisher is. Marking it dead (or
+                    // counting an attempt) would punish it for a broken credential; it
+                    // waits for a relay that can publish it.
+                    handed_back.push(message);
                 }
                 ErrorKind::Backpressure => requeues.push((message, error)),
             }
@@ -554,6 +562,22 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             guarded(&self.hooks, "on_requeued", |h| {
                 h.on_requeued(message.id, error)
             });
+        }
+
+        // Due at once: the relay stops after this batch, and the next one to run (after
+        // the fix, or another of the fleet) should not wait for it.
+        for message in &handed_back {
+            let ack = Ack::Requeue {
+                id: message.id,
+                token: message.claim_token,
+                after: Duration::ZERO,
+            };
+            self.acknowledge(ack, deadline, &mut report).await;
+            report.requeued += 1;
+            tracing::warn!(
+                id = message.id,
+                "message handed back after a fatal publish error"
+            );
         }
 
         // Dead-letter before marking dead: a crash in between re-publishes the dead letter

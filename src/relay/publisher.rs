@@ -14,14 +14,14 @@ pub const HEADER_ORIGINAL_TOPIC: &str = "x-original-topic";
 pub const HEADER_ATTEMPTS: &str = "x-attempts";
 /// Dead-letter header: the last error's message.
 pub const HEADER_ERROR: &str = "x-error";
-/// Dead-letter header: the last error's kind (`retriable`, `poison`, `fatal`).
+/// Dead-letter header: the last error's kind (`retriable` when out of attempts, `poison`).
 pub const HEADER_ERROR_KIND: &str = "x-error-kind";
 
 /// A message going to the dead-letter destination: a decoded message, or a claimed row that
 /// could not be decoded, which carries its columns' raw text instead.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum DeadLetter<'a> {
-    /// A message that failed to publish (poison, fatal, out of attempts).
+    /// A message that failed to publish (poison, out of attempts).
     Message(&'a ClaimedMessage),
     /// A row whose payload or headers could not be decoded; never published.
     Undecodable(&'a UndecodableMessage),
@@ -89,11 +89,13 @@ pub enum ErrorKind {
     /// serialized): it is marked dead at once and handed to the dead-letter publish. The
     /// rest of the batch is unaffected.
     Poison,
-    /// The publisher cannot work at all (bad credentials, missing topic, wrong
-    /// configuration): the message is marked dead and dead-lettered like a poison one, the
-    /// rest of the batch is acknowledged, and then the relay stops with an error, because
-    /// every further claim would fail the same way and burn the attempts of healthy
-    /// messages.
+    /// The publisher cannot work at all (bad credentials, no permission on the topic,
+    /// wrong configuration): the message is not at fault, so it is handed back (requeued,
+    /// due at once, no attempt counted; not dead, not dead-lettered), the rest of the batch
+    /// is acknowledged by its outcomes, and then the relay stops with an
+    /// [`Error::Publisher`](crate::Error::Publisher) naming the error, because every
+    /// further claim would fail the same way and burn the attempts of healthy messages.
+    /// The message is claimed again by the next relay that runs, after the fix.
     Fatal,
     /// The broker asks to slow down: the message is handed back without counting an
     /// attempt, due again after the retry policy's `initial` delay, and the relay waits that

@@ -1,0 +1,899 @@
+//! The Kafka exporter against librdkafka's in-process mock cluster, without SQL Server: each
+//! shard's feed is an in-memory list of events behind a fake `PageSource`, and the cursors
+//! a fake `ExportCursors` that records every save together with how many messages the topic
+//! held at that moment.
+//!
+//! What is checked: no cursor is saved before every message of its page is acknowledged;
+//! a crash between produce and save (a failed save, a dropped run) produces the page again
+//! on restart and skips nothing; every shard arrives in order per shard and per key;
+//! retriable failures recover without gaps; a too-large event stops the export naming it;
+//! shutdown finishes the page in flight, or gives it up after its grace.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use changefeed::json::JsonColumns;
+use changefeed::kafka::rdkafka::producer::FutureProducer;
+use changefeed::kafka::{ExportConfig, ExportCursors, ExportReport, FeedExporter};
+use changefeed::reader::{FeedReaderOptions, IdleBackoff, PageSource, ReadRetryPolicy, Wait};
+use changefeed::{Cursor, Error, Feed, FeedEvent, Page, Result};
+use serde_json::{Map, Value, json};
+use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinHandle;
+use ulid::Ulid;
+
+/// The longest any wait of these tests may take before the test calls it stuck.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// The feed every test exports; its key columns, in key order.
+const FEED: &str = "dbo.Orders";
+const KEY_COLUMNS: [&str; 2] = ["Shard", "OrderId"];
+
+#[path = "kafka_exporter/mock.rs"]
+mod mock;
+
+use mock::Received;
+
+// ------------------------------------------------------------------------------------------
+// The fake feed and cursors
+// ------------------------------------------------------------------------------------------
+
+/// One event of the fake feed.
+#[derive(Clone, Debug)]
+struct Written {
+    ulid: Ulid,
+    shard: i32,
+    /// The event's columns; `None` for an event deleted since it was written.
+    columns: Option<Map<String, Value>>,
+}
+
+impl Written {
+    /// The message key the exporter must produce: the key columns in key order.
+    fn key(&self) -> Option<String> {
+        let columns = self.columns.as_ref()?;
+        Some(format!(
+            "{{\"Shard\":{},\"OrderId\":{}}}",
+            columns["Shard"], columns["OrderId"]
+        ))
+    }
+}
+
+#[derive(Default)]
+struct FeedState {
+    events: Vec<Written>,
+    /// Shards whose reads fail with this message (a permanent error).
+    failing: BTreeMap<i32, String>,
+}
+
+/// Events per shard, in ULID order, shared by every source of one test.
+#[derive(Clone, Default)]
+struct FakeFeed {
+    state: Arc<Mutex<FeedState>>,
+    reads: Arc<AtomicUsize>,
+    next_ms: Arc<AtomicUsize>,
+}
+
+impl FakeFeed {
+    /// Appends an event of `shard` with key `order_id` (a payload of `size` characters),
+    /// or a deleted one; returns it.
+    fn push(&self, shard: i32, order_id: i64, size: usize, deleted: bool) -> Written {
+        // ULIDs from an hour ago, a millisecond apart: increasing in every shard.
+        static BASE_MS: LazyLock<u64> = LazyLock::new(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64
+                - 3_600_000
+        });
+        let step = self.next_ms.fetch_add(1, Ordering::SeqCst) as u64;
+        let ulid = Ulid::from_parts(*BASE_MS + step, u128::from(step) + 1);
+        let columns = (!deleted).then(|| {
+            let Value::Object(map) = json!({
+                "Shard": shard,
+                "OrderId": order_id,
+                "Payload": "x".repeat(size),
+                "Total": "12.50",
+            }) else {
+                unreachable!()
+            };
+            map
+        });
+        let written = Written {
+            ulid,
+            shard,
+            columns,
+        };
+        self.state.lock().unwrap().events.push(written.clone());
+        written
+    }
+
+    /// `count` live events of `shard` with keys `0..keys` in turn, small payloads.
+    fn fill(&self, shard: i32, count: usize, keys: i64) -> Vec<Written> {
+        (0..count)
+            .map(|n| self.push(shard, n as i64 % keys, 10, false))
+            .collect()
+    }
+
+    fn fail_reads(&self, shard: i32, message: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .failing
+            .insert(shard, message.to_owned());
+    }
+
+    fn events(&self) -> Vec<Written> {
+        self.state.lock().unwrap().events.clone()
+    }
+
+    fn source(&self, page_size: u32) -> FakeSource {
+        FakeSource {
+            feed: self.clone(),
+            page_size,
+        }
+    }
+}
+
+/// A page source over a [`FakeFeed`]: the rows of the shard after the cursor, at most a
+/// page; never waits.
+struct FakeSource {
+    feed: FakeFeed,
+    page_size: u32,
+}
+
+impl PageSource for FakeSource {
+    type Item = FeedEvent<JsonColumns>;
+
+    async fn read(
+        &mut self,
+        shard: i32,
+        cursor: Cursor,
+        _wait: Duration,
+    ) -> Result<Page<Self::Item>> {
+        self.feed.reads.fetch_add(1, Ordering::SeqCst);
+        let state = self.feed.state.lock().unwrap();
+        if let Some(message) = state.failing.get(&shard) {
+            return Err(Error::Config(message.clone()));
+        }
+        let rows: Vec<_> = state
+            .events
+            .iter()
+            .filter(|event| event.shard == shard && event.ulid > cursor.ulid())
+            .take(self.page_size as usize)
+            .map(|event| FeedEvent {
+                ulid: event.ulid,
+                event: JsonColumns(event.columns.clone()),
+            })
+            .collect();
+        let next_cursor = rows
+            .last()
+            .map_or(cursor, |row| Cursor::from_ulid(row.ulid));
+        Ok(Page {
+            rows,
+            next_cursor,
+            page_size: self.page_size,
+        })
+    }
+
+    fn reset(&mut self) {}
+}
+
+/// One save, as the fake cursor store saw it.
+#[derive(Clone, Debug)]
+struct Save {
+    shard: i32,
+    cursor: Cursor,
+    /// Messages in the topic when the save happened (when watched).
+    in_topic: Option<i64>,
+}
+
+#[derive(Default)]
+struct CursorState {
+    saved: BTreeMap<i32, Cursor>,
+    log: Vec<Save>,
+    attempts: usize,
+    /// The save attempt (1-based) that fails.
+    fail_at: Option<usize>,
+    /// The save attempt (1-based) that never completes.
+    hang_at: Option<usize>,
+    /// The cluster and topic to count messages of at every save.
+    watch: Option<(String, String)>,
+}
+
+/// A cursor store in memory recording every save; clones share it.
+#[derive(Clone, Default)]
+struct FakeCursors {
+    state: Arc<Mutex<CursorState>>,
+    hung: Arc<Notify>,
+}
+
+impl FakeCursors {
+    fn watching(bootstrap: &str, topic: &str) -> Self {
+        let cursors = FakeCursors::default();
+        cursors.state.lock().unwrap().watch = Some((bootstrap.to_owned(), topic.to_owned()));
+        cursors
+    }
+
+    fn log(&self) -> Vec<Save> {
+        self.state.lock().unwrap().log.clone()
+    }
+
+    fn saved(&self) -> BTreeMap<i32, Cursor> {
+        self.state.lock().unwrap().saved.clone()
+    }
+}
+
+impl ExportCursors for FakeCursors {
+    async fn load(&mut self, shard: i32) -> Result<Option<Cursor>> {
+        Ok(self.state.lock().unwrap().saved.get(&shard).copied())
+    }
+
+    async fn save(&mut self, shard: i32, cursor: Cursor) -> Result<()> {
+        let (attempt, fail_at, hang_at, watch) = {
+            let mut state = self.state.lock().unwrap();
+            state.attempts += 1;
+            (
+                state.attempts,
+                state.fail_at,
+                state.hang_at,
+                state.watch.clone(),
+            )
+        };
+        if fail_at == Some(attempt) {
+            return Err(Error::Config("injected: the cursor save failed".to_owned()));
+        }
+        if hang_at == Some(attempt) {
+            self.hung.notify_one();
+            std::future::pending::<()>().await;
+        }
+        let in_topic = match watch {
+            Some((bootstrap, topic)) => Some(mock::topic_total(bootstrap, topic).await),
+            None => None,
+        };
+        let mut state = self.state.lock().unwrap();
+        state.saved.insert(shard, cursor);
+        state.log.push(Save {
+            shard,
+            cursor,
+            in_topic,
+        });
+        Ok(())
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Running an export
+// ------------------------------------------------------------------------------------------
+
+type Exporter = FeedExporter<FakeSource, FakeCursors>;
+
+fn exporter(
+    feed: &FakeFeed,
+    cursors: &FakeCursors,
+    producer: FutureProducer,
+    config: ExportConfig,
+) -> Exporter {
+    let page_size = config.page_size;
+    let source_feed = feed.clone();
+    FeedExporter::from_parts(
+        FEED.parse::<Feed>().unwrap(),
+        KEY_COLUMNS.iter().map(|c| (*c).to_owned()).collect(),
+        move |_shard| source_feed.source(page_size),
+        cursors.clone(),
+        producer,
+        config,
+    )
+    .with_reader_options(
+        FeedReaderOptions::default()
+            .page_size(page_size)
+            .wait(Wait::ClientBackoff)
+            .idle_backoff(
+                IdleBackoff::default()
+                    .min(Duration::from_millis(5))
+                    .max(Duration::from_millis(20)),
+            )
+            .retry(
+                ReadRetryPolicy::default()
+                    .initial(Duration::from_millis(1))
+                    .max(Duration::from_millis(5)),
+            ),
+    )
+}
+
+fn config(topic: &str, page_size: u32) -> ExportConfig {
+    ExportConfig::new(topic, "exporter-test")
+        .page_size(page_size)
+        .backoff_min(Duration::from_millis(50))
+        .backoff_max(Duration::from_millis(400))
+}
+
+/// A running export and the switch that shuts it down.
+struct Running {
+    handle: JoinHandle<Result<ExportReport>>,
+    shutdown: Option<oneshot::Sender<()>>,
+    progress: changefeed::kafka::ExportProgress,
+}
+
+fn start(exporter: Exporter, shards: Vec<i32>) -> Running {
+    let (sender, receiver) = oneshot::channel::<()>();
+    let progress = exporter.progress();
+    let handle = tokio::spawn(exporter.run(shards, Cursor::START, async move {
+        let _ = receiver.await;
+    }));
+    Running {
+        handle,
+        shutdown: Some(sender),
+        progress,
+    }
+}
+
+impl Running {
+    /// Waits until `events` events were exported or skipped, then shuts down.
+    async fn finish_after(mut self, events: u64) -> Result<ExportReport> {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let done = self.progress.snapshot();
+            if done.exported + done.skipped_deleted >= events {
+                break;
+            }
+            assert!(
+                !self.handle.is_finished(),
+                "the export ended early, after {done:?}"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "stuck at {done:?}, {events} expected"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.stop().await
+    }
+
+    async fn stop(&mut self) -> Result<ExportReport> {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        self.join().await
+    }
+
+    async fn join(&mut self) -> Result<ExportReport> {
+        tokio::time::timeout(LIMIT, &mut self.handle)
+            .await
+            .expect("the export ends")
+            .expect("the export task does not panic")
+    }
+}
+
+/// Waits until `condition` holds, checking every 10 ms.
+async fn until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + LIMIT;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Checks
+// ------------------------------------------------------------------------------------------
+
+/// Every save came after the messages of every page saved so far were in the topic: at
+/// each save, the topic held at least the live events up to each shard's saved cursor.
+fn assert_saved_only_after_ack(log: &[Save], events: &[Written]) {
+    let mut cursors: BTreeMap<i32, Cursor> = BTreeMap::new();
+    for save in log {
+        if let Some(previous) = cursors.get(&save.shard) {
+            assert!(
+                *previous < save.cursor,
+                "cursors of a shard only move on: {log:?}"
+            );
+        }
+        cursors.insert(save.shard, save.cursor);
+        let acknowledged = events
+            .iter()
+            .filter(|event| {
+                event.columns.is_some()
+                    && cursors
+                        .get(&event.shard)
+                        .is_some_and(|cursor| event.ulid <= cursor.ulid())
+            })
+            .count() as i64;
+        let in_topic = save.in_topic.expect("the save was watched");
+        assert!(
+            in_topic >= acknowledged,
+            "shard {} saved {} while the topic held {in_topic} messages, fewer than the \
+             {acknowledged} its saved cursors cover",
+            save.shard,
+            save.cursor
+        );
+    }
+}
+
+/// Every message is an event of the feed with its key, value and headers.
+fn assert_messages_match(received: &[Received], events: &[Written]) {
+    let by_ulid: BTreeMap<Ulid, &Written> = events.iter().map(|e| (e.ulid, e)).collect();
+    for message in received {
+        let event = by_ulid
+            .get(&message.ulid)
+            .unwrap_or_else(|| panic!("a message of no event: {message:?}"));
+        assert_eq!(message.feed, FEED);
+        assert_eq!(message.shard, event.shard);
+        assert_eq!(
+            Some(&message.key),
+            event.key().as_ref(),
+            "the key of {}",
+            event.ulid
+        );
+        assert_eq!(
+            Some(&message.value),
+            event.columns.clone().map(Value::Object).as_ref(),
+            "the value of {}",
+            event.ulid
+        );
+    }
+}
+
+/// Every live event is in the topic (no gap) and no deleted one is.
+fn assert_no_gap(received: &[Received], events: &[Written]) {
+    let got: BTreeSet<Ulid> = received.iter().map(|m| m.ulid).collect();
+    let live: BTreeSet<Ulid> = events
+        .iter()
+        .filter(|e| e.columns.is_some())
+        .map(|e| e.ulid)
+        .collect();
+    let missing: Vec<_> = live.difference(&got).collect();
+    assert!(missing.is_empty(), "events never produced: {missing:?}");
+    let extra: Vec<_> = got.difference(&live).collect();
+    assert!(extra.is_empty(), "messages of no live event: {extra:?}");
+}
+
+/// The ULIDs of each (partition, shard), in offset order, first occurrences only: they
+/// must increase (per shard, and so per key, whose messages share a partition).
+fn assert_in_order(received: &[Received]) {
+    let mut last: BTreeMap<(i32, i32), Ulid> = BTreeMap::new();
+    let mut seen = BTreeSet::new();
+    for message in received {
+        if !seen.insert(message.ulid) {
+            continue;
+        }
+        let slot = (message.partition, message.shard);
+        if let Some(previous) = last.get(&slot) {
+            assert!(
+                *previous < message.ulid,
+                "partition {} shard {}: {} came after {previous}",
+                message.partition,
+                message.shard,
+                message.ulid
+            );
+        }
+        last.insert(slot, message.ulid);
+    }
+}
+
+/// How often each ULID arrived, for those that arrived more than once.
+fn duplicates(received: &[Received]) -> BTreeMap<Ulid, usize> {
+    let mut counts: BTreeMap<Ulid, usize> = BTreeMap::new();
+    for message in received {
+        *counts.entry(message.ulid).or_default() += 1;
+    }
+    counts.retain(|_, count| *count > 1);
+    counts
+}
+
+/// A unique topic per test (tests share nothing, but a name in the failure helps).
+fn topic(test: &str) -> String {
+    format!("export-{test}")
+}
+
+// ------------------------------------------------------------------------------------------
+// Tests
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_shards_are_exported_in_order_per_shard_and_key() {
+    let topic = topic("all-shards");
+    let cluster = mock::cluster(&topic);
+    let bootstrap = cluster.bootstrap_servers();
+    let feed = FakeFeed::default();
+    for round in 0..40 {
+        for shard in 0..3 {
+            // Keys repeat (five per shard), so per-key order is at stake.
+            let deleted = (shard == 1 && round % 17 == 3) || (shard == 2 && round == 39);
+            feed.push(shard, round % 5, 20, deleted);
+        }
+    }
+    let events = feed.events();
+    let cursors = FakeCursors::watching(&bootstrap, &topic);
+    let producer = mock::producer(&bootstrap, &[]);
+    let running = start(
+        exporter(&feed, &cursors, producer, config(&topic, 7)),
+        vec![0, 1, 2],
+    );
+    let progress = running.progress.clone();
+    let report = running
+        .finish_after(events.len() as u64)
+        .await
+        .expect("the export");
+
+    let received = mock::consume_all(&bootstrap, &topic).await;
+    let deleted = events.iter().filter(|e| e.columns.is_none()).count();
+    assert_eq!(deleted, 4);
+    assert_eq!(
+        received.len(),
+        events.len() - deleted,
+        "each live event once"
+    );
+    assert!(duplicates(&received).is_empty());
+    assert_no_gap(&received, &events);
+    assert_messages_match(&received, &events);
+    assert_in_order(&received);
+    assert_saved_only_after_ack(&cursors.log(), &events);
+
+    // Each shard's cursor is its last event, the deleted last event of shard 2 included.
+    let last: BTreeMap<i32, Cursor> = (0..3)
+        .map(|shard| {
+            let ulid = events.iter().rev().find(|e| e.shard == shard).unwrap().ulid;
+            (shard, Cursor::from_ulid(ulid))
+        })
+        .collect();
+    assert_eq!(cursors.saved(), last);
+    assert_eq!(report.saved, last.into_iter().collect::<Vec<_>>());
+    assert_eq!(report.exported, (events.len() - deleted) as u64);
+    let snapshot = progress.snapshot();
+    assert_eq!(snapshot.exported, report.exported);
+    assert_eq!(snapshot.skipped_deleted, deleted as u64);
+    assert_eq!(snapshot.retried, 0);
+    assert_eq!(snapshot.behind, None, "caught up");
+    let newest_live = events
+        .iter()
+        .filter(|e| e.columns.is_some())
+        .map(|e| e.ulid)
+        .max();
+    assert_eq!(snapshot.last_ulid, newest_live);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_cursor_is_saved_until_every_message_of_its_page_is_acknowledged() {
+    let topic = topic("saved-after-ack");
+    let cluster = mock::cluster(&topic);
+    let bootstrap = cluster.bootstrap_servers();
+    let feed = FakeFeed::default();
+    let events = feed.fill(0, 10, 3);
+    let cursors = FakeCursors::watching(&bootstrap, &topic);
+    cluster.broker_down(1).expect("the broker goes down");
+    let producer = mock::producer(&bootstrap, &[]);
+    let running = start(
+        exporter(&feed, &cursors, producer, config(&topic, 4)),
+        vec![0],
+    );
+
+    until("the first page", || feed.reads.load(Ordering::SeqCst) >= 1).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        cursors.log().is_empty(),
+        "saved while the broker was down: {:?}",
+        cursors.log()
+    );
+    assert_eq!(running.progress.snapshot().exported, 0);
+    assert_eq!(
+        feed.reads.load(Ordering::SeqCst),
+        1,
+        "no page read past an unacknowledged one"
+    );
+
+    cluster.broker_up(1).expect("the broker comes back");
+    running.finish_after(10).await.expect("the export");
+    let log = cursors.log();
+    assert_eq!(
+        log.first().map(|save| save.cursor),
+        Some(Cursor::from_ulid(events[3].ulid)),
+        "the first save is the first page's last ULID"
+    );
+    assert!(log[0].in_topic.unwrap() >= 4, "{log:?}");
+    assert_saved_only_after_ack(&log, &events);
+    let received = mock::consume_all(&bootstrap, &topic).await;
+    assert_no_gap(&received, &events);
+    assert_in_order(&received);
+}
+
+/// How the first run dies between producing a page and saving its cursor.
+#[derive(Clone, Copy, Debug)]
+enum Crash {
+    /// The save fails: `run` returns the error.
+    SaveFails,
+    /// The run future is dropped while the save is under way.
+    Dropped,
+}
+
+async fn restart_after(crash: Crash) {
+    let topic = topic(&format!("crash-{crash:?}"));
+    let cluster = mock::cluster(&topic);
+    let bootstrap = cluster.bootstrap_servers();
+    let feed = FakeFeed::default();
+    let events = feed.fill(0, 12, 4);
+    let cursors = FakeCursors::watching(&bootstrap, &topic);
+    match crash {
+        Crash::SaveFails => cursors.state.lock().unwrap().fail_at = Some(2),
+        Crash::Dropped => cursors.state.lock().unwrap().hang_at = Some(2),
+    }
+    let producer = mock::producer(&bootstrap, &[]);
+    let mut first = start(
+        exporter(&feed, &cursors, producer.clone(), config(&topic, 4)),
+        vec![0],
+    );
+    match crash {
+        Crash::SaveFails => {
+            let error = first
+                .join()
+                .await
+                .expect_err("the failed save stops the export");
+            assert!(error.to_string().contains("injected"), "{error}");
+        }
+        Crash::Dropped => {
+            tokio::time::timeout(LIMIT, cursors.hung.notified())
+                .await
+                .expect("the second save starts");
+            first.handle.abort();
+            let _ = first.handle.await;
+        }
+    }
+    // The first page is saved, the second produced but not saved.
+    assert_eq!(
+        cursors.saved(),
+        BTreeMap::from([(0, Cursor::from_ulid(events[3].ulid))])
+    );
+    let unsaved: BTreeSet<Ulid> = events[4..8].iter().map(|e| e.ulid).collect();
+
+    {
+        let mut state = cursors.state.lock().unwrap();
+        state.fail_at = None;
+        state.hang_at = None;
+    }
+    let second = start(
+        exporter(&feed, &cursors, producer, config(&topic, 4)),
+        vec![0],
+    );
+    // The restart exports pages two and three: eight events.
+    let report = second.finish_after(8).await.expect("the restarted export");
+    assert_eq!(
+        report.exported, 8,
+        "the restart resumes from the saved cursor"
+    );
+    assert_eq!(report.saved, vec![(0, Cursor::from_ulid(events[11].ulid))]);
+
+    let received = mock::consume_all(&bootstrap, &topic).await;
+    assert_no_gap(&received, &events);
+    assert_messages_match(&received, &events);
+    assert_in_order(&received);
+    let twice = duplicates(&received);
+    assert_eq!(
+        twice.keys().copied().collect::<BTreeSet<_>>(),
+        unsaved,
+        "exactly the unsaved page came twice"
+    );
+    assert!(twice.values().all(|count| *count == 2), "{twice:?}");
+    // A duplicate is the same message: same key, value and headers.
+    for ulid in &unsaved {
+        let copies: Vec<_> = received.iter().filter(|m| m.ulid == *ulid).collect();
+        assert_eq!(copies[0].key, copies[1].key);
+        assert_eq!(copies[0].value, copies[1].value);
+        assert_eq!(
+            (copies[0].shard, &copies[0].feed),
+            (copies[1].shard, &copies[1].feed)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_save_produces_the_page_again_on_restart_and_skips_nothing() {
+    restart_after(Crash::SaveFails).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_dropped_after_produce_produces_the_page_again_on_restart() {
+    restart_after(Crash::Dropped).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retriable_failures_recover_without_gaps() {
+    let topic = topic("retriable");
+    let cluster = mock::cluster(&topic);
+    let bootstrap = cluster.bootstrap_servers();
+    let feed = FakeFeed::default();
+    let mut events = feed.fill(0, 20, 6);
+    events.extend(feed.fill(1, 20, 6));
+    let cursors = FakeCursors::watching(&bootstrap, &topic);
+    // Produce requests fail at first (librdkafka retries those itself)...
+    use changefeed::kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 4],
+    );
+    // ...and with the broker down, deliveries time out after 1 s: the exporter's retries.
+    cluster.broker_down(1).expect("the broker goes down");
+    let producer = mock::producer(&bootstrap, &[("message.timeout.ms", "1000")]);
+    let running = start(
+        exporter(&feed, &cursors, producer, config(&topic, 5)),
+        vec![0, 1],
+    );
+    let progress = running.progress.clone();
+    until("a retry", || progress.snapshot().retried > 0).await;
+    assert!(cursors.log().is_empty(), "nothing saved while failing");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cluster.broker_up(1).expect("the broker comes back");
+    running.finish_after(40).await.expect("the export recovers");
+
+    let received = mock::consume_all(&bootstrap, &topic).await;
+    assert_no_gap(&received, &events);
+    assert_messages_match(&received, &events);
+    assert_in_order(&received);
+    assert_saved_only_after_ack(&cursors.log(), &events);
+    assert_eq!(
+        cursors.saved(),
+        BTreeMap::from([
+            (0, Cursor::from_ulid(events[19].ulid)),
+            (1, Cursor::from_ulid(events[39].ulid)),
+        ])
+    );
+    assert!(
+        progress.snapshot().retried >= 5,
+        "{:?}",
+        progress.snapshot()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_too_large_event_stops_the_export_naming_it() {
+    let topic = topic("too-large");
+    let cluster = mock::cluster(&topic);
+    let bootstrap = cluster.bootstrap_servers();
+    let feed = FakeFeed::default();
+    let mut events = feed.fill(0, 4, 4);
+    events.push(feed.push(0, 99, 5000, false));
+    events.extend(feed.fill(0, 4, 4));
+    let cursors = FakeCursors::watching(&bootstrap, &topic);
+    let producer = mock::producer(&bootstrap, &[("message.max.bytes", "1000")]);
+    let mut running = start(
+        exporter(&feed, &cursors, producer, config(&topic, 3)),
+        vec![0],
+    );
+    let error = running.join().await.expect_err("the export stops");
+    let big = events[4].ulid;
+    assert!(matches!(error, Error::Kafka { .. }), "{error:?}");
+    let message = error.to_string();
+    assert!(
+        message.contains(&big.to_string()),
+        "names the event: {message}"
+    );
+    assert!(message.contains("shard 0"), "names the shard: {message}");
+    // Page one (events 0-2) saved; page two (3-5), holding the large event, not.
+    assert_eq!(
+        cursors.saved(),
+        BTreeMap::from([(0, Cursor::from_ulid(events[2].ulid))])
+    );
+    let received = mock::consume_all(&bootstrap, &topic).await;
+    assert!(received.iter().all(|m| m.ulid != big));
+    assert!(
+        received.iter().all(|m| m.ulid <= events[3].ulid),
+        "nothing after the page"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_the_page_in_flight_and_saves_it() {
+    let topic = topic("shutdown");
+    let cluster = mock::cluster(&topic);
+    let bootstrap = cluster.bootstrap_servers();
+    let feed = FakeFeed::default();
+    let events = feed.fill(0, 8, 8);
+    let cursors = FakeCursors::watching(&bootstrap, &topic);
+    cluster.broker_down(1).expect("the broker goes down");
+    let producer = mock::producer(&bootstrap, &[]);
+    let mut running = start(
+        exporter(&feed, &cursors, producer, config(&topic, 4)),
+        vec![0],
+    );
+    until("the first page", || feed.reads.load(Ordering::SeqCst) >= 1).await;
+    let _ = running.shutdown.take().unwrap().send(());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !running.handle.is_finished(),
+        "it waits for the page in flight"
+    );
+    assert!(cursors.log().is_empty());
+
+    cluster.broker_up(1).expect("the broker comes back");
+    let report = running.join().await.expect("a clean stop");
+    let first_page = Cursor::from_ulid(events[3].ulid);
+    assert_eq!(report.saved, vec![(0, first_page)]);
+    assert_eq!(report.exported, 4);
+    assert_eq!(
+        feed.reads.load(Ordering::SeqCst),
+        1,
+        "no page read after shutdown"
+    );
+    // Its last page was full and its events are an hour old: an hour behind.
+    let behind = running.progress.snapshot().behind.expect("behind");
+    assert!(behind >= Duration::from_secs(3500), "{behind:?}");
+    let received = mock::consume_all(&bootstrap, &topic).await;
+    assert_eq!(received.len(), 4);
+    assert_saved_only_after_ack(&cursors.log(), &events);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_gives_up_a_page_that_cannot_be_acknowledged() {
+    let topic = topic("shutdown-grace");
+    let cluster = mock::cluster(&topic);
+    let bootstrap = cluster.bootstrap_servers();
+    let feed = FakeFeed::default();
+    feed.fill(0, 8, 8);
+    let cursors = FakeCursors::default();
+    cluster.broker_down(1).expect("the broker goes down");
+    let producer = mock::producer(&bootstrap, &[("message.timeout.ms", "300")]);
+    let config = config(&topic, 4).shutdown_grace(Duration::from_millis(800));
+    let mut running = start(exporter(&feed, &cursors, producer, config), vec![0]);
+    until("a retry", || running.progress.snapshot().retried > 0).await;
+    let asked = Instant::now();
+    let report = running.stop().await.expect("a clean stop");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        report,
+        ExportReport::default(),
+        "nothing saved, nothing exported"
+    );
+    assert!(cursors.log().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_error_stops_the_export_with_it() {
+    let topic = topic("read-error");
+    let cluster = mock::cluster(&topic);
+    let bootstrap = cluster.bootstrap_servers();
+    let feed = FakeFeed::default();
+    feed.fill(0, 3, 3);
+    feed.fail_reads(1, "injected: read_feed refused");
+    let cursors = FakeCursors::default();
+    let producer = mock::producer(&bootstrap, &[]);
+    let mut running = start(
+        exporter(&feed, &cursors, producer, config(&topic, 4)),
+        vec![0, 1],
+    );
+    let error = running
+        .join()
+        .await
+        .expect_err("the read error stops the export");
+    assert!(
+        matches!(&error, Error::Config(m) if m.contains("injected")),
+        "{error:?}"
+    );
+    assert!(!cursors.saved().contains_key(&1));
+}
+
+#[tokio::test]
+async fn bad_arguments_are_refused_before_anything_runs() {
+    let feed = FakeFeed::default();
+    let cursors = FakeCursors::default();
+    // No broker is needed: nothing is produced.
+    let producer = mock::producer("127.0.0.1:1", &[]);
+    for (shards, consumer, expected) in [
+        (vec![], "c", "no shard"),
+        (vec![0, 0], "c", "twice"),
+        (vec![0], " c", "consumer"),
+    ] {
+        let config = ExportConfig::new("t", consumer).page_size(4);
+        let exporter = exporter(&feed, &cursors, producer.clone(), config);
+        let error = exporter
+            .run(shards, Cursor::START, std::future::pending())
+            .await
+            .expect_err(expected);
+        assert!(matches!(error, Error::Config(_)), "{error:?}");
+        assert!(error.to_string().contains(expected), "{error}");
+    }
+    assert_eq!(feed.reads.load(Ordering::SeqCst), 0);
+}

@@ -1,0 +1,605 @@
+//! The relay with [`KafkaPublisher`] against librdkafka's mock cluster (no Kafka, no SQL
+//! Server): exactly-once delivery in per-key order, librdkafka's own retries, poison
+//! messages to the dead-letter topic, a fatal error handing the batch back, and a broker
+//! outage that loses nothing.
+
+mod common_kafka;
+#[path = "../examples/support/memory_store.rs"]
+mod memory_store;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use changefeed::Error;
+use changefeed::kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use changefeed::kafka::{KafkaPublisher, KafkaPublisherConfig, ProducerSettings};
+use changefeed::outbox::{
+    ClaimStore, ClaimToken, ClaimedMessage, Headers, NewMessage, UndecodableMessage,
+};
+use changefeed::relay::{
+    DeadLetter, ErrorKind, PublishError, Publisher, Relay, RelayConfig, RetryPolicy,
+    dead_letter_headers,
+};
+use serde_json::json;
+
+use common_kafka::{Cluster, Consumed, consume, count_by_message_id, create_topic, start_cluster};
+use memory_store::{MemoryStore, Status};
+
+const TOPIC: &str = "orders";
+const DLQ: &str = "orders.dlq";
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+fn producer(cluster: &Cluster) -> ProducerSettings {
+    ProducerSettings::new(cluster.bootstrap_servers())
+        .set("linger.ms", "2")
+        // Short, so a test about an outage ends in seconds; still well below the claim
+        // timeout, as KafkaPublisher's documentation asks.
+        .set("message.timeout.ms", "4000")
+}
+
+fn publisher(settings: ProducerSettings) -> KafkaPublisher {
+    KafkaPublisher::new(KafkaPublisherConfig::new(settings)).expect("the producer")
+}
+
+fn relay_config(batch_size: u32) -> RelayConfig {
+    RelayConfig::default()
+        .batch_size(batch_size)
+        .poll_interval(Duration::from_millis(10))
+        .claim_timeout(Duration::from_secs(15))
+        .retry(
+            RetryPolicy::default()
+                .initial(Duration::from_millis(20))
+                .max(Duration::from_millis(200))
+                .max_attempts(50),
+        )
+}
+
+/// Runs the relay until the store has no open row left or `limit` passes.
+async fn run_until_drained(
+    store: &MemoryStore,
+    publisher: KafkaPublisher,
+    config: RelayConfig,
+    limit: Duration,
+) -> changefeed::Result<()> {
+    let relay = Relay::new(store.clone(), publisher, config)?;
+    let watched = store.clone();
+    let shutdown = async move {
+        let started = Instant::now();
+        while !watched.is_drained() && started.elapsed() < limit {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    relay.run(shutdown).await
+}
+
+fn message(aggregate: &str, seq: usize) -> NewMessage {
+    NewMessage::new(TOPIC, json!({ "aggregate": aggregate, "seq": seq }))
+        .aggregate("order", aggregate)
+}
+
+/// Reads `topic` back, waiting for `expected` records and a little more for duplicates.
+async fn read_back(cluster: &Cluster, topic: &str, expected: usize) -> Vec<Consumed> {
+    let bootstrap = cluster.bootstrap_servers();
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        consume(
+            &bootstrap,
+            &topic,
+            expected,
+            Duration::from_secs(10),
+            Duration::from_millis(300),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+fn assert_once_each(records: &[Consumed], expected: impl IntoIterator<Item = String>) {
+    let counts = count_by_message_id(records);
+    let expected: BTreeMap<String, usize> = expected.into_iter().map(|id| (id, 1)).collect();
+    assert_eq!(counts, expected, "every message exactly once");
+}
+
+fn message_ids(store: &MemoryStore, ids: impl IntoIterator<Item = i64>) -> Vec<String> {
+    ids.into_iter()
+        .map(|id| store.row(id).message.message_id.unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_delivers_every_message_once_in_per_key_order() {
+    let cluster = start_cluster(3);
+    create_topic(&cluster, TOPIC, 4);
+    let store = MemoryStore::new();
+    let (aggregates, per_aggregate) = (40, 6);
+    // Interleaved, so each claim holds one message of many aggregates.
+    for seq in 0..per_aggregate {
+        for a in 0..aggregates {
+            let mut m = message(&format!("order-{a}"), seq);
+            m.headers
+                .insert("content-type".into(), "application/json".into());
+            if a == 0 {
+                m.trace_id = Some(TRACEPARENT.to_owned());
+            }
+            store.enqueue(m);
+        }
+    }
+    // A message with its own partition key, and one without any key.
+    let keyed = store.enqueue(NewMessage {
+        partition_key: Some("tenant-7".into()),
+        ..message("order-keyed", 0)
+    });
+    let unkeyed = store.enqueue(NewMessage {
+        trace_id: Some("not-a-traceparent".into()),
+        ..NewMessage::new(TOPIC, json!({ "loose": true }))
+    });
+    let total = aggregates * per_aggregate + 2;
+
+    run_until_drained(
+        &store,
+        publisher(producer(&cluster)),
+        relay_config(64),
+        Duration::from_secs(20),
+    )
+    .await
+    .expect("the relay stops cleanly");
+    assert_eq!(store.count(Status::Done), total, "every row acknowledged");
+
+    let records = read_back(&cluster, TOPIC, total).await;
+    assert_once_each(&records, message_ids(&store, 1..=total as i64));
+
+    // Per key: one partition, sequence numbers in order.
+    let mut by_key: BTreeMap<String, Vec<(i32, u64)>> = BTreeMap::new();
+    for record in records.iter().filter(|r| r.json().get("seq").is_some()) {
+        let key = record.key.clone().expect("a keyed record");
+        let seq = record.json()["seq"].as_u64().unwrap();
+        by_key.entry(key).or_default().push((record.partition, seq));
+    }
+    for a in 0..aggregates {
+        let seen = &by_key[&format!("order-{a}")];
+        let partition = seen[0].0;
+        assert!(
+            seen.iter().all(|(p, _)| *p == partition),
+            "one partition per key"
+        );
+        let seqs: Vec<u64> = seen.iter().map(|(_, s)| *s).collect();
+        assert_eq!(
+            seqs,
+            (0..per_aggregate as u64).collect::<Vec<_>>(),
+            "order-{a}"
+        );
+    }
+
+    // Headers: the row's, then message-id, attempts and the trace header.
+    let first = records
+        .iter()
+        .find(|r| r.header("message-id") == Some("m-1"))
+        .unwrap();
+    assert_eq!(
+        first.headers,
+        vec![
+            ("content-type".to_owned(), "application/json".to_owned()),
+            ("message-id".to_owned(), "m-1".to_owned()),
+            ("attempts".to_owned(), "0".to_owned()),
+            ("traceparent".to_owned(), TRACEPARENT.to_owned()),
+        ]
+    );
+    assert_eq!(first.json(), json!({ "aggregate": "order-0", "seq": 0 }));
+    let keyed_id = format!("m-{keyed}");
+    let keyed = records
+        .iter()
+        .find(|r| r.header("message-id") == Some(keyed_id.as_str()))
+        .unwrap();
+    assert_eq!(
+        keyed.key.as_deref(),
+        Some("tenant-7"),
+        "the partition key wins"
+    );
+    let unkeyed_id = format!("m-{unkeyed}");
+    let unkeyed = records
+        .iter()
+        .find(|r| r.header("message-id") == Some(unkeyed_id.as_str()))
+        .unwrap();
+    assert_eq!(unkeyed.key, None);
+    assert_eq!(unkeyed.header("trace-id"), Some("not-a-traceparent"));
+    assert_eq!(unkeyed.header("traceparent"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_changes_and_timeouts_are_retried_inside_librdkafka_without_duplicates() {
+    let cluster = start_cluster(3);
+    create_topic(&cluster, TOPIC, 2);
+    use RDKafkaRespErr::*;
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[
+            RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+            RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+            RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
+            RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+            RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+            RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+        ],
+    );
+    let store = MemoryStore::new();
+    let total = 120;
+    for i in 0..total {
+        store.enqueue(message(&format!("order-{}", i % 30), i));
+    }
+
+    run_until_drained(
+        &store,
+        publisher(producer(&cluster)),
+        relay_config(50),
+        Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(store.count(Status::Done), total);
+    assert!(
+        store.rows().iter().all(|row| row.attempts == 0),
+        "no failure reached the relay"
+    );
+    let records = read_back(&cluster, TOPIC, total).await;
+    assert_once_each(&records, message_ids(&store, 1..=total as i64));
+    let dead_letters = read_back(&cluster, DLQ, 0).await;
+    assert!(dead_letters.is_empty(), "{dead_letters:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivered() {
+    let cluster = start_cluster(1);
+    create_topic(&cluster, TOPIC, 1);
+    create_topic(&cluster, DLQ, 1);
+    let store = MemoryStore::new();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        let payload = if i == 4 {
+            json!({ "blob": "x".repeat(20_000) })
+        } else {
+            json!({ "seq": i })
+        };
+        let mut m = NewMessage::new(TOPIC, payload).aggregate("order", format!("order-{i}"));
+        m.headers.insert("tenant".into(), "t1".into());
+        ids.push(store.enqueue(m));
+    }
+    let big = ids[4];
+    let settings = producer(&cluster).set("message.max.bytes", "10000");
+
+    run_until_drained(
+        &store,
+        publisher(settings),
+        relay_config(100),
+        Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(store.row(big).status, Status::Dead);
+    assert_eq!(store.row(big).attempts, 1);
+    assert_eq!(store.count(Status::Done), 9);
+    let delivered: Vec<i64> = ids.iter().copied().filter(|id| *id != big).collect();
+    let records = read_back(&cluster, TOPIC, 9).await;
+    assert_once_each(&records, message_ids(&store, delivered));
+
+    let letters = read_back(&cluster, DLQ, 1).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let letter = &letters[0];
+    let big_id = format!("m-{big}");
+    assert_eq!(letter.header("message-id"), Some(big_id.as_str()));
+    assert_eq!(letter.header("x-original-topic"), Some(TOPIC));
+    assert_eq!(letter.header("x-attempts"), Some("1"));
+    assert_eq!(letter.header("x-error-kind"), Some("poison"));
+    assert!(
+        letter
+            .header("x-error")
+            .is_some_and(|e| e.contains("MessageSizeTooLarge")),
+        "{letter:?}"
+    );
+    assert_eq!(letter.header("tenant"), Some("t1"), "the row's own headers");
+    assert_eq!(letter.key.as_deref(), Some("order-4"));
+    // The payload is too large for the dead-letter topic too: the letter goes without
+    // it, saying so; the dead row keeps it.
+    assert_eq!(letter.value, None);
+    assert!(letter.header("x-value-omitted").is_some(), "{letter:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_payload() {
+    let cluster = start_cluster(1);
+    create_topic(&cluster, TOPIC, 1);
+    create_topic(&cluster, DLQ, 1);
+    let store = MemoryStore::new();
+    // One aggregate: the first claim holds its head alone, so the refused produce request
+    // carries that message only; the others follow once it is dead.
+    let refused = store.enqueue(message("order-1", 0));
+    let rest = [
+        store.enqueue(message("order-1", 1)),
+        store.enqueue(message("order-1", 2)),
+    ];
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+
+    run_until_drained(
+        &store,
+        publisher(producer(&cluster)),
+        relay_config(100),
+        Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(store.row(refused).status, Status::Dead);
+    assert!(rest.iter().all(|id| store.row(*id).status == Status::Done));
+    let records = read_back(&cluster, TOPIC, 2).await;
+    assert_once_each(&records, message_ids(&store, rest));
+    let seqs: Vec<_> = records.iter().map(|r| r.json()["seq"].clone()).collect();
+    assert_eq!(seqs, vec![json!(1), json!(2)]);
+
+    let letters = read_back(&cluster, DLQ, 1).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let letter = &letters[0];
+    assert_eq!(letter.header("message-id"), Some("m-1"));
+    assert_eq!(letter.header("x-original-topic"), Some(TOPIC));
+    assert_eq!(letter.header("x-attempts"), Some("1"));
+    assert_eq!(letter.header("x-error-kind"), Some("poison"));
+    assert_eq!(letter.json(), json!({ "aggregate": "order-1", "seq": 0 }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_authorization_failed_stops_the_relay_and_hands_the_batch_back() {
+    let cluster = start_cluster(1);
+    create_topic(&cluster, TOPIC, 1);
+    let store = MemoryStore::new();
+    let ids: Vec<i64> = (0..5)
+        .map(|i| store.enqueue(message(&format!("order-{i}"), 0)))
+        .collect();
+    // Every produce request fails; one partition, so the batch is one request anyway.
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 8],
+    );
+
+    let error = run_until_drained(
+        &store,
+        publisher(producer(&cluster)),
+        relay_config(100),
+        Duration::from_secs(20),
+    )
+    .await
+    .expect_err("a fatal error stops the relay");
+    match &error {
+        Error::Publisher(text) => {
+            assert!(text.contains("TopicAuthorizationFailed"), "{text}");
+            assert!(text.contains("handed the message back"), "{text}");
+        }
+        other => panic!("expected a publisher error, got {other:?}"),
+    }
+
+    // Handed back: not dead, no attempt counted, claimable again at once.
+    for id in &ids {
+        let row = store.row(*id);
+        assert_eq!((row.status, row.attempts), (Status::Failed, 0), "row {id}");
+    }
+    let mut store = store;
+    let reclaimed = store.claim(100, Duration::from_secs(15)).await.unwrap();
+    let reclaimed: Vec<(i64, i32)> = reclaimed
+        .iter()
+        .map(|c| (c.id(), c.message().unwrap().attempts))
+        .collect();
+    assert_eq!(reclaimed, ids.iter().map(|id| (*id, 0)).collect::<Vec<_>>());
+    cluster.clear_request_errors(RDKafkaApiKey::Produce);
+    assert!(
+        read_back(&cluster, DLQ, 0).await.is_empty(),
+        "no dead letter"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_outage_during_a_batch_loses_nothing() {
+    let cluster = start_cluster(3);
+    create_topic(&cluster, TOPIC, 3);
+    let store = MemoryStore::new();
+    let total = 600;
+    for i in 0..total {
+        store.enqueue(message(&format!("order-{}", i % 100), i));
+    }
+    // Deliveries time out (as retriable failures) while every broker is down.
+    // Reconnects quickly once they are back (librdkafka's back-off grows to 10 s).
+    let settings = producer(&cluster)
+        .set("message.timeout.ms", "1000")
+        .set("reconnect.backoff.ms", "10")
+        .set("reconnect.backoff.max.ms", "100");
+    let relay = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            run_until_drained(
+                &store,
+                publisher(settings),
+                relay_config(100),
+                Duration::from_secs(30),
+            )
+            .await
+        })
+    };
+    let started = Instant::now();
+    while store.count(Status::Done) == 0 && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    cluster.broker_down(-1).unwrap();
+    let at_outage = store.count(Status::Done);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Nothing is lost while the brokers are away: rows are done, pending or failed.
+    assert_eq!(store.count(Status::Dead), 0);
+    assert!(store.count(Status::Done) < total, "the outage came mid-run");
+    cluster.broker_up(-1).unwrap();
+    relay.await.unwrap().expect("the relay survives the outage");
+
+    assert_eq!(store.count(Status::Dead), 0);
+    assert_eq!(
+        store.count(Status::Done),
+        total,
+        "everything delivered after the outage"
+    );
+    assert!(at_outage < total);
+    assert!(
+        store.rows().iter().any(|row| row.attempts > 0),
+        "deliveries in flight during the outage timed out and were retried"
+    );
+    let records = read_back(&cluster, TOPIC, total).await;
+    let counts = count_by_message_id(&records);
+    for id in message_ids(&store, 1..=total as i64) {
+        assert!(counts.get(&id).is_some_and(|n| *n >= 1), "{id} delivered");
+    }
+}
+
+#[tokio::test]
+async fn the_memory_store_claims_heads_of_aggregates_and_fences_acknowledgements() {
+    let mut store = MemoryStore::new();
+    let a1 = store.enqueue(message("a", 0));
+    let a2 = store.enqueue(message("a", 1));
+    let b1 = store.enqueue(message("b", 0));
+    let loose = store.enqueue(NewMessage::new(TOPIC, json!(null)));
+    let timeout = Duration::from_secs(30);
+    let batch = store.claim(10, timeout).await.unwrap();
+    let claimed: Vec<i64> = batch.iter().map(|c| c.id()).collect();
+    assert_eq!(claimed, vec![a1, b1, loose], "a2 waits behind a1");
+    let token = batch[0].claim_token();
+    let other = changefeed::outbox::ClaimToken::new(uuid::Uuid::new_v4());
+    assert_eq!(store.mark_done(&[a1], other).await.unwrap(), 0, "fenced");
+    assert_eq!(store.mark_done(&[a1], token).await.unwrap(), 1);
+    assert_eq!(
+        store
+            .mark_failed(b1, token, None, true, "poison: x")
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store.requeue(loose, token, Duration::ZERO).await.unwrap(),
+        1
+    );
+    let batch = store.claim(10, timeout).await.unwrap();
+    let claimed: Vec<(i64, i32)> = batch
+        .iter()
+        .map(|c| (c.id(), c.message().unwrap().attempts))
+        .collect();
+    assert_eq!(
+        claimed,
+        vec![(a2, 0), (loose, 0)],
+        "requeue counts no attempt"
+    );
+    assert_eq!(store.row(b1).status, Status::Dead);
+    assert_eq!(store.row(b1).attempts, 1);
+    // An expired claim is taken over, and that counts an attempt.
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let batch = store.claim(10, Duration::ZERO).await.unwrap();
+    let claimed: Vec<(i64, i32)> = batch
+        .iter()
+        .map(|c| (c.id(), c.message().unwrap().attempts))
+        .collect();
+    assert_eq!(claimed, vec![(a2, 1), (loose, 1)]);
+}
+
+fn claimed(id: i64, aggregate: &str) -> ClaimedMessage {
+    ClaimedMessage {
+        id,
+        message_id: format!("m-{id}"),
+        topic: TOPIC.to_owned(),
+        aggregate_type: Some("order".to_owned()),
+        aggregate_id: Some(aggregate.to_owned()),
+        partition_key: Some(aggregate.to_owned()),
+        payload: json!({ "id": id }),
+        headers: Headers::new(),
+        trace_id: None,
+        attempts: 0,
+        claim_token: ClaimToken::new(uuid::Uuid::nil()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_local_queue_is_backpressure_for_the_messages_that_do_not_fit() {
+    let cluster = start_cluster(1);
+    create_topic(&cluster, TOPIC, 1);
+    // Room for three messages until their deliveries are reported.
+    let settings = producer(&cluster).set("queue.buffering.max.messages", "3");
+    let publisher = publisher(settings);
+    let batch: Vec<ClaimedMessage> = (1..=5).map(|id| claimed(id, &format!("k{id}"))).collect();
+    let outcomes = publisher.publish(&batch).await;
+    let kinds: Vec<Option<ErrorKind>> = outcomes
+        .iter()
+        .map(|o| o.as_ref().err().map(|e| e.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            None,
+            None,
+            None,
+            Some(ErrorKind::Backpressure),
+            Some(ErrorKind::Backpressure)
+        ]
+    );
+    assert!(
+        outcomes[3]
+            .as_ref()
+            .unwrap_err()
+            .message
+            .contains("QueueFull")
+    );
+    // Once the queue has drained, the handed-back messages go through. librdkafka frees a
+    // queue slot just after the delivery report that resolved the future, so, as the relay
+    // does after backpressure, try again after a pause.
+    let started = Instant::now();
+    let outcomes = loop {
+        let outcomes = publisher.publish(&batch[3..]).await;
+        if outcomes.iter().all(Result::is_ok) || started.elapsed() > Duration::from_secs(5) {
+            break outcomes;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(outcomes, vec![Ok(()), Ok(())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_row_without_a_topic_goes_to_the_configured_topic_or_fails_clearly() {
+    let cluster = start_cluster(1);
+    let fallback = "outbox.undecodable";
+    create_topic(&cluster, fallback, 1);
+    let row = UndecodableMessage {
+        id: 42,
+        message_id: None,
+        topic: None,
+        payload: Some("[1e400]".to_owned()),
+        headers: None,
+        attempts: 0,
+        claim_token: ClaimToken::new(uuid::Uuid::nil()),
+        error: "payload: number out of range".to_owned(),
+    };
+    let error = PublishError::poison("the outbox row cannot be decoded");
+    let headers = dead_letter_headers(DeadLetter::Undecodable(&row), 1, &error);
+
+    let without = publisher(producer(&cluster));
+    let failed = without
+        .publish_dead_letter(DeadLetter::Undecodable(&row), &headers)
+        .await
+        .expect_err("no topic to send it to");
+    assert!(failed.message.contains("outbox row 42"), "{failed}");
+    assert!(failed.message.contains("undecodable_topic"), "{failed}");
+
+    let config =
+        KafkaPublisherConfig::new(producer(&cluster)).undecodable_topic(Some(fallback.to_owned()));
+    let with = KafkaPublisher::new(config).unwrap();
+    with.publish_dead_letter(DeadLetter::Undecodable(&row), &headers)
+        .await
+        .expect("sent to the configured topic");
+    let letters = read_back(&cluster, fallback, 1).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].value.as_deref(), Some(&b"[1e400]"[..]));
+    assert_eq!(letters[0].header("x-error-kind"), Some("poison"));
+    assert_eq!(letters[0].header("x-original-topic"), None);
+    assert_eq!(letters[0].key, None);
+}
