@@ -357,6 +357,23 @@ fn wait_for_exit(mut child: Child, limit: Duration) -> (std::process::ExitStatus
     (status, stderr)
 }
 
+/// The lines `child` writes on standard error, as they come (read by a thread of their own;
+/// the channel ends when the child closes it).
+fn stderr_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::{BufRead, BufReader};
+    let pipe = child.stderr.take().expect("stderr is piped");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
 /// The messages of partition 0 of `topic`, from the beginning, until `count` have come or
 /// `limit` has passed: (key, value) each.
 fn consume(
@@ -500,7 +517,7 @@ async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal() {
     let brokers = cluster.bootstrap_servers();
     let db = common_mysql::database("cli_kafka_twice").await;
     db.outbox("outbox_twice").await;
-    let child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
         .args([
             "relay",
             "--outbox",
@@ -509,15 +526,26 @@ async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal() {
             &db.url,
             "--brokers",
             &brokers,
-            "--quiet",
+            "--progress-interval",
+            "1h",
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("the changefeed binary runs");
-    // Running (past its checks) before the broker goes away.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stderr = stderr_lines(&mut child);
+    let next_line = |what: &str| {
+        stderr
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("no {what} on stderr within 30 s"))
+    };
+    // Past its checks (which need the broker) before the broker goes away.
+    let banner = next_line("start line");
+    assert!(
+        banner.starts_with("relaying outbox_twice to Kafka at "),
+        "{banner}"
+    );
     cluster.broker_down(1).unwrap();
     let table: OutboxTable = "outbox_twice".parse().unwrap();
     let mut conn = db.conn().await;
@@ -538,24 +566,27 @@ async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     signal(&child, libc::SIGINT);
+    assert_eq!(
+        next_line("note of the first signal"),
+        "stopping: finishing the batch in flight (signal again to stop at once)"
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut child = child;
     assert!(
         child.try_wait().unwrap().is_none(),
         "the first signal waits for the batch in flight"
     );
     signal(&child, libc::SIGINT);
     let started = Instant::now();
-    let (status, stderr) =
+    let (status, _) =
         tokio::task::spawn_blocking(move || wait_for_exit(child, Duration::from_secs(10)))
             .await
             .unwrap();
-    assert_eq!(status.code(), Some(130), "{stderr}");
-    assert!(started.elapsed() < Duration::from_secs(5), "{stderr}");
-    // --quiet keeps the first signal's note to itself; the second one is still said.
+    assert!(started.elapsed() < Duration::from_secs(5), "{status}");
+    assert_eq!(status.code(), Some(130));
+    let rest: Vec<String> = stderr.iter().collect();
     assert_eq!(
-        stderr.trim_end(),
-        "stopped at once by a second signal: the batch in flight was not finished"
+        rest,
+        ["stopped at once by a second signal: the batch in flight was not finished"]
     );
     drop(cluster);
 }
