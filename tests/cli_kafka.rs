@@ -10,6 +10,7 @@
 //! export end to end, stopped by SIGINT and resumed after a restart.
 
 mod common;
+mod common_kafka;
 #[cfg(feature = "mysql")]
 mod common_mysql;
 
@@ -374,40 +375,23 @@ fn stderr_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
     receiver
 }
 
-/// The messages of partition 0 of `topic`, from the beginning, until `count` have come or
-/// `limit` has passed: (key, value) each.
+/// The messages of `topic`, from the beginning, until `count` have come or `limit` has
+/// passed: (key, value) each, partition by partition in offset order.
 fn consume(
     brokers: &str,
     topic: &str,
     count: usize,
     limit: Duration,
 ) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
-    use changefeed::kafka::rdkafka::config::ClientConfig;
-    use changefeed::kafka::rdkafka::consumer::{BaseConsumer, Consumer};
-    use changefeed::kafka::rdkafka::{Message, Offset, TopicPartitionList};
-
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", "cli_kafka_test")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("a consumer of the mock cluster");
-    let mut partitions = TopicPartitionList::new();
-    partitions
-        .add_partition_offset(topic, 0, Offset::Beginning)
-        .unwrap();
-    consumer.assign(&partitions).expect("assign partition 0");
-    let started = Instant::now();
-    let mut messages = Vec::new();
-    while messages.len() < count && started.elapsed() < limit {
-        if let Some(Ok(message)) = consumer.poll(Duration::from_millis(200)) {
-            messages.push((
-                message.key().map(<[u8]>::to_vec),
-                message.payload().unwrap_or_default().to_vec(),
-            ));
-        }
-    }
-    messages
+    common_kafka::consume(brokers, topic, count, limit, Duration::ZERO)
+        .into_iter()
+        .map(|record| {
+            (
+                record.key.map(String::into_bytes),
+                record.value.unwrap_or_default(),
+            )
+        })
+        .collect()
 }
 
 #[cfg(feature = "mysql")]
@@ -725,14 +709,17 @@ async fn export_sends_a_feed_stops_on_sigint_with_0_and_resumes_after_a_restart(
     let consume_ids = move |count: usize, limit: Duration| {
         let brokers = brokers_for.clone();
         tokio::task::spawn_blocking(move || {
-            consume(&brokers, "order-events", count, limit)
+            let mut ids: Vec<i64> = consume(&brokers, "order-events", count, limit)
                 .into_iter()
                 .map(|(_, value)| {
                     serde_json::from_slice::<serde_json::Value>(&value).expect("a JSON value")["id"]
                         .as_i64()
                         .expect("the event's id column")
                 })
-                .collect::<Vec<i64>>()
+                .collect();
+            // They come partition by partition: put them back in id (= write) order.
+            ids.sort_unstable();
+            ids
         })
     };
 

@@ -31,6 +31,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 const FEED: &str = "dbo.Orders";
 const KEY_COLUMNS: [&str; 2] = ["Shard", "OrderId"];
 
+mod common_kafka;
 #[path = "kafka_exporter/mock.rs"]
 mod mock;
 

@@ -8,6 +8,7 @@
 //! its own. Every wait is bounded, so a stuck export fails the test instead of hanging it.
 
 mod common;
+mod common_kafka;
 #[path = "kafka_exporter/mock.rs"]
 mod mock;
 

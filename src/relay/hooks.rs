@@ -55,14 +55,15 @@ pub trait Hooks: Send + Sync {
         let _ = (id, error);
     }
 
-    /// Message `id` was marked dead: poison, fatal, or a failure that reached
+    /// Message `id` was marked dead: poison, undecodable, or a failure that reached
     /// `max_attempts`. Called after the dead-letter hand-off.
     fn on_dead(&self, id: i64, error: &PublishError) {
         let _ = (id, error);
     }
 
-    /// The publisher reported a fatal error for message `id`; the relay stops after this
-    /// batch (see [`ErrorKind::Fatal`](super::ErrorKind::Fatal)).
+    /// The publisher reported a fatal error for message `id`: the message is handed back
+    /// (no attempt counted) and the relay stops after this batch (see
+    /// [`ErrorKind::Fatal`](super::ErrorKind::Fatal)).
     fn on_fatal(&self, id: i64, error: &PublishError) {
         let _ = (id, error);
     }

@@ -7,10 +7,13 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use changefeed::kafka::rdkafka::consumer::{BaseConsumer, Consumer};
-use changefeed::kafka::rdkafka::message::{Headers, Message};
+use changefeed::kafka::rdkafka::message::{BorrowedMessage, Headers, Message};
 use changefeed::kafka::rdkafka::mocking::MockCluster;
 use changefeed::kafka::rdkafka::producer::DefaultProducerContext;
 use changefeed::kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+/// How long a metadata or watermark request may take.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A mock cluster of librdkafka's in-process brokers (ids `1..=brokers`).
 pub type Cluster = MockCluster<'static, DefaultProducerContext>;
@@ -59,6 +62,66 @@ impl Consumed {
     }
 }
 
+/// A consumer of `bootstrap` that commits nothing (records are read by assignment).
+fn consumer(bootstrap: &str) -> BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "changefeed-test-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()
+        .expect("a consumer")
+}
+
+/// The partitions of `topic` (none when it does not exist yet).
+fn partitions(consumer: &BaseConsumer, topic: &str) -> Vec<i32> {
+    let metadata = consumer
+        .fetch_metadata(Some(topic), CLIENT_TIMEOUT)
+        .expect("the topic's metadata");
+    metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic)
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect()
+}
+
+/// Assigns `partitions` of `topic` from their beginning.
+fn assign_from_start(consumer: &BaseConsumer, topic: &str, partitions: impl Iterator<Item = i32>) {
+    let mut assignment = TopicPartitionList::new();
+    for partition in partitions {
+        assignment
+            .add_partition_offset(topic, partition, Offset::Beginning)
+            .expect("a partition");
+    }
+    consumer.assign(&assignment).expect("assign");
+}
+
+/// A consumed record, its key and header values as text.
+fn record(message: &BorrowedMessage<'_>) -> Consumed {
+    let headers = message
+        .headers()
+        .map(|headers| {
+            headers
+                .iter()
+                .map(|h| {
+                    let value = h.value.map(|v| String::from_utf8_lossy(v).into_owned());
+                    (h.key.to_owned(), value.unwrap_or_default())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Consumed {
+        partition: message.partition(),
+        offset: message.offset(),
+        key: message
+            .key()
+            .map(|k| String::from_utf8_lossy(k).into_owned()),
+        headers,
+        value: message.payload().map(<[u8]>::to_vec),
+    }
+}
+
 /// Reads `topic` from the beginning of every partition until `expected` records have come
 /// or `timeout` has passed, then for `linger` more, so records beyond `expected` (a
 /// duplicate) are read too. Records come grouped by partition, in offset order within it.
@@ -70,29 +133,8 @@ pub fn consume(
     timeout: Duration,
     linger: Duration,
 ) -> Vec<Consumed> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "changefeed-test-reader")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .create()
-        .expect("a consumer");
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(5))
-        .expect("the topic's metadata");
-    let partitions = metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .map(|t| t.partitions().len())
-        .unwrap_or(0);
-    let mut assignment = TopicPartitionList::new();
-    for partition in 0..partitions as i32 {
-        assignment
-            .add_partition_offset(topic, partition, Offset::Beginning)
-            .expect("a partition");
-    }
-    consumer.assign(&assignment).expect("assign");
+    let consumer = consumer(bootstrap);
+    assign_from_start(&consumer, topic, partitions(&consumer, topic).into_iter());
 
     let mut records = Vec::new();
     let deadline = Instant::now() + timeout;
@@ -104,32 +146,62 @@ pub fn consume(
             break;
         }
         if let Some(message) = consumer.poll(Duration::from_millis(50)) {
-            let message = message.expect("a consumed record");
-            let headers = message
-                .headers()
-                .map(|headers| {
-                    headers
-                        .iter()
-                        .map(|h| {
-                            let value = h.value.map(|v| String::from_utf8_lossy(v).into_owned());
-                            (h.key.to_owned(), value.unwrap_or_default())
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            records.push(Consumed {
-                partition: message.partition(),
-                offset: message.offset(),
-                key: message
-                    .key()
-                    .map(|k| String::from_utf8_lossy(k).into_owned()),
-                headers,
-                value: message.payload().map(<[u8]>::to_vec),
-            });
+            records.push(record(&message.expect("a consumed record")));
             if records.len() >= expected && linger_until.is_none() {
                 linger_until = Some(Instant::now() + linger);
             }
         }
+    }
+    records.sort_by_key(|r| (r.partition, r.offset));
+    records
+}
+
+/// The high watermark of every partition of `topic`: how many records it holds (the mock
+/// cluster appends a record when it acknowledges it).
+fn watermarks(consumer: &BaseConsumer, topic: &str) -> BTreeMap<i32, i64> {
+    partitions(consumer, topic)
+        .into_iter()
+        .map(|partition| {
+            let (_low, high) = consumer
+                .fetch_watermarks(topic, partition, CLIENT_TIMEOUT)
+                .expect("the partition's watermarks");
+            (partition, high)
+        })
+        .collect()
+}
+
+/// How many records `topic` holds now. Blocks its thread.
+pub fn topic_total(bootstrap: &str, topic: &str) -> i64 {
+    watermarks(&consumer(bootstrap), topic).values().sum()
+}
+
+/// Every record `topic` holds now (up to each partition's high watermark), partition by
+/// partition in offset order. Blocks its thread; panics after a minute.
+pub fn consume_all(bootstrap: &str, topic: &str) -> Vec<Consumed> {
+    let consumer = consumer(bootstrap);
+    let mut remaining: BTreeMap<i32, i64> = watermarks(&consumer, topic)
+        .into_iter()
+        .filter(|(_, high)| *high > 0)
+        .collect();
+    let mut records = Vec::new();
+    if remaining.is_empty() {
+        return records;
+    }
+    assign_from_start(&consumer, topic, remaining.keys().copied());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !remaining.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{topic}: still waiting for {remaining:?}"
+        );
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let record = record(&message.expect("a consumed record"));
+        if record.offset + 1 >= remaining[&record.partition] {
+            remaining.remove(&record.partition);
+        }
+        records.push(record);
     }
     records.sort_by_key(|r| (r.partition, r.offset));
     records
