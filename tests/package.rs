@@ -139,3 +139,37 @@ fn the_library_asks_tokio_only_for_what_it_uses() {
         assert!(cli.contains(&needed), "feature cli lacks {needed}: {cli:?}");
     }
 }
+
+/// librdkafka is a C library built from source (minutes, and a C toolchain): only the
+/// `kafka` feature may pull it in, never the default build (issue 13's acceptance).
+#[test]
+fn the_default_build_does_not_compile_librdkafka() {
+    let tree = |features: &[&str]| {
+        let mut args = vec![
+            "tree",
+            "--offline",
+            "--locked",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "--format",
+            "{p}",
+        ];
+        args.extend_from_slice(features);
+        cargo(&args)
+    };
+    let has_librdkafka = |tree: &str| tree.lines().any(|line| line.starts_with("rdkafka-sys v"));
+    assert!(
+        !has_librdkafka(&tree(&[])),
+        "the default build's tree holds rdkafka-sys"
+    );
+    assert!(
+        !has_librdkafka(&tree(&["--features", "cli,mysql"])),
+        "the cli and mysql features pull in rdkafka-sys"
+    );
+    assert!(
+        has_librdkafka(&tree(&["--features", "kafka"])),
+        "the kafka feature no longer builds librdkafka: is this test still checking anything?"
+    );
+}
