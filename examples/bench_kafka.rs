@@ -143,6 +143,11 @@ async fn relay_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, S
         .batch_size(args.batch_size)
         .poll_interval(Duration::from_millis(1));
     warm_up(publisher.producer(), topic).await?;
+    // `run` consumes the relay, so the publisher's producer would be torn down (its
+    // polling thread joined, up to 100 ms, and librdkafka destroyed) inside the timed
+    // span; the bare producer is dropped after its clock stops. This handle keeps the
+    // producer alive until after the clock, so neither side times its teardown.
+    let producer = publisher.producer().clone();
     let relay = Relay::new(store.clone(), publisher, config).map_err(|e| e.to_string())?;
     let watched = store.clone();
     let started = Instant::now();
@@ -155,6 +160,7 @@ async fn relay_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, S
         .await
         .map_err(|e| e.to_string())?;
     let elapsed = started.elapsed();
+    drop(producer);
     let done = store.count(memory_store::Status::Done);
     if done != args.messages {
         return Err(format!("the relay published {done} of {}", args.messages));

@@ -196,7 +196,9 @@ impl ClaimStore for MemoryStore {
         let now = Instant::now();
         let token = ClaimToken::new(uuid::Uuid::new_v4());
         let State { rows, heads, .. } = &mut *state;
-        let mut batch = Vec::new();
+        // Sized up front: growing a vector of a thousand claimed messages copies it
+        // over and over.
+        let mut batch = Vec::with_capacity(heads.len().min(batch_size as usize));
         for &id in heads.iter() {
             if batch.len() >= batch_size as usize {
                 break;

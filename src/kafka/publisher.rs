@@ -376,8 +376,16 @@ fn record_headers(
 /// Whether `value` is a W3C trace context `traceparent`: `version-trace_id-parent_id-flags`
 /// in lower-case hex (2, 32, 16 and 2 digits), version not `ff`, ids not all zeros.
 fn is_traceparent(value: &str) -> bool {
-    let parts: Vec<&str> = value.split('-').collect();
-    let [version, trace_id, parent_id, flags] = parts[..] else {
+    // Exactly four fields, read off the split without collecting them: this runs for
+    // every published message.
+    let mut parts = value.split('-');
+    let (Some(version), Some(trace_id), Some(parent_id), Some(flags), None) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
         return false;
     };
     let hex = |s: &str, len: usize| {
@@ -425,6 +433,7 @@ mod tests {
             "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
             "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",
             "",
         ] {
             assert!(!is_traceparent(not), "{not}");
