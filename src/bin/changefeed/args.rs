@@ -167,7 +167,7 @@ pub struct ExportArgs {
     pub brokers: String,
 
     /// The Kafka topic every event goes to: key the event's primary-key columns as JSON,
-    /// value every column of the event row as JSON, header ulid its position
+    /// value every column of the event row as JSON, headers ulid (its position), shard and feed
     #[arg(long, value_name = "TOPIC", value_parser = parse_topic)]
     pub topic: String,
 
