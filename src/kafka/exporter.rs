@@ -638,7 +638,7 @@ impl<C: ExportCursors> Job<C> {
                 () = stop.requested() => break,
                 next = stream.next() => next,
             };
-            let page = match next {
+            let mut page = match next {
                 // page_stream ends only after yielding an error; a finite source may end.
                 None => break,
                 Some(Err(error)) => {
@@ -647,7 +647,7 @@ impl<C: ExportCursors> Job<C> {
                 }
                 Some(Ok(page)) => page,
             };
-            match self.export_page(shard, &page, &mut stop).await? {
+            match self.export_page(shard, &mut page, &mut stop).await? {
                 PageOutcome::Acknowledged { exported } => {
                     self.save(shard, page.next_cursor).await?;
                     self.progress.page_saved(shard, &page, exported);
@@ -671,11 +671,17 @@ impl<C: ExportCursors> Job<C> {
         Ok(saved)
     }
 
-    /// The messages of a page's events, deleted events left out.
-    fn prepare(&self, shard: i32, page: &Page<FeedEvent<JsonColumns>>) -> Result<Vec<Prepared>> {
+    /// The messages of a page's events, deleted events left out. Each row's columns are
+    /// lent to the serializer's [`ExportEvent`] and put back after, rather than cloned: a
+    /// clone of every row (a map of strings) cost about as much as serializing it.
+    fn prepare(
+        &self,
+        shard: i32,
+        page: &mut Page<FeedEvent<JsonColumns>>,
+    ) -> Result<Vec<Prepared>> {
         let mut messages = Vec::with_capacity(page.rows.len());
-        for row in &page.rows {
-            let Some(columns) = &row.event.0 else {
+        for row in &mut page.rows {
+            let Some(columns) = &mut row.event.0 else {
                 tracing::info!(
                     feed = %self.feed_name, shard, ulid = %row.ulid,
                     "export: event row deleted since it was written; nothing to export, skipped"
@@ -689,20 +695,19 @@ impl<C: ExportCursors> Job<C> {
                 shard,
                 ulid: row.ulid,
                 key,
-                event: columns.clone(),
+                event: std::mem::take(columns),
             };
-            let value = self
-                .serializer
-                .serialize(&event)
-                .map_err(|reason| Error::Kafka {
-                    code: None,
-                    message: format!(
-                        "event {} of {} shard {shard} cannot be serialized: {reason}. Nothing of \
+            let value = self.serializer.serialize(&event);
+            *columns = event.event;
+            let value = value.map_err(|reason| Error::Kafka {
+                code: None,
+                message: format!(
+                    "event {} of {} shard {shard} cannot be serialized: {reason}. Nothing of \
                      its page was saved; fix the value serializer (or skip the event by \
                      saving a cursor at its ULID) and export again",
-                        row.ulid, self.feed_name
-                    ),
-                })?;
+                    row.ulid, self.feed_name
+                ),
+            })?;
             messages.push(Prepared {
                 ulid: row.ulid,
                 key: key_text,
@@ -717,7 +722,7 @@ impl<C: ExportCursors> Job<C> {
     async fn export_page(
         &self,
         shard: i32,
-        page: &Page<FeedEvent<JsonColumns>>,
+        page: &mut Page<FeedEvent<JsonColumns>>,
         stop: &mut Stop,
     ) -> Result<PageOutcome> {
         let messages = self.prepare(shard, page)?;
