@@ -30,7 +30,9 @@ pub const KEY_COLUMNS: [&str; 2] = ["Shard", "OrderId"];
 /// One event of the fake feed.
 #[derive(Clone, Debug)]
 pub struct Written {
+    /// The event's position in its shard.
     pub ulid: Ulid,
+    /// The shard it was written to.
     pub shard: i32,
     /// The event's columns; `None` for an event deleted since it was written.
     pub columns: Option<Map<String, Value>>,
@@ -47,6 +49,7 @@ impl Written {
     }
 }
 
+/// What a [`FakeFeed`] holds.
 #[derive(Default)]
 pub struct FeedState {
     /// Each shard's events, in ULID order (ULIDs only increase: see [`FakeFeed::push`]), so
@@ -117,6 +120,7 @@ impl FakeFeed {
         self.fill_sized(shard, count, keys, 10)
     }
 
+    /// Makes every later read of `shard` fail with `message` (a permanent error).
     pub fn fail_reads(&self, shard: i32, message: &str) {
         self.state
             .lock()
@@ -133,6 +137,7 @@ impl FakeFeed {
         events
     }
 
+    /// A page source over this feed serving pages of at most `page_size` rows.
     pub fn source(&self, page_size: u32) -> FakeSource {
         FakeSource {
             feed: self.clone(),
@@ -188,7 +193,9 @@ impl PageSource for FakeSource {
 /// One save, as the fake cursor store saw it.
 #[derive(Clone, Debug)]
 pub struct Save {
+    /// The shard whose cursor was saved.
     pub shard: i32,
+    /// The cursor saved.
     pub cursor: Cursor,
     /// Messages in the topic when the save happened (when watched).
     pub in_topic: Option<i64>,
@@ -197,10 +204,14 @@ pub struct Save {
 /// Counts the messages of a topic at each save (see [`FakeCursors::watching`]).
 pub type Watch = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = i64> + Send>> + Send + Sync>;
 
+/// What a [`FakeCursors`] holds.
 #[derive(Default)]
 pub struct CursorState {
+    /// Each shard's cursor saved last.
     pub saved: BTreeMap<i32, Cursor>,
+    /// Every save, in order.
     pub log: Vec<Save>,
+    /// Save attempts so far, failed and hung ones included.
     pub attempts: usize,
     /// The save attempt (1-based) that fails.
     pub fail_at: Option<usize>,
@@ -213,6 +224,7 @@ pub struct CursorState {
 /// A cursor store in memory recording every save; clones share it.
 #[derive(Clone, Default)]
 pub struct FakeCursors {
+    /// The saves and the injected faults.
     pub state: Arc<Mutex<CursorState>>,
     /// Notified when a save starts to hang (`hang_at`).
     pub hung: Arc<Notify>,
@@ -226,10 +238,12 @@ impl FakeCursors {
         cursors
     }
 
+    /// Every save so far, in order.
     pub fn log(&self) -> Vec<Save> {
         self.state.lock().unwrap().log.clone()
     }
 
+    /// Each shard's cursor saved last.
     pub fn saved(&self) -> BTreeMap<i32, Cursor> {
         self.state.lock().unwrap().saved.clone()
     }
