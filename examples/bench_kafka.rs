@@ -1,22 +1,37 @@
-//! The Kafka relay's throughput next to a bare producer's, in one run, without SQL Server
-//! or Kafka: the relay (an in-memory claim store and `KafkaPublisher`) and a plain
-//! `FutureProducer` each send the same messages (same payload sizes, keys and headers)
-//! into librdkafka's mock cluster, in alternating rounds; it prints the median messages
-//! per second of each and their ratio (the relay's overhead: claim, build the records,
-//! await the delivery reports batch by batch, acknowledge). Two diagnostics split that
-//! overhead: the bare producer sending batch by batch (awaiting each batch's reports, the
-//! relay's rhythm without the relay), and the in-memory store alone (claim and
-//! `mark_done` with no publishing). Every producer is warmed up (connected, its
-//! idempotent producer id acquired) before its clock starts.
+//! The Kafka relay's and the feed exporter's throughput, each next to a bare producer's
+//! sending the same messages, in one run, without SQL Server or Kafka, into librdkafka's
+//! mock cluster, in alternating rounds; it prints the median messages per second of each
+//! and their ratios.
+//!
+//! * **relay**: the relay (an in-memory claim store and `KafkaPublisher`) against a plain
+//!   `FutureProducer` sending the same messages (same payload sizes, keys and headers); the
+//!   ratio is the relay's overhead (claim, build the records, await the delivery reports
+//!   batch by batch, acknowledge). Two diagnostics split that overhead: the bare producer
+//!   sending batch by batch (awaiting each batch's reports, the relay's rhythm without the
+//!   relay), and the in-memory store alone (claim and `mark_done` with no publishing).
+//! * **exporter**: `FeedExporter` over an in-memory feed of several shards (the fake feed
+//!   and cursors of the exporter tests, `support/memory_feed.rs`), run until every shard's
+//!   last cursor is saved, against a plain `FutureProducer` sending the same records (the
+//!   same key, the event serialized to the same JSON inside the timed loop, the same
+//!   `ulid`, `shard` and `feed` headers). The ratio is the exporter's overhead (page
+//!   streaming, building the messages, awaiting each page's reports, saving cursors). A
+//!   diagnostic: the in-memory feed alone (reading every page, no producing), whose cost
+//!   the exporter's figure includes and the bare producer's does not.
+//!
+//! Every producer is warmed up (connected, its idempotent producer id acquired) before its
+//! clock starts, and dropped only after it stops.
 //!
 //! ```sh
 //! cargo run --release --features kafka --example bench_kafka
 //! cargo run --release --features kafka --example bench_kafka -- --messages 100000 --batch-size 2000
+//! cargo run --release --features kafka --example bench_kafka -- --figure exporter --shards 8
 //! cargo run --release --features kafka --example bench_kafka -- --help
 //! ```
 //!
 //! Timing is printed, never asserted.
 
+#[path = "support/memory_feed.rs"]
+mod memory_feed;
 #[path = "support/memory_store.rs"]
 mod memory_store;
 
@@ -27,29 +42,62 @@ use std::time::{Duration, Instant};
 use changefeed::kafka::rdkafka::error::KafkaError;
 use changefeed::kafka::rdkafka::message::{Header, OwnedHeaders};
 use changefeed::kafka::rdkafka::mocking::MockCluster;
-use changefeed::kafka::rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use changefeed::kafka::rdkafka::producer::{
+    DeliveryFuture, FutureProducer, FutureRecord, Producer,
+};
 use changefeed::kafka::rdkafka::types::RDKafkaErrorCode;
-use changefeed::kafka::{KafkaPublisher, KafkaPublisherConfig, ProducerSettings};
+use changefeed::kafka::{
+    ExportConfig, FeedExporter, KafkaPublisher, KafkaPublisherConfig, ProducerSettings,
+};
 use changefeed::outbox::{ClaimStore, NewMessage};
+use changefeed::reader::PageSource;
 use changefeed::relay::{Relay, RelayConfig};
+use changefeed::{Cursor, Feed};
+use memory_feed::{FakeCursors, FakeFeed, KEY_COLUMNS};
 use memory_store::MemoryStore;
 
 const HELP: &str = "\
-bench_kafka: the relay (in-memory store + KafkaPublisher) against a bare FutureProducer,
-both into librdkafka's mock cluster, in alternating rounds.
+bench_kafka: the relay (in-memory store + KafkaPublisher) and the feed exporter
+(FeedExporter over an in-memory feed), each against a bare FutureProducer sending the
+same messages, all into librdkafka's mock cluster, in alternating rounds.
 
 Options:
+  --figure F         relay, exporter or both (default both)
   --messages N       messages per round (default 50000)
-  --batch-size N     the relay's claim batch size, 1..=10000 (default 1000)
+  --batch-size N     the relay's claim batch size and the exporter's page size,
+                     1..=10000 (default 1000)
+  --shards N         shards of the exporter's feed; the messages spread over them
+                     (default 4)
   --rounds N         rounds of each, alternating (default 5)
   --payload-bytes N  bytes of filler in each JSON payload (default 200)
-  --aggregates N     distinct aggregates (keys) the messages spread over (default 5000)
+  --aggregates N     distinct aggregates (keys) the messages spread over (default 5000);
+                     the exporter's keys are (shard, order id) with N order ids
   -X key=value       a librdkafka setting for both producers (repeatable)
   -h, --help         this text
 ";
 
+/// Which figures to measure.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Figure {
+    Relay,
+    Exporter,
+    Both,
+}
+
+impl Figure {
+    fn relay(self) -> bool {
+        self != Figure::Exporter
+    }
+
+    fn exporter(self) -> bool {
+        self != Figure::Relay
+    }
+}
+
 struct Args {
+    figure: Figure,
     messages: usize,
+    shards: usize,
     batch_size: u32,
     rounds: usize,
     payload_bytes: usize,
@@ -59,7 +107,9 @@ struct Args {
 
 fn parse_args() -> Result<Option<Args>, String> {
     let mut args = Args {
+        figure: Figure::Both,
         messages: 50_000,
+        shards: 4,
         batch_size: 1000,
         rounds: 5,
         payload_bytes: 200,
@@ -81,7 +131,20 @@ fn parse_args() -> Result<Option<Args>, String> {
                 .ok_or_else(|| format!("{flag} takes a positive integer, not {v:?}"))
         };
         match flag.as_str() {
+            "--figure" => {
+                args.figure = match value.as_str() {
+                    "relay" => Figure::Relay,
+                    "exporter" => Figure::Exporter,
+                    "both" => Figure::Both,
+                    other => {
+                        return Err(format!(
+                            "--figure takes relay, exporter or both, not {other:?}"
+                        ));
+                    }
+                }
+            }
             "--messages" => args.messages = number(&value)?,
+            "--shards" => args.shards = number(&value)?,
             "--batch-size" => {
                 args.batch_size = u32::try_from(number(&value)?)
                     .map_err(|_| format!("--batch-size {value} is out of range"))?
@@ -97,6 +160,13 @@ fn parse_args() -> Result<Option<Args>, String> {
             }
             other => return Err(format!("unknown option {other} (see --help)")),
         }
+    }
+    if args.batch_size > changefeed::reader::MAX_PAGE_SIZE {
+        return Err(format!(
+            "--batch-size {} is above {}, the largest page the exporter reads",
+            args.batch_size,
+            changefeed::reader::MAX_PAGE_SIZE
+        ));
     }
     Ok(Some(args))
 }
@@ -239,30 +309,193 @@ async fn raw_round(
                 value: Some(TRACEPARENT),
             });
         let key = m.aggregate_id.as_deref().unwrap_or_default();
-        let mut record = FutureRecord::<str, [u8]>::to(topic)
+        let record = FutureRecord::<str, [u8]>::to(topic)
             .key(key)
             .payload(payload.as_slice())
             .headers(headers);
-        loop {
-            match producer.send_result(record) {
-                Ok(delivery) => {
-                    pending.push_back(delivery);
-                    break;
-                }
-                // A full local queue: wait for the oldest delivery, then try again.
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    record = back;
-                    match pending.pop_front() {
-                        Some(delivery) => check(delivery.await)?,
-                        None => tokio::time::sleep(Duration::from_millis(1)).await,
-                    }
-                }
-                Err((error, _)) => return Err(error.to_string()),
-            }
-        }
+        send(&producer, record, &mut pending).await?;
     }
     for delivery in pending {
         check(delivery.await)?;
+    }
+    Ok(args.messages as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Enqueues `record`, its delivery future pushed on `pending`; when the producer's local
+/// queue is full, awaits the oldest pending delivery and tries again.
+async fn send(
+    producer: &FutureProducer,
+    mut record: FutureRecord<'_, str, [u8]>,
+    pending: &mut VecDeque<DeliveryFuture>,
+) -> Result<(), String> {
+    loop {
+        match producer.send_result(record) {
+            Ok(delivery) => {
+                pending.push_back(delivery);
+                return Ok(());
+            }
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                record = back;
+                match pending.pop_front() {
+                    Some(delivery) => check(delivery.await)?,
+                    None => tokio::time::sleep(Duration::from_millis(1)).await,
+                }
+            }
+            Err((error, _)) => return Err(error.to_string()),
+        }
+    }
+}
+
+/// The feed the exporter reads.
+const FEED: &str = "dbo.Orders";
+
+/// The exporter's events of one round: `messages` live events spread over the shards in
+/// turn, keys (shard, order id) with `aggregates` order ids per shard, each row with a
+/// `payload_bytes`-character text column.
+fn event_feed(args: &Args) -> FakeFeed {
+    let feed = FakeFeed::default();
+    let shards = args.shards as i32;
+    for i in 0..args.messages {
+        let shard = i as i32 % shards;
+        let order_id = (i / args.shards % args.aggregates) as i64;
+        feed.push(shard, order_id, args.payload_bytes, false);
+    }
+    feed
+}
+
+/// The exporter's round: `FeedExporter` over the in-memory feed, from the start of every
+/// shard until every shard's last cursor is saved; then checks that the export is whole
+/// (every event exported, every shard's cursor at its last event).
+async fn exporter_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, String> {
+    let feed = event_feed(args);
+    let last: std::collections::BTreeMap<i32, Cursor> = feed
+        .events()
+        .iter()
+        .map(|event| (event.shard, Cursor::from_ulid(event.ulid)))
+        .collect();
+    let cursors = FakeCursors::default();
+    let producer = settings(args, bootstrap)
+        .set("message.timeout.ms", "25000")
+        .create()
+        .map_err(|e| e.to_string())?;
+    warm_up(&producer, topic).await?;
+    let page_size = args.batch_size;
+    let source_feed = feed.clone();
+    let exporter = FeedExporter::from_parts(
+        FEED.parse::<Feed>().map_err(|e| e.to_string())?,
+        KEY_COLUMNS.iter().map(|c| (*c).to_owned()).collect(),
+        move |_shard| source_feed.source(page_size),
+        cursors.clone(),
+        // The exporter owns this clone and drops it when `run` returns, inside the timed
+        // span; `producer` keeps librdkafka alive until after the clock, as in the relay's
+        // round, so neither side times the producer's teardown.
+        producer.clone(),
+        ExportConfig::new(topic, "bench").page_size(page_size),
+    );
+    let progress = exporter.progress();
+    let total = args.messages as u64;
+    let shards = (0..args.shards as i32).collect();
+    let started = Instant::now();
+    let report = exporter
+        .run(shards, Cursor::START, async move {
+            // Every event is counted once its page's cursor is saved: then all are.
+            while progress.snapshot().exported < total {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let elapsed = started.elapsed();
+    drop(producer);
+    if report.exported != total {
+        return Err(format!(
+            "the exporter exported {} of {total}",
+            report.exported
+        ));
+    }
+    let saved = cursors.saved();
+    if saved != last {
+        return Err(format!(
+            "the exporter saved the cursors {saved:?}, not every shard's last event {last:?}"
+        ));
+    }
+    Ok(args.messages as f64 / elapsed.as_secs_f64())
+}
+
+/// The bare producer's side of the exporter's figure: the same events as records with the
+/// exporter's key, value (each event's JSON, serialized here, inside the timed loop, as the
+/// exporter does) and headers, sent as fast as librdkafka takes them, every delivery
+/// awaited.
+async fn raw_events_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, String> {
+    let events = event_feed(args).events();
+    let producer: FutureProducer = settings(args, bootstrap)
+        .set("message.timeout.ms", "25000")
+        .create()
+        .map_err(|e| e.to_string())?;
+    warm_up(&producer, topic).await?;
+    let started = Instant::now();
+    let mut pending = VecDeque::with_capacity(events.len());
+    for event in &events {
+        let (Some(columns), Some(key)) = (&event.columns, event.key()) else {
+            return Err(format!("event {} of the bench feed has no row", event.ulid));
+        };
+        let value = serde_json::to_vec(columns).map_err(|e| e.to_string())?;
+        let ulid = event.ulid.to_string();
+        let shard = event.shard.to_string();
+        // The exporter's headers (src/kafka/exporter.rs, "What a message is").
+        let headers = OwnedHeaders::new_with_capacity(3)
+            .insert(Header {
+                key: "ulid",
+                value: Some(ulid.as_str()),
+            })
+            .insert(Header {
+                key: "shard",
+                value: Some(shard.as_str()),
+            })
+            .insert(Header {
+                key: "feed",
+                value: Some(FEED),
+            });
+        let record = FutureRecord::<str, [u8]>::to(topic)
+            .key(key.as_str())
+            .payload(value.as_slice())
+            .headers(headers);
+        send(&producer, record, &mut pending).await?;
+    }
+    for delivery in pending {
+        check(delivery.await)?;
+    }
+    let elapsed = started.elapsed();
+    drop(producer);
+    Ok(args.messages as f64 / elapsed.as_secs_f64())
+}
+
+/// The in-memory feed alone: every page of every shard read through its page source, no
+/// producing (a diagnostic: the feed's share of the exporter's time).
+async fn feed_round(args: &Args) -> Result<f64, String> {
+    let feed = event_feed(args);
+    let started = Instant::now();
+    let mut read = 0;
+    for shard in 0..args.shards as i32 {
+        let mut source = feed.source(args.batch_size);
+        let mut cursor = Cursor::START;
+        loop {
+            let page = source
+                .read(shard, cursor, Duration::ZERO)
+                .await
+                .map_err(|e| e.to_string())?;
+            if page.rows.is_empty() {
+                break;
+            }
+            read += page.rows.len();
+            cursor = page.next_cursor;
+        }
+    }
+    if read != args.messages {
+        return Err(format!(
+            "the feed served {read} of {} events",
+            args.messages
+        ));
     }
     Ok(args.messages as f64 / started.elapsed().as_secs_f64())
 }
@@ -324,66 +557,159 @@ async fn main() -> ExitCode {
     };
     let bootstrap = cluster.bootstrap_servers();
     println!(
-        "{} messages per round, batch size {}, {} rounds, {}-byte filler, {} keys, 3 mock brokers",
-        args.messages, args.batch_size, args.rounds, args.payload_bytes, args.aggregates
+        "{} messages per round, batch size {}, {} rounds, {}-byte filler, {} keys, {} shards, \
+         3 mock brokers",
+        args.messages,
+        args.batch_size,
+        args.rounds,
+        args.payload_bytes,
+        args.aggregates,
+        args.shards
     );
-    let (mut relay, mut raw, mut batched) = (Vec::new(), Vec::new(), Vec::new());
+    let mut relay = Figures::default();
+    let mut exporter = Figures::default();
     for round in 0..args.rounds {
         // Fresh topics each round, so no round writes behind another's data; the order
         // alternates, so neither side always runs on a warmer cluster.
-        let relay_topic = format!("relay-{round}");
-        let raw_topic = format!("raw-{round}");
-        let batched_topic = format!("raw-batched-{round}");
-        for topic in [&relay_topic, &raw_topic, &batched_topic] {
+        let topics: Vec<String> = ["relay", "raw", "raw-batched", "export", "raw-export"]
+            .iter()
+            .map(|name| format!("{name}-{round}"))
+            .collect();
+        for topic in &topics {
             if let Err(error) = cluster.create_topic(topic, 6, 1) {
                 eprintln!("error: creating mock topic {topic}: {error}");
                 return ExitCode::FAILURE;
             }
         }
-        let batch = Some(args.batch_size as usize);
-        let (a, b, c) = if round % 2 == 0 {
-            let a = relay_round(&args, &bootstrap, &relay_topic).await;
-            let b = raw_round(&args, &bootstrap, &raw_topic, None).await;
-            (
-                a,
-                b,
-                raw_round(&args, &bootstrap, &batched_topic, batch).await,
-            )
-        } else {
-            let c = raw_round(&args, &bootstrap, &batched_topic, batch).await;
-            let b = raw_round(&args, &bootstrap, &raw_topic, None).await;
-            (relay_round(&args, &bootstrap, &relay_topic).await, b, c)
+        let [
+            relay_topic,
+            raw_topic,
+            batched_topic,
+            export_topic,
+            raw_export_topic,
+        ] = &topics[..]
+        else {
+            unreachable!("five topics")
         };
-        match (a, b, c) {
-            (Ok(a), Ok(b), Ok(c)) => {
-                println!(
-                    "round {}: relay {a:>9.0} msg/s   raw {b:>9.0} msg/s   raw batch by batch \
-                     {c:>9.0} msg/s",
-                    round + 1
-                );
-                relay.push(a);
-                raw.push(b);
-                batched.push(c);
+        let even = round % 2 == 0;
+        if args.figure.relay() {
+            let batch = Some(args.batch_size as usize);
+            let (a, b, c) = if even {
+                let a = relay_round(&args, &bootstrap, relay_topic).await;
+                let b = raw_round(&args, &bootstrap, raw_topic, None).await;
+                (
+                    a,
+                    b,
+                    raw_round(&args, &bootstrap, batched_topic, batch).await,
+                )
+            } else {
+                let c = raw_round(&args, &bootstrap, batched_topic, batch).await;
+                let b = raw_round(&args, &bootstrap, raw_topic, None).await;
+                (relay_round(&args, &bootstrap, relay_topic).await, b, c)
+            };
+            match (a, b, c) {
+                (Ok(a), Ok(b), Ok(c)) => {
+                    println!(
+                        "round {}: relay    {a:>9.0} msg/s   raw {b:>9.0} msg/s   raw batch by \
+                         batch {c:>9.0} msg/s",
+                        round + 1
+                    );
+                    relay.push(a, b, Some(c));
+                }
+                (Err(error), _, _) | (_, Err(error), _) | (_, _, Err(error)) => {
+                    eprintln!("error: round {} (relay): {error}", round + 1);
+                    return ExitCode::FAILURE;
+                }
             }
-            (Err(error), _, _) | (_, Err(error), _) | (_, _, Err(error)) => {
-                eprintln!("error: round {}: {error}", round + 1);
-                return ExitCode::FAILURE;
+        }
+        if args.figure.exporter() {
+            let (a, b) = if even {
+                let a = exporter_round(&args, &bootstrap, export_topic).await;
+                (
+                    a,
+                    raw_events_round(&args, &bootstrap, raw_export_topic).await,
+                )
+            } else {
+                let b = raw_events_round(&args, &bootstrap, raw_export_topic).await;
+                (exporter_round(&args, &bootstrap, export_topic).await, b)
+            };
+            match (a, b) {
+                (Ok(a), Ok(b)) => {
+                    println!(
+                        "round {}: exporter {a:>9.0} msg/s   raw {b:>9.0} msg/s",
+                        round + 1
+                    );
+                    exporter.push(a, b, None);
+                }
+                (Err(error), _) | (_, Err(error)) => {
+                    eprintln!("error: round {} (exporter): {error}", round + 1);
+                    return ExitCode::FAILURE;
+                }
             }
         }
     }
-    let (relay, raw, batched) = (median(&mut relay), median(&mut raw), median(&mut batched));
-    match store_round(&args, "store-only").await {
-        Ok(rate) => println!("the in-memory store alone (claim + mark_done): {rate:.0} msg/s"),
-        Err(error) => eprintln!("error: the store-only round: {error}"),
+    if args.figure.relay() {
+        match store_round(&args, "store-only").await {
+            Ok(rate) => println!("the in-memory store alone (claim + mark_done): {rate:.0} msg/s"),
+            Err(error) => eprintln!("error: the store-only round: {error}"),
+        }
+        let (ours, raw, batched) = relay.medians();
+        println!(
+            "median: relay {ours:.0} msg/s, raw FutureProducer {raw:.0} msg/s, raw batch by \
+             batch {batched:.0} msg/s"
+        );
+        println!("ratio relay/raw: {:.2} (goal >= 0.80)", ours / raw);
+        println!(
+            "ratio relay/raw batch by batch: {:.2} (what the relay adds to the batch round trip)",
+            ours / batched
+        );
     }
-    println!(
-        "median: relay {relay:.0} msg/s, raw FutureProducer {raw:.0} msg/s, raw batch by \
-         batch {batched:.0} msg/s"
-    );
-    println!("ratio relay/raw: {:.2} (goal >= 0.80)", relay / raw);
-    println!(
-        "ratio relay/raw batch by batch: {:.2} (what the relay adds to the batch round trip)",
-        relay / batched
-    );
+    if args.figure.exporter() {
+        let feed = feed_round(&args).await;
+        match &feed {
+            Ok(rate) => println!("the in-memory feed alone (read every page): {rate:.0} msg/s"),
+            Err(error) => eprintln!("error: the feed-only round: {error}"),
+        }
+        let (ours, raw, _) = exporter.medians();
+        println!("median: exporter {ours:.0} msg/s, raw FutureProducer {raw:.0} msg/s");
+        println!("ratio exporter/raw: {:.2} (goal >= 0.80)", ours / raw);
+        if let Ok(feed) = feed {
+            // The exporter's time per message less the fake feed's (cloning every row out of
+            // memory), which a real feed replaces with its own reading and the bare
+            // producer does not pay: what the exporter itself adds.
+            let without_feed = 1.0 / (1.0 / ours - 1.0 / feed);
+            println!(
+                "ratio exporter/raw with the in-memory feed's time taken out: {:.2}",
+                without_feed / raw
+            );
+        }
+    }
     ExitCode::SUCCESS
+}
+
+/// One figure's rates, round by round: ours, the bare producer's, and the batch-by-batch
+/// diagnostic's (the relay's only).
+#[derive(Default)]
+struct Figures {
+    ours: Vec<f64>,
+    raw: Vec<f64>,
+    batched: Vec<f64>,
+}
+
+impl Figures {
+    fn push(&mut self, ours: f64, raw: f64, batched: Option<f64>) {
+        self.ours.push(ours);
+        self.raw.push(raw);
+        self.batched.extend(batched);
+    }
+
+    /// The medians; NaN for a diagnostic never measured.
+    fn medians(&mut self) -> (f64, f64, f64) {
+        let batched = if self.batched.is_empty() {
+            f64::NAN
+        } else {
+            median(&mut self.batched)
+        };
+        (median(&mut self.ours), median(&mut self.raw), batched)
+    }
 }

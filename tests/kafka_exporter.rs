@@ -10,258 +10,44 @@
 //! shutdown finishes the page in flight, or gives it up after its grace.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
-use changefeed::json::JsonColumns;
 use changefeed::kafka::rdkafka::producer::FutureProducer;
-use changefeed::kafka::{ExportConfig, ExportCursors, ExportReport, FeedExporter};
-use changefeed::reader::{FeedReaderOptions, IdleBackoff, PageSource, ReadRetryPolicy, Wait};
-use changefeed::{Cursor, Error, Feed, FeedEvent, Page, Result};
-use serde_json::{Map, Value, json};
-use tokio::sync::{Notify, oneshot};
+use changefeed::kafka::{ExportConfig, ExportReport, FeedExporter};
+use changefeed::reader::{FeedReaderOptions, IdleBackoff, ReadRetryPolicy, Wait};
+use changefeed::{Cursor, Error, Feed, Result};
+use serde_json::Value;
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use ulid::Ulid;
 
 /// The longest any wait of these tests may take before the test calls it stuck.
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// The feed every test exports; its key columns, in key order.
+/// The feed every test exports.
 const FEED: &str = "dbo.Orders";
-const KEY_COLUMNS: [&str; 2] = ["Shard", "OrderId"];
 
 mod common_kafka;
+#[path = "../examples/support/memory_feed.rs"]
+mod memory_feed;
 #[path = "kafka_exporter/mock.rs"]
 mod mock;
 
+use memory_feed::{FakeCursors, FakeFeed, FakeSource, KEY_COLUMNS, Save, Written};
 use mock::Received;
 
 // ------------------------------------------------------------------------------------------
-// The fake feed and cursors
+// The fake feed and cursors (shared with the benchmark: examples/support/memory_feed.rs)
 // ------------------------------------------------------------------------------------------
 
-/// One event of the fake feed.
-#[derive(Clone, Debug)]
-struct Written {
-    ulid: Ulid,
-    shard: i32,
-    /// The event's columns; `None` for an event deleted since it was written.
-    columns: Option<Map<String, Value>>,
-}
-
-impl Written {
-    /// The message key the exporter must produce: the key columns in key order.
-    fn key(&self) -> Option<String> {
-        let columns = self.columns.as_ref()?;
-        Some(format!(
-            "{{\"Shard\":{},\"OrderId\":{}}}",
-            columns["Shard"], columns["OrderId"]
-        ))
-    }
-}
-
-#[derive(Default)]
-struct FeedState {
-    events: Vec<Written>,
-    /// Shards whose reads fail with this message (a permanent error).
-    failing: BTreeMap<i32, String>,
-}
-
-/// Events per shard, in ULID order, shared by every source of one test.
-#[derive(Clone, Default)]
-struct FakeFeed {
-    state: Arc<Mutex<FeedState>>,
-    reads: Arc<AtomicUsize>,
-    next_ms: Arc<AtomicUsize>,
-}
-
-impl FakeFeed {
-    /// Appends an event of `shard` with key `order_id` (a payload of `size` characters),
-    /// or a deleted one; returns it.
-    fn push(&self, shard: i32, order_id: i64, size: usize, deleted: bool) -> Written {
-        // ULIDs from an hour ago, a millisecond apart: increasing in every shard.
-        static BASE_MS: LazyLock<u64> = LazyLock::new(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .as_millis() as u64
-                - 3_600_000
-        });
-        let step = self.next_ms.fetch_add(1, Ordering::SeqCst) as u64;
-        let ulid = Ulid::from_parts(*BASE_MS + step, u128::from(step) + 1);
-        let columns = (!deleted).then(|| {
-            let Value::Object(map) = json!({
-                "Shard": shard,
-                "OrderId": order_id,
-                "Payload": "x".repeat(size),
-                "Total": "12.50",
-            }) else {
-                unreachable!()
-            };
-            map
-        });
-        let written = Written {
-            ulid,
-            shard,
-            columns,
-        };
-        self.state.lock().unwrap().events.push(written.clone());
-        written
-    }
-
-    /// `count` live events of `shard` with keys `0..keys` in turn, small payloads.
-    fn fill(&self, shard: i32, count: usize, keys: i64) -> Vec<Written> {
-        (0..count)
-            .map(|n| self.push(shard, n as i64 % keys, 10, false))
-            .collect()
-    }
-
-    fn fail_reads(&self, shard: i32, message: &str) {
-        self.state
-            .lock()
-            .unwrap()
-            .failing
-            .insert(shard, message.to_owned());
-    }
-
-    fn events(&self) -> Vec<Written> {
-        self.state.lock().unwrap().events.clone()
-    }
-
-    fn source(&self, page_size: u32) -> FakeSource {
-        FakeSource {
-            feed: self.clone(),
-            page_size,
-        }
-    }
-}
-
-/// A page source over a [`FakeFeed`]: the rows of the shard after the cursor, at most a
-/// page; never waits.
-struct FakeSource {
-    feed: FakeFeed,
-    page_size: u32,
-}
-
-impl PageSource for FakeSource {
-    type Item = FeedEvent<JsonColumns>;
-
-    async fn read(
-        &mut self,
-        shard: i32,
-        cursor: Cursor,
-        _wait: Duration,
-    ) -> Result<Page<Self::Item>> {
-        self.feed.reads.fetch_add(1, Ordering::SeqCst);
-        let state = self.feed.state.lock().unwrap();
-        if let Some(message) = state.failing.get(&shard) {
-            return Err(Error::Config(message.clone()));
-        }
-        let rows: Vec<_> = state
-            .events
-            .iter()
-            .filter(|event| event.shard == shard && event.ulid > cursor.ulid())
-            .take(self.page_size as usize)
-            .map(|event| FeedEvent {
-                ulid: event.ulid,
-                event: JsonColumns(event.columns.clone()),
-            })
-            .collect();
-        let next_cursor = rows
-            .last()
-            .map_or(cursor, |row| Cursor::from_ulid(row.ulid));
-        Ok(Page {
-            rows,
-            next_cursor,
-            page_size: self.page_size,
-        })
-    }
-
-    fn reset(&mut self) {}
-}
-
-/// One save, as the fake cursor store saw it.
-#[derive(Clone, Debug)]
-struct Save {
-    shard: i32,
-    cursor: Cursor,
-    /// Messages in the topic when the save happened (when watched).
-    in_topic: Option<i64>,
-}
-
-#[derive(Default)]
-struct CursorState {
-    saved: BTreeMap<i32, Cursor>,
-    log: Vec<Save>,
-    attempts: usize,
-    /// The save attempt (1-based) that fails.
-    fail_at: Option<usize>,
-    /// The save attempt (1-based) that never completes.
-    hang_at: Option<usize>,
-    /// The cluster and topic to count messages of at every save.
-    watch: Option<(String, String)>,
-}
-
-/// A cursor store in memory recording every save; clones share it.
-#[derive(Clone, Default)]
-struct FakeCursors {
-    state: Arc<Mutex<CursorState>>,
-    hung: Arc<Notify>,
-}
-
-impl FakeCursors {
-    fn watching(bootstrap: &str, topic: &str) -> Self {
-        let cursors = FakeCursors::default();
-        cursors.state.lock().unwrap().watch = Some((bootstrap.to_owned(), topic.to_owned()));
-        cursors
-    }
-
-    fn log(&self) -> Vec<Save> {
-        self.state.lock().unwrap().log.clone()
-    }
-
-    fn saved(&self) -> BTreeMap<i32, Cursor> {
-        self.state.lock().unwrap().saved.clone()
-    }
-}
-
-impl ExportCursors for FakeCursors {
-    async fn load(&mut self, shard: i32) -> Result<Option<Cursor>> {
-        Ok(self.state.lock().unwrap().saved.get(&shard).copied())
-    }
-
-    async fn save(&mut self, shard: i32, cursor: Cursor) -> Result<()> {
-        let (attempt, fail_at, hang_at, watch) = {
-            let mut state = self.state.lock().unwrap();
-            state.attempts += 1;
-            (
-                state.attempts,
-                state.fail_at,
-                state.hang_at,
-                state.watch.clone(),
-            )
-        };
-        if fail_at == Some(attempt) {
-            return Err(Error::Config("injected: the cursor save failed".to_owned()));
-        }
-        if hang_at == Some(attempt) {
-            self.hung.notify_one();
-            std::future::pending::<()>().await;
-        }
-        let in_topic = match watch {
-            Some((bootstrap, topic)) => Some(mock::topic_total(bootstrap, topic).await),
-            None => None,
-        };
-        let mut state = self.state.lock().unwrap();
-        state.saved.insert(shard, cursor);
-        state.log.push(Save {
-            shard,
-            cursor,
-            in_topic,
-        });
-        Ok(())
-    }
+/// A cursor store that records, with each save, how many messages `topic` holds then.
+fn watching(bootstrap: &str, topic: &str) -> FakeCursors {
+    let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
+    FakeCursors::watching(Arc::new(move || {
+        Box::pin(mock::topic_total(bootstrap.clone(), topic.clone()))
+    }))
 }
 
 // ------------------------------------------------------------------------------------------
@@ -506,7 +292,7 @@ async fn all_shards_are_exported_in_order_per_shard_and_key() {
         }
     }
     let events = feed.events();
-    let cursors = FakeCursors::watching(&bootstrap, &topic);
+    let cursors = watching(&bootstrap, &topic);
     let producer = mock::producer(&bootstrap, &[]);
     let running = start(
         exporter(&feed, &cursors, producer, config(&topic, 7)),
@@ -562,7 +348,7 @@ async fn no_cursor_is_saved_until_every_message_of_its_page_is_acknowledged() {
     let bootstrap = cluster.bootstrap_servers();
     let feed = FakeFeed::default();
     let events = feed.fill(0, 10, 3);
-    let cursors = FakeCursors::watching(&bootstrap, &topic);
+    let cursors = watching(&bootstrap, &topic);
     cluster.broker_down(1).expect("the broker goes down");
     let producer = mock::producer(&bootstrap, &[]);
     let running = start(
@@ -614,7 +400,7 @@ async fn restart_after(crash: Crash) {
     let bootstrap = cluster.bootstrap_servers();
     let feed = FakeFeed::default();
     let events = feed.fill(0, 12, 4);
-    let cursors = FakeCursors::watching(&bootstrap, &topic);
+    let cursors = watching(&bootstrap, &topic);
     match crash {
         Crash::SaveFails => cursors.state.lock().unwrap().fail_at = Some(2),
         Crash::Dropped => cursors.state.lock().unwrap().hang_at = Some(2),
@@ -705,7 +491,7 @@ async fn retriable_failures_recover_without_gaps() {
     let feed = FakeFeed::default();
     let mut events = feed.fill(0, 20, 6);
     events.extend(feed.fill(1, 20, 6));
-    let cursors = FakeCursors::watching(&bootstrap, &topic);
+    let cursors = watching(&bootstrap, &topic);
     // Produce requests fail at first (librdkafka retries those itself)...
     use changefeed::kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
     cluster.request_errors(
@@ -754,7 +540,7 @@ async fn a_too_large_event_stops_the_export_naming_it() {
     let mut events = feed.fill(0, 4, 4);
     events.push(feed.push(0, 99, 5000, false));
     events.extend(feed.fill(0, 4, 4));
-    let cursors = FakeCursors::watching(&bootstrap, &topic);
+    let cursors = watching(&bootstrap, &topic);
     let producer = mock::producer(&bootstrap, &[("message.max.bytes", "1000")]);
     let mut running = start(
         exporter(&feed, &cursors, producer, config(&topic, 3)),
@@ -789,7 +575,7 @@ async fn shutdown_finishes_the_page_in_flight_and_saves_it() {
     let bootstrap = cluster.bootstrap_servers();
     let feed = FakeFeed::default();
     let events = feed.fill(0, 8, 8);
-    let cursors = FakeCursors::watching(&bootstrap, &topic);
+    let cursors = watching(&bootstrap, &topic);
     cluster.broker_down(1).expect("the broker goes down");
     let producer = mock::producer(&bootstrap, &[]);
     let mut running = start(
