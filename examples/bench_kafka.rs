@@ -47,7 +47,8 @@ use changefeed::kafka::rdkafka::producer::{
 };
 use changefeed::kafka::rdkafka::types::RDKafkaErrorCode;
 use changefeed::kafka::{
-    ExportConfig, FeedExporter, KafkaPublisher, KafkaPublisherConfig, ProducerSettings,
+    ExportConfig, FeedExporter, HEADER_FEED, HEADER_SHARD, HEADER_ULID, KafkaPublisher,
+    KafkaPublisherConfig, ProducerSettings,
 };
 use changefeed::outbox::{ClaimStore, NewMessage};
 use changefeed::reader::PageSource;
@@ -445,15 +446,15 @@ async fn raw_events_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f
         // The exporter's headers (src/kafka/exporter.rs, "What a message is").
         let headers = OwnedHeaders::new_with_capacity(3)
             .insert(Header {
-                key: "ulid",
+                key: HEADER_ULID,
                 value: Some(ulid.as_str()),
             })
             .insert(Header {
-                key: "shard",
+                key: HEADER_SHARD,
                 value: Some(shard.as_str()),
             })
             .insert(Header {
-                key: "feed",
+                key: HEADER_FEED,
                 value: Some(FEED),
             });
         let record = FutureRecord::<str, [u8]>::to(topic)

@@ -14,7 +14,8 @@ mod publisher;
 pub use classify::classify;
 pub use exporter::{
     ExportConfig, ExportCursors, ExportEvent, ExportProgress, ExportReport, FeedExporter,
-    JsonValues, ProgressSnapshot, SqlCursors, ValueSerializer,
+    HEADER_FEED, HEADER_SHARD, HEADER_ULID, JsonValues, ProgressSnapshot, SqlCursors,
+    ValueSerializer,
 };
 pub use producer::{ProducerSettings, check_brokers};
 pub use publisher::{
