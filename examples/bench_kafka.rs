@@ -274,11 +274,7 @@ async fn raw_round(
     batch: Option<usize>,
 ) -> Result<f64, String> {
     let messages = messages(args, topic);
-    let producer: FutureProducer = settings(args, bootstrap)
-        .set("message.timeout.ms", "25000")
-        .create()
-        .map_err(|e| e.to_string())?;
-    warm_up(&producer, topic).await?;
+    let producer = raw_producer(args, bootstrap, topic).await?;
     let started = Instant::now();
     let mut pending = VecDeque::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
@@ -429,11 +425,7 @@ async fn exporter_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64
 /// awaited.
 async fn raw_events_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, String> {
     let events = event_feed(args).events();
-    let producer: FutureProducer = settings(args, bootstrap)
-        .set("message.timeout.ms", "25000")
-        .create()
-        .map_err(|e| e.to_string())?;
-    warm_up(&producer, topic).await?;
+    let producer = raw_producer(args, bootstrap, topic).await?;
     let started = Instant::now();
     let mut pending = VecDeque::with_capacity(events.len());
     for event in &events {
@@ -499,6 +491,17 @@ async fn feed_round(args: &Args) -> Result<f64, String> {
         ));
     }
     Ok(args.messages as f64 / started.elapsed().as_secs_f64())
+}
+
+/// A bare producer with the relay's settings (and KafkaPublisher's default message
+/// timeout), warmed up before any clock starts.
+async fn raw_producer(args: &Args, bootstrap: &str, topic: &str) -> Result<FutureProducer, String> {
+    let producer: FutureProducer = settings(args, bootstrap)
+        .set("message.timeout.ms", "25000")
+        .create()
+        .map_err(|e| e.to_string())?;
+    warm_up(&producer, topic).await?;
+    Ok(producer)
 }
 
 /// Connects the producer, learns the topic's partitions and gets the idempotent
