@@ -394,11 +394,23 @@ fn consume(
         .collect()
 }
 
+/// `changefeed relay --outbox <outbox> --url <url> <extra…>` with stdin closed, stderr piped.
+#[cfg(feature = "mysql")]
+fn relay_child(url: &str, outbox: &str, extra: &[&str], stdout: Stdio) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_changefeed"))
+        .args(["relay", "--outbox", outbox, "--url", url])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the changefeed binary runs")
+}
+
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
 async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0() {
-    use changefeed::mysql::{OutboxTable, enqueue};
     use changefeed::outbox::NewMessage;
     use serde_json::json;
 
@@ -407,36 +419,27 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0() {
     let brokers = cluster.bootstrap_servers();
     let db = common_mysql::database("cli_kafka_relay").await;
     db.outbox("outbox_kafka").await;
-    let table: OutboxTable = "outbox_kafka".parse().unwrap();
-    let mut conn = db.conn().await;
-    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
-    for n in 0..5 {
-        let message = NewMessage::new("orders", json!({ "n": n }))
-            .aggregate("order", format!("order-{}", n % 2));
-        enqueue(&mut tx, &table, &message).await.unwrap();
-    }
-    tx.commit().await.unwrap();
-    drop(conn);
+    let messages: Vec<NewMessage> = (0..5)
+        .map(|n| {
+            NewMessage::new("orders", json!({ "n": n }))
+                .aggregate("order", format!("order-{}", n % 2))
+        })
+        .collect();
+    db.enqueue_committed("outbox_kafka", &messages).await;
 
-    let child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
-        .args([
-            "relay",
-            "--outbox",
-            "outbox_kafka",
-            "--url",
-            &db.url,
+    let child = relay_child(
+        &db.url,
+        "outbox_kafka",
+        &[
             "--brokers",
             &brokers,
             "--topic-prefix",
             "prod.",
             "--progress-interval",
             "1s",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the changefeed binary runs");
+        ],
+        Stdio::piped(),
+    );
     let started = Instant::now();
     while db.count("outbox_kafka", "status = 2").await < 5 {
         if started.elapsed() > Duration::from_secs(60) {
@@ -493,7 +496,6 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
 async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal() {
-    use changefeed::mysql::{OutboxTable, enqueue};
     use changefeed::outbox::NewMessage;
 
     let cluster = mock_cluster();
@@ -501,23 +503,12 @@ async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal() {
     let brokers = cluster.bootstrap_servers();
     let db = common_mysql::database("cli_kafka_twice").await;
     db.outbox("outbox_twice").await;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
-        .args([
-            "relay",
-            "--outbox",
-            "outbox_twice",
-            "--url",
-            &db.url,
-            "--brokers",
-            &brokers,
-            "--progress-interval",
-            "1h",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the changefeed binary runs");
+    let mut child = relay_child(
+        &db.url,
+        "outbox_twice",
+        &["--brokers", &brokers, "--progress-interval", "1h"],
+        Stdio::null(),
+    );
     let stderr = stderr_lines(&mut child);
     let next_line = |what: &str| {
         stderr
@@ -531,18 +522,11 @@ async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal() {
         "{banner}"
     );
     cluster.broker_down(1).unwrap();
-    let table: OutboxTable = "outbox_twice".parse().unwrap();
-    let mut conn = db.conn().await;
-    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
-    enqueue(
-        &mut tx,
-        &table,
-        &NewMessage::new("orders", serde_json::json!({})),
+    db.enqueue_committed(
+        "outbox_twice",
+        &[NewMessage::new("orders", serde_json::json!({}))],
     )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
-    drop(conn);
+    .await;
     // Claimed (status 1, processing): its publish waits for the broker.
     let started = Instant::now();
     while db.count("outbox_twice", "status = 1").await == 0 {
@@ -583,36 +567,21 @@ async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal() {
 async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts() {
     use std::io::{BufRead, BufReader};
 
-    use changefeed::mysql::{OutboxTable, enqueue};
     use changefeed::outbox::NewMessage;
 
     let db = common_mysql::database("cli_kafka_stdout").await;
     db.outbox("outbox_stdout").await;
-    let table: OutboxTable = "outbox_stdout".parse().unwrap();
-    let mut conn = db.conn().await;
-    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
-    for n in 0..3 {
-        let message = NewMessage::new("orders", serde_json::json!({ "n": n }));
-        enqueue(&mut tx, &table, &message).await.unwrap();
-    }
-    tx.commit().await.unwrap();
-    drop(conn);
+    let messages: Vec<NewMessage> = (0..3)
+        .map(|n| NewMessage::new("orders", serde_json::json!({ "n": n })))
+        .collect();
+    db.enqueue_committed("outbox_stdout", &messages).await;
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
-        .args([
-            "relay",
-            "--outbox",
-            "outbox_stdout",
-            "--url",
-            &db.url,
-            "--progress-interval",
-            "500ms",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the changefeed binary runs");
+    let mut child = relay_child(
+        &db.url,
+        "outbox_stdout",
+        &["--progress-interval", "500ms"],
+        Stdio::piped(),
+    );
     let stdout = child.stdout.take().unwrap();
     let lines = tokio::task::spawn_blocking(move || {
         BufReader::new(stdout)

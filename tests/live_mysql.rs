@@ -24,7 +24,7 @@ use changefeed::Error;
 use changefeed::mysql::{
     BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, OutboxTable, WakerState, enqueue,
 };
-use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, NewMessage};
+use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, NewMessage};
 use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
 use common_mysql::{TestDb, database};
 use mysql_async::prelude::Queryable;
@@ -50,22 +50,6 @@ fn table(name: &str) -> OutboxTable {
 fn message_of(aggregate: &str, n: usize) -> NewMessage {
     NewMessage::new("orders", json!({ "aggregate": aggregate, "n": n }))
         .aggregate("order", aggregate)
-}
-
-/// Enqueues `messages` in one committed transaction.
-async fn enqueue_committed(db: &TestDb, outbox: &str, messages: &[NewMessage]) -> Vec<Enqueued> {
-    let mut conn = db.conn().await;
-    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
-    let mut enqueued = Vec::new();
-    for message in messages {
-        enqueued.push(
-            enqueue(&mut tx, &table(outbox), message)
-                .await
-                .unwrap_or_else(|e| panic!("enqueue {message:?}: {e}")),
-        );
-    }
-    tx.commit().await.unwrap();
-    enqueued
 }
 
 /// Claims and expects decodable messages only.
@@ -190,7 +174,8 @@ async fn setup_outbox_checks_names_completes_tables_and_never_drops_data() {
     assert_eq!(store.table().name(), "outbox_setup");
 
     // A partial install: an index dropped by hand comes back; the rows stay.
-    enqueue_committed(&db, "outbox_setup", &[message_of("s-1", 1)]).await;
+    db.enqueue_committed("outbox_setup", &[message_of("s-1", 1)])
+        .await;
     db.sql("alter table outbox_setup drop index open_messages")
         .await;
     db.outbox("outbox_setup").await;
@@ -232,7 +217,7 @@ async fn the_claim_reads_its_order_off_the_index_without_a_filesort() {
     let messages: Vec<NewMessage> = (0..50)
         .map(|i| message_of(&format!("e-{}", i % 5), i))
         .collect();
-    enqueue_committed(&db, "outbox_explain", &messages).await;
+    db.enqueue_committed("outbox_explain", &messages).await;
     db.sql("analyze table outbox_explain").await;
     let plan: Vec<(Option<String>, Option<String>)> = db
         .conn()
@@ -281,18 +266,26 @@ async fn enqueue_is_transactional_and_idempotent() {
     assert!(claim(&mut store, 10, HELD).await.is_empty());
 
     // Server-made (here: client-made UUID) message id.
-    let made = enqueue_committed(&db, "outbox_enqueue", &[message_of("order-44", 1)]).await;
+    let made = db
+        .enqueue_committed("outbox_enqueue", &[message_of("order-44", 1)])
+        .await;
     assert_eq!(made[0].message_id.len(), 36, "{made:?}");
 
     // The same key returns the first row, across transactions and twice in one.
-    let first = enqueue_committed(&db, "outbox_enqueue", std::slice::from_ref(&keyed)).await;
+    let first = db
+        .enqueue_committed("outbox_enqueue", std::slice::from_ref(&keyed))
+        .await;
     let retried = NewMessage {
         payload: json!({ "n": 2 }),
         ..keyed.clone()
     };
-    let second = enqueue_committed(&db, "outbox_enqueue", std::slice::from_ref(&retried)).await;
+    let second = db
+        .enqueue_committed("outbox_enqueue", std::slice::from_ref(&retried))
+        .await;
     assert_eq!(second, first);
-    let twice = enqueue_committed(&db, "outbox_enqueue", &[keyed.clone(), retried]).await;
+    let twice = db
+        .enqueue_committed("outbox_enqueue", &[keyed.clone(), retried])
+        .await;
     assert_eq!(twice, vec![first[0].clone(), first[0].clone()]);
     assert_eq!(db.count("outbox_enqueue", "1 = 1").await, 2);
 
@@ -366,7 +359,7 @@ async fn six_claimers_share_thirty_aggregates_without_double_claims() {
     let messages: Vec<NewMessage> = (0..30)
         .map(|i| message_of(&format!("order-{i}"), i))
         .collect();
-    let enqueued = enqueue_committed(&db, "outbox_fanout", &messages).await;
+    let enqueued = db.enqueue_committed("outbox_fanout", &messages).await;
     let all: BTreeSet<i64> = enqueued.iter().map(|e| e.id).collect();
 
     let mut seen = BTreeSet::new();
@@ -394,7 +387,7 @@ async fn fifty_claimers_on_one_aggregate_claim_only_its_first_row() {
     let db = database("one_aggregate").await;
     db.outbox("outbox_one").await;
     let messages: Vec<NewMessage> = (0..5).map(|i| message_of("order-1", i)).collect();
-    let enqueued = enqueue_committed(&db, "outbox_one", &messages).await;
+    let enqueued = db.enqueue_committed("outbox_one", &messages).await;
     let claims: Vec<ClaimedMessage> = concurrent_claims(&db, "outbox_one", 50, 10)
         .await
         .into_iter()
@@ -417,17 +410,17 @@ async fn fifty_claimers_on_one_aggregate_claim_only_its_first_row() {
 async fn head_of_aggregate_sequence() {
     let db = database("head").await;
     let mut store = db.outbox("outbox_head").await;
-    let e = enqueue_committed(
-        &db,
-        "outbox_head",
-        &[
-            message_of("a", 1),
-            message_of("a", 2),
-            message_of("a", 3),
-            message_of("b", 1),
-        ],
-    )
-    .await;
+    let e = db
+        .enqueue_committed(
+            "outbox_head",
+            &[
+                message_of("a", 1),
+                message_of("a", 2),
+                message_of("a", 3),
+                message_of("b", 1),
+            ],
+        )
+        .await;
     // Heads only: a1 and b1.
     let first = claim(&mut store, 10, HELD).await;
     assert_eq!(ids(&first), vec![e[0].id, e[3].id]);
@@ -493,18 +486,16 @@ async fn an_open_enqueue_of_one_aggregate_does_not_stop_claims_of_another() {
     let t = table("outbox_live");
     // Aggregates whose index entries sit on both sides of the open one ("m"), so that a
     // probe of "l" or "n" that read one entry too far would meet its lock.
-    enqueue_committed(&db, "outbox_live", &[message_of("l", 0)]).await;
+    db.enqueue_committed("outbox_live", &[message_of("l", 0)])
+        .await;
 
     let mut open = db.conn().await;
     let mut tx = open.start_transaction(Default::default()).await.unwrap();
     let uncommitted = enqueue(&mut tx, &t, &message_of("m", 1)).await.unwrap();
 
-    let later = enqueue_committed(
-        &db,
-        "outbox_live",
-        &[message_of("n", 2), message_of("l", 3)],
-    )
-    .await;
+    let later = db
+        .enqueue_committed("outbox_live", &[message_of("n", 2), message_of("l", 3)])
+        .await;
     let started = Instant::now();
     let claimed = claim(&mut store, 10, HELD).await;
     let took = started.elapsed();
@@ -522,7 +513,9 @@ async fn an_open_enqueue_of_one_aggregate_does_not_stop_claims_of_another() {
 
     // Two writers on one aggregate: m1 (uncommitted, earlier id) and m4 (committed later).
     // m4 must wait for m1: it is not provably the head.
-    let m4 = enqueue_committed(&db, "outbox_live", &[message_of("m", 4)]).await;
+    let m4 = db
+        .enqueue_committed("outbox_live", &[message_of("m", 4)])
+        .await;
     let again = claim(&mut store, 10, HELD).await;
     assert!(
         !ids(&again).contains(&m4[0].id),
@@ -547,7 +540,9 @@ async fn reaper_and_fencing_by_the_claim_token() {
     let db = database("reaper").await;
     let mut store = db.outbox("outbox_reaper").await;
     let mut other = db.store("outbox_reaper");
-    let e = enqueue_committed(&db, "outbox_reaper", &[message_of("r", 1)]).await;
+    let e = db
+        .enqueue_committed("outbox_reaper", &[message_of("r", 1)])
+        .await;
     let first = claim(&mut store, 10, Duration::from_secs(30)).await;
     let t1 = token_of(&first);
     assert_eq!(first[0].attempts, 0);
@@ -587,15 +582,15 @@ async fn reaper_and_fencing_by_the_claim_token() {
 async fn retry_requeue_redrive_and_dead_is_terminal() {
     let db = database("retry").await;
     let mut store = db.outbox("outbox_retry").await;
-    let e = enqueue_committed(
-        &db,
-        "outbox_retry",
-        &[
-            NewMessage::new("t", json!({"n": 1})),
-            NewMessage::new("t", json!({"n": 2})),
-        ],
-    )
-    .await;
+    let e = db
+        .enqueue_committed(
+            "outbox_retry",
+            &[
+                NewMessage::new("t", json!({"n": 1})),
+                NewMessage::new("t", json!({"n": 2})),
+            ],
+        )
+        .await;
     let batch = claim(&mut store, 10, HELD).await;
     let token = token_of(&batch);
     // A real 1 s retry: not due before, due after.
@@ -677,7 +672,7 @@ async fn purge_deletes_only_old_done_rows_in_batches() {
     let messages: Vec<NewMessage> = (0..25)
         .map(|i| NewMessage::new("t", json!({ "n": i })))
         .collect();
-    let e = enqueue_committed(&db, "outbox_purge", &messages).await;
+    let e = db.enqueue_committed("outbox_purge", &messages).await;
     let batch = claim(&mut store, 100, HELD).await;
     let done: Vec<i64> = e[..20].iter().map(|x| x.id).collect();
     store.mark_done(&done, token_of(&batch)).await.unwrap();
@@ -744,7 +739,9 @@ async fn unicode_and_one_megabyte_messages_round_trip() {
         .aggregate(text, text)
     };
     let big = NewMessage::new("big", json!({ "blob": "x".repeat(1024 * 1024) }));
-    let e = enqueue_committed(&db, "outbox_unicode", &[unicode.clone(), big.clone()]).await;
+    let e = db
+        .enqueue_committed("outbox_unicode", &[unicode.clone(), big.clone()])
+        .await;
     assert_eq!(e[0].message_id, format!("id-{text}"));
     let got = claim(&mut store, 10, HELD).await;
     assert_eq!(ids(&got), vec![e[0].id, e[1].id]);
@@ -758,12 +755,12 @@ async fn unicode_and_one_megabyte_messages_round_trip() {
     assert_eq!(m.trace_id.as_deref(), Some(text));
     assert_eq!(got[1].payload, big.payload, "the 1 MB payload is intact");
     // Aggregate ids compare exactly: 'A' and 'a' are two aggregates.
-    let cased = enqueue_committed(
-        &db,
-        "outbox_unicode",
-        &[message_of("Case", 1), message_of("case", 2)],
-    )
-    .await;
+    let cased = db
+        .enqueue_committed(
+            "outbox_unicode",
+            &[message_of("Case", 1), message_of("case", 2)],
+        )
+        .await;
     assert_eq!(
         ids(&claim(&mut store, 10, HELD).await),
         vec![cased[0].id, cased[1].id]
@@ -775,7 +772,9 @@ async fn unicode_and_one_megabyte_messages_round_trip() {
 async fn an_undecodable_row_is_handed_over_and_the_relay_marks_it_dead() {
     let db = database("undecodable").await;
     let mut store = db.outbox("outbox_odd").await;
-    let e = enqueue_committed(&db, "outbox_odd", &[NewMessage::new("t", json!({"ok": 1}))]).await;
+    let e = db
+        .enqueue_committed("outbox_odd", &[NewMessage::new("t", json!({"ok": 1}))])
+        .await;
     // Valid JSON (the column's check passes) but not a headers object.
     db.sql(
         "insert into outbox_odd (message_id, topic, payload, headers, created_at) \
@@ -878,7 +877,7 @@ async fn a_relay_killed_mid_batch_loses_nothing() {
     let messages: Vec<NewMessage> = (0..40)
         .map(|i| message_of(&format!("k-{}", i % 8), i))
         .collect();
-    let e = enqueue_committed(&db, "outbox_killed", &messages).await;
+    let e = db.enqueue_committed("outbox_killed", &messages).await;
     let all: BTreeSet<i64> = e.iter().map(|x| x.id).collect();
 
     // The first relay publishes slowly and is killed (its task aborted) mid-batch: its
@@ -1066,7 +1065,9 @@ async fn polling_takes_over_when_the_binlog_stream_is_cut_and_following_resumes(
     .expect("the waker notices the cut")
     .unwrap();
     // While it polls, a commit is still published, by the 200 ms fallback poll.
-    let e = enqueue_committed(&db, "outbox_cut", &[message_of("c", 1)]).await;
+    let e = db
+        .enqueue_committed("outbox_cut", &[message_of("c", 1)])
+        .await;
     let committed = Instant::now();
     let published = recorder
         .wait_for(e[0].id, Duration::from_secs(10))
@@ -1099,7 +1100,9 @@ async fn polling_takes_over_when_the_binlog_stream_is_cut_and_following_resumes(
         f1 > f0 || (f1 == f0 && p1 >= p0),
         "resumed at {f1}:{p1}, was at {f0}:{p0}"
     );
-    let e2 = enqueue_committed(&db, "outbox_cut", &[message_of("c", 2)]).await;
+    let e2 = db
+        .enqueue_committed("outbox_cut", &[message_of("c", 2)])
+        .await;
     let committed = Instant::now();
     let published = recorder
         .wait_for(e2[0].id, Duration::from_secs(10))
@@ -1129,7 +1132,9 @@ async fn the_cli_relays_a_mariadb_outbox_to_stdout_as_json_lines() {
 
     let db = database("cli_relay").await;
     db.outbox("outbox_cli").await;
-    let e = enqueue_committed(&db, "outbox_cli", &[message_of("cli-1", 1)]).await;
+    let e = db
+        .enqueue_committed("outbox_cli", &[message_of("cli-1", 1)])
+        .await;
     let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
         .args(["relay", "--outbox", "outbox_cli", "--url", &db.url])
         .stdout(Stdio::piped())

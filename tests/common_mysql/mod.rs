@@ -5,7 +5,8 @@
 
 pub mod server;
 
-use changefeed::mysql::{MysqlOutboxStore, OutboxTable, migrate, setup_outbox};
+use changefeed::mysql::{MysqlOutboxStore, OutboxTable, enqueue, migrate, setup_outbox};
+use changefeed::outbox::{Enqueued, NewMessage};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Pool};
 
@@ -67,6 +68,23 @@ impl TestDb {
             .await
             .unwrap_or_else(|e| panic!("setup_outbox {table}: {e}"));
         self.store(table.name())
+    }
+
+    /// Enqueues `messages` into `outbox` in one committed transaction.
+    pub async fn enqueue_committed(&self, outbox: &str, messages: &[NewMessage]) -> Vec<Enqueued> {
+        let table: OutboxTable = outbox.parse().expect("a valid outbox name");
+        let mut conn = self.conn().await;
+        let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+        let mut enqueued = Vec::new();
+        for message in messages {
+            enqueued.push(
+                enqueue(&mut tx, &table, message)
+                    .await
+                    .unwrap_or_else(|e| panic!("enqueue {message:?}: {e}")),
+            );
+        }
+        tx.commit().await.unwrap();
+        enqueued
     }
 
     /// Another store (another connection) over an existing outbox.
