@@ -337,6 +337,14 @@ fn signal(child: &Child, signal: libc::c_int) {
     assert_eq!(result, 0, "kill({pid}, {signal})");
 }
 
+/// Sends `signal` to `child` and waits up to 30 s for it to exit: its status and stderr.
+async fn stop(child: Child, signal: libc::c_int) -> (std::process::ExitStatus, String) {
+    self::signal(&child, signal);
+    tokio::task::spawn_blocking(move || wait_for_exit(child, Duration::from_secs(30)))
+        .await
+        .unwrap()
+}
+
 /// Waits up to `limit` for `child` to exit, and returns its status and standard error.
 fn wait_for_exit(mut child: Child, limit: Duration) -> (std::process::ExitStatus, String) {
     use std::io::Read;
@@ -360,6 +368,7 @@ fn wait_for_exit(mut child: Child, limit: Duration) -> (std::process::ExitStatus
 
 /// The lines `child` writes on standard error, as they come (read by a thread of their own;
 /// the channel ends when the child closes it).
+#[cfg(feature = "mysql")]
 fn stderr_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
     use std::io::{BufRead, BufReader};
     let pipe = child.stderr.take().expect("stderr is piped");
@@ -450,11 +459,7 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0() {
     }
     // Past one progress interval: the line counts what was published.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    signal(&child, libc::SIGINT);
-    let (status, stderr) =
-        tokio::task::spawn_blocking(move || wait_for_exit(child, Duration::from_secs(30)))
-            .await
-            .unwrap();
+    let (status, stderr) = stop(child, libc::SIGINT).await;
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("published 5 ("), "{stderr}");
     assert!(stderr.contains("stopped: published 5"), "{stderr}");
@@ -604,11 +609,7 @@ async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    signal(&child, libc::SIGTERM);
-    let (status, stderr) =
-        tokio::task::spawn_blocking(move || wait_for_exit(child, Duration::from_secs(30)))
-            .await
-            .unwrap();
+    let (status, stderr) = stop(child, libc::SIGTERM).await;
     assert_eq!(status.code(), Some(0), "{stderr}");
     let stderr_lines: Vec<&str> = stderr.lines().collect();
     assert!(
@@ -708,11 +709,7 @@ async fn export_sends_a_feed_stops_on_sigint_with_0_and_resumes_after_a_restart(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    signal(&child, libc::SIGINT);
-    let (status, stderr) =
-        tokio::task::spawn_blocking(move || wait_for_exit(child, Duration::from_secs(30)))
-            .await
-            .unwrap();
+    let (status, stderr) = stop(child, libc::SIGINT).await;
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("exported 4 ("), "{stderr}");
     assert!(
@@ -730,11 +727,7 @@ async fn export_sends_a_feed_stops_on_sigint_with_0_and_resumes_after_a_restart(
         consume_ids(6, Duration::from_secs(60)).await.unwrap(),
         [1, 2, 3, 4, 5, 6]
     );
-    signal(&child, libc::SIGTERM);
-    let (status, stderr) =
-        tokio::task::spawn_blocking(move || wait_for_exit(child, Duration::from_secs(30)))
-            .await
-            .unwrap();
+    let (status, stderr) = stop(child, libc::SIGTERM).await;
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("stopped: exported 2;"), "{stderr}");
     // Nothing more than the six came: a seventh would be a duplicate.
