@@ -312,7 +312,8 @@ async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_pay
     create_topic(&cluster, DLQ, 1);
     let store = MemoryStore::new();
     // One aggregate: the first claim holds its head alone, so the refused produce request
-    // carries that message only; the others follow once it is dead.
+    // carries that message only; it is refused again when produced alone, which makes it
+    // poison; the others follow once it is dead.
     let refused = store.enqueue(message("order-1", 0));
     let rest = [
         store.enqueue(message("order-1", 1)),
@@ -320,7 +321,7 @@ async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_pay
     ];
     cluster.request_errors(
         RDKafkaApiKey::Produce,
-        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE; 2],
     );
 
     run_until_drained(
@@ -349,8 +350,191 @@ async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_pay
     assert_eq!(letter.json(), json!({ "aggregate": "order-1", "seq": 0 }));
 }
 
+/// Settings that put a whole claim of one partition into one produce request.
+fn one_request(cluster: &Cluster) -> ProducerSettings {
+    producer(cluster).set("linger.ms", "200")
+}
+
+/// The `seq` of each record of `aggregate`, in the order the topic holds them.
+fn seqs_of(records: &[Consumed], aggregate: &str) -> Vec<i64> {
+    records
+        .iter()
+        .filter(|r| r.json()["aggregate"] == aggregate)
+        .map(|r| r.json()["seq"].as_i64().unwrap())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn topic_authorization_failed_stops_the_relay_and_hands_the_batch_back() {
+async fn a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_first() {
+    let cluster = start_cluster(1);
+    create_topic(&cluster, TOPIC, 1);
+    create_topic(&cluster, DLQ, 1);
+    let store = MemoryStore::new();
+    let aggregates: Vec<String> = (0..5).map(|a| format!("order-{a}")).collect();
+    for seq in 0..2 {
+        for aggregate in &aggregates {
+            store.enqueue(message(aggregate, seq));
+        }
+    }
+    // The first claim's five heads go in one request, which the broker refuses as a
+    // whole; the same message produced alone is accepted.
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_RECORD],
+    );
+
+    run_until_drained(
+        &store,
+        publisher(one_request(&cluster)),
+        relay_config(100),
+        Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(store.count(Status::Dead), 0, "{:?}", store.rows());
+    assert_eq!(store.count(Status::Done), 10);
+    assert!(
+        store.rows().iter().all(|row| row.attempts == 0),
+        "a bystander is not charged an attempt: {:?}",
+        store.rows()
+    );
+    let records = read_back(&cluster, TOPIC, 10).await;
+    assert_once_each(&records, message_ids(&store, 1..=10));
+    for aggregate in &aggregates {
+        assert_eq!(seqs_of(&records, aggregate), vec![0, 1], "{aggregate}");
+    }
+    assert!(
+        read_back(&cluster, DLQ, 0).await.is_empty(),
+        "no dead letter"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_message_among_small_ones_is_the_only_one_dead() {
+    let cluster = start_cluster(1);
+    create_topic(&cluster, TOPIC, 1);
+    create_topic(&cluster, DLQ, 1);
+    let store = MemoryStore::new();
+    let ids: Vec<i64> = (0..5)
+        .map(|a| store.enqueue(message(&format!("order-{a}"), 0)))
+        .collect();
+    let big = ids[2];
+    let successor = store.enqueue(message("order-2", 1));
+    // The mock broker has no size limit of its own, so it is told what a broker with a
+    // limit between the small messages and the big one answers: the batch's request is
+    // refused, then each message alone: the two before the big one are accepted, the big
+    // one is refused, the two after it accepted.
+    use RDKafkaRespErr::*;
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[
+            RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
+            RD_KAFKA_RESP_ERR_NO_ERROR,
+            RD_KAFKA_RESP_ERR_NO_ERROR,
+            RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
+        ],
+    );
+
+    run_until_drained(
+        &store,
+        publisher(one_request(&cluster)),
+        relay_config(100),
+        Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+
+    let dead: Vec<i64> = (1..=store.rows().len() as i64)
+        .filter(|id| store.row(*id).status == Status::Dead)
+        .collect();
+    assert_eq!(dead, vec![big]);
+    assert!(
+        store
+            .row(big)
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("alone")),
+        "{:?}",
+        store.row(big)
+    );
+    let delivered: Vec<i64> = ids
+        .iter()
+        .copied()
+        .filter(|id| *id != big)
+        .chain([successor])
+        .collect();
+    let records = read_back(&cluster, TOPIC, delivered.len()).await;
+    assert_once_each(&records, message_ids(&store, delivered));
+    let letters = read_back(&cluster, DLQ, 1).await;
+    let big_id = format!("m-{big}");
+    assert_eq!(
+        letters
+            .iter()
+            .map(|l| l.header("message-id"))
+            .collect::<Vec<_>>(),
+        vec![Some(big_id.as_str())]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs_on() {
+    const SECRET: &str = "secret";
+    let cluster = start_cluster(1);
+    create_topic(&cluster, TOPIC, 2);
+    create_topic(&cluster, SECRET, 1);
+    create_topic(&cluster, "secret.dlq", 1);
+    // Kafka with ACLs answers a topic the producer may not write to like this.
+    cluster
+        .topic_error(
+            SECRET,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+        )
+        .unwrap();
+    let store = MemoryStore::new();
+    let mut ids = Vec::new();
+    for i in 0..200 {
+        ids.push(store.enqueue(message(&format!("order-{}", i % 40), i)));
+        if i == 100 {
+            let refused = NewMessage::new(SECRET, json!({ "seq": i })).aggregate("audit", "a-1");
+            ids.push(store.enqueue(refused));
+        }
+    }
+    let refused = ids[101];
+    let max_attempts = 3;
+    let config = relay_config(50).retry(
+        RetryPolicy::default()
+            .initial(Duration::from_millis(20))
+            .max(Duration::from_millis(100))
+            .max_attempts(max_attempts),
+    );
+
+    run_until_drained(
+        &store,
+        publisher(producer(&cluster)),
+        config,
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("one topic's refusal does not stop the relay");
+
+    let row = store.row(refused);
+    assert_eq!(row.status, Status::Dead, "{row:?}");
+    assert_eq!(row.attempts, max_attempts as i32, "{row:?}");
+    let error = row.last_error.clone().unwrap_or_default();
+    assert!(error.contains("TopicAuthorizationFailed"), "{error}");
+    assert!(
+        error.contains("topic secret refuses"),
+        "names the topic: {error}"
+    );
+    assert_eq!(store.count(Status::Done), 200);
+    let delivered: Vec<i64> = ids.iter().copied().filter(|id| *id != refused).collect();
+    let records = read_back(&cluster, TOPIC, 200).await;
+    assert_once_each(&records, message_ids(&store, delivered));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_batch_back() {
     let cluster = start_cluster(1);
     create_topic(&cluster, TOPIC, 1);
     let store = MemoryStore::new();

@@ -19,10 +19,12 @@ use crate::relay::ErrorKind;
 /// | librdkafka error (`RDKafkaErrorCode`) | kind | why |
 /// |---|---|---|
 /// | `NotLeaderForPartition`, `LeaderNotAvailable`, `RequestTimedOut`, `NetworkException`, `BrokerNotAvailable`, `ReplicaNotAvailable`, `NotEnoughReplicas`, `NotEnoughReplicasAfterAppend`, `KafkaStorageError`, `NotController`, `FencedLeaderEpoch`, `UnknownLeaderEpoch`, `OffsetNotAvailable`, `PreferredLeaderNotAvailable`, `EligibleLeadersNotAvailable`, `ElectionNotNeeded`, `RebootstrapRequired` | retried inside librdkafka; [`Retriable`](ErrorKind::Retriable) if one ever reaches us | leader changes, slow or restarting brokers: librdkafka refreshes its metadata and resends |
-/// | `MessageTimedOut`, `BrokerTransportFailure`, `AllBrokersDown`, `Resolve`, `OperationTimedOut`, `TimedOutQueue`, `Retry`, `PurgeQueue`, `PurgeInflight`, `BrokerDestroy`, `DestroyBroker`, `Interrupted`, `UnknownBroker`, `WaitCache`, `InProgress`, `NodeUpdate`, `Partial`, `ISRInsufficient`, `DuplicateSequenceNumber`, `UnknownPartition`, and a cancelled delivery (the producer was dropped) | [`Retriable`](ErrorKind::Retriable) | the message was not delivered for a reason that passes (no broker reachable within the message timeout, the producer shutting down): publish it again after the retry policy's delay |
+/// | `MessageTimedOut`, `BrokerTransportFailure`, `AllBrokersDown`, `Resolve`, `OperationTimedOut`, `TimedOutQueue`, `Retry`, `BrokerDestroy`, `DestroyBroker`, `Interrupted`, `UnknownBroker`, `WaitCache`, `InProgress`, `NodeUpdate`, `Partial`, `ISRInsufficient`, `DuplicateSequenceNumber`, `UnknownPartition`, and a cancelled delivery (the producer was dropped) | [`Retriable`](ErrorKind::Retriable) | the message was not delivered for a reason that passes (no broker reachable within the message timeout, the producer shutting down): publish it again after the retry policy's delay |
+/// | `PurgeQueue`, `PurgeInflight` | [`Backpressure`](ErrorKind::Backpressure) | librdkafka purged the message unsent, as it does to every other queued message after a fatal producer error: the message is not at fault, so it is handed back without counting an attempt |
 /// | `UnknownTopicOrPartition`, `UnknownTopic`, `UnknownTopicId` | [`Retriable`](ErrorKind::Retriable) | a topic that does not exist (yet) when auto-creation is off. Retried, not fatal: one row with a misspelt topic must not stop the relay for every other topic, and a topic being created appears within the retries; a topic that never appears makes its messages dead after `max_attempts` |
-/// | `MessageSizeTooLarge` (from librdkafka's own `message.max.bytes` check or from the broker), `InvalidMessageSize`, `MessageBatchTooLarge` (Kafka's `RECORD_LIST_TOO_LARGE`), `InvalidMessage` (`CORRUPT_MESSAGE`), `InvalidRecord`, `InvalidTimestamp`, `BadMessage`, `BadCompression`, `InvalidTopic`, `PolicyViolation`, `KeySerialization`, `ValueSerialization`, `InvalidArgument`, a NUL byte in the topic | [`Poison`](ErrorKind::Poison) | this message can never be produced as it is; the rest of the batch can |
-/// | `TopicAuthorizationFailed`, `ClusterAuthorizationFailed`, `TransactionalIdAuthorizationFailed`, `GroupAuthorizationFailed`, `DelegationTokenAuthorizationFailed`, `SaslAuthenticationFailed`, `UnsupportedSASLMechanism`, `IllegalSASLState`, `Authentication`, `SSL`, `Fatal` (librdkafka's `_FATAL`: the idempotent producer lost its guarantee), `Fenced`, `ProducerFenced`, `InvalidProducerEpoch`, `InvalidProducerIdMapping`, `OutOfOrderSequenceNumber`, `UnknownProducerId`, `InvalidRequiredAcks`, `UnsupportedForMessageFormat`, `UnsupportedCompressionType`, `UnsupportedVersion`, `InvalidConfig`, `NotImplemented`, `UnsupportedFeature`, `NotConfigured`, `State`, `CriticalSystemResource`, `FileSystem`, and a configuration or client-creation error | [`Fatal`](ErrorKind::Fatal) | the producer cannot work at all (credentials, ACLs, a fenced or failed producer, a broker or setting that cannot take these messages): every further message would fail the same way, so the relay hands the message back and stops |
+/// | `TopicAuthorizationFailed` | [`Retriable`](ErrorKind::Retriable) | one topic's ACL refuses the producer (Kafka with ACLs answers this for a misspelt topic too): that topic's problem, so its messages count attempts and go dead after `max_attempts` while other topics flow. [`KafkaPublisher`](super::KafkaPublisher) makes it [`Fatal`](ErrorKind::Fatal) when it is producer-wide: every topic of a batch refused and no other topic delivered to recently |
+/// | `MessageSizeTooLarge` (from librdkafka's own `message.max.bytes` check at enqueue, or from the broker), `InvalidMessageSize`, `MessageBatchTooLarge` (Kafka's `RECORD_LIST_TOO_LARGE`), `InvalidMessage` (`CORRUPT_MESSAGE`), `InvalidRecord`, `InvalidTimestamp`, `BadMessage`, `BadCompression`, `InvalidTopic`, `PolicyViolation`, `KeySerialization`, `ValueSerialization`, `InvalidArgument`, a NUL byte in the topic | [`Poison`](ErrorKind::Poison) | this message can never be produced as it is; the rest of the batch can. A broker refuses a whole produce request (one partition's batch of messages) with `MessageSizeTooLarge`, `InvalidMessageSize`, `MessageBatchTooLarge`, `InvalidMessage`, `InvalidRecord` or `InvalidTimestamp`, so when one of these comes in a delivery report the message is only *suspect*: [`KafkaPublisher`](super::KafkaPublisher) and [`FeedExporter`](super::FeedExporter) produce it again alone (a request of one message) and judge it Poison only when it is refused on its own |
+/// | `ClusterAuthorizationFailed`, `TransactionalIdAuthorizationFailed`, `GroupAuthorizationFailed`, `DelegationTokenAuthorizationFailed`, `SaslAuthenticationFailed`, `UnsupportedSASLMechanism`, `IllegalSASLState`, `Authentication`, `SSL`, `Fatal` (librdkafka's `_FATAL`: the idempotent producer lost its guarantee), `Fenced`, `ProducerFenced`, `InvalidProducerEpoch`, `InvalidProducerIdMapping`, `OutOfOrderSequenceNumber`, `UnknownProducerId`, `InvalidRequiredAcks`, `UnsupportedForMessageFormat`, `UnsupportedCompressionType`, `UnsupportedVersion`, `InvalidConfig`, `NotImplemented`, `UnsupportedFeature`, `NotConfigured`, `State`, `CriticalSystemResource`, `FileSystem`, and a configuration or client-creation error | [`Fatal`](ErrorKind::Fatal) | the producer cannot work at all (credentials, cluster ACLs, a fenced or failed producer, a broker or setting that cannot take these messages): every further message would fail the same way, so the relay hands the message back and stops |
 /// | `QueueFull` | [`Backpressure`](ErrorKind::Backpressure) | librdkafka's local queue (`queue.buffering.max.messages` / `.kbytes`) is full: hand the message back without counting an attempt and claim later |
 /// | `ThrottlingQuotaExceeded` | [`Backpressure`](ErrorKind::Backpressure) | the broker's quota: slow down |
 /// | anything else (consumer-group, admin and transaction codes a producer is not sent, `Unknown`, codes newer than this table) | [`Retriable`](ErrorKind::Retriable) | an error we cannot place is retried, and goes dead after `max_attempts` like any retriable failure, so it neither stops the relay nor throws a message away on first sight |
@@ -37,7 +39,7 @@ use crate::relay::ErrorKind;
 /// assert_eq!(classify(&produce(RDKafkaErrorCode::MessageTimedOut)), ErrorKind::Retriable);
 /// assert_eq!(classify(&produce(RDKafkaErrorCode::MessageSizeTooLarge)), ErrorKind::Poison);
 /// assert_eq!(
-///     classify(&produce(RDKafkaErrorCode::TopicAuthorizationFailed)),
+///     classify(&produce(RDKafkaErrorCode::ClusterAuthorizationFailed)),
 ///     ErrorKind::Fatal
 /// );
 /// assert_eq!(classify(&produce(RDKafkaErrorCode::QueueFull)), ErrorKind::Backpressure);
@@ -57,6 +59,29 @@ pub fn classify(error: &KafkaError) -> ErrorKind {
             None => ErrorKind::Retriable,
         },
     }
+}
+
+/// Whether a delivery report's error is one a broker gives a whole produce request (one
+/// partition's batch of messages), so that it does not say which message is at fault.
+/// librdkafka's own `message.max.bytes` check refuses one message at enqueue instead, as
+/// an error of `send_result`, never through a delivery report.
+pub(crate) fn refuses_whole_request(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::MessageBatchTooLarge
+                | C::InvalidMessage
+                | C::InvalidRecord
+                | C::InvalidTimestamp
+        )
+    )
+}
+
+/// Whether the error is a topic's authorization failure.
+pub(crate) fn topic_refused(error: &KafkaError) -> bool {
+    error.rdkafka_error_code() == Some(C::TopicAuthorizationFailed)
 }
 
 /// The table's rows, by error code.
@@ -88,8 +113,6 @@ fn classify_code(code: C) -> ErrorKind {
         | C::OperationTimedOut
         | C::TimedOutQueue
         | C::Retry
-        | C::PurgeQueue
-        | C::PurgeInflight
         | C::BrokerDestroy
         | C::DestroyBroker
         | C::Interrupted
@@ -103,6 +126,12 @@ fn classify_code(code: C) -> ErrorKind {
         | C::UnknownPartition => ErrorKind::Retriable,
 
         C::UnknownTopicOrPartition | C::UnknownTopic | C::UnknownTopicId => ErrorKind::Retriable,
+
+        // One topic's ACL; the publisher decides whether it is producer-wide.
+        C::TopicAuthorizationFailed => ErrorKind::Retriable,
+
+        // Purged unsent (after a fatal producer error, or by our own time-out purge).
+        C::PurgeQueue | C::PurgeInflight => ErrorKind::Backpressure,
 
         C::MessageSizeTooLarge
         | C::InvalidMessageSize
@@ -118,8 +147,7 @@ fn classify_code(code: C) -> ErrorKind {
         | C::ValueSerialization
         | C::InvalidArgument => ErrorKind::Poison,
 
-        C::TopicAuthorizationFailed
-        | C::ClusterAuthorizationFailed
+        C::ClusterAuthorizationFailed
         | C::TransactionalIdAuthorizationFailed
         | C::GroupAuthorizationFailed
         | C::DelegationTokenAuthorizationFailed
@@ -182,8 +210,6 @@ mod tests {
             C::BrokerTransportFailure,
             C::AllBrokersDown,
             C::Resolve,
-            C::PurgeQueue,
-            C::PurgeInflight,
             C::UnknownTopicOrPartition,
             C::UnknownTopic,
         ] {
@@ -213,7 +239,6 @@ mod tests {
     #[test]
     fn authorization_authentication_and_a_failed_producer_are_fatal() {
         for code in [
-            C::TopicAuthorizationFailed,
             C::ClusterAuthorizationFailed,
             C::SaslAuthenticationFailed,
             C::Authentication,
@@ -233,9 +258,46 @@ mod tests {
     }
 
     #[test]
-    fn a_full_queue_or_a_quota_is_backpressure() {
+    fn a_full_queue_a_quota_or_a_purge_is_backpressure() {
         assert_eq!(produce(C::QueueFull), ErrorKind::Backpressure);
         assert_eq!(produce(C::ThrottlingQuotaExceeded), ErrorKind::Backpressure);
+        // After a fatal producer error librdkafka purges every other queued message: they
+        // are handed back, no attempt counted.
+        assert_eq!(produce(C::PurgeQueue), ErrorKind::Backpressure);
+        assert_eq!(produce(C::PurgeInflight), ErrorKind::Backpressure);
+    }
+
+    #[test]
+    fn one_topics_authorization_failure_is_that_topics_problem() {
+        assert_eq!(produce(C::TopicAuthorizationFailed), ErrorKind::Retriable);
+        assert!(topic_refused(&KafkaError::MessageProduction(
+            C::TopicAuthorizationFailed
+        )));
+        assert!(!topic_refused(&KafkaError::MessageProduction(
+            C::ClusterAuthorizationFailed
+        )));
+    }
+
+    #[test]
+    fn request_level_refusals_are_told_apart_from_a_single_messages() {
+        for code in [
+            C::MessageSizeTooLarge,
+            C::MessageBatchTooLarge,
+            C::InvalidMessage,
+            C::InvalidRecord,
+            C::InvalidTimestamp,
+        ] {
+            assert!(
+                refuses_whole_request(&KafkaError::MessageProduction(code)),
+                "{code:?}"
+            );
+        }
+        for code in [C::InvalidTopic, C::ValueSerialization, C::MessageTimedOut] {
+            assert!(
+                !refuses_whole_request(&KafkaError::MessageProduction(code)),
+                "{code:?}"
+            );
+        }
     }
 
     #[test]
@@ -245,7 +307,7 @@ mod tests {
         }
         // The table judges the code, whatever operation reported it.
         assert_eq!(
-            classify(&KafkaError::MetadataFetch(C::TopicAuthorizationFailed)),
+            classify(&KafkaError::MetadataFetch(C::ClusterAuthorizationFailed)),
             ErrorKind::Fatal
         );
     }

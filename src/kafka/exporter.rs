@@ -36,9 +36,18 @@
 //!   acknowledged). It keeps trying as long as the failures last; the page's cursor is
 //!   saved once the whole page is acknowledged. Messages after the failed one that were
 //!   acknowledged are produced again too: duplicates, never gaps.
+//!   A topic that does not exist (`UNKNOWN_TOPIC_OR_PART`, auto-creation off) is such a
+//!   retriable failure: the export waits for it as long as it is missing, logging each
+//!   retry, and goes on once it is created.
+//! * A broker refusal that covers a whole produce request (`MESSAGE_TOO_LARGE`,
+//!   `INVALID_RECORD`, `CORRUPT_MESSAGE`, `INVALID_TIMESTAMP`, ...) does not say which event
+//!   is at fault: the first event it refused is produced again alone (no other shard's
+//!   message in flight meanwhile). Delivered, the page goes on after it; refused alone, it
+//!   is poison.
 //! * `Poison` or `Fatal`, and a [`ValueSerializer`] error: the export stops with an
 //!   [`Error::Kafka`] naming the event (ULID, shard) and what to do; the cursor of that page
-//!   is not saved.
+//!   is not saved. The topic refusing the producer (`TOPIC_AUTHORIZATION_FAILED`) is fatal
+//!   here: the export has one topic.
 //!
 //! A read error (from [`page_stream`], after its own retries of transient failures) stops
 //! the export with that error, and so does a cursor save that fails (a transient save error
@@ -80,7 +89,7 @@ use crate::reader::{
 };
 use crate::relay::ErrorKind;
 
-use super::classify::classify;
+use super::classify::{classify, refuses_whole_request, topic_refused};
 
 /// The header carrying the event's ULID (26 characters).
 pub const HEADER_ULID: &str = "ulid";
@@ -503,6 +512,7 @@ where
             serializer,
             progress: progress.clone(),
             cursors: tokio::sync::Mutex::new(cursors),
+            producing: tokio::sync::RwLock::new(()),
         };
         let (stop_sender, stop) = watch::channel(None);
         let shard_runs = futures::future::try_join_all(shards.iter().map(|&shard| {
@@ -588,6 +598,9 @@ struct Job<C> {
     progress: ExportProgress,
     /// One store for all shards; a save is short, so they take turns.
     cursors: tokio::sync::Mutex<C>,
+    /// Shards produce their pages under its read side; a suspect event is produced alone
+    /// under its write side, so no other shard's message shares its request.
+    producing: tokio::sync::RwLock<()>,
 }
 
 impl<C: ExportCursors> Job<C> {
@@ -730,23 +743,52 @@ impl<C: ExportCursors> Job<C> {
         let mut first = 0;
         let mut failures: u32 = 0;
         while first < messages.len() {
-            let (deliveries, refused) = self.enqueue(&messages[first..], &shard_text);
-            let acks = futures::future::join_all(deliveries);
-            let results = tokio::select! {
-                results = acks => results,
-                () = stop.grace_over(self.config.shutdown_grace) => return Ok(PageOutcome::GivenUp),
+            let results = {
+                let producing = tokio::select! {
+                    guard = self.producing.read() => guard,
+                    () = stop.grace_over(self.config.shutdown_grace) => return Ok(PageOutcome::GivenUp),
+                };
+                let (deliveries, refused) = self.enqueue(&messages[first..], &shard_text);
+                let acks = futures::future::join_all(deliveries);
+                let results = tokio::select! {
+                    results = acks => results,
+                    () = stop.grace_over(self.config.shutdown_grace) => return Ok(PageOutcome::GivenUp),
+                };
+                drop(producing);
+                results
+                    .into_iter()
+                    .enumerate()
+                    .find_map(|(index, result)| {
+                        delivery_error(result).map(|error| (index, error, true))
+                    })
+                    .or(refused.map(|(index, error)| (index, error, false)))
             };
-            let failed = results
-                .into_iter()
-                .enumerate()
-                .find_map(|(index, result)| delivery_error(result).map(|error| (index, error)))
-                .or(refused);
-            let Some((offset, error)) = failed else {
+            let Some((offset, error, reported)) = results else {
                 break;
             };
             let index = first + offset;
             let message = &messages[index];
-            let kind = classify(&error);
+            // A broker refuses a whole request for one bad message in it: this event is only
+            // suspect until it is refused alone, and the error must never name a bystander.
+            let error = if reported && refuses_whole_request(&error) {
+                match self.produce_alone(message, &shard_text, stop).await {
+                    None => return Ok(PageOutcome::GivenUp),
+                    Some(Ok(())) => {
+                        first = index + 1;
+                        failures = 0;
+                        continue;
+                    }
+                    Some(Err(error)) => error,
+                }
+            } else {
+                error
+            };
+            // The export has one topic: its refusal is every topic's, so it is fatal.
+            let kind = if topic_refused(&error) {
+                ErrorKind::Fatal
+            } else {
+                classify(&error)
+            };
             match kind {
                 ErrorKind::Retriable | ErrorKind::Backpressure => {
                     failures = if index > first { 1 } else { failures + 1 };
@@ -775,7 +817,7 @@ impl<C: ExportCursors> Job<C> {
                          raise the limit, or skip the event by saving a cursor at its ULID, \
                          then export again"
                     } else {
-                        "the producer cannot work (credentials, ACLs, a missing topic, \
+                        "the producer cannot work (credentials, the topic's ACLs, \
                          configuration): fix that and export again"
                     };
                     tracing::error!(
@@ -800,6 +842,33 @@ impl<C: ExportCursors> Job<C> {
         Ok(PageOutcome::Acknowledged {
             exported: messages.len() as u64,
         })
+    }
+
+    /// Produces one suspect event alone: under the write side of `producing`, so no other
+    /// message of the producer is queued or in flight and its request carries it only.
+    /// `None` when shutdown's grace passed first.
+    async fn produce_alone(
+        &self,
+        message: &Prepared,
+        shard: &str,
+        stop: &mut Stop,
+    ) -> Option<std::result::Result<(), KafkaError>> {
+        let grace = self.config.shutdown_grace;
+        let alone = async {
+            let _alone = self.producing.write().await;
+            let (deliveries, refused) = self.enqueue(std::slice::from_ref(message), shard);
+            if let Some((_, error)) = refused {
+                return Err(error);
+            }
+            match deliveries.into_iter().next() {
+                Some(delivery) => delivery_error(delivery.await).map_or(Ok(()), Err),
+                None => Err(KafkaError::Canceled),
+            }
+        };
+        tokio::select! {
+            result = alone => Some(result),
+            () = stop.grace_over(grace) => None,
+        }
     }
 
     /// Enqueues `messages` in order until the producer refuses one (its queue is full, the

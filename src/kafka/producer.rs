@@ -74,6 +74,27 @@ impl ProducerSettings {
             .map(|(_, v)| v.as_str())
     }
 
+    /// How long librdkafka may hold a message before it fails it (`message.timeout.ms`, or
+    /// its alias `delivery.timeout.ms`, whichever is given last): `Ok(None)` when neither is
+    /// given, `Ok(Some(Duration::ZERO))` for 0, which librdkafka takes as no limit at all.
+    pub fn message_timeout(&self) -> Result<Option<Duration>> {
+        let Some((key, value)) = self
+            .settings
+            .iter()
+            .rev()
+            .find(|(key, _)| key == "message.timeout.ms" || key == "delivery.timeout.ms")
+        else {
+            return Ok(None);
+        };
+        let millis: u64 = value.trim().parse().map_err(|_| {
+            Error::Config(format!(
+                "the Kafka setting {key}={value} is not a whole number of milliseconds; give \
+                 one (-X {key}=10000)"
+            ))
+        })?;
+        Ok(Some(Duration::from_millis(millis)))
+    }
+
     /// The librdkafka configuration: the defaults above, then every setting in order.
     /// A setting that turns idempotence or `acks=all` off is [`Error::Config`].
     pub fn client_config(&self) -> Result<ClientConfig> {
@@ -128,6 +149,15 @@ fn check_setting(key: &str, value: &str) -> Result<()> {
                  remove it"
             )))
         }
+        // librdkafka's `random` is the one partitioner that ignores the key; every other
+        // (consistent, murmur2, fnv1a, and their `_random` forms, which are random only
+        // for messages without a key) sends one key to one partition.
+        "partitioner" if value.eq_ignore_ascii_case("random") => Err(Error::Config(format!(
+            "the Kafka setting partitioner={value} is refused: it spreads one key over every \
+             partition, so an aggregate's messages could be read out of order; remove it, or \
+             use a partitioner that hashes the key (consistent_random, the default, or \
+             murmur2_random to match the Java client) and the same one on every relay"
+        ))),
         _ => Ok(()),
     }
 }
@@ -241,6 +271,48 @@ mod tests {
                 .client_config()
                 .expect(key);
         }
+    }
+
+    #[test]
+    fn a_partitioner_that_ignores_the_key_is_refused() {
+        let error = ProducerSettings::new("k:9092")
+            .set("partitioner", "random")
+            .client_config()
+            .expect_err("random spreads a key over partitions");
+        let text = error.to_string();
+        assert!(text.contains("partitioner=random"), "{text}");
+        assert!(text.contains("out of order"), "{text}");
+        for keeps_the_key in ["consistent_random", "murmur2_random", "fnv1a", "consistent"] {
+            ProducerSettings::new("k:9092")
+                .set("partitioner", keeps_the_key)
+                .client_config()
+                .expect(keeps_the_key);
+        }
+    }
+
+    #[test]
+    fn the_message_timeout_is_the_last_of_either_name() {
+        assert_eq!(
+            ProducerSettings::new("k:1").message_timeout().unwrap(),
+            None
+        );
+        let settings = ProducerSettings::new("k:1")
+            .set("message.timeout.ms", "5000")
+            .set("delivery.timeout.ms", "7000");
+        assert_eq!(
+            settings.message_timeout().unwrap(),
+            Some(Duration::from_secs(7))
+        );
+        let infinite = ProducerSettings::new("k:1").set("message.timeout.ms", "0");
+        assert_eq!(infinite.message_timeout().unwrap(), Some(Duration::ZERO));
+        let error = ProducerSettings::new("k:1")
+            .set("delivery.timeout.ms", "ten")
+            .message_timeout()
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("delivery.timeout.ms=ten"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -1,18 +1,21 @@
 //! [`KafkaPublisher`]: the relay's publisher to Kafka.
 
 use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer, PurgeConfig};
+use tokio::time::{Instant, timeout_at};
 
 use crate::error::Result;
 use crate::outbox::{ClaimedMessage, Headers};
 use crate::relay::{DeadLetter, ErrorKind, PublishError, PublishOutcome, Publisher};
 
-use super::classify::classify;
+use super::classify::{classify, refuses_whole_request, topic_refused};
 use super::producer::ProducerSettings;
 
 /// Header carrying the outbox message's idempotency key, for consumers to drop duplicates.
@@ -108,11 +111,32 @@ impl KafkaPublisherConfig {
 /// poison too (a payload over `message.max.bytes`) is sent again without it, with
 /// [`x-value-omitted`](HEADER_VALUE_OMITTED) saying why; the dead row keeps the payload.
 ///
-/// Keep librdkafka's `message.timeout.ms` below the relay's `claim_timeout`: a delivery
-/// still pending when the claim expires is published again by the next claim. When the
-/// settings do not give one, [`new`](Self::new) sets
-/// [`DEFAULT_MESSAGE_TIMEOUT`](Self::DEFAULT_MESSAGE_TIMEOUT), below the relay's default
-/// claim timeout of 30 s.
+/// A broker refuses a whole produce request (one partition's batch) when it finds one bad
+/// message in it (`MESSAGE_TOO_LARGE`, `INVALID_RECORD`, `CORRUPT_MESSAGE`,
+/// `INVALID_TIMESTAMP`, ...), so such a delivery report only makes each of its messages
+/// suspect. Once the batch's reports are in, every suspect is produced again alone (enqueued
+/// and its report awaited before the next, so its request holds nothing else): it is
+/// delivered, or refused on its own and then [`Poison`](crate::relay::ErrorKind::Poison).
+/// Until then it stays claimed, so no successor of its aggregate is published ahead of it.
+/// librdkafka's own `message.max.bytes` check refuses one message at enqueue and is Poison
+/// at once.
+///
+/// A topic that refuses the producer (`TOPIC_AUTHORIZATION_FAILED`) is that topic's problem
+/// (retriable: attempts counted, dead at `max_attempts`) while other topics are delivered,
+/// in the same batch or within the last [`TOPIC_EVIDENCE`](Self::TOPIC_EVIDENCE). When
+/// every topic of a batch refuses and no other topic was delivered to in that time, the
+/// refusal is producer-wide (the credentials): [`Fatal`](crate::relay::ErrorKind::Fatal),
+/// and the relay stops. Every such error names its topic.
+///
+/// A publish takes at most [`longest_publish`](Publisher::longest_publish): twice the
+/// message timeout (the batch, then its suspects alone) plus 1 s for librdkafka's timer;
+/// [`Relay::new`](crate::relay::Relay::new) refuses it when that is not comfortably inside
+/// the relay's `claim_timeout`, and `message.timeout.ms=0` (no limit) is always refused.
+/// Should the producer still hold messages past that bound, they are purged from its queue
+/// before their rows are marked failed, so no stale copy is sent after another claim took
+/// them. When the settings give no message timeout, [`new`](Self::new) sets
+/// [`DEFAULT_MESSAGE_TIMEOUT`](Self::DEFAULT_MESSAGE_TIMEOUT), which fits the relay's
+/// default claim timeout of 30 s.
 ///
 /// ```no_run
 /// use changefeed::kafka::{KafkaPublisher, KafkaPublisherConfig, ProducerSettings, check_brokers};
@@ -132,12 +156,27 @@ impl KafkaPublisherConfig {
 pub struct KafkaPublisher {
     config: KafkaPublisherConfig,
     producer: FutureProducer,
+    /// librdkafka's `message.timeout.ms` (zero: no limit).
+    message_timeout: Duration,
+    /// When each topic last had a message delivered, for telling one topic's
+    /// authorization failure from a producer-wide one (entries older than
+    /// `TOPIC_EVIDENCE` are dropped).
+    delivered_to: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl KafkaPublisher {
     /// `message.timeout.ms` when the settings give neither it nor `delivery.timeout.ms`:
-    /// 25 s, below the relay's default claim timeout.
-    pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(25);
+    /// 10 s, so a publish (at most twice that plus 1 s) fits in three quarters of the
+    /// relay's default claim timeout of 30 s.
+    pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// How recent a delivery to another topic must be to show that a topic's authorization
+    /// failure is that topic's alone: 5 minutes.
+    pub const TOPIC_EVIDENCE: Duration = Duration::from_secs(5 * 60);
+
+    /// What librdkafka's message timeout may overrun by: it scans for timed-out messages
+    /// about once a second.
+    const TIMER_SLACK: Duration = Duration::from_secs(1);
 
     /// `linger.ms` when the settings give neither it nor `queue.buffering.max.ms`: 1 ms
     /// instead of librdkafka's 5. The relay enqueues a whole batch at once and waits for
@@ -164,8 +203,17 @@ impl KafkaPublisher {
                 config.producer = config.producer.set(names[0], value.as_millis().to_string());
             }
         }
+        let message_timeout = config
+            .producer
+            .message_timeout()?
+            .unwrap_or(Self::DEFAULT_MESSAGE_TIMEOUT);
         let producer = config.producer.create()?;
-        Ok(KafkaPublisher { config, producer })
+        Ok(KafkaPublisher {
+            config,
+            producer,
+            message_timeout,
+            delivered_to: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The configuration.
@@ -187,10 +235,12 @@ impl KafkaPublisher {
         }
     }
 
-    /// Hands one message to librdkafka without waiting for it.
-    fn enqueue(&self, message: &ClaimedMessage) -> Result<DeliveryFuture, PublishError> {
+    /// Hands one message to librdkafka without waiting for it. A refusal says whether it
+    /// was the topic's authorization (librdkafka refuses at once once it knows).
+    fn enqueue(&self, message: &ClaimedMessage) -> Result<DeliveryFuture, (PublishError, bool)> {
         let value = serde_json::to_vec(&message.payload).map_err(|error| {
-            PublishError::poison(format!("the payload cannot be serialized: {error}"))
+            let error = PublishError::poison(format!("the payload cannot be serialized: {error}"));
+            (error, false)
         })?;
         let topic = self.topic(&message.topic);
         let headers = record_headers(
@@ -207,27 +257,76 @@ impl KafkaPublisher {
         }
         self.producer
             .send_result(record)
-            .map_err(|(error, _)| publish_error(&error, &topic))
+            .map_err(|(error, _)| (publish_error(&error, &topic), topic_refused(&error)))
     }
 }
 
 impl Publisher for KafkaPublisher {
     async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        let deadline = self
+            .longest_publish_bound()
+            .map(|bound| Instant::now() + bound);
         // Everything is enqueued before anything is awaited, so librdkafka sends the batch
         // in as few requests as it can instead of one round trip per message.
-        let pending: Vec<_> = batch
-            .iter()
-            .map(|message| (self.enqueue(message), message))
-            .collect();
-        let mut outcomes = Vec::with_capacity(batch.len());
-        for (enqueued, message) in pending {
-            outcomes.push(match enqueued {
-                Ok(delivery) => delivered(delivery.await)
-                    .map_err(|error| publish_error(&error, &self.topic(&message.topic))),
-                Err(error) => Err(error),
+        let pending: Vec<_> = batch.iter().map(|message| self.enqueue(message)).collect();
+        let mut reports = Vec::with_capacity(batch.len());
+        for enqueued in pending {
+            reports.push(match enqueued {
+                Ok(delivery) => Report::Pending(delivery),
+                Err((error, topic_refusal)) => Report::Refused(error, topic_refusal),
             });
         }
+        let mut outcomes = Vec::with_capacity(batch.len());
+        let mut suspects = Vec::new();
+        let mut topic_refusals = HashSet::new();
+        let mut timed_out = false;
+        for (index, (report, message)) in reports.into_iter().zip(batch).enumerate() {
+            let topic = self.topic(&message.topic);
+            let outcome = match report {
+                Report::Refused(error, topic_refusal) => {
+                    if topic_refusal {
+                        topic_refusals.insert(index);
+                    }
+                    Err(error)
+                }
+                Report::Pending(delivery) => match self.await_report(delivery, deadline).await {
+                    Awaited::Delivered(Ok(())) => Ok(()),
+                    Awaited::Delivered(Err(error)) if refuses_whole_request(&error) => {
+                        suspects.push((index, error));
+                        // Judged below, alone.
+                        Ok(())
+                    }
+                    Awaited::Delivered(Err(error)) => {
+                        if topic_refused(&error) {
+                            topic_refusals.insert(index);
+                        }
+                        Err(publish_error(&error, &topic))
+                    }
+                    Awaited::TimedOut(error) => {
+                        timed_out = true;
+                        Err(PublishError::retriable(format!(
+                            "producing to {topic}: no delivery report within the publish's \
+                             bound ({:?}); purged from the producer's queue ({error})",
+                            self.longest_publish_bound().unwrap_or_default()
+                        )))
+                    }
+                },
+            };
+            outcomes.push(outcome);
+        }
+        for (index, error) in suspects {
+            outcomes[index] = if timed_out {
+                Err(self.not_judged(&batch[index], &error))
+            } else {
+                self.produce_alone(&batch[index], &error, deadline).await
+            };
+        }
+        self.judge_topic_refusals(batch, &topic_refusals, &mut outcomes);
         outcomes
+    }
+
+    fn longest_publish(&self) -> Option<Duration> {
+        Some(self.longest_publish_bound().unwrap_or(Duration::MAX))
     }
 
     async fn publish_dead_letter(
@@ -277,7 +376,152 @@ impl Publisher for KafkaPublisher {
     }
 }
 
+/// A message of a batch after its enqueue.
+enum Report {
+    Pending(DeliveryFuture),
+    /// Refused at enqueue; `true` for the topic's authorization.
+    Refused(PublishError, bool),
+}
+
+/// A delivery report, or the publish's bound passing first.
+enum Awaited {
+    Delivered(Result<(), KafkaError>),
+    /// The bound passed; what was still queued was purged, and this is the report that
+    /// came after the purge.
+    TimedOut(KafkaError),
+}
+
 impl KafkaPublisher {
+    /// The longest a publish takes: the batch's reports within the message timeout, then
+    /// each suspect's alone within what is left of another; `None` when the message timeout
+    /// is 0 (no limit).
+    fn longest_publish_bound(&self) -> Option<Duration> {
+        (!self.message_timeout.is_zero()).then(|| self.message_timeout * 2 + Self::TIMER_SLACK)
+    }
+
+    /// Waits for one delivery report until `deadline`. Past it, whatever the producer still
+    /// holds is purged (its queue and its in-flight requests, which librdkafka then
+    /// reports at once) so that no copy is sent after the rows are marked failed and
+    /// another claim may have taken them.
+    async fn await_report(&self, delivery: DeliveryFuture, deadline: Option<Instant>) -> Awaited {
+        let Some(deadline) = deadline else {
+            return Awaited::Delivered(delivered(delivery.await));
+        };
+        let mut delivery = delivery;
+        match timeout_at(deadline, &mut delivery).await {
+            Ok(report) => Awaited::Delivered(delivered(report)),
+            Err(_) => {
+                self.producer
+                    .purge(PurgeConfig::default().queue().inflight().non_blocking());
+                let report = delivered(delivery.await);
+                Awaited::TimedOut(report.err().unwrap_or(KafkaError::Canceled))
+            }
+        }
+    }
+
+    /// Produces a suspect message alone: no other message of this publisher is queued or
+    /// in flight while it is, so the request that carries it carries nothing else, and a
+    /// refusal now is this message's own.
+    async fn produce_alone(
+        &self,
+        message: &ClaimedMessage,
+        batch_error: &KafkaError,
+        deadline: Option<Instant>,
+    ) -> PublishOutcome {
+        if deadline.is_some_and(|deadline| {
+            Instant::now() + self.message_timeout + Self::TIMER_SLACK > deadline
+        }) {
+            return Err(self.not_judged(message, batch_error));
+        }
+        let topic = self.topic(&message.topic);
+        let delivery = self.enqueue(message).map_err(|(error, _)| error)?;
+        match self.await_report(delivery, deadline).await {
+            Awaited::Delivered(Ok(())) => Ok(()),
+            Awaited::Delivered(Err(error)) if refuses_whole_request(&error) => {
+                Err(PublishError::poison(format!(
+                    "producing to {topic}: {error}; the broker refused this message when it \
+                     was produced alone"
+                )))
+            }
+            Awaited::Delivered(Err(error)) => Err(publish_error(&error, &topic)),
+            Awaited::TimedOut(error) => Err(PublishError::retriable(format!(
+                "producing to {topic} alone, after its batch's request was refused \
+                 ({batch_error}): no delivery report in time; purged ({error})"
+            ))),
+        }
+    }
+
+    /// A suspect there was no time left to produce alone: retried, never judged poison on
+    /// another message's account.
+    fn not_judged(&self, message: &ClaimedMessage, batch_error: &KafkaError) -> PublishError {
+        PublishError::retriable(format!(
+            "producing to {}: the broker refused the request that held this message and \
+             others ({batch_error}); there was no time left in this publish to produce it \
+             alone and see whether it is at fault, so it is tried again",
+            self.topic(&message.topic)
+        ))
+    }
+
+    /// Makes a batch's topic authorization failures that topic's problem (retriable,
+    /// naming the topic), unless they are producer-wide: every topic of the batch refused,
+    /// and no other topic delivered to within [`TOPIC_EVIDENCE`](Self::TOPIC_EVIDENCE);
+    /// then they are fatal. Records the topics this batch delivered to.
+    fn judge_topic_refusals(
+        &self,
+        batch: &[ClaimedMessage],
+        refusals: &HashSet<usize>,
+        outcomes: &mut [PublishOutcome],
+    ) {
+        let refused: HashSet<&str> = refusals
+            .iter()
+            .map(|index| batch[*index].topic.as_str())
+            .collect();
+        let accepted: HashSet<&str> = batch
+            .iter()
+            .zip(outcomes.iter())
+            .filter(|(_, outcome)| outcome.is_ok())
+            .map(|(message, _)| message.topic.as_str())
+            .collect();
+        let now = std::time::Instant::now();
+        let mut delivered_to = self
+            .delivered_to
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        delivered_to.retain(|_, at| now.duration_since(*at) < Self::TOPIC_EVIDENCE);
+        for topic in &accepted {
+            delivered_to.insert((*topic).to_owned(), now);
+        }
+        if refused.is_empty() {
+            return;
+        }
+        let every_topic_refused = batch.iter().all(|m| refused.contains(m.topic.as_str()));
+        let others_accept = delivered_to.keys().any(|t| !refused.contains(t.as_str()));
+        drop(delivered_to);
+        let producer_wide = every_topic_refused && !others_accept;
+        for &index in refusals {
+            let Err(error) = &mut outcomes[index] else {
+                continue;
+            };
+            let topic = self.topic(&batch[index].topic);
+            *error = if producer_wide {
+                PublishError::fatal(format!(
+                    "{}; every topic of the batch refuses this producer and no other topic \
+                     accepted a message in the last {:?}, so the producer's credentials or \
+                     ACLs are wrong: grant them Write on the topics",
+                    error.message,
+                    Self::TOPIC_EVIDENCE
+                ))
+            } else {
+                PublishError::retriable(format!(
+                    "{}; topic {topic} refuses this producer while other topics accept it: \
+                     grant Write on {topic} (or fix the topic's name); its messages go dead \
+                     after max_attempts",
+                    error.message
+                ))
+            };
+        }
+    }
+
     async fn produce_dead_letter(
         &self,
         topic: &str,

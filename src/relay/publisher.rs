@@ -204,6 +204,18 @@ pub trait Publisher: Send + Sync {
     fn publish(&self, batch: &[ClaimedMessage])
     -> impl Future<Output = Vec<PublishOutcome>> + Send;
 
+    /// The longest one [`publish`](Self::publish) call can take, when the publisher bounds
+    /// it (`Duration::MAX` for a publish with no bound at all); `None` (the default): not
+    /// stated, and the relay's own time-out at `claim_timeout` is the only bound.
+    ///
+    /// [`Relay::new`](super::Relay::new) refuses a publisher whose longest publish is not
+    /// comfortably inside the claim timeout (at most three quarters of it): a publish still
+    /// running when its claim expires lets another relay claim and publish the same messages
+    /// and their successors, and the late copy then lands out of order.
+    fn longest_publish(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Hands a message that just went dead to a dead-letter destination. `headers` are
     /// the message's own headers plus [`HEADER_ORIGINAL_TOPIC`], [`HEADER_ATTEMPTS`],
     /// [`HEADER_ERROR`] and [`HEADER_ERROR_KIND`].
@@ -234,6 +246,10 @@ impl<P: Publisher> Publisher for Arc<P> {
         batch: &[ClaimedMessage],
     ) -> impl Future<Output = Vec<PublishOutcome>> + Send {
         (**self).publish(batch)
+    }
+
+    fn longest_publish(&self) -> Option<std::time::Duration> {
+        (**self).longest_publish()
     }
 
     fn publish_dead_letter(
