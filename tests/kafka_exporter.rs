@@ -569,6 +569,89 @@ async fn a_too_large_event_stops_the_export_naming_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_is_produced_again_event_by_event_and_exports_everything() {
+    let topic = topic("refused-request");
+    let cluster = mock::cluster(&topic);
+    let bootstrap = cluster.bootstrap_servers();
+    let feed = FakeFeed::default();
+    // One key: one partition, so a page is one produce request.
+    let events = feed.fill(0, 6, 1);
+    let cursors = watching(&bootstrap, &topic);
+    use changefeed::kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    // The broker refuses the page's request as a whole once; each event alone is accepted.
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_MSG],
+    );
+    let producer = mock::producer(&bootstrap, &[("linger.ms", "200")]);
+    let running = start(
+        exporter(&feed, &cursors, producer, config(&topic, 6)),
+        vec![0],
+    );
+    running
+        .finish_after(6)
+        .await
+        .expect("no event of the refused request is poison");
+
+    let received = mock::consume_all(&bootstrap, &topic).await;
+    assert_no_gap(&received, &events);
+    assert_messages_match(&received, &events);
+    assert_in_order(&received);
+    assert_eq!(
+        cursors.saved(),
+        BTreeMap::from([(0, Cursor::from_ulid(events[5].ulid))])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_stops_the_export_naming_the_event_refused_alone() {
+    let topic = topic("refused-alone");
+    let cluster = mock::cluster(&topic);
+    let bootstrap = cluster.bootstrap_servers();
+    let feed = FakeFeed::default();
+    let events = feed.fill(0, 6, 1);
+    let cursors = watching(&bootstrap, &topic);
+    use changefeed::kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr::*};
+    // What a broker with a size limit answers when event 3 is over it: the page's request
+    // refused, then events 0 to 2 alone accepted, event 3 alone refused.
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[
+            RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
+            RD_KAFKA_RESP_ERR_NO_ERROR,
+            RD_KAFKA_RESP_ERR_NO_ERROR,
+            RD_KAFKA_RESP_ERR_NO_ERROR,
+            RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
+        ],
+    );
+    let producer = mock::producer(&bootstrap, &[("linger.ms", "200")]);
+    let mut running = start(
+        exporter(&feed, &cursors, producer, config(&topic, 6)),
+        vec![0],
+    );
+    let error = running.join().await.expect_err("the export stops");
+    let message = error.to_string();
+    assert!(
+        message.contains(&events[3].ulid.to_string()),
+        "names the event refused alone: {message}"
+    );
+    assert!(
+        !message.contains(&events[0].ulid.to_string()),
+        "never the first event of the refused request: {message}"
+    );
+    assert!(cursors.saved().is_empty(), "the page is not saved");
+    let received: Vec<Ulid> = mock::consume_all(&bootstrap, &topic)
+        .await
+        .iter()
+        .map(|m| m.ulid)
+        .collect();
+    assert_eq!(
+        received,
+        events[..3].iter().map(|e| e.ulid).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_the_page_in_flight_and_saves_it() {
     let topic = topic("shutdown");
     let cluster = mock::cluster(&topic);

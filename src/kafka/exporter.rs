@@ -743,7 +743,7 @@ impl<C: ExportCursors> Job<C> {
         let mut first = 0;
         let mut failures: u32 = 0;
         while first < messages.len() {
-            let results = {
+            let (reports, refused) = {
                 let producing = tokio::select! {
                     guard = self.producing.read() => guard,
                     () = stop.grace_over(self.config.shutdown_grace) => return Ok(PageOutcome::GivenUp),
@@ -755,34 +755,53 @@ impl<C: ExportCursors> Job<C> {
                     () = stop.grace_over(self.config.shutdown_grace) => return Ok(PageOutcome::GivenUp),
                 };
                 drop(producing);
-                results
-                    .into_iter()
-                    .enumerate()
-                    .find_map(|(index, result)| {
-                        delivery_error(result).map(|error| (index, error, true))
-                    })
-                    .or(refused.map(|(index, error)| (index, error, false)))
+                let reports: Vec<Option<KafkaError>> =
+                    results.into_iter().map(delivery_error).collect();
+                (reports, refused)
             };
-            let Some((offset, error, reported)) = results else {
+            let failed = reports
+                .iter()
+                .position(Option::is_some)
+                .map(|offset| (offset, reports[offset].clone().expect("a failed report")))
+                .or(refused);
+            let Some((offset, error)) = failed else {
                 break;
             };
-            let index = first + offset;
-            let message = &messages[index];
-            // A broker refuses a whole request for one bad message in it: this event is only
-            // suspect until it is refused alone, and the error must never name a bystander.
-            let error = if reported && refuses_whole_request(&error) {
-                match self.produce_alone(message, &shard_text, stop).await {
-                    None => return Ok(PageOutcome::GivenUp),
-                    Some(Ok(())) => {
-                        first = index + 1;
+            let mut index = first + offset;
+            // A broker refuses a whole request for one bad message in it: the events it
+            // refused are only suspect until one is refused alone, and the error must never
+            // name a bystander. They are produced alone, in order, up to the first that is
+            // refused alone (or the first the request did not refuse).
+            let error = if offset < reports.len() && refuses_whole_request(&error) {
+                let mut refused_alone = None;
+                while let Some(Some(batch_error)) = reports.get(index - first) {
+                    if !refuses_whole_request(batch_error) {
+                        break;
+                    }
+                    match self
+                        .produce_alone(&messages[index], &shard_text, stop)
+                        .await
+                    {
+                        None => return Ok(PageOutcome::GivenUp),
+                        Some(Ok(())) => index += 1,
+                        Some(Err(error)) => {
+                            refused_alone = Some(error);
+                            break;
+                        }
+                    }
+                }
+                match refused_alone {
+                    Some(error) => error,
+                    None => {
+                        first = index;
                         failures = 0;
                         continue;
                     }
-                    Some(Err(error)) => error,
                 }
             } else {
                 error
             };
+            let message = &messages[index];
             // The export has one topic: its refusal is every topic's, so it is fatal.
             let kind = if topic_refused(&error) {
                 ErrorKind::Fatal
