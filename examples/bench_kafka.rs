@@ -497,7 +497,12 @@ async fn feed_round(args: &Args) -> Result<f64, String> {
 /// timeout), warmed up before any clock starts.
 async fn raw_producer(args: &Args, bootstrap: &str, topic: &str) -> Result<FutureProducer, String> {
     let producer: FutureProducer = settings(args, bootstrap)
-        .set("message.timeout.ms", "25000")
+        .set(
+            "message.timeout.ms",
+            KafkaPublisher::DEFAULT_MESSAGE_TIMEOUT
+                .as_millis()
+                .to_string(),
+        )
         .create()
         .map_err(|e| e.to_string())?;
     warm_up(&producer, topic).await?;

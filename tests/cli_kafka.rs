@@ -240,6 +240,11 @@ fn producer_settings_are_checked_before_anything_connects() {
     for (setting, name) in [
         ("no.such.setting=1", "no.such.setting"),
         ("enable.idempotence=false", "enable.idempotence"),
+        // A partitioner that ignores the key breaks per-aggregate order.
+        ("partitioner=random", "partitioner=random"),
+        // A publish that could outlive the relay's 30 s claim: too long, or no limit.
+        ("message.timeout.ms=25000", "message.timeout.ms"),
+        ("delivery.timeout.ms=0", "claim_timeout"),
     ] {
         let output = changefeed(&relay_args(
             &brokers,

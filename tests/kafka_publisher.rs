@@ -533,6 +533,44 @@ async fn one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs
     assert_once_each(&records, message_ids(&store, delivered));
 }
 
+#[tokio::test]
+async fn a_publisher_whose_publish_can_outlive_the_claim_is_refused_naming_both_settings() {
+    let cluster = start_cluster(1);
+    let config = RelayConfig::default();
+    for (timeout, fits) in [
+        (None, true),
+        (Some("8000"), true),
+        (Some("20000"), false),
+        (Some("0"), false),
+    ] {
+        let mut settings = ProducerSettings::new(cluster.bootstrap_servers());
+        if let Some(timeout) = timeout {
+            settings = settings.set("message.timeout.ms", timeout);
+        }
+        let publisher = publisher(settings);
+        let result = Relay::new(MemoryStore::new(), publisher, config.clone());
+        match (result, fits) {
+            (Ok(_), true) => {}
+            (Err(Error::Config(text)), false) => {
+                assert!(text.contains("claim_timeout"), "{text}");
+                assert!(text.contains("message.timeout.ms"), "{text}");
+            }
+            (Ok(_), false) => panic!("message.timeout.ms={timeout:?} accepted"),
+            (Err(error), _) => panic!("message.timeout.ms={timeout:?}: {error}"),
+        }
+    }
+    // A longer claim makes room for the same publisher.
+    let publisher = publisher(
+        ProducerSettings::new(cluster.bootstrap_servers()).set("message.timeout.ms", "20000"),
+    );
+    Relay::new(
+        MemoryStore::new(),
+        publisher,
+        config.claim_timeout(Duration::from_secs(60)),
+    )
+    .expect("fits a 60 s claim");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_batch_back() {
     let cluster = start_cluster(1);

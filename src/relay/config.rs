@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::policy::RetryPolicy;
+use super::publisher::Publisher;
 use crate::error::{Error, Result};
 
 /// The largest claim the outbox's `claim` procedure accepts.
@@ -72,6 +73,36 @@ impl RelayConfig {
         check_duration("poll_interval", self.poll_interval)?;
         check_duration("claim_timeout", self.claim_timeout)?;
         self.retry.validate()
+    }
+}
+
+impl RelayConfig {
+    /// Checks that `publisher`'s [longest publish](Publisher::longest_publish) is
+    /// comfortably inside `claim_timeout`: at most three quarters of it, the last quarter
+    /// left for the acknowledgement. [`Relay::new`](super::Relay::new) calls it; call it
+    /// yourself to refuse settings before anything connects.
+    pub fn check_publisher(&self, publisher: &impl Publisher) -> Result<()> {
+        let Some(longest) = publisher.longest_publish() else {
+            return Ok(());
+        };
+        let claim_timeout = self.claim_timeout;
+        let limit = claim_timeout * 3 / 4;
+        if longest <= limit {
+            return Ok(());
+        }
+        let longest = if longest == Duration::MAX {
+            "has no time limit".to_owned()
+        } else {
+            format!("can take up to {longest:?}")
+        };
+        Err(Error::Config(format!(
+            "the publisher's publish {longest}, more than three quarters of the relay's \
+             claim_timeout ({claim_timeout:?}): a publish still running when its claim expires \
+             lets another relay publish the same messages and their successors first, and the \
+             late copy lands out of order. Raise claim_timeout, or shorten the publisher's \
+             time-out so a publish fits in {limit:?} (KafkaPublisher: -X message.timeout.ms, \
+             or its alias delivery.timeout.ms, not 0; a publish takes up to twice it plus 1 s)"
+        )))
     }
 }
 

@@ -222,7 +222,7 @@ impl<S: ClaimStore, P: Publisher> Relay<S, P, NoHooks> {
     /// `claim_timeout` (the last quarter is left for the acknowledgement).
     pub fn new(store: S, publisher: P, config: RelayConfig) -> Result<Self> {
         config.validate()?;
-        check_longest_publish(publisher.longest_publish(), config.claim_timeout)?;
+        config.check_publisher(&publisher)?;
         Ok(Relay {
             store,
             publisher,
@@ -745,31 +745,6 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
         tracing::warn!(%error, transient = error.is_transient(), "relay loop error");
         guarded(&self.hooks, "on_loop_error", |h| h.on_loop_error(error));
     }
-}
-
-/// Refuses a publisher whose longest publish is not comfortably inside the claim timeout.
-fn check_longest_publish(longest: Option<Duration>, claim_timeout: Duration) -> Result<()> {
-    let Some(longest) = longest else {
-        return Ok(());
-    };
-    let limit = claim_timeout * 3 / 4;
-    if longest <= limit {
-        return Ok(());
-    }
-    let longest = if longest == Duration::MAX {
-        "unbounded".to_owned()
-    } else {
-        format!("up to {longest:?}")
-    };
-    Err(Error::Config(format!(
-        "the publisher's publish takes {longest}, more than three quarters of the relay's \
-         claim_timeout ({claim_timeout:?}, --claim-timeout): a publish still running when its \
-         claim expires lets another relay publish the same messages and their successors \
-         first, and the late copy lands out of order. Raise claim_timeout or shorten the \
-         publisher's time-out (KafkaPublisher: message.timeout.ms or delivery.timeout.ms, \
-         -X message.timeout.ms=…, not 0; its publish can take twice that plus 1 s) so the \
-         publish fits in {limit:?}"
-    )))
 }
 
 /// A message's failed attempts so far (its `attempts` column), as the policy counts them.

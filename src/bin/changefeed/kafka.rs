@@ -18,7 +18,10 @@ pub use with_kafka::*;
 mod with_kafka {
     use changefeed::Error;
     use changefeed::kafka::rdkafka::producer::FutureProducer;
-    use changefeed::kafka::{ProducerSettings, check_brokers};
+    use changefeed::kafka::{
+        KafkaPublisher, KafkaPublisherConfig, ProducerSettings, check_brokers,
+    };
+    use changefeed::relay::RelayConfig;
 
     use crate::Failure;
     use crate::args::ProducerArgs;
@@ -30,6 +33,20 @@ mod with_kafka {
             .fold(ProducerSettings::new(brokers), |settings, (key, value)| {
                 settings.set(key.as_str(), value.as_str())
             })
+    }
+
+    /// Refuses `-X` settings under which a publish could outlive the relay's claim
+    /// (`message.timeout.ms` too long, or 0), before anything connects: the rule
+    /// `Relay::new` applies, checked on a publisher that is made here and dropped.
+    pub fn check_publish_time(
+        settings: &ProducerSettings,
+        config: &RelayConfig,
+    ) -> Result<(), Failure> {
+        let publisher = KafkaPublisher::new(KafkaPublisherConfig::new(settings.clone()))
+            .map_err(|error| setting_failure(&error))?;
+        config
+            .check_publisher(&publisher)
+            .map_err(|error| setting_failure(&error))
     }
 
     /// Makes the producer and waits up to `--broker-timeout` for a broker to answer: a

@@ -70,6 +70,7 @@ async fn kafka_target(brokers: &str, args: &RelayArgs) -> Result<Target, Failure
     use changefeed::kafka::KafkaPublisherConfig;
 
     let settings = crate::kafka::settings(brokers, &args.producer);
+    crate::kafka::check_publish_time(&settings, &config(args))?;
     let checked = crate::kafka::checked_producer(&settings, &args.producer).await?;
     // The publisher makes its own producer from the same settings.
     drop(checked);
