@@ -721,6 +721,67 @@ async fn shutdown_gives_up_a_page_that_cannot_be_acknowledged() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_waiting_to_retry_does_not_hold_up_the_other_shards_saves() {
+    let topic = topic("save-retry");
+    let cluster = mock::cluster(&topic);
+    let bootstrap = cluster.bootstrap_servers();
+    let feed = FakeFeed::default();
+    let mut events = feed.fill(0, 10, 2);
+    events.extend(feed.fill(1, 10, 2));
+    let cursors = watching(&bootstrap, &topic);
+    // The very first save fails as a lost connection would, and waits 2 s to try again.
+    cursors.state.lock().unwrap().transient_at = Some(1);
+    let producer = mock::producer(&bootstrap, &[]);
+    let config = config(&topic, 1)
+        .backoff_min(Duration::from_secs(2))
+        .backoff_max(Duration::from_secs(4));
+    let running = start(exporter(&feed, &cursors, producer, config), vec![0, 1]);
+    running.finish_after(20).await.expect("the export");
+
+    let log = cursors.log();
+    // The shard whose save failed saved nothing before its retry; the other shard saved
+    // its pages meanwhile.
+    let waited = cursors.state.lock().unwrap().transient_failures[0];
+    let other = 1 - waited;
+    let retried = log.iter().position(|save| save.shard == waited).unwrap();
+    let saved_meanwhile = log[..retried]
+        .iter()
+        .filter(|save| save.shard == other)
+        .count();
+    assert!(
+        saved_meanwhile > 0,
+        "shard {other} saved nothing while shard {waited} waited to retry: {log:?}"
+    );
+    assert_saved_only_after_ack(&log, &events);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_save_that_hangs_is_given_up_after_the_shutdown_grace() {
+    let topic = topic("save-hangs");
+    let cluster = mock::cluster(&topic);
+    let bootstrap = cluster.bootstrap_servers();
+    let feed = FakeFeed::default();
+    let events = feed.fill(0, 4, 2);
+    let cursors = watching(&bootstrap, &topic);
+    // The database stops answering during the first save.
+    cursors.state.lock().unwrap().hang_at = Some(1);
+    let producer = mock::producer(&bootstrap, &[]);
+    let config = config(&topic, 4).shutdown_grace(Duration::from_millis(500));
+    let mut running = start(exporter(&feed, &cursors, producer, config), vec![0]);
+    tokio::time::timeout(LIMIT, cursors.hung.notified())
+        .await
+        .expect("the save starts");
+    let report = running.stop().await.expect("shutdown ends the export");
+    assert!(report.saved.is_empty(), "{report:?}");
+    assert!(cursors.saved().is_empty());
+    assert_eq!(
+        mock::consume_all(&bootstrap, &topic).await.len(),
+        events.len(),
+        "the page was produced; the next run produces it again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_error_stops_the_export_with_it() {
     let topic = topic("read-error");
     let cluster = mock::cluster(&topic);

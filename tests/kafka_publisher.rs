@@ -548,6 +548,13 @@ async fn a_publisher_whose_publish_can_outlive_the_claim_is_refused_naming_both_
             settings = settings.set("message.timeout.ms", timeout);
         }
         let publisher = publisher(settings);
+        let stated = match timeout {
+            None => Some(KafkaPublisher::DEFAULT_MESSAGE_TIMEOUT * 2 + Duration::from_secs(1)),
+            Some("8000") => Some(Duration::from_secs(17)),
+            Some("20000") => Some(Duration::from_secs(41)),
+            _ => Some(Duration::MAX),
+        };
+        assert_eq!(publisher.longest_publish(), stated, "{timeout:?}");
         let result = Relay::new(MemoryStore::new(), publisher, config.clone());
         match (result, fits) {
             (Ok(_), true) => {}

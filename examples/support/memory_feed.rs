@@ -215,6 +215,10 @@ pub struct CursorState {
     pub attempts: usize,
     /// The save attempt (1-based) that fails.
     pub fail_at: Option<usize>,
+    /// The save attempt (1-based) that fails with a transient error (a lost connection).
+    pub transient_at: Option<usize>,
+    /// The shard of each save that failed with that transient error.
+    pub transient_failures: Vec<i32>,
     /// The save attempt (1-based) that never completes.
     pub hang_at: Option<usize>,
     /// What counts the topic's messages at every save.
@@ -255,18 +259,25 @@ impl ExportCursors for FakeCursors {
     }
 
     async fn save(&mut self, shard: i32, cursor: Cursor) -> Result<()> {
-        let (attempt, fail_at, hang_at, watch) = {
+        let (attempt, fail_at, transient_at, hang_at, watch) = {
             let mut state = self.state.lock().unwrap();
             state.attempts += 1;
             (
                 state.attempts,
                 state.fail_at,
+                state.transient_at,
                 state.hang_at,
                 state.watch.clone(),
             )
         };
         if fail_at == Some(attempt) {
             return Err(Error::Config("injected: the cursor save failed".to_owned()));
+        }
+        if transient_at == Some(attempt) {
+            self.state.lock().unwrap().transient_failures.push(shard);
+            return Err(Error::Connection(
+                "injected: the connection was lost during the cursor save".to_owned(),
+            ));
         }
         if hang_at == Some(attempt) {
             self.hung.notify_one();

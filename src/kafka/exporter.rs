@@ -58,8 +58,9 @@
 //! When the `shutdown` future given to [`FeedExporter::run`] completes, no new page is
 //! read; the page in flight of each shard is finished (produced, acknowledged, saved) and
 //! `run` returns `Ok`. If that page cannot be acknowledged within
-//! [`ExportConfig::shutdown_grace`] (brokers unreachable), it is given up unsaved: the
-//! next run produces it again.
+//! [`ExportConfig::shutdown_grace`] (brokers unreachable), or its cursor cannot be saved
+//! within it (the database not answering), it is given up unsaved: the next run produces it
+//! again.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -608,12 +609,21 @@ impl<C: ExportCursors> Job<C> {
         self.cursors.lock().await.load(shard).await
     }
 
-    /// Saves `cursor`, trying a transient failure again a few times.
-    async fn save(&self, shard: i32, cursor: Cursor) -> Result<()> {
+    /// Saves `cursor`, trying a transient failure again a few times: `Ok(true)` once
+    /// saved, `Ok(false)` when shutdown's grace passed first (the page is produced again by
+    /// the next run). The store is locked for one attempt at a time, never through the
+    /// back-off, so the other shards save meanwhile.
+    async fn save(&self, shard: i32, cursor: Cursor, stop: &mut Stop) -> Result<bool> {
+        let grace = self.config.shutdown_grace;
         let mut failures = 0;
         loop {
-            match self.cursors.lock().await.save(shard, cursor).await {
-                Ok(()) => return Ok(()),
+            let attempt = async { self.cursors.lock().await.save(shard, cursor).await };
+            let result = tokio::select! {
+                result = attempt => result,
+                () = stop.grace_over(grace) => return Ok(false),
+            };
+            match result {
+                Ok(()) => return Ok(true),
                 Err(error) if error.is_transient() && failures < SAVE_RETRIES => {
                     failures += 1;
                     let delay =
@@ -622,7 +632,10 @@ impl<C: ExportCursors> Job<C> {
                         feed = %self.feed_name, shard, %cursor, %error, retry = failures,
                         "export: saving the cursor failed, retrying"
                     );
-                    tokio::time::sleep(delay).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        () = stop.grace_over(grace) => return Ok(false),
+                    }
                 }
                 Err(error) => {
                     tracing::error!(
@@ -662,7 +675,14 @@ impl<C: ExportCursors> Job<C> {
             };
             match self.export_page(shard, &mut page, &mut stop).await? {
                 PageOutcome::Acknowledged { exported } => {
-                    self.save(shard, page.next_cursor).await?;
+                    if !self.save(shard, page.next_cursor, &mut stop).await? {
+                        tracing::warn!(
+                            feed = %self.feed_name, shard, cursor = %page.next_cursor,
+                            "export: the cursor of the page in flight was not saved within \
+                             the shutdown grace; the next run produces the page again"
+                        );
+                        break;
+                    }
                     self.progress.page_saved(shard, &page, exported);
                     saved = Some(page.next_cursor);
                     tracing::debug!(
