@@ -349,6 +349,23 @@ async fn read_items_within<T: FeedItem>(
 /// the server sends even for an empty page). The call reads at most one row of shard 0 with
 /// no wait, outside any transaction, so membership in the feed's readers role suffices.
 ///
+/// What to do about error `number` (2812: no such procedure; 229: no permission) when
+/// [`key_columns`] reads `feed`.
+fn key_columns_advice(feed: &Feed, number: u32) -> String {
+    if number == 2812 {
+        format!(
+            "feed {feed} does not exist ({} is missing): check the name (schema.table), or \
+             set the feed up with changefeed.setup_feed",
+            feed.read_feed_procedure()
+        )
+    } else {
+        format!(
+            "the login may not read feed {feed}: add it to the role {} (or db_owner)",
+            feed.readers_role()
+        )
+    }
+}
+
 /// A feed that does not exist (no `read_feed` procedure, SQL Server error 2812) or that the
 /// login may not read (229) is an [`Error::Server`] with that number and a message saying
 /// what to do.
@@ -363,18 +380,7 @@ pub async fn key_columns(client: &mut Client, feed: &Feed) -> Result<Vec<String>
             class,
             message,
         } if number == 2812 || number == 229 => {
-            let fix = if number == 2812 {
-                format!(
-                    "feed {feed} does not exist ({} is missing): check the name                      (schema.table), or set the feed up with changefeed.setup_feed",
-                    feed.read_feed_procedure()
-                )
-            } else {
-                format!(
-                    "the login may not read feed {feed}: add it to the role {} (or \
-                     db_owner)",
-                    feed.readers_role()
-                )
-            };
+            let fix = key_columns_advice(feed, number);
             Error::Server {
                 number,
                 state,
@@ -1156,6 +1162,17 @@ impl FeedReader {
 mod tests {
     use super::*;
     use tiberius::{ColumnData as D, ColumnType as T};
+
+    #[test]
+    fn key_columns_advice_is_one_sentence_without_runs_of_spaces() {
+        let feed: Feed = "app.OrderPlaced".parse().unwrap();
+        for number in [2812, 229] {
+            let advice = key_columns_advice(&feed, number);
+            assert!(!advice.contains("  "), "{number}: {advice:?}");
+            assert!(advice.contains("app.OrderPlaced"), "{advice}");
+        }
+        assert!(key_columns_advice(&feed, 2812).contains("(schema.table), or set the feed up"));
+    }
 
     #[test]
     fn effective_wait_fits_inside_the_command_timeout() {
