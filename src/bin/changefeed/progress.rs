@@ -88,6 +88,9 @@ pub struct RelayCounts {
     pub errors: u64,
     /// The last of those errors.
     pub last_error: Option<String>,
+    /// Why the last message failed or went dead (names its topic when the publisher's
+    /// error does, e.g. a topic that refuses the producer).
+    pub last_failure: Option<String>,
 }
 
 /// `published 1200 (240/s), failed 3, dead 0`, and the last store or publisher error when
@@ -100,6 +103,12 @@ pub fn relay_line(before: &RelayCounts, now: &RelayCounts, elapsed: Duration) ->
         now.failed,
         now.dead
     );
+    let new_failures = (now.failed + now.dead).saturating_sub(before.failed + before.dead);
+    if new_failures > 0
+        && let Some(failure) = &now.last_failure
+    {
+        line.push_str(&format!(" (last failure: {})", one_line(failure)));
+    }
     let new_errors = now.errors.saturating_sub(before.errors);
     if new_errors > 0 {
         line.push_str(&format!(", {new_errors} errors (retrying)"));
@@ -118,6 +127,7 @@ pub struct RelayCounters {
     dead: AtomicU64,
     errors: AtomicU64,
     last_error: Mutex<Option<String>>,
+    last_failure: Mutex<Option<String>>,
 }
 
 impl RelayCounters {
@@ -129,6 +139,11 @@ impl RelayCounters {
             dead: self.dead.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             last_error: self.last_error.lock().ok().and_then(|error| error.clone()),
+            last_failure: self
+                .last_failure
+                .lock()
+                .ok()
+                .and_then(|failure| failure.clone()),
         }
     }
 }
@@ -138,18 +153,28 @@ impl Hooks for RelayCounters {
         self.published.fetch_add(count as u64, Ordering::Relaxed);
     }
 
-    fn on_failed(&self, _id: i64, _error: &PublishError) {
+    fn on_failed(&self, _id: i64, error: &PublishError) {
         self.failed.fetch_add(1, Ordering::Relaxed);
+        self.failure(error);
     }
 
-    fn on_dead(&self, _id: i64, _error: &PublishError) {
+    fn on_dead(&self, _id: i64, error: &PublishError) {
         self.dead.fetch_add(1, Ordering::Relaxed);
+        self.failure(error);
     }
 
     fn on_loop_error(&self, error: &changefeed::Error) {
         self.errors.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut last) = self.last_error.lock() {
             *last = Some(error.to_string());
+        }
+    }
+}
+
+impl RelayCounters {
+    fn failure(&self, error: &PublishError) {
+        if let Ok(mut last) = self.last_failure.lock() {
+            *last = Some(error.message.clone());
         }
     }
 }
@@ -257,6 +282,17 @@ mod tests {
             relay_line(&before, &now, Duration::from_secs(5)),
             "published 60 (10/s), failed 3, dead 1"
         );
+        // A new failure shows why, naming the topic when the error does.
+        let refused = RelayCounts {
+            failed: 4,
+            last_failure: Some("producing to secret: TopicAuthorizationFailed".into()),
+            ..now.clone()
+        };
+        assert_eq!(
+            relay_line(&now, &refused, Duration::from_secs(5)),
+            "published 60 (0/s), failed 4, dead 1 (last failure: producing to secret: \
+             TopicAuthorizationFailed)"
+        );
         let failing = RelayCounts {
             errors: 3,
             last_error: Some("connection: cannot reach SQL Server\nat db:1433".into()),
@@ -286,6 +322,7 @@ mod tests {
                 dead: 1,
                 errors: 1,
                 last_error: Some("configuration: z".into()),
+                last_failure: Some("y".into()),
             }
         );
     }
