@@ -89,7 +89,7 @@ pub enum ErrorKind {
     /// serialized): it is marked dead at once and handed to the dead-letter publish. The
     /// rest of the batch is unaffected.
     Poison,
-    /// The publisher cannot work at all (bad credentials, no permission on the topic,
+    /// The publisher cannot work at all (bad credentials, no permission on any topic,
     /// wrong configuration): the message is not at fault, so it is handed back (requeued,
     /// due at once, no attempt counted; not dead, not dead-lettered), the rest of the batch
     /// is acknowledged by its outcomes, and then the relay stops with an
