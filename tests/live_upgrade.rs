@@ -722,7 +722,7 @@ async fn check_broken_objects_were_skipped(admin: &mut Client, from: i32) {
             && outbox_problem.contains("upgrade_outbox @table_name = N'dbo.up_broken_messages'"),
         "the broken outbox's problem names the missing column and the fix: {outbox_problem}"
     );
-    let working = scalar_i64(
+    let with_problems = scalar_i64(
         admin,
         "select count_big(*) from changefeed.feeds where problem is not null; ",
     )
@@ -732,7 +732,18 @@ async fn check_broken_objects_were_skipped(admin: &mut Client, from: i32) {
             "select count_big(*) from changefeed.outboxes where problem is not null;",
         )
         .await;
-    assert_eq!(working, 2, "only the two broken objects have a problem");
+    assert_eq!(
+        with_problems, 2,
+        "only the two broken objects have a problem"
+    );
+    // Asked for directly, upgrade_feed refuses the broken feed before regenerating anything.
+    let refused = common::exec(
+        admin,
+        "exec changefeed.upgrade_feed @table_name = N'dbo.up_broken';",
+    )
+    .await
+    .expect_err("upgrade_feed of a feed whose key column was renamed");
+    assert_eq!(refused.server_number(), Some(51014), "got {refused}");
 
     // The working feeds run the regenerated read_feed: the serial, ULID-ordered feed insert
     // (outbox mode) and the #read check (both modes).
