@@ -2,6 +2,9 @@
 //! of the wrong length (C16), clients with IMPLICIT_TRANSACTIONS ON (B3), two shards of one
 //! feed in one transaction (B4), rollbacks to a savepoint around lock_feed (B5), and time
 //! hints and order_sequence from writers (B8). Each fails on the bundle before the fix.
+//! Issue 19 adds: the outbox-mode feed insert runs in a serial plan (item 4), `#read` must
+//! hold the keys losslessly (item 10), and the documented 51203 after a savepoint rollback
+//! that undid the first shard (item 7, a decision: kept).
 //!
 //! They need a SQL Server (`CHANGEFEED_TEST_MSSQL`, or Docker for testcontainers) and are
 //! `#[ignore]`d: run them with `cargo test --test live_feed_read_path -- --ignored`. Every
@@ -15,7 +18,8 @@ use changefeed::allocator::{HINT_TOLERANCE_MS, ulid_high, ulid_ms};
 use changefeed::writer::lock_feed;
 use changefeed::{Client, Cursor, Feed, ReadOptions, read_page};
 use common::events::{create_feed, exec_ok, hex, required, rows_ok, server_now_ms, write_ok};
-use common::{TestDb, exec, rows};
+use common::logins::{Login, drop_logins};
+use common::{TestDb, exec, rows, scalar_i64};
 use tiberius::Row;
 use ulid::Ulid;
 
@@ -617,4 +621,320 @@ async fn longest_name(db: &TestDb) {
         .map(|(_, id)| id)
         .collect();
     assert_eq!(ids, [1, 2]);
+}
+
+// ------------------------------------------------------------------------------------------
+// Issue 19 item 4: the feed insert of outbox mode runs serially, in ULID order
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn the_outbox_mode_feed_insert_has_a_serial_cached_plan() {
+    common::under_both_isolations("serial_insert", serial_insert).await;
+}
+
+/// Moves rows with read_feed, then reads read_feed's cached plan: the statement that inserts
+/// into the feed must have no Parallelism operator and be serial because of its MAXDOP 1
+/// hint (NonParallelPlanReason="MaxDOPSetToOne"), not merely because it was cheap this time:
+/// a serial plan is what keeps the insert in ULID order (see sql/, the template read_feed).
+/// The bundle before the fix had no hint, and its plan carried no such reason.
+async fn serial_insert(db: &TestDb) {
+    let mut admin = db.client().await;
+    let feed = create_feed(&mut admin, "serial_insert").await;
+    let mut writer = db.client().await;
+    for id in 1..=3 {
+        write_ok(&mut writer, &feed, 0, id, None).await;
+    }
+    assert_eq!(
+        read_everything(&mut admin, &feed)
+            .await
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect::<Vec<_>>(),
+        [1, 2, 3],
+        "read_feed moved the rows, so the insert statement ran and its plan is cached"
+    );
+
+    let plans = rows_ok(
+        &mut admin,
+        &format!(
+            "select convert(nvarchar(max), p.query_plan) as plan_xml \
+             from sys.dm_exec_procedure_stats as s \
+             cross apply sys.dm_exec_query_plan(s.plan_handle) as p \
+             where s.database_id = db_id() \
+                 and s.object_id = object_id(N'{}');",
+            feed.read_feed_procedure().replace('\'', "''")
+        ),
+    )
+    .await;
+    assert!(!plans.is_empty(), "read_feed's plan is in the plan cache");
+    let insert_into_feed = format!("insert into {}", feed.object("feed")).to_lowercase();
+    let mut found = 0;
+    for row in &plans {
+        let plan: &str = required(row, "plan_xml");
+        for statement in plan.split("<StmtSimple").skip(1) {
+            let text = statement
+                .split_once("StatementText=\"")
+                .and_then(|(_, rest)| rest.split_once('"'))
+                .map(|(text, _)| text.to_lowercase())
+                .unwrap_or_default();
+            if !text.contains(&insert_into_feed) {
+                continue;
+            }
+            found += 1;
+            assert!(
+                !statement.contains("PhysicalOp=\"Parallelism\""),
+                "the feed insert must not run in a parallel plan: {statement}"
+            );
+            assert!(
+                statement.contains("NonParallelPlanReason=\"MaxDOPSetToOne\""),
+                "the feed insert is serial by its MAXDOP 1 hint: {statement}"
+            );
+        }
+    }
+    assert!(
+        found > 0,
+        "read_feed's cached plan has the statement `{insert_into_feed} ...`"
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// Issue 19 item 10: #read must hold the keys losslessly
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn read_feed_refuses_a_read_table_that_cannot_hold_the_keys_in_both_modes() {
+    common::under_both_isolations("read_table", read_table).await;
+}
+
+/// A feed whose key is `varchar(20)` in a code page other than tempdb's (Greek, or Cyrillic
+/// when tempdb is Greek), with a key that only that code page can spell. A readers-only login
+/// (so the check works with a reader's view of the catalog) reads into `#read`:
+/// * a `varchar(20)` column in tempdb's collation, one in the database's default, and one of
+///   the key's collation but too short are refused with 51105 naming the column, and in
+///   outbox mode nothing moved from the outbox; before the fix the first two stored `?`;
+/// * `nvarchar(20)`, and `varchar(20)` of the key's collation, get the key unchanged, and
+///   the second joins the event table.
+async fn read_table(db: &TestDb) {
+    let mut admin = db.client().await;
+    let tempdb_code_page = scalar_i64(
+        &mut admin,
+        "select convert(bigint, collationproperty(convert(sysname, \
+         databasepropertyex(N'tempdb', 'Collation')), 'CodePage'));",
+    )
+    .await;
+    let database_code_page = scalar_i64(
+        &mut admin,
+        "select convert(bigint, collationproperty(convert(sysname, \
+         databasepropertyex(db_name(), 'Collation')), 'CodePage'));",
+    )
+    .await;
+    let (collation, key) = if tempdb_code_page == 1253 || database_code_page == 1253 {
+        ("Cyrillic_General_100_CI_AS", "жзий")
+    } else {
+        ("Greek_100_CI_AS", "αβγδ")
+    };
+    exec_ok(
+        &mut admin,
+        &format!(
+            "create table dbo.rt_outbox (code varchar(20) collate {collation} not null \
+                 primary key, payload int not null); \
+             exec changefeed.setup_feed @table_name = N'dbo.rt_outbox', @outbox = 1; \
+             create table dbo.rt_serial (code varchar(20) collate {collation} not null \
+                 primary key, Shard int not null, ULID binary(16) not null, \
+                 payload int not null); \
+             create unique index ux_rt_serial on dbo.rt_serial (Shard, ULID); \
+             exec changefeed.setup_feed @table_name = N'dbo.rt_serial', \
+                 @serialize_writers = 1, @shard_column = N'Shard', @ulid_column = N'ULID';"
+        ),
+    )
+    .await;
+    let outbox = Feed::new("dbo", "rt_outbox").expect("a valid feed name");
+    let serial = Feed::new("dbo", "rt_serial").expect("a valid feed name");
+    exec_ok(
+        &mut admin,
+        &format!(
+            "set xact_abort on; begin transaction; \
+             insert into dbo.rt_outbox (code, payload) values (N'{key}', 1); \
+             insert into {} (shard_id, code) values (0, N'{key}'); \
+             commit transaction; \
+             begin transaction; \
+             exec {} @shard_id = 0; \
+             insert into dbo.rt_serial (code, Shard, ULID, payload) \
+                 values (N'{key}', 0, {}(1), 2); \
+             commit transaction;",
+            outbox.outbox_table(),
+            serial.object("lock_feed"),
+            serial.object("ulid"),
+        ),
+    )
+    .await;
+
+    let reader = Login::new("rt", db);
+    reader
+        .create(
+            &mut admin,
+            &[outbox.readers_role(), serial.readers_role()],
+            &[],
+        )
+        .await;
+    let mut client = reader.connect(db).await;
+
+    for feed in [&outbox, &serial] {
+        for (declaration, what) in [
+            ("varchar(20)", "tempdb's collation"),
+            (
+                "varchar(20) collate database_default",
+                "the database's default",
+            ),
+            (&*format!("varchar(3) collate {collation}"), "too short"),
+        ] {
+            let (number, message) = failure(
+                &mut client,
+                &format!(
+                    "create table #read (ulid binary(16) not null, code {declaration} not null); \
+                     exec {} @shard_id = 0;",
+                    feed.read_feed_procedure()
+                ),
+            )
+            .await;
+            assert_eq!(
+                number, 51105,
+                "{feed}, #read code {declaration} ({what}): {message}"
+            );
+            assert!(
+                message.contains("[code]") && message.contains("nvarchar"),
+                "51105 names the column and a declaration that works: {message}"
+            );
+            exec_ok(
+                &mut client,
+                "if object_id(N'tempdb..#read') is not null drop table #read;",
+            )
+            .await;
+        }
+        if feed == &outbox {
+            assert_eq!(
+                scalar_i64(
+                    &mut admin,
+                    &format!("select count_big(*) from {};", outbox.object("feed"))
+                )
+                .await,
+                0,
+                "a refused #read moved nothing from the outbox"
+            );
+        }
+
+        for declaration in ["nvarchar(20)", &*format!("varchar(20) collate {collation}")] {
+            let rows = rows_ok(
+                &mut client,
+                &format!(
+                    "create table #read (ulid binary(16) not null, code {declaration} not null); \
+                     exec {} @shard_id = 0; \
+                     select convert(nvarchar(20), code) as code, \
+                         datalength(ulid) as ulid_bytes from #read; \
+                     drop table #read;",
+                    feed.read_feed_procedure()
+                ),
+            )
+            .await;
+            assert_eq!(rows.len(), 1, "{feed}, #read code {declaration}");
+            assert_eq!(
+                required::<&str>(&rows[0], "code"),
+                key,
+                "{feed}, #read code {declaration} holds the key unchanged"
+            );
+        }
+    }
+
+    // With the key's collation, #read joins the event table (as admin: readers may not
+    // read the event table itself).
+    let joined = rows_ok(
+        &mut admin,
+        &format!(
+            "create table #read (ulid binary(16) not null, \
+                 code varchar(20) collate {collation} not null); \
+             exec {} @shard_id = 0; \
+             select e.payload from #read as r inner join dbo.rt_outbox as e \
+                 on e.code = r.code; \
+             drop table #read;",
+            outbox.read_feed_procedure()
+        ),
+    )
+    .await;
+    assert_eq!(joined.len(), 1);
+    assert_eq!(required::<i32>(&joined[0], "payload"), 1);
+
+    drop(client);
+    drop_logins(db, &[&reader]).await;
+}
+
+// ------------------------------------------------------------------------------------------
+// Issue 19 item 7: 51203 after a savepoint rollback that undid the first shard (kept)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn another_shard_after_a_savepoint_rollback_is_still_refused_and_the_same_shard_works() {
+    common::under_both_isolations("savepoint_shards", savepoint_shards).await;
+}
+
+/// The decision documented in README (lock_feed, 51203): after `rollback transaction s` undid
+/// shard 0's lock_feed, locking shard 1 in the same transaction is still refused (the
+/// transaction is rolled back), while locking shard 0 again works and numbers rows.
+async fn savepoint_shards(db: &TestDb) {
+    let mut admin = db.client().await;
+    let feed = create_serialized_feed(&mut admin, "savepoint_shards").await;
+    let mut writer = db.client().await;
+
+    exec_ok(
+        &mut writer,
+        "begin transaction; save transaction before_lock;",
+    )
+    .await;
+    lock_feed(&mut writer, &feed, 0, None, None)
+        .await
+        .expect("lock shard 0");
+    exec_ok(&mut writer, "rollback transaction before_lock;").await;
+    let error = lock_feed(&mut writer, &feed, 1, None, None)
+        .await
+        .expect_err("shard 1 after the rollback of shard 0's lock_feed");
+    assert_eq!(error.server_number(), Some(51203), "got {error}");
+    assert_eq!(
+        scalar_i64(&mut writer, "select @@trancount;").await,
+        0,
+        "51203 rolled the transaction back"
+    );
+
+    exec_ok(
+        &mut writer,
+        "begin transaction; save transaction before_lock;",
+    )
+    .await;
+    lock_feed(&mut writer, &feed, 0, None, None)
+        .await
+        .expect("lock shard 0");
+    exec_ok(&mut writer, "rollback transaction before_lock;").await;
+    exec_ok(
+        &mut writer,
+        &format!(
+            "exec {lock} @shard_id = 0; \
+             insert into {table} (id, Shard, ULID) values (1, 0, {ulid}(1)); \
+             commit transaction;",
+            lock = feed.object("lock_feed"),
+            table = feed.quoted_table(),
+            ulid = feed.object("ulid"),
+        ),
+    )
+    .await;
+    let ids: Vec<i64> = read_everything(&mut admin, &feed)
+        .await
+        .into_iter()
+        .map(|(_, id)| id)
+        .collect();
+    assert_eq!(
+        ids,
+        [1],
+        "shard 0 locked again after the rollback numbers its rows"
+    );
 }

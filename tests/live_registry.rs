@@ -1,7 +1,9 @@
 //! Live tests of the feed registry around the feeds themselves: setup, upgrade and teardown
 //! under implicit transactions, feeds whose event table was dropped or re-created,
 //! `feed_status` and `consumer_lag`, the consumers' cursors (`save_cursor`, `load_cursor`:
-//! who may touch them, their length, the first-save race), and name checks.
+//! who may touch them, their length, the first-save race), and name checks. Issue 19: event
+//! tables outside the bundle owner's ownership chain (item 1), views (item 12), and
+//! `upgrade_feed` under the registry's spelling (item 6).
 //!
 //! They need a SQL Server (`CHANGEFEED_TEST_MSSQL`, or Docker for testcontainers) and are
 //! `#[ignore]`d: run them with `cargo test --test live_registry -- --ignored`. Scenarios where
@@ -848,4 +850,214 @@ async fn views_scenario(db: &TestDb) {
         }
     }
     close(client).await;
+}
+
+// ------------------------------------------------------------------------------------------
+// Issue 19 item 1: event tables in a schema another user owns
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn a_table_outside_the_bundle_owners_chain_is_refused_and_reads_once_given_to_dbo() {
+    common::under_both_isolations("reg_owner", owner_scenario).await;
+}
+
+/// Schema `ext` is created with `authorization` a user other than dbo. `setup_feed` refuses
+/// its tables in both modes with 51013 naming `alter authorization on schema::[ext] to
+/// [dbo]`, and registers nothing (before the fix it set them up, and a readers-only login
+/// then got Msg 229 on every read with events: rows moved, cursor stuck). After that
+/// statement both feeds are set up, and a login that is only in their readers roles reads
+/// every event with `@with_event = 1`, in both modes.
+async fn owner_scenario(db: &TestDb) {
+    let mut admin = db.client().await;
+    exec_ok(
+        &mut admin,
+        "create user [ext_owner] without login; \
+         exec (N'create schema [ext] authorization [ext_owner];'); \
+         create table [ext].[ev_o] (id bigint not null primary key, payload nvarchar(50) not null); \
+         create table [ext].[ev_s] (id bigint not null primary key, Shard int not null, \
+             ULID binary(16) not null, payload nvarchar(50) not null); \
+         create unique index [ux_ev_s] on [ext].[ev_s] (Shard, ULID);",
+    )
+    .await;
+    let setups = [
+        "exec changefeed.setup_feed @table_name = N'ext.ev_o', @outbox = 1;",
+        "exec changefeed.setup_feed @table_name = N'ext.ev_s', @serialize_writers = 1, \
+         @shard_column = N'Shard', @ulid_column = N'ULID';",
+    ];
+    for setup in setups {
+        let (number, message) = error_of(&mut admin, setup).await;
+        assert_eq!(number, 51013, "{setup}: {message}");
+        assert!(
+            message.contains("alter authorization on schema::[ext] to [dbo]")
+                && message.contains("ext_owner"),
+            "51013 names the owner and the statement that fixes it: {message}"
+        );
+    }
+    assert_eq!(
+        scalar_i64(&mut admin, "select count_big(*) from changefeed.feeds;").await,
+        0,
+        "nothing was registered"
+    );
+
+    exec_ok(&mut admin, "alter authorization on schema::[ext] to [dbo];").await;
+    for setup in setups {
+        exec_ok(&mut admin, setup).await;
+    }
+    let outbox = Feed::new("ext", "ev_o").expect("a valid feed name");
+    let serial = Feed::new("ext", "ev_s").expect("a valid feed name");
+    exec_ok(
+        &mut admin,
+        &format!(
+            "set xact_abort on; begin transaction; \
+             insert into [ext].[ev_o] (id, payload) values (1, N'outbox event'); \
+             insert into {} (shard_id, id) values (0, 1); \
+             commit transaction; \
+             begin transaction; \
+             exec {} @shard_id = 0; \
+             insert into [ext].[ev_s] (id, Shard, ULID, payload) \
+                 values (2, 0, {}(1), N'serialized event'); \
+             commit transaction;",
+            outbox.outbox_table(),
+            serial.object("lock_feed"),
+            serial.object("ulid"),
+        ),
+    )
+    .await;
+
+    let reader = Login::new("own", db);
+    reader
+        .create(
+            &mut admin,
+            &[outbox.readers_role(), serial.readers_role()],
+            &[],
+        )
+        .await;
+    let mut client = reader.connect(db).await;
+    for (feed, id, payload) in [
+        (&outbox, 1, "outbox event"),
+        (&serial, 2, "serialized event"),
+    ] {
+        let rows = rows_ok(
+            &mut client,
+            &format!(
+                "exec {} @shard_id = 0, @with_event = 1;",
+                feed.read_feed_procedure()
+            ),
+        )
+        .await;
+        assert_eq!(
+            rows.len(),
+            1,
+            "{feed}: one event for the readers-only login"
+        );
+        assert_eq!(required::<i64>(&rows[0], "id"), id, "{feed}");
+        assert_eq!(required::<&str>(&rows[0], "payload"), payload, "{feed}");
+    }
+    drop(client);
+    drop_logins(db, &[&reader]).await;
+}
+
+// ------------------------------------------------------------------------------------------
+// Issue 19 item 12: a view is not a table
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn setup_feed_on_a_view_says_it_is_a_view() {
+    let db = TestDb::create("reg_view", Isolation::LockingReadCommitted).await;
+    let mut admin = db.client().await;
+    exec_ok(
+        &mut admin,
+        "create table [dbo].[viewed] (id bigint not null primary key); \
+         exec (N'create view [dbo].[a_view] as select id from [dbo].[viewed];');",
+    )
+    .await;
+    let (number, message) = error_of(
+        &mut admin,
+        "exec changefeed.setup_feed @table_name = N'dbo.a_view', @outbox = 1;",
+    )
+    .await;
+    assert_eq!(number, 51001, "{message}");
+    assert!(
+        message.contains("is a view") && message.contains("needs a table"),
+        "the refusal says it is a view and what a feed needs: {message}"
+    );
+    // A name that is neither still gets the message about a missing table.
+    let (number, message) = error_of(
+        &mut admin,
+        "exec changefeed.setup_feed @table_name = N'dbo.nothing_here', @outbox = 1;",
+    )
+    .await;
+    assert_eq!(number, 51001, "{message}");
+    assert!(message.contains("does not exist"), "{message}");
+    db.drop_database().await;
+}
+
+// ------------------------------------------------------------------------------------------
+// Issue 19 item 6: upgrade_feed regenerates under the registry's spelling
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn upgrade_feed_called_with_other_casing_keeps_the_registrys_spelling() {
+    let db = TestDb::create("reg_casing", Isolation::LockingReadCommitted).await;
+    let mut admin = db.client().await;
+    assert_eq!(
+        scalar_i64(
+            &mut admin,
+            "select convert(bigint, collationproperty(convert(sysname, \
+             databasepropertyex(db_name(), 'Collation')), 'ComparisonStyle')) & 1;",
+        )
+        .await,
+        1,
+        "this test needs a case-insensitive database (the server's default collation)"
+    );
+    let feed = create_serialized_feed(&mut admin, "Spelled").await;
+    exec_ok(
+        &mut admin,
+        "exec changefeed.upgrade_feed @table_name = N'DBO.SPELLED';",
+    )
+    .await;
+    // The lock resource names in the generated code are the registry's spelling: the
+    // caller's would make a serialized reader stop waiting for writers of the old code.
+    for kind in ["lock_feed", "read_feed"] {
+        let definition = rows_ok(
+            &mut admin,
+            &format!(
+                "select object_definition(object_id(N'{}')) as definition;",
+                feed.object(kind).replace('\'', "''")
+            ),
+        )
+        .await;
+        let definition: &str = required(&definition[0], "definition");
+        assert!(
+            definition.contains("N'changefeed:lock_feed:dbo.Spelled:'"),
+            "{kind} locks under the registry's spelling"
+        );
+        assert!(
+            !definition.contains("SPELLED"),
+            "{kind} has none of the caller's spelling"
+        );
+    }
+    // And the feed still works: a writer and a reader.
+    let mut writer = db.client().await;
+    exec_ok(
+        &mut writer,
+        &format!(
+            "set xact_abort on; begin transaction; exec {} @shard_id = 0; \
+             insert into {} (id, Shard, ULID) values (1, 0, {}(1)); commit transaction;",
+            feed.object("lock_feed"),
+            feed.quoted_table(),
+            feed.object("ulid")
+        ),
+    )
+    .await;
+    let rows = rows_ok(
+        &mut admin,
+        &format!("exec {} @shard_id = 0;", feed.read_feed_procedure()),
+    )
+    .await;
+    assert_eq!(rows.len(), 1);
+    db.drop_database().await;
 }

@@ -7,6 +7,12 @@
 //! before the upgrade can still be acknowledged and `claim` goes on in order, and
 //! `feed_status` and `consumer_lag` show the feeds.
 //!
+//! It also carries two broken objects over the upgrade (issue 19, item 5): a feed whose
+//! key column was renamed and a claim outbox one of whose columns was renamed. The
+//! migration that regenerates every feed must skip and report them, regenerate the others,
+//! and commit. The regenerated objects are checked by what they must now contain (the serial
+//! feed insert, the `#read` check), never by a version number.
+//!
 //! It needs a SQL Server (`CHANGEFEED_TEST_MSSQL`, or Docker for testcontainers) and is
 //! `#[ignore]`d: `cargo test --test live_upgrade -- --ignored`. It runs once per version in
 //! [`FROM_VERSIONS`], each with READ_COMMITTED_SNAPSHOT off and on.
@@ -48,7 +54,7 @@ const BASELINE: i32 = 49;
 
 /// The versions the upgrade starts from, ascending. Add `m - 1` for each later migration
 /// `V<m>` that changes a template (see the module's documentation).
-const FROM_VERSIONS: &[i32] = &[BASELINE];
+const FROM_VERSIONS: &[i32] = &[BASELINE, 51, 52, 53, 55, 56, 58];
 
 /// The consumer whose cursors the test saves before the upgrade.
 const CONSUMER: &str = "upgrade-test";
@@ -116,6 +122,7 @@ async fn upgrade_scenario(db: &TestDb, from: i32) {
     check_serialized_feed(&mut admin, &ledger, &before).await;
     check_claim_outbox(&mut admin, &messages, &before).await;
     check_status_views(&mut admin, &orders, &ledger).await;
+    check_broken_objects_were_skipped(&mut admin, from).await;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -248,6 +255,8 @@ async fn set_up_at_old_version(admin: &mut Client, orders: &Feed, ledger: &Feed)
         "m1 and m4 acknowledged"
     );
     let open_claim = (id_of("m3"), token);
+
+    set_up_broken_objects(admin).await;
 
     Before {
         orders_first_page,
@@ -622,6 +631,144 @@ fn assert_ulids_increase(rows: &[(Ulid, i64)], what: &str) {
             pair[0].0,
             pair[1].0
         );
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// A broken feed and a broken outbox across the upgrade (issue 19, item 5)
+// ------------------------------------------------------------------------------------------
+
+/// A feed whose key column `id` is then renamed `order_id`, and a claim outbox whose
+/// `payload` column is then renamed `body`: regenerating either fails to compile (Msg 207).
+async fn set_up_broken_objects(admin: &mut Client) {
+    exec_ok(
+        admin,
+        "create table dbo.up_broken (id bigint not null primary key, payload nvarchar(50) null); \
+         exec changefeed.setup_feed @table_name = N'dbo.up_broken', @outbox = 1; \
+         exec changefeed.setup_outbox @table_name = N'dbo.up_broken_messages'; \
+         exec sp_rename N'dbo.up_broken.id', N'order_id', N'COLUMN'; \
+         exec sp_rename N'dbo.up_broken_messages.payload', N'body', N'COLUMN';",
+    )
+    .await;
+}
+
+/// The newest migration that runs `exec changefeed.upgrade_all_feeds` as a statement (not
+/// in a comment), found by its text.
+fn last_upgrading_migration() -> i32 {
+    let directory = concat!(env!("CARGO_MANIFEST_DIR"), "/sql");
+    changefeed::migrations::bundle()
+        .into_iter()
+        .filter(|(version, name)| {
+            let path = format!("{directory}/V{version}__{name}.sql");
+            std::fs::read_to_string(&path)
+                .unwrap_or_else(|error| panic!("read {path}: {error}"))
+                .lines()
+                .any(|line| {
+                    line.trim_start()
+                        .to_lowercase()
+                        .starts_with("exec changefeed.upgrade_all_feeds")
+                })
+        })
+        .map(|(version, _)| version)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The migration that regenerated every feed skipped the broken feed and outbox and recorded
+/// why (the others were regenerated, and the migration committed: the checks above and the
+/// history count). Starting from a version after that migration, no migration regenerates,
+/// so the test runs the upgrade itself, as the next template change would.
+async fn check_broken_objects_were_skipped(admin: &mut Client, from: i32) {
+    if from >= last_upgrading_migration() {
+        let report = rows_ok(admin, "exec changefeed.upgrade_all_feeds;").await;
+        let skipped: Vec<(String, String)> = report
+            .iter()
+            .filter(|row| !required::<bool>(row, "upgraded"))
+            .map(|row| {
+                (
+                    required::<&str>(row, "kind").to_owned(),
+                    required::<&str>(row, "name").to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            skipped,
+            [
+                ("feed".to_owned(), "dbo.up_broken".to_owned()),
+                ("outbox".to_owned(), "dbo.up_broken_messages".to_owned())
+            ],
+            "upgrade_all_feeds skips exactly the broken feed and outbox"
+        );
+    }
+    let feed_problem = rows_ok(
+        admin,
+        "select problem from changefeed.feeds where table_name = N'up_broken';",
+    )
+    .await;
+    let feed_problem: &str = required(&feed_problem[0], "problem");
+    assert!(
+        feed_problem.contains("[id] is now [order_id]")
+            && feed_problem.contains("teardown_feed @table_name = N'dbo.up_broken'"),
+        "the broken feed's problem names the renamed key column and the fix: {feed_problem}"
+    );
+    let outbox_problem = rows_ok(
+        admin,
+        "select problem from changefeed.outboxes where table_name = N'up_broken_messages';",
+    )
+    .await;
+    let outbox_problem: &str = required(&outbox_problem[0], "problem");
+    assert!(
+        outbox_problem.contains("[payload]")
+            && outbox_problem.contains("upgrade_outbox @table_name = N'dbo.up_broken_messages'"),
+        "the broken outbox's problem names the missing column and the fix: {outbox_problem}"
+    );
+    let with_problems = scalar_i64(
+        admin,
+        "select count_big(*) from changefeed.feeds where problem is not null; ",
+    )
+    .await
+        + scalar_i64(
+            admin,
+            "select count_big(*) from changefeed.outboxes where problem is not null;",
+        )
+        .await;
+    assert_eq!(
+        with_problems, 2,
+        "only the two broken objects have a problem"
+    );
+    // Asked for directly, upgrade_feed refuses the broken feed before regenerating anything.
+    let refused = common::exec(
+        admin,
+        "exec changefeed.upgrade_feed @table_name = N'dbo.up_broken';",
+    )
+    .await
+    .expect_err("upgrade_feed of a feed whose key column was renamed");
+    assert_eq!(refused.server_number(), Some(51014), "got {refused}");
+
+    // The working feeds run the regenerated read_feed: the serial, ULID-ordered feed insert
+    // (outbox mode) and the #read check (both modes).
+    for (procedure, must_contain) in [
+        (
+            "[changefeed].[read_feed:dbo.up_orders]",
+            &["option (maxdop 1)", "changefeed.check_read_table"][..],
+        ),
+        (
+            "[changefeed].[read_feed:dbo.up_ledger]",
+            &["changefeed.check_read_table"][..],
+        ),
+    ] {
+        let definition = rows_ok(
+            admin,
+            &format!("select object_definition(object_id(N'{procedure}')) as definition;"),
+        )
+        .await;
+        let definition: &str = required(&definition[0], "definition");
+        for text in must_contain {
+            assert!(
+                definition.contains(text),
+                "{procedure} was regenerated from the current template ({text})"
+            );
+        }
     }
 }
 

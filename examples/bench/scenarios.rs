@@ -50,6 +50,8 @@ const BASELINE_4: &str = "client polling: read_feed with @wait_ms = 0, then a 50
                           page that is not full; value = long-poll with @wait_ms = 1000";
 const BASELINE_5: &str = "the same insert into an identical plain table, ULID made on the client, \
                           without lock_feed";
+const BASELINE_5_ROWS: &str = "the same transaction with each ULID computed in the batch from \
+                               lock_feed's @ulid_high/@ulid_low instead of ulid(@i)";
 const BASELINE_6: &str = "as many raw claim + mark_done loops over OutboxStore, without Relay";
 
 /// Everything the figures share.
@@ -372,6 +374,56 @@ async fn figure_5(bench: &mut Bench, out: &mut Vec<Row>) {
             .await;
         }
     }
+
+    // The per-row cost of ulid(@i) (issue 19, item 15): it reads the shard's state row for
+    // every row it numbers, to refuse a range undone by a rollback to a savepoint. The same
+    // transaction of many rows with and without the function; the detail gives the
+    // difference per row.
+    let rows = sql::ROWS_PER_TRANSACTION;
+    let what = "serialized writers, ulid(@i) per row";
+    let with_function =
+        sql::serialized_rows_write(&feed, crate::load::LOCK_TIMEOUT.as_millis(), true);
+    let computed = sql::serialized_rows_write(&feed, crate::load::LOCK_TIMEOUT.as_millis(), false);
+    let parameters = [
+        ("writers", "1".to_owned()),
+        ("rows per transaction", rows.to_string()),
+    ];
+    let options = bench.options.clone();
+    let spec = |tx: Tx| WriteSpec {
+        tx,
+        shards: 1,
+        warmup: options.warmup(),
+        duration: options.duration,
+        period: None,
+        record: false,
+    };
+    measure(out, limit, ("5", what, &parameters), async {
+        let baseline = write_phase(bench, spec(Tx::Batch(computed.clone())), 1).await?;
+        let ours = write_phase(bench, spec(Tx::Batch(with_function.clone())), 1).await?;
+        let per_row = |rate: Option<f64>| rate.map(|r| r * rows as f64);
+        let cost_us = match (ours.rate, baseline.rate) {
+            (Some(a), Some(b)) if a > 0.0 && b > 0.0 => {
+                format!("{:.2}", (1.0 / a - 1.0 / b) * 1e6 / rows as f64)
+            }
+            _ => "n/a".to_owned(),
+        };
+        Ok(vec![
+            Row::measured(
+                "5",
+                what,
+                &parameters,
+                per_row(ours.rate),
+                "rows/s",
+                per_row(baseline.rate),
+                BASELINE_5_ROWS,
+            )
+            .with_detail(format!(
+                "ulid(@i) costs {cost_us} µs per row more; {}",
+                phases_detail(&ours, &baseline)
+            )),
+        ])
+    })
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------

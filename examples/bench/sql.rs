@@ -134,6 +134,35 @@ pub fn serialized_write(feed: &Feed, lock_timeout_ms: u128) -> String {
     )
 }
 
+/// Rows per transaction of figure 5's per-row cost of `ulid(@i)`.
+pub const ROWS_PER_TRANSACTION: i64 = 100;
+
+/// Figure 5's per-row cost of `ulid(@i)`: one transaction locks the shard and inserts
+/// [`ROWS_PER_TRANSACTION`] rows, numbered by `ulid(i)` when `with_function`, else computed
+/// in the batch from lock_feed's `@ulid_high` / `@ulid_low` outputs (what the function does
+/// after its check of the session context and the shard's state row). `@P1` the
+/// transaction's id (rows get `@P1 * 1000 + i`), `@P2` payload.
+pub fn serialized_rows_write(feed: &Feed, lock_timeout_ms: u128, with_function: bool) -> String {
+    let ulid = if with_function {
+        format!("{}(n.i)", feed.object("ulid"))
+    } else {
+        "convert(binary(16), @high + convert(binary(8), @low + n.i - 1))".to_owned()
+    };
+    format!(
+        "set xact_abort on; begin transaction; \
+         declare @high binary(8), @low bigint; \
+         exec {lock} @shard_id = 0, @lock_timeout_ms = {lock_timeout_ms}, \
+             @ulid_high = @high output, @ulid_low = @low output; \
+         insert into {table} (id, shard, ulid, payload) \
+         select @P1 * 1000 + n.i, 0, {ulid}, @P2 \
+         from (select top ({ROWS_PER_TRANSACTION}) convert(bigint, row_number() over \
+             (order by (select null))) as i from sys.all_columns) as n; \
+         commit transaction;",
+        lock = feed.object("lock_feed"),
+        table = feed.quoted_table(),
+    )
+}
+
 /// Figure 5's server-side baseline: the same insert, ULID from the client. `@P1` id,
 /// `@P2` payload, `@P3` ULID.
 pub fn serialized_plain_write(table: &str) -> String {

@@ -60,6 +60,14 @@
 //!   PRINT inside a function.
 //! * R19 `bitwise-operand` — `&`, `|`, `^` never take a decimal/numeric/float/money operand
 //!   (including an integer literal beyond int) nor two binary operands.
+//!
+//! Over the whole bundle:
+//!
+//! * R20 `ordered-feed-insert` — a statement `insert into [changefeed].[feed:…]` in the
+//!   newest definition of its module has `order by` and `option (maxdop 1)`: readers rely on
+//!   feed rows entering the index in ULID order, which only a serial, ordered plan keeps
+//!   (ORDER BY alone orders identity values, not the insert). Definitions that a later file
+//!   replaces (frozen files) are not what runs, and are not checked.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -104,6 +112,7 @@ enum Rule {
     SessionContext,
     FunctionSideEffects,
     BitwiseOperand,
+    OrderedFeedInsert,
 }
 
 impl Rule {
@@ -129,6 +138,7 @@ impl Rule {
             Rule::SessionContext => "R17 session-context-type",
             Rule::FunctionSideEffects => "R18 function-side-effects",
             Rule::BitwiseOperand => "R19 bitwise-operand",
+            Rule::OrderedFeedInsert => "R20 ordered-feed-insert",
         }
     }
 }
@@ -1107,7 +1117,7 @@ fn lint_file_in(file: &str, src: &str, schema: &Schema) -> Vec<Violation> {
     out
 }
 
-/// R1 over the names plus every per-file rule over the `.sql` files.
+/// R1 over the names plus every per-file rule over the `.sql` files, and R20.
 fn lint_bundle(files: &[(String, String)]) -> Vec<Violation> {
     let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
     let mut out = lint_file_names(&names);
@@ -1115,7 +1125,85 @@ fn lint_bundle(files: &[(String, String)]) -> Vec<Violation> {
     for (name, text) in files.iter().filter(|(name, _)| name.ends_with(".sql")) {
         out.extend(lint_file_in(&format!("sql/{name}"), text, &schema));
     }
+    out.extend(lint_feed_inserts(files));
     out
+}
+
+/// R20 over the newest definition of every module (files in bundle order).
+fn lint_feed_inserts(files: &[(String, String)]) -> Vec<Violation> {
+    let sql: Vec<&(String, String)> = files.iter().filter(|(n, _)| n.ends_with(".sql")).collect();
+    let lexed: Vec<_> = sql.iter().map(|(_, text)| lex(text)).collect();
+    let module_names: Vec<Option<String>> = sql
+        .iter()
+        .zip(&lexed)
+        .map(|((_, text), lexed)| {
+            find_modules(text, &lexed.code())
+                .first()
+                .map(|m| m.name_parts.join(".").to_lowercase())
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (index, ((name, _), lexed)) in sql.iter().zip(&lexed).enumerate() {
+        let replaced = module_names[index].as_ref().is_some_and(|module| {
+            module_names[index + 1..]
+                .iter()
+                .any(|later| later.as_ref() == Some(module))
+        });
+        if replaced {
+            continue;
+        }
+        for line in unordered_feed_inserts(&lexed.code()) {
+            out.push(Violation {
+                file: format!("sql/{name}"),
+                line,
+                rule: Rule::OrderedFeedInsert,
+                message: "an insert into a feed table without `order by` the ULID and \
+                          `option (maxdop 1)`: a parallel plan may insert a later ULID before \
+                          an earlier one, and a reader waiting on the later row then passes \
+                          the earlier one for good (ARCHITECTURE.md, read_feed). Add both."
+                    .to_owned(),
+            });
+        }
+    }
+    out
+}
+
+/// The lines of `insert into [changefeed].[feed:…]` statements (up to their `;`) that lack
+/// `order by` or `option (maxdop 1)`.
+fn unordered_feed_inserts(code: &[&Token<'_>]) -> Vec<usize> {
+    let mut lines = Vec::new();
+    for i in 0..code.len() {
+        let is_feed_insert = code[i].is("insert")
+            && code.get(i + 1).is_some_and(|t| t.is("into"))
+            && code
+                .get(i + 2)
+                .is_some_and(|t| t.ident_value().eq_ignore_ascii_case("changefeed"))
+            && code.get(i + 3).is_some_and(|t| t.is_punct(b'.'))
+            && code
+                .get(i + 4)
+                .is_some_and(|t| t.ident_value().to_ascii_lowercase().starts_with("feed:"));
+        if !is_feed_insert {
+            continue;
+        }
+        let end = (i..code.len())
+            .find(|&j| code[j].is_punct(b';'))
+            .unwrap_or(code.len());
+        let statement = &code[i..end];
+        let ordered = statement
+            .windows(2)
+            .any(|w| w[0].is("order") && w[1].is("by"));
+        let serial = statement.windows(5).any(|w| {
+            w[0].is("option")
+                && w[1].is_punct(b'(')
+                && w[2].is("maxdop")
+                && w[3].text == "1"
+                && w[4].is_punct(b')')
+        });
+        if !(ordered && serial) {
+            lines.push(code[i].line);
+        }
+    }
+    lines
 }
 
 /// The declarations of every file of the bundle (code and dynamic DDL).
@@ -1594,6 +1682,44 @@ fn catch_without_rethrow_or_semicolon_fires() {
 }
 
 // R7
+
+#[test]
+fn feed_insert_without_order_and_maxdop_fires_unless_a_later_file_replaces_it() {
+    let unordered = "create or alter procedure [changefeed].[p]\nas\nbegin\n\
+                     set nocount, xact_abort on;\n\
+                     insert into [changefeed].[feed:dbo.t] (shard_id, ulid) \
+                     select 0, ulid from @moved;\nend\n";
+    let ordered = "create or alter procedure [changefeed].[p]\nas\nbegin\n\
+                   set nocount, xact_abort on;\n\
+                   insert into [changefeed].[feed:dbo.t] (shard_id, ulid) \
+                   select 0, ulid from @moved order by ulid option (maxdop 1);\nend\n";
+    let r20 = |files: &[(&str, &str)]| -> Vec<(String, usize)> {
+        let files: Vec<(String, String)> = files
+            .iter()
+            .map(|(n, t)| ((*n).to_owned(), (*t).to_owned()))
+            .collect();
+        lint_bundle(&files)
+            .into_iter()
+            .filter(|v| v.rule == Rule::OrderedFeedInsert)
+            .map(|v| (v.file, v.line))
+            .collect()
+    };
+    assert_eq!(
+        r20(&[("V1__p.sql", unordered)]),
+        [("sql/V1__p.sql".to_owned(), 5)]
+    );
+    assert!(r20(&[("V1__p.sql", ordered)]).is_empty());
+    assert!(
+        r20(&[("V1__p.sql", unordered), ("V2__p.sql", ordered)]).is_empty(),
+        "a definition replaced by a later file is not checked"
+    );
+    assert_eq!(
+        r20(&[("V1__p.sql", ordered), ("V2__p.sql", unordered)]),
+        [("sql/V2__p.sql".to_owned(), 5)]
+    );
+    let only_order = ordered.replace(" option (maxdop 1)", "");
+    assert_eq!(r20(&[("V1__p.sql", &only_order)]).len(), 1);
+}
 
 #[test]
 fn throw_outside_the_project_range_fires() {

@@ -1,0 +1,287 @@
+-- Makes an event table a feed. Call it from your own migration, once per event table:
+--   exec changefeed.setup_feed @table_name = N'schema.table', @outbox = 1;
+--   exec changefeed.setup_feed @table_name = N'schema.table', @serialize_writers = 1,
+--       @shard_column = N'Shard', @ulid_column = N'ULID';
+-- Serialized-writer mode needs an int shard column, a binary(16) ULID column and a unique
+-- index on exactly (shard, ulid): read_feed pages through that index. It creates the feed's
+-- storage, registers it, generates its code, creates its roles and refreshes feed_status,
+-- all in one transaction. A second call with the same arguments changes nothing; a call that
+-- asks for another mode is refused (tear the feed down first).
+--
+-- The event table must have the owner of the changefeed schema (dbo, normally): read_feed
+-- (with @with_event = 1, and always in serialized mode) and the status view read it from
+-- changefeed's procedures, and SQL Server skips the permission check there only along an
+-- unbroken ownership chain. A table in a schema owned by another user would make every such
+-- read of a readers-only login fail (Msg 229): rows moved, cursor stuck. Granting the readers
+-- SELECT on the table instead would give them the whole table, beyond their feed, so such a
+-- table is refused (51013) with the statement that gives the schema to that owner.
+-- A view is refused with its own message (51001): a feed needs a table.
+create or alter procedure [changefeed].[setup_feed]
+    @table_name nvarchar(4000),
+    @outbox bit = 0,
+    @serialize_writers bit = 0,
+    @shard_column sysname = null,
+    @ulid_column sysname = null
+as
+begin
+    set nocount, xact_abort on;
+    -- This procedure commits its own transaction: with IMPLICIT_TRANSACTIONS ON (JDBC with
+    -- autocommit off, pyodbc's default) its begin transaction would open two levels and its
+    -- commit leave one open, with every lock held. The setting reverts when it returns.
+    set implicit_transactions off;
+    -- create_feed_storage runs ALTER TABLE (lock escalation) in this transaction, and SQL
+    -- Server refuses ALTER TABLE in an explicit transaction at SNAPSHOT isolation (metadata is
+    -- not versioned). The registry reads take their locks explicitly. This reverts on return.
+    set transaction isolation level read committed;
+
+    declare @schema_name sysname;
+    declare @object_name sysname;
+    declare @problem nvarchar(2048);
+    declare @object_id int;
+    declare @mode varchar(20);
+    declare @registered_mode varchar(20);
+    declare @message nvarchar(2048);
+    declare @qualified_name nvarchar(300);
+    declare @shard_name sysname;
+    declare @ulid_name sysname;
+    declare @registered_shard sysname;
+    declare @registered_ulid sysname;
+    declare @registered_name nvarchar(257);
+    declare @table_owner int;
+    declare @bundle_owner int;
+    declare @object_owner int;
+
+    exec changefeed.check_table_name
+        @table_name = @table_name,
+        @schema_name = @schema_name output,
+        @object_name = @object_name output;
+
+    -- bit + bit is not defined (error 402): add them as int.
+    if convert(int, isnull(@outbox, 0)) + convert(int, isnull(@serialize_writers, 0)) <> 1
+        throw 51004, N'setup_feed: choose exactly one mode: @outbox = 1 or @serialize_writers = 1.', 1;
+    if @serialize_writers = 1
+    begin
+        if @shard_column is null or @ulid_column is null
+            throw 51004, N'setup_feed: @serialize_writers = 1 needs @shard_column (an int column) and @ulid_column (a binary(16) column) of the event table.', 1;
+        set @mode = 'serialize_writers';
+    end
+    else
+    begin
+        if @shard_column is not null or @ulid_column is not null
+            throw 51004, N'setup_feed: @shard_column and @ulid_column belong to @serialize_writers = 1. An outbox-mode feed takes its shard from the outbox row; leave them null.', 1;
+        set @mode = 'outbox';
+    end;
+
+    set @object_id = object_id(quotename(@schema_name) + N'.' + quotename(@object_name), N'U');
+    if @object_id is null
+    begin
+        if object_id(quotename(@schema_name) + N'.' + quotename(@object_name), N'V') is not null
+            set @message = N'setup_feed: ''' + @table_name + N''' is a view, and a feed needs a'
+                + N' table: its primary key is copied into the outbox and the feed, and writers'
+                + N' insert into it. Set the feed up on the table the view reads.';
+        else
+            set @message = N'setup_feed: the table ''' + @table_name
+                + N''' does not exist (or you cannot see it) in database ''' + db_name()
+                + N'''. Create it first, in the same migration or an earlier one.';
+        throw 51001, @message, 1;
+    end;
+    -- From here on the catalog's spelling, so every per-feed name matches the table's.
+    set @schema_name = object_schema_name(@object_id);
+    set @object_name = object_name(@object_id);
+    set @qualified_name = @schema_name + N'.' + @object_name;
+
+    -- The ownership chain (see the header): the table's owner is its own principal_id, or
+    -- when that is NULL its schema's owner; changefeed's procedures have the owner of the
+    -- changefeed schema.
+    select
+        @object_owner = o.principal_id,
+        @table_owner = coalesce(o.principal_id, s.principal_id)
+    from sys.objects as o
+    inner join sys.schemas as s
+        on o.schema_id = s.schema_id
+    where o.object_id = @object_id;
+    select @bundle_owner = principal_id
+    from sys.schemas
+    where name = N'changefeed';
+    if @table_owner <> @bundle_owner
+    begin
+        set @message = N'setup_feed: the table ''' + @qualified_name + N''' belongs to '''
+            + isnull(user_name(@table_owner), N'?') + N''', changefeed''s procedures to '''
+            + isnull(user_name(@bundle_owner), N'?') + N''': the ownership chain between them'
+            + N' is broken, and a login that is only in the feed''s readers role would get'
+            + N' Msg 229 on every read of the event table. Give the '
+            + case
+                when @object_owner is null
+                    then N'schema to the same owner: alter authorization on schema::'
+                        + quotename(@schema_name)
+                else N'table to the same owner: alter authorization on object::'
+                    + quotename(@schema_name) + N'.' + quotename(@object_name)
+            end
+            + N' to ' + isnull(quotename(user_name(@bundle_owner)), N'[dbo]')
+            + N'; then run setup_feed again.';
+        throw 51013, @message, 1;
+    end;
+
+    if not exists (
+        select 1
+        from sys.indexes
+        where object_id = @object_id and is_primary_key = 1
+    )
+    begin
+        set @message = N'setup_feed: the table ''' + @qualified_name
+            + N''' has no primary key. The outbox and the feed carry the event''s primary key;'
+            + N' add one (alter table ... add constraint ... primary key ...).';
+        throw 51002, @message, 1;
+    end;
+
+    select top (1) @problem = problem
+    from changefeed.key_columns(@object_id)
+    where problem is not null
+    order by key_ordinal;
+    if @problem is not null throw 51008, @problem, 1;
+
+    if @mode = 'serialize_writers'
+    begin
+        -- The catalog's spelling of each column, and its type.
+        -- NOT NULL: read_feed never returns a row whose shard or ULID is null.
+        select @shard_name = name
+        from sys.columns
+        where object_id = @object_id and name = @shard_column and is_nullable = 0
+            and system_type_id = type_id(N'int') and user_type_id = type_id(N'int');
+        select @ulid_name = name
+        from sys.columns
+        where object_id = @object_id and name = @ulid_column and is_nullable = 0
+            and system_type_id = type_id(N'binary') and max_length = 16;
+        if @shard_name is null or @ulid_name is null
+        begin
+            set @message = N'setup_feed: ''' + @qualified_name + N''' needs an int column '''
+                + @shard_column + N''' and a binary(16) column ''' + @ulid_column
+                + N'''; ' + case
+                    when @shard_name is null then N'the shard column is missing, nullable or not int.'
+                    else N'the ULID column is missing, nullable or not binary(16) (a GUID type would sort its bytes out of order).'
+                end;
+            throw 51010, @message, 1;
+        end;
+        if charindex(N'__template', @shard_name collate Latin1_General_100_BIN2) > 0
+            or charindex(N'__template', @ulid_name collate Latin1_General_100_BIN2) > 0
+            throw 51008, N'setup_feed: the shard and ULID column names must not contain ''__template'', which changefeed reserves. Rename the column.', 1;
+        if not exists (
+            select 1
+            from sys.indexes as i
+            where
+                i.object_id = @object_id
+                and i.is_unique = 1
+                and i.has_filter = 0
+                and i.is_disabled = 0
+                and (
+                    select count(*)
+                    from sys.index_columns as ic
+                    where
+                        ic.object_id = i.object_id
+                        and ic.index_id = i.index_id
+                        and ic.key_ordinal > 0
+                ) = 2
+                and exists (
+                    select 1
+                    from sys.index_columns as ic
+                    inner join sys.columns as c
+                        on ic.object_id = c.object_id and ic.column_id = c.column_id
+                    where
+                        ic.object_id = i.object_id and ic.index_id = i.index_id
+                        and ic.key_ordinal = 1 and c.name = @shard_name
+                )
+                and exists (
+                    select 1
+                    from sys.index_columns as ic
+                    inner join sys.columns as c
+                        on ic.object_id = c.object_id and ic.column_id = c.column_id
+                    where
+                        ic.object_id = i.object_id and ic.index_id = i.index_id
+                        and ic.key_ordinal = 2 and c.name = @ulid_name
+                )
+        )
+        begin
+            set @message = N'setup_feed: ''' + @qualified_name + N''' needs a unique index on'
+                + N' exactly (' + @shard_name + N', ' + @ulid_name + N'), unfiltered, for'
+                + N' read_feed to page through: create unique index ... on '
+                + quotename(@schema_name) + N'.' + quotename(@object_name) + N' ('
+                + quotename(@shard_name) + N', ' + quotename(@ulid_name) + N').';
+            throw 51011, @message, 1;
+        end;
+    end;
+
+    begin try
+        begin transaction;
+        exec changefeed.lock_generators;
+
+        -- UPDLOCK, HOLDLOCK: two concurrent setup_feed calls for one table serialize here
+        -- instead of both creating the feed.
+        select
+            @registered_mode = mode,
+            @registered_shard = shard_column,
+            @registered_ulid = ulid_column,
+            @registered_name = schema_name + N'.' + table_name
+        from changefeed.feeds with (updlock, holdlock)
+        where object_id = @object_id;
+
+        -- A feed registered under this name for another table: the event table was dropped
+        -- and re-created (or another table renamed into its place). The registry row, the
+        -- storage and the code still belong to the old table; inserting a second row would
+        -- only fail on the registry's unique name (2627).
+        if @registered_mode is null and exists (
+            select 1
+            from changefeed.feeds with (updlock, holdlock)
+            where schema_name = @schema_name and table_name = @object_name
+        )
+        begin
+            set @message = N'setup_feed: the table ''' + @qualified_name + N''' was dropped'
+                + N' and re-created (or renamed into place) since it became a feed, and the feed'
+                + N' still belongs to the old table. Tear it down first: exec'
+                + N' changefeed.teardown_feed @table_name = N''' + @qualified_name + N''';'
+                + N' (this drops the old feed''s history and its consumers'' cursors), then run'
+                + N' setup_feed again.';
+            throw 51001, @message, 1;
+        end;
+        -- This table is a feed under another name: it was renamed since setup (compared with
+        -- the database's collation, like every name).
+        if @registered_name <> @qualified_name
+        begin
+            set @message = N'setup_feed: the table ''' + @qualified_name + N''' is already a'
+                + N' feed under its old name ''' + @registered_name + N''' (it was renamed'
+                + N' since setup). Tear the old feed down first: exec changefeed.teardown_feed'
+                + N' @table_name = N''' + @registered_name + N'''; then run setup_feed again.';
+            throw 51001, @message, 1;
+        end;
+
+        if @registered_mode is null
+        begin
+            exec changefeed.create_feed_storage @object_id = @object_id, @mode = @mode;
+
+            insert into changefeed.feeds
+            (object_id, schema_name, table_name, mode, shard_column, ulid_column, generator_version)
+            values (
+                @object_id, @schema_name, @object_name, @mode, @shard_name, @ulid_name,
+                changefeed.generator_version()
+            );
+
+            exec changefeed.upgrade_feed @table_name = @qualified_name;
+        end
+        else if
+            @registered_mode <> @mode
+            or isnull(@registered_shard, N'') <> isnull(@shard_name, N'')
+            or isnull(@registered_ulid, N'') <> isnull(@ulid_name, N'')
+        begin
+            set @message = N'setup_feed: ''' + @qualified_name + N''' is already a feed in '
+                + @registered_mode + N' mode' + isnull(N' on (' + @registered_shard + N', '
+                + @registered_ulid + N')', N'') + N'. To change that, tear it down first'
+                + N' (exec changefeed.teardown_feed), which drops its feed history.';
+            throw 51005, @message, 1;
+        end;
+
+        commit transaction;
+    end try
+    begin catch
+        if @@trancount > 0 rollback transaction;
+        throw;
+    end catch;
+end
