@@ -3053,3 +3053,137 @@ async fn undecodable_in(db: &TestDb) {
     let state = row_state(&mut client, TABLE, bad.id).await;
     assert_eq!((state.status, state.attempts), (DEAD, 1), "{state:?}");
 }
+
+// ------------------------------------------------------------------------------------------
+// 17. an enqueue that waits inside its insert is not overtaken (issue 19, item 16)
+// ------------------------------------------------------------------------------------------
+
+/// A message of aggregate `aggregate_id` with the message id `message_id`.
+fn keyed_of(aggregate_id: &str, message_id: &str, n: usize) -> NewMessage {
+    NewMessage {
+        message_id: Some(message_id.to_owned()),
+        ..message_of(aggregate_id, n)
+    }
+}
+
+/// Waits until `session` is waiting for a lock whose wait type starts with `wait_type`
+/// (`LCK_M_RI` for an insert's range check, `LCK_M_X` for an exclusive applock); fails the
+/// test after [`NOT_BLOCKED`].
+async fn await_lock_wait(client: &mut Client, session: i64, wait_type: &str, what: &str) {
+    let deadline = Instant::now() + NOT_BLOCKED;
+    let query = format!(
+        "select count_big(*) from sys.dm_exec_requests \
+         where session_id = {session} and wait_type like N'{wait_type}%';"
+    );
+    while scalar_i64(client, &query).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: session {session} did not wait on {wait_type}* within {NOT_BLOCKED:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn enqueue_waiting_inside_its_insert_is_not_overtaken() {
+    common::under_both_isolations("claim_insert_wait", insert_wait_in).await;
+}
+
+/// A SERIALIZABLE reader's range lock on `message_id_unique` stops A's first enqueue inside
+/// its insert: its id is taken and its clustered row written, but its index entries wait.
+/// A's second enqueue (a message_id in another gap, so not stopped by that range lock) must
+/// not get a later id and commit meanwhile, or the head probe, which does not see the first
+/// row yet, would let the claim take A's second message first. Enqueue's aggregate lock
+/// makes it wait for the first insert instead; another aggregate does not wait.
+async fn insert_wait_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_insert_wait";
+    let store = outbox(TABLE);
+    let mut client = db.client().await;
+    let mut reader = db.client().await;
+    let mut first = db.client().await;
+    let mut second = db.client().await;
+    setup_outbox(&mut client, TABLE).await;
+    // A done message whose message_id 'm' is the key after 'k' in message_id_unique: the
+    // reader's range lock on it covers 'k' and not 'y' or 'z'.
+    let fence = enqueue_committed(&store, &mut client, &[keyed_of("other", "m", 0)]).await[0].id;
+    set_column(&mut client, TABLE, "status", "2", &[fence]).await;
+
+    let reader_session = session_id(&mut reader).await;
+    sql(
+        &mut reader,
+        "set transaction isolation level serializable; begin transaction;",
+    )
+    .await;
+    let found = scalar_i64(
+        &mut reader,
+        &format!(
+            "select count_big(*) from {TABLE} with (index(message_id_unique)) \
+             where message_id = N'k';"
+        ),
+    )
+    .await;
+    assert_eq!(found, 0);
+    let range_locks = count_range_locks(&mut client, reader_session).await;
+    assert!(range_locks > 0, "the SERIALIZABLE reader holds a key-range lock");
+
+    let first_session = session_id(&mut first).await;
+    let a1_task = enqueue_in_task(&store, first, keyed_of("A", "k", 1));
+    await_lock_wait(
+        &mut client,
+        first_session,
+        "LCK_M_RI",
+        "A's first enqueue inside its insert, behind the reader's range lock",
+    )
+    .await;
+
+    let second_session = session_id(&mut second).await;
+    let a2_task = enqueue_in_task(&store, second, keyed_of("A", "z", 2));
+    await_lock_wait(
+        &mut client,
+        second_session,
+        "LCK_M_X",
+        "A's second enqueue waits for A's aggregate lock",
+    )
+    .await;
+    assert!(!a2_task.is_finished(), "A's second enqueue waits");
+
+    // Another aggregate neither waits nor is held back.
+    let b1 = common::tasks::bounded(
+        "B's enqueue next to A's waiting insert",
+        NOT_BLOCKED,
+        enqueue_committed(&store, &mut client, &[keyed_of("B", "y", 1)]),
+    )
+    .await[0]
+        .id;
+    let during = claim_unblocked(&store, &mut client, "claim while A's insert waits").await;
+    assert_eq!(ids(&during), vec![b1], "nothing of A is claimable yet");
+
+    // The reader ends: A's first insert finishes and commits, then the second.
+    commit(&mut reader).await;
+    let (a1, _) = join("A's first enqueue", a1_task).await;
+    let (a2, _) = join("A's second enqueue", a2_task).await;
+    assert!(a1.id < a2.id, "A's second message got the later id");
+    let after = claim_unblocked(&store, &mut client, "claim after the reader ended").await;
+    assert_eq!(ids(&after), vec![a1.id], "A's first message comes first, alone");
+    store
+        .mark_done(&mut client, &[a1.id], token_of(&after))
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&claim_unblocked(&store, &mut client, "claim of A's second").await),
+        vec![a2.id]
+    );
+}
+
+/// Key-range locks the session holds.
+async fn count_range_locks(client: &mut Client, session: i64) -> i64 {
+    scalar_i64(
+        client,
+        &format!(
+            "select count_big(*) from sys.dm_tran_locks \
+             where request_session_id = {session} and request_mode like N'Range%';"
+        ),
+    )
+    .await
+}
