@@ -3125,7 +3125,10 @@ async fn insert_wait_in(db: &TestDb) {
     .await;
     assert_eq!(found, 0);
     let range_locks = count_range_locks(&mut client, reader_session).await;
-    assert!(range_locks > 0, "the SERIALIZABLE reader holds a key-range lock");
+    assert!(
+        range_locks > 0,
+        "the SERIALIZABLE reader holds a key-range lock"
+    );
 
     let first_session = session_id(&mut first).await;
     let a1_task = enqueue_in_task(&store, first, keyed_of("A", "k", 1));
@@ -3165,7 +3168,11 @@ async fn insert_wait_in(db: &TestDb) {
     let (a2, _) = join("A's second enqueue", a2_task).await;
     assert!(a1.id < a2.id, "A's second message got the later id");
     let after = claim_unblocked(&store, &mut client, "claim after the reader ended").await;
-    assert_eq!(ids(&after), vec![a1.id], "A's first message comes first, alone");
+    assert_eq!(
+        ids(&after),
+        vec![a1.id],
+        "A's first message comes first, alone"
+    );
     store
         .mark_done(&mut client, &[a1.id], token_of(&after))
         .await

@@ -582,7 +582,10 @@ async fn check_claim_outbox_objects_regenerated(admin: &mut Client, messages: &O
             ),
         )
         .await;
-        assert_eq!(found, 1, "{name} was regenerated from the new template ({marker})");
+        assert_eq!(
+            found, 1,
+            "{name} was regenerated from the new template ({marker})"
+        );
     }
 }
 
