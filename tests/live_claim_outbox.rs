@@ -3194,3 +3194,98 @@ async fn count_range_locks(client: &mut Client, session: i64) -> i64 {
     )
     .await
 }
+
+// ------------------------------------------------------------------------------------------
+// 18. each claim expires by the timeout its holder chose (issue 18, 5b)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn each_claim_expires_by_its_own_timeout() {
+    common::under_both_isolations("claim_own_expiry", own_expiry_in).await;
+}
+
+/// Moves the claims of `ids` back in time by `seconds`, claim time and expiry alike.
+async fn age_claims(client: &mut Client, table: &str, ids: &[i64], seconds: i64) {
+    sql(
+        client,
+        &format!(
+            "update {table} set claimed_at = dateadd(second, -{seconds}, claimed_at), \
+             claim_expires_at = dateadd(second, -{seconds}, claim_expires_at) \
+             where id in ({});",
+            id_list(ids)
+        ),
+    )
+    .await;
+}
+
+/// A relay with a one-hour claim timeout and one with one second share an outbox: the short
+/// one does not take the long one's rows, and the long one does take the short one's rows
+/// once their one second has passed. A row claimed before claim_expires_at existed expires
+/// by the re-claiming relay's timeout.
+async fn own_expiry_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_own_expiry";
+    let store = outbox(TABLE);
+    let mut client = db.client().await;
+    setup_outbox(&mut client, TABLE).await;
+    let enqueued =
+        enqueue_committed(&store, &mut client, &[loose_message(1), loose_message(2)]).await;
+    let [m1, m2] = [enqueued[0].id, enqueued[1].id];
+
+    let long = claim(&store, &mut client, 1, HELD).await;
+    assert_eq!(ids(&long), vec![m1]);
+    let short = claim(&store, &mut client, 1, SHORT).await;
+    assert_eq!(ids(&short), vec![m2]);
+    let expires_in = scalar_i64(
+        &mut client,
+        &format!(
+            "select datediff_big(millisecond, claimed_at, claim_expires_at) from {TABLE} \
+             where id = {m1};"
+        ),
+    )
+    .await;
+    assert_eq!(expires_in, 3_600_000, "the claim stores its own expiry");
+
+    // Ten seconds later: the short relay reclaims only its own expired row.
+    age_claims(&mut client, TABLE, &[m1, m2], 10).await;
+    let reclaimed = claim(&store, &mut client, 10, SHORT).await;
+    assert_eq!(
+        ids(&reclaimed),
+        vec![m2],
+        "the long claim of m1 still holds"
+    );
+    assert_eq!(
+        row_state(&mut client, TABLE, m1)
+            .await
+            .claim_token
+            .map(ClaimToken::from),
+        Some(token_of(&long)),
+        "m1 is still the long relay's"
+    );
+    assert_eq!(
+        row_state(&mut client, TABLE, m2).await.attempts,
+        1,
+        "an expiry counts an attempt"
+    );
+
+    // Ten more seconds: the long relay takes m2, whose one-second claim ran out, though ten
+    // seconds are well inside its own hour.
+    age_claims(&mut client, TABLE, &[m2], 10).await;
+    let taken = claim(&store, &mut client, 10, HELD).await;
+    assert_eq!(
+        ids(&taken),
+        vec![m2],
+        "m2's claim expired by its holder's timeout"
+    );
+
+    // A claim from before the upgrade (no stored expiry) expires by the re-claimer's timeout.
+    sql(
+        &mut client,
+        &format!(
+            "update {TABLE} set claim_expires_at = null, \
+             claimed_at = dateadd(hour, -2, sysutcdatetime()) where id = {m1};"
+        ),
+    )
+    .await;
+    assert_eq!(ids(&claim(&store, &mut client, 10, HELD).await), vec![m1]);
+}

@@ -1,10 +1,17 @@
 -- claim for a claim-style outbox, written as the template outbox's procedure (replaces the
--- first version; what changed: the ordering argument below now covers an insert that waits
--- between taking its identity value and entering head_of_aggregate, which enqueue's
--- aggregate lock makes harmless).
--- Claims up to @batch_size due messages under a fresh claim token and returns them ordered
--- by id. Due: pending; failed whose retry time has come; processing whose claim is older
--- than @claim_timeout_ms (the reaper: that counts an attempt).
+-- first version). What changed:
+--   * Each claim expires by its own timeout: the claim stores claim_expires_at (now +
+--     @claim_timeout_ms), and the reaper takes a processing row once that time has passed,
+--     whatever timeout the re-claiming relay passes. Before, it applied its own timeout to
+--     every claim, so in a fleet with different timeouts the shortest one won: a relay took
+--     rows another relay still held within its timeout, and both published them. A row
+--     claimed before claim_expires_at existed (NULL) still expires by the re-claiming
+--     relay's timeout, as it did.
+--   * The ordering argument below covers an insert that waits between taking its identity
+--     value and entering head_of_aggregate, which enqueue's aggregate lock makes harmless.
+-- Claims up to @batch_size due messages under a fresh claim token, held for
+-- @claim_timeout_ms, and returns them ordered by id. Due: pending; failed whose retry time
+-- has come; processing whose claim has expired (the reaper: that counts an attempt).
 -- Head of aggregate only: a message is claimed only when every earlier message of its
 -- aggregate is done or dead, so at most one message per aggregate is in flight and an
 -- aggregate's messages are published in id order. Messages without an aggregate are
@@ -93,7 +100,9 @@ begin
 
     declare @token uniqueidentifier = newid();
     declare @now datetime2(3) = sysutcdatetime();
+    -- Only for rows claimed before claim_expires_at existed (see the top).
     declare @expired_before datetime2(3) = dateadd(millisecond, -@claim_timeout_ms, @now);
+    declare @expires_at datetime2(3) = dateadd(millisecond, @claim_timeout_ms, @now);
     declare @candidates table (id bigint not null primary key);
     -- The key columns keep the table's binary collation (a table variable's columns would
     -- otherwise take the database default).
@@ -123,7 +132,13 @@ begin
             and (
                 t.status = 0
                 or (t.status = 3 and t.next_retry_at <= @now)
-                or (t.status = 1 and t.claimed_at < @expired_before)
+                or (
+                    t.status = 1
+                    and (
+                        t.claim_expires_at < @now
+                        or (t.claim_expires_at is null and t.claimed_at < @expired_before)
+                    )
+                )
             )
             and (
                 t.aggregate_id is null
@@ -152,6 +167,7 @@ begin
             attempts = t.attempts + case when t.status = 1 then 1 else 0 end,
             status = 1,
             claimed_at = @now,
+            claim_expires_at = @expires_at,
             claim_token = @token
         output
             inserted.id,
