@@ -1940,6 +1940,16 @@ async fn setup_outbox_repairs_in(db: &TestDb) {
     .await;
     setup_outbox(&mut client, "dbo.outbox_handmade").await;
     assert_complete(&mut client, "outbox_handmade").await;
+    // The claim's expiry column is the one setup_outbox adds itself (nullable, metadata only).
+    assert_eq!(
+        scalar_i64(
+            &mut client,
+            "select count(*) from sys.columns where object_id = object_id(N'dbo.outbox_handmade', N'U');"
+        )
+        .await,
+        18,
+        "trace_id by its owner, claim_expires_at by setup_outbox"
+    );
     assert_eq!(registry_rows(&mut client, "outbox_handmade").await, 1);
     let handmade = outbox("dbo.outbox_handmade");
     let claimed = claim(&handmade, &mut client, 10, HELD).await;

@@ -48,7 +48,7 @@ const BASELINE: i32 = 49;
 
 /// The versions the upgrade starts from, ascending. Add `m - 1` for each later migration
 /// `V<m>` that changes a template (see the module's documentation).
-const FROM_VERSIONS: &[i32] = &[BASELINE, 51, 52];
+const FROM_VERSIONS: &[i32] = &[BASELINE, 51, 52, 60];
 
 /// The consumer whose cursors the test saves before the upgrade.
 const CONSUMER: &str = "upgrade-test";
@@ -655,6 +655,17 @@ async fn check_cursor_owners_after_upgrade(admin: &mut Client, orders: &Feed, le
         .await,
         1,
         "remove_consumer exists"
+    );
+    // parse_feed_name counts UTF-16 units (issue 19, item 8).
+    assert_eq!(
+        scalar_i64(
+            admin,
+            "select count_big(*) where charindex(N'datalength(@table_name) / 2 <= 128', \
+             object_definition(object_id(N'changefeed.parse_feed_name'))) > 0;",
+        )
+        .await,
+        1,
+        "parse_feed_name is the new version"
     );
 }
 
