@@ -3299,3 +3299,169 @@ async fn own_expiry_in(db: &TestDb) {
     .await;
     assert_eq!(ids(&claim(&store, &mut client, 10, HELD).await), vec![m1]);
 }
+
+// ------------------------------------------------------------------------------------------
+// 19. enqueue refuses session options the filtered index cannot be written under (issue 19, 11)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn enqueue_refuses_set_options_that_break_the_filtered_index() {
+    common::under_both_isolations("claim_set_options", set_options_in).await;
+}
+
+/// Each option that would make the insert fail with Msg 1934 is refused with 51309 before
+/// anything is written; with the option restored, the same session enqueues.
+async fn set_options_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_set_options";
+    let store = outbox(TABLE);
+    let mut client = db.client().await;
+    setup_outbox(&mut client, TABLE).await;
+    // The session as the driver leaves it passes: the premise of the check.
+    enqueue_committed(&store, &mut client, &[loose_message(0)]).await;
+
+    for (wrong, right) in [
+        ("set ansi_warnings off;", "set ansi_warnings on;"),
+        ("set ansi_padding off;", "set ansi_padding on;"),
+        (
+            "set concat_null_yields_null off;",
+            "set concat_null_yields_null on;",
+        ),
+        ("set numeric_roundabort on;", "set numeric_roundabort off;"),
+    ] {
+        sql(&mut client, wrong).await;
+        begin(&mut client).await;
+        let message = server_error(
+            store.enqueue(&mut client, &loose_message(1)).await,
+            51309,
+            wrong,
+        );
+        assert!(message.contains("1934"), "{wrong}: {message}");
+        assert_eq!(
+            scalar_i64(&mut client, "select @@trancount;").await,
+            0,
+            "{wrong}: the transaction was rolled back"
+        );
+        sql(&mut client, right).await;
+    }
+    assert_eq!(
+        count(&mut client, TABLE, "1 = 1").await,
+        1,
+        "nothing refused was written"
+    );
+    enqueue_committed(&store, &mut client, &[loose_message(2)]).await;
+    assert_eq!(count(&mut client, TABLE, "1 = 1").await, 2);
+}
+
+// ------------------------------------------------------------------------------------------
+// 20. READPAST under optimized locking (issue 19, item 14)
+// ------------------------------------------------------------------------------------------
+
+/// Whether the test database runs with optimized locking. Azure SQL Database always does;
+/// on SQL Server 2025 the test turns it on for its own database (it needs accelerated
+/// database recovery first); older servers do not have it.
+async fn optimized_locking(client: &mut Client, db: &TestDb) -> bool {
+    let query =
+        "select isnull(convert(int, databasepropertyex(db_name(), 'IsOptimizedLockingOn')), 0);";
+    if scalar_i64(client, query).await == 1 {
+        return true;
+    }
+    let major = scalar_i64(
+        client,
+        "select convert(int, serverproperty('ProductMajorVersion'));",
+    )
+    .await;
+    if major >= 17 {
+        let name = &db.name;
+        let mut master = common::connect_to("master").await;
+        for option in [
+            "accelerated_database_recovery = on",
+            "optimized_locking = on",
+        ] {
+            if let Err(error) = exec(
+                &mut master,
+                &format!("alter database [{name}] set {option} with rollback immediate;"),
+            )
+            .await
+            {
+                eprintln!("-- {name}: set {option}: {error}");
+            }
+        }
+    }
+    scalar_i64(client, query).await == 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn readpast_skips_open_transactions_rows_under_optimized_locking() {
+    common::under_both_isolations("claim_optimized_locking", optimized_locking_in).await;
+}
+
+/// The claim's liveness rests on READPAST skipping rows an open transaction holds instead of
+/// waiting for it. Under optimized locking a writer keeps no row locks, only its transaction
+/// id (TID) lock, and a locking reader of such a row waits on that; whether READPAST then
+/// skips the row or waits is what this shows. An open enqueue (an insert) and an open
+/// acknowledgement (an update) next to a claim: the claim must return within
+/// [`NOT_BLOCKED`] with the other aggregates and hold back only theirs. Where optimized
+/// locking is not available it shows the same with classic row locks, and says so.
+async fn optimized_locking_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_optimized_locking";
+    let store = outbox(TABLE);
+    let mut client = db.client().await;
+    let mut writer = db.client().await;
+    let optimized = optimized_locking(&mut client, db).await;
+    eprintln!(
+        "-- {}: optimized locking {}",
+        db.name,
+        if optimized {
+            "ON"
+        } else {
+            "not available: classic row locks"
+        }
+    );
+    setup_outbox(&mut client, TABLE).await;
+    let committed = enqueue_committed(
+        &store,
+        &mut client,
+        &[message_of("A", 1), message_of("B", 1), message_of("C", 1)],
+    )
+    .await;
+    let [a1, b1, c1] = [committed[0].id, committed[1].id, committed[2].id];
+    let first = claim_unblocked(&store, &mut client, "the first claim").await;
+    assert_eq!(ids(&first), vec![a1, b1, c1]);
+    let token = token_of(&first);
+    store.mark_done(&mut client, &[c1], token).await.unwrap();
+
+    // Open: an enqueue of D, and the acknowledgement of A; B is acknowledged and committed.
+    begin(&mut writer).await;
+    let d1 = store
+        .enqueue(&mut writer, &message_of("D", 1))
+        .await
+        .expect("the open enqueue")
+        .id;
+    store.mark_done(&mut writer, &[a1], token).await.unwrap();
+    store.mark_done(&mut client, &[b1], token).await.unwrap();
+    let later = enqueue_committed(
+        &store,
+        &mut client,
+        &[message_of("A", 2), message_of("B", 2), message_of("D", 2)],
+    )
+    .await;
+    let [a2, b2, d2] = [later[0].id, later[1].id, later[2].id];
+
+    let what = if optimized {
+        "a claim next to open transactions under optimized locking (READPAST waited for the TID lock)"
+    } else {
+        "a claim next to open transactions"
+    };
+    let during = claim_unblocked(&store, &mut client, what).await;
+    assert_eq!(
+        ids(&during),
+        vec![b2],
+        "READPAST skipped the open rows: A waits for its acknowledgement, D for its enqueue"
+    );
+    commit(&mut writer).await;
+    let after = claim_unblocked(&store, &mut client, "the claim after the commit").await;
+    assert_eq!(ids(&after), vec![a2, d1]);
+    assert!(d1 < d2);
+}
