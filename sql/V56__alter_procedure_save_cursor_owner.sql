@@ -132,10 +132,10 @@ begin
         if @@rowcount = 0
         begin
             -- Named by a hash: a consumer name does not fit the 255-character resource name.
-            -- upper and rtrim: consumer compares with the database's collation (commonly
+            -- upper: consumer compares with the database's collation (commonly
             -- case-insensitive), so names it treats as one should share a lock (README.md,
-            -- cursors, for collations that also ignore accents or width). A collision only
-            -- makes two first saves wait for each other.
+            -- cursors, for collations that also ignore accents or width; trailing spaces are
+            -- refused above). A collision only makes two first saves wait for each other.
             set @resource = N'changefeed:consumer:'
                 + convert(nvarchar(64), hashbytes('SHA2_256', upper(@consumer) + N'/' + @registered_feed), 2);
             exec @lock_result = sys.sp_getapplock

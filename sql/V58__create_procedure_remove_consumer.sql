@@ -33,6 +33,7 @@ begin
         throw 51110, N'remove_consumer: pass the consumer''s name (1 to 200 UTF-16 code units) and its feed as ''schema.table''.', 1;
 
     if @is_db_owner = 1
+    begin
         -- The registry's spelling when the feed is still registered; else the stored one.
         set @registered_feed = isnull(
             (
@@ -45,12 +46,15 @@ begin
             ),
             @feed
         );
+    end
     else
+    begin
         -- 51006 for a name that is not a feed, 51112 for a caller outside its readers role.
         exec changefeed.check_cursor_access
             @procedure = N'remove_consumer',
             @feed = @feed,
             @registered_feed = @registered_feed output;
+    end;
 
     begin try
         begin transaction;
