@@ -53,6 +53,10 @@ pub const MAX_CONSUMER_LEN: usize = 200;
 
 /// Loads and saves consumers' cursors with `changefeed.load_cursor` and
 /// `changefeed.save_cursor`. It holds no state: every call takes the connection to use.
+///
+/// A consumer belongs to the database user whose save created it: another user's save or
+/// load of it fails with server error 51114 (a `db_owner` may do both, and removes a stale
+/// consumer with `changefeed.remove_consumer`; README, "Consumers and replay").
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CursorStore;
 

@@ -33,10 +33,11 @@ impl TableName {
         };
         check_part("schema", schema).map_err(invalid)?;
         check_part("table", table).map_err(invalid)?;
-        let length = schema.chars().count() + table.chars().count();
+        // UTF-16 code units, as SQL Server counts identifiers (an emoji takes two).
+        let length = schema.encode_utf16().count() + table.encode_utf16().count();
         if length > MAX_QUALIFIED_LEN {
             return Err(invalid(format!(
-                "schema and table together have {length} characters; at most \
+                "schema and table together have {length} UTF-16 code units; at most \
                  {MAX_QUALIFIED_LEN} fit, so that every generated object name stays within \
                  SQL Server's 128"
             )));
@@ -164,7 +165,8 @@ impl Feed {
 }
 
 fn check_part(what: &str, part: &str) -> std::result::Result<(), String> {
-    let chars = part.chars().count();
+    // UTF-16 code units, as SQL Server counts identifiers (an emoji takes two).
+    let chars = part.encode_utf16().count();
     if chars == 0 {
         return Err(format!(
             "the {what} name is empty; write the feed as \"schema.table\""
@@ -172,7 +174,7 @@ fn check_part(what: &str, part: &str) -> std::result::Result<(), String> {
     }
     if chars > MAX_OBJECT_NAME {
         return Err(format!(
-            "the {what} name has {chars} characters; SQL Server names have at most 128"
+            "the {what} name has {chars} UTF-16 code units; SQL Server names have at most 128"
         ));
     }
     if let Some(bad) = part
@@ -273,6 +275,16 @@ mod tests {
         let feed = Feed::new(&schema, &fits).unwrap();
         assert_eq!(feed.readers_role().chars().count() - 2, 128);
         assert!(Feed::new(&schema, &format!("{fits}t")).is_err());
+    }
+
+    #[test]
+    fn lengths_count_utf16_code_units_as_sql_server_does() {
+        // An emoji is one char but two UTF-16 units. Schema "s" and 53 emoji are 107 units
+        // and fit; 54 emoji are 109 units (by chars, 55 would have looked like 108).
+        let emoji = "\u{1F600}";
+        assert!(Feed::new("s", &emoji.repeat(53)).is_ok());
+        let error = Feed::new("s", &emoji.repeat(54)).unwrap_err().to_string();
+        assert!(error.contains("109 UTF-16 code units"), "{error}");
     }
 
     proptest! {

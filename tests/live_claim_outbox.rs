@@ -1940,6 +1940,16 @@ async fn setup_outbox_repairs_in(db: &TestDb) {
     .await;
     setup_outbox(&mut client, "dbo.outbox_handmade").await;
     assert_complete(&mut client, "outbox_handmade").await;
+    // The claim's expiry column is the one setup_outbox adds itself (nullable, metadata only).
+    assert_eq!(
+        scalar_i64(
+            &mut client,
+            "select count(*) from sys.columns where object_id = object_id(N'dbo.outbox_handmade', N'U');"
+        )
+        .await,
+        18,
+        "trace_id by its owner, claim_expires_at by setup_outbox"
+    );
     assert_eq!(registry_rows(&mut client, "outbox_handmade").await, 1);
     let handmade = outbox("dbo.outbox_handmade");
     let claimed = claim(&handmade, &mut client, 10, HELD).await;
@@ -3052,4 +3062,406 @@ async fn undecodable_in(db: &TestDb) {
     assert_eq!(dead, 1);
     let state = row_state(&mut client, TABLE, bad.id).await;
     assert_eq!((state.status, state.attempts), (DEAD, 1), "{state:?}");
+}
+
+// ------------------------------------------------------------------------------------------
+// 17. an enqueue that waits inside its insert is not overtaken (issue 19, item 16)
+// ------------------------------------------------------------------------------------------
+
+/// A message of aggregate `aggregate_id` with the message id `message_id`.
+fn keyed_of(aggregate_id: &str, message_id: &str, n: usize) -> NewMessage {
+    NewMessage {
+        message_id: Some(message_id.to_owned()),
+        ..message_of(aggregate_id, n)
+    }
+}
+
+/// Waits until `session` is waiting for a lock whose wait type starts with `wait_type`
+/// (`LCK_M_RI` for an insert's range check, `LCK_M_X` for an exclusive applock); fails the
+/// test after [`NOT_BLOCKED`].
+async fn await_lock_wait(client: &mut Client, session: i64, wait_type: &str, what: &str) {
+    let deadline = Instant::now() + NOT_BLOCKED;
+    let query = format!(
+        "select count_big(*) from sys.dm_exec_requests \
+         where session_id = {session} and wait_type like N'{wait_type}%';"
+    );
+    while scalar_i64(client, &query).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: session {session} did not wait on {wait_type}* within {NOT_BLOCKED:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn enqueue_waiting_inside_its_insert_is_not_overtaken() {
+    common::under_both_isolations("claim_insert_wait", insert_wait_in).await;
+}
+
+/// A SERIALIZABLE reader's range lock on `message_id_unique` stops A's first enqueue inside
+/// its insert: its id is taken and its clustered row written, but its index entries wait.
+/// A's second enqueue (a message_id in another gap, so not stopped by that range lock) must
+/// not get a later id and commit meanwhile, or the head probe, which does not see the first
+/// row yet, would let the claim take A's second message first. Enqueue's aggregate lock
+/// makes it wait for the first insert instead; another aggregate does not wait.
+async fn insert_wait_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_insert_wait";
+    let store = outbox(TABLE);
+    let mut client = db.client().await;
+    let mut reader = db.client().await;
+    let mut first = db.client().await;
+    let mut second = db.client().await;
+    setup_outbox(&mut client, TABLE).await;
+    // A done message whose message_id 'm' is the key after 'k' in message_id_unique: the
+    // reader's range lock on it covers 'k' and not 'y' or 'z'.
+    let fence = enqueue_committed(&store, &mut client, &[keyed_of("other", "m", 0)]).await[0].id;
+    set_column(&mut client, TABLE, "status", "2", &[fence]).await;
+
+    let reader_session = session_id(&mut reader).await;
+    sql(
+        &mut reader,
+        "set transaction isolation level serializable; begin transaction;",
+    )
+    .await;
+    let found = scalar_i64(
+        &mut reader,
+        &format!(
+            "select count_big(*) from {TABLE} with (index(message_id_unique)) \
+             where message_id = N'k';"
+        ),
+    )
+    .await;
+    assert_eq!(found, 0);
+    let range_locks = count_range_locks(&mut client, reader_session).await;
+    assert!(
+        range_locks > 0,
+        "the SERIALIZABLE reader holds a key-range lock"
+    );
+
+    let first_session = session_id(&mut first).await;
+    let a1_task = enqueue_in_task(&store, first, keyed_of("A", "k", 1));
+    await_lock_wait(
+        &mut client,
+        first_session,
+        "LCK_M_RI",
+        "A's first enqueue inside its insert, behind the reader's range lock",
+    )
+    .await;
+
+    let second_session = session_id(&mut second).await;
+    let a2_task = enqueue_in_task(&store, second, keyed_of("A", "z", 2));
+    await_lock_wait(
+        &mut client,
+        second_session,
+        "LCK_M_X",
+        "A's second enqueue waits for A's aggregate lock",
+    )
+    .await;
+    assert!(!a2_task.is_finished(), "A's second enqueue waits");
+
+    // Another aggregate neither waits nor is held back.
+    let b1 = common::tasks::bounded(
+        "B's enqueue next to A's waiting insert",
+        NOT_BLOCKED,
+        enqueue_committed(&store, &mut client, &[keyed_of("B", "y", 1)]),
+    )
+    .await[0]
+        .id;
+    let during = claim_unblocked(&store, &mut client, "claim while A's insert waits").await;
+    assert_eq!(ids(&during), vec![b1], "nothing of A is claimable yet");
+
+    // The reader ends: A's first insert finishes and commits, then the second.
+    commit(&mut reader).await;
+    let (a1, _) = join("A's first enqueue", a1_task).await;
+    let (a2, _) = join("A's second enqueue", a2_task).await;
+    assert!(a1.id < a2.id, "A's second message got the later id");
+    let after = claim_unblocked(&store, &mut client, "claim after the reader ended").await;
+    assert_eq!(
+        ids(&after),
+        vec![a1.id],
+        "A's first message comes first, alone"
+    );
+    store
+        .mark_done(&mut client, &[a1.id], token_of(&after))
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&claim_unblocked(&store, &mut client, "claim of A's second").await),
+        vec![a2.id]
+    );
+}
+
+/// Key-range locks the session holds.
+async fn count_range_locks(client: &mut Client, session: i64) -> i64 {
+    scalar_i64(
+        client,
+        &format!(
+            "select count_big(*) from sys.dm_tran_locks \
+             where request_session_id = {session} and request_mode like N'Range%';"
+        ),
+    )
+    .await
+}
+
+// ------------------------------------------------------------------------------------------
+// 18. each claim expires by the timeout its holder chose (issue 18, 5b)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn each_claim_expires_by_its_own_timeout() {
+    common::under_both_isolations("claim_own_expiry", own_expiry_in).await;
+}
+
+/// Moves the claims of `ids` back in time by `seconds`, claim time and expiry alike.
+async fn age_claims(client: &mut Client, table: &str, ids: &[i64], seconds: i64) {
+    sql(
+        client,
+        &format!(
+            "update {table} set claimed_at = dateadd(second, -{seconds}, claimed_at), \
+             claim_expires_at = dateadd(second, -{seconds}, claim_expires_at) \
+             where id in ({});",
+            id_list(ids)
+        ),
+    )
+    .await;
+}
+
+/// A relay with a one-hour claim timeout and one with one second share an outbox: the short
+/// one does not take the long one's rows, and the long one does take the short one's rows
+/// once their one second has passed. A row claimed before claim_expires_at existed expires
+/// by the re-claiming relay's timeout.
+async fn own_expiry_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_own_expiry";
+    let store = outbox(TABLE);
+    let mut client = db.client().await;
+    setup_outbox(&mut client, TABLE).await;
+    let enqueued =
+        enqueue_committed(&store, &mut client, &[loose_message(1), loose_message(2)]).await;
+    let [m1, m2] = [enqueued[0].id, enqueued[1].id];
+
+    let long = claim(&store, &mut client, 1, HELD).await;
+    assert_eq!(ids(&long), vec![m1]);
+    let short = claim(&store, &mut client, 1, SHORT).await;
+    assert_eq!(ids(&short), vec![m2]);
+    let expires_in = scalar_i64(
+        &mut client,
+        &format!(
+            "select datediff_big(millisecond, claimed_at, claim_expires_at) from {TABLE} \
+             where id = {m1};"
+        ),
+    )
+    .await;
+    assert_eq!(expires_in, 3_600_000, "the claim stores its own expiry");
+
+    // Ten seconds later: the short relay reclaims only its own expired row.
+    age_claims(&mut client, TABLE, &[m1, m2], 10).await;
+    let reclaimed = claim(&store, &mut client, 10, SHORT).await;
+    assert_eq!(
+        ids(&reclaimed),
+        vec![m2],
+        "the long claim of m1 still holds"
+    );
+    assert_eq!(
+        row_state(&mut client, TABLE, m1)
+            .await
+            .claim_token
+            .map(ClaimToken::from),
+        Some(token_of(&long)),
+        "m1 is still the long relay's"
+    );
+    assert_eq!(
+        row_state(&mut client, TABLE, m2).await.attempts,
+        1,
+        "an expiry counts an attempt"
+    );
+
+    // Ten more seconds: the long relay takes m2, whose one-second claim ran out, though ten
+    // seconds are well inside its own hour.
+    age_claims(&mut client, TABLE, &[m2], 10).await;
+    let taken = claim(&store, &mut client, 10, HELD).await;
+    assert_eq!(
+        ids(&taken),
+        vec![m2],
+        "m2's claim expired by its holder's timeout"
+    );
+
+    // A claim from before the upgrade (no stored expiry) expires by the re-claimer's timeout.
+    sql(
+        &mut client,
+        &format!(
+            "update {TABLE} set claim_expires_at = null, \
+             claimed_at = dateadd(hour, -2, sysutcdatetime()) where id = {m1};"
+        ),
+    )
+    .await;
+    assert_eq!(ids(&claim(&store, &mut client, 10, HELD).await), vec![m1]);
+}
+
+// ------------------------------------------------------------------------------------------
+// 19. enqueue refuses session options the filtered index cannot be written under (issue 19, 11)
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn enqueue_refuses_set_options_that_break_the_filtered_index() {
+    common::under_both_isolations("claim_set_options", set_options_in).await;
+}
+
+/// Each option that would make the insert fail with Msg 1934 is refused with 51309 before
+/// anything is written; with the option restored, the same session enqueues.
+async fn set_options_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_set_options";
+    let store = outbox(TABLE);
+    let mut client = db.client().await;
+    setup_outbox(&mut client, TABLE).await;
+    // The session as the driver leaves it passes: the premise of the check.
+    enqueue_committed(&store, &mut client, &[loose_message(0)]).await;
+
+    for (wrong, right) in [
+        ("set ansi_warnings off;", "set ansi_warnings on;"),
+        ("set ansi_padding off;", "set ansi_padding on;"),
+        (
+            "set concat_null_yields_null off;",
+            "set concat_null_yields_null on;",
+        ),
+        ("set numeric_roundabort on;", "set numeric_roundabort off;"),
+    ] {
+        sql(&mut client, wrong).await;
+        begin(&mut client).await;
+        let message = server_error(
+            store.enqueue(&mut client, &loose_message(1)).await,
+            51309,
+            wrong,
+        );
+        assert!(message.contains("1934"), "{wrong}: {message}");
+        assert_eq!(
+            scalar_i64(&mut client, "select @@trancount;").await,
+            0,
+            "{wrong}: the transaction was rolled back"
+        );
+        sql(&mut client, right).await;
+    }
+    assert_eq!(
+        count(&mut client, TABLE, "1 = 1").await,
+        1,
+        "nothing refused was written"
+    );
+    enqueue_committed(&store, &mut client, &[loose_message(2)]).await;
+    assert_eq!(count(&mut client, TABLE, "1 = 1").await, 2);
+}
+
+// ------------------------------------------------------------------------------------------
+// 20. READPAST under optimized locking (issue 19, item 14)
+// ------------------------------------------------------------------------------------------
+
+/// Whether the test database runs with optimized locking. Azure SQL Database always does;
+/// on SQL Server 2025 the test turns it on for its own database (it needs accelerated
+/// database recovery first); older servers do not have it.
+async fn optimized_locking(client: &mut Client, db: &TestDb) -> bool {
+    let query =
+        "select isnull(convert(int, databasepropertyex(db_name(), 'IsOptimizedLockingOn')), 0);";
+    if scalar_i64(client, query).await == 1 {
+        return true;
+    }
+    let major = scalar_i64(
+        client,
+        "select convert(int, serverproperty('ProductMajorVersion'));",
+    )
+    .await;
+    if major >= 17 {
+        let name = &db.name;
+        let mut master = common::connect_to("master").await;
+        for option in [
+            "accelerated_database_recovery = on",
+            "optimized_locking = on",
+        ] {
+            if let Err(error) = exec(
+                &mut master,
+                &format!("alter database [{name}] set {option} with rollback immediate;"),
+            )
+            .await
+            {
+                eprintln!("-- {name}: set {option}: {error}");
+            }
+        }
+    }
+    scalar_i64(client, query).await == 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn readpast_skips_open_transactions_rows_under_optimized_locking() {
+    common::under_both_isolations("claim_optimized_locking", optimized_locking_in).await;
+}
+
+/// The claim's liveness rests on READPAST skipping rows an open transaction holds instead of
+/// waiting for it. Under optimized locking a writer keeps no row locks, only its transaction
+/// id (TID) lock, and a locking reader of such a row waits on that; whether READPAST then
+/// skips the row or waits is what this shows. An open enqueue (an insert) and an open
+/// acknowledgement (an update) next to a claim: the claim must return within
+/// [`NOT_BLOCKED`] with the other aggregates and hold back only theirs. Where optimized
+/// locking is not available it shows the same with classic row locks, and says so.
+async fn optimized_locking_in(db: &TestDb) {
+    const TABLE: &str = "dbo.outbox_optimized_locking";
+    let store = outbox(TABLE);
+    let mut client = db.client().await;
+    let mut writer = db.client().await;
+    let optimized = optimized_locking(&mut client, db).await;
+    eprintln!(
+        "-- {}: optimized locking {}",
+        db.name,
+        if optimized {
+            "ON"
+        } else {
+            "not available: classic row locks"
+        }
+    );
+    setup_outbox(&mut client, TABLE).await;
+    let committed = enqueue_committed(
+        &store,
+        &mut client,
+        &[message_of("A", 1), message_of("B", 1), message_of("C", 1)],
+    )
+    .await;
+    let [a1, b1, c1] = [committed[0].id, committed[1].id, committed[2].id];
+    let first = claim_unblocked(&store, &mut client, "the first claim").await;
+    assert_eq!(ids(&first), vec![a1, b1, c1]);
+    let token = token_of(&first);
+    store.mark_done(&mut client, &[c1], token).await.unwrap();
+
+    // Open: an enqueue of D, and the acknowledgement of A; B is acknowledged and committed.
+    begin(&mut writer).await;
+    let d1 = store
+        .enqueue(&mut writer, &message_of("D", 1))
+        .await
+        .expect("the open enqueue")
+        .id;
+    store.mark_done(&mut writer, &[a1], token).await.unwrap();
+    store.mark_done(&mut client, &[b1], token).await.unwrap();
+    let later = enqueue_committed(
+        &store,
+        &mut client,
+        &[message_of("A", 2), message_of("B", 2), message_of("D", 2)],
+    )
+    .await;
+    let [a2, b2, d2] = [later[0].id, later[1].id, later[2].id];
+
+    let what = if optimized {
+        "a claim next to open transactions under optimized locking (READPAST waited for the TID lock)"
+    } else {
+        "a claim next to open transactions"
+    };
+    let during = claim_unblocked(&store, &mut client, what).await;
+    assert_eq!(
+        ids(&during),
+        vec![b2],
+        "READPAST skipped the open rows: A waits for its acknowledgement, D for its enqueue"
+    );
+    commit(&mut writer).await;
+    let after = claim_unblocked(&store, &mut client, "the claim after the commit").await;
+    assert_eq!(ids(&after), vec![a2, d1]);
+    assert!(d1 < d2);
 }

@@ -54,7 +54,7 @@ const BASELINE: i32 = 49;
 
 /// The versions the upgrade starts from, ascending. Add `m - 1` for each later migration
 /// `V<m>` that changes a template (see the module's documentation).
-const FROM_VERSIONS: &[i32] = &[BASELINE, 51, 52, 53, 55, 56, 58];
+const FROM_VERSIONS: &[i32] = &[BASELINE, 51, 52, 53, 55, 56, 58, 61, 62, 70];
 
 /// The consumer whose cursors the test saves before the upgrade.
 const CONSUMER: &str = "upgrade-test";
@@ -121,6 +121,8 @@ async fn upgrade_scenario(db: &TestDb, from: i32) {
     check_outbox_feed(db, &mut admin, &orders, &before).await;
     check_serialized_feed(&mut admin, &ledger, &before).await;
     check_claim_outbox(&mut admin, &messages, &before).await;
+    check_claim_outbox_objects_regenerated(&mut admin, &messages).await;
+    check_cursor_owners_after_upgrade(&mut admin, &orders, &ledger).await;
     check_status_views(&mut admin, &orders, &ledger).await;
     check_broken_objects_were_skipped(&mut admin, from).await;
 }
@@ -562,6 +564,117 @@ async fn check_claim_outbox(admin: &mut Client, messages: &OutboxStore, before: 
         .await,
         5,
         "all five messages are done, none lost or doubled"
+    );
+}
+
+/// The claim outbox's objects that the migrations after the baseline changed are the new
+/// ones, by object (issue 19 items 8, 11, 16): each generated procedure carries what only its
+/// new template has.
+async fn check_claim_outbox_objects_regenerated(admin: &mut Client, messages: &OutboxStore) {
+    let table = messages.table().to_string();
+    for (kind, marker) in [
+        // The aggregate lock held across the insert (item 16) and the SET options check (11).
+        ("enqueue", "changefeed:enqueue-aggregate:"),
+        ("enqueue", "sessionproperty(N'NUMERIC_ROUNDABORT')"),
+        // Lengths in UTF-16 units (item 8).
+        ("enqueue", "datalength(@message_id) / 2 > 64"),
+        // The ordering argument that covers an insert waiting after its id (item 16).
+        ("claim", "No row is invisible to the dirty read"),
+        // Each claim stores its own expiry (issue 18, 5b).
+        ("claim", "claim_expires_at = @expires_at"),
+    ] {
+        let name = format!("[changefeed].[{kind}:{table}]");
+        let found = scalar_i64(
+            admin,
+            &format!(
+                "select count_big(*) \
+                 where charindex(N'{}', object_definition(object_id(N'{}'))) > 0;",
+                marker.replace('\'', "''"),
+                name.replace('\'', "''")
+            ),
+        )
+        .await;
+        assert_eq!(
+            found, 1,
+            "{name} was regenerated from the new template ({marker})"
+        );
+    }
+
+    // The outbox table got the claim's expiry column, and open_messages includes it
+    // (create_outbox_storage, run on every registered outbox by the migration).
+    let quoted = messages.table().quoted();
+    assert_eq!(
+        scalar_i64(
+            admin,
+            &format!(
+                "select count_big(*) from sys.index_columns as ic \
+                 inner join sys.indexes as i \
+                     on i.object_id = ic.object_id and i.index_id = ic.index_id \
+                 inner join sys.columns as c \
+                     on c.object_id = ic.object_id and c.column_id = ic.column_id \
+                 where i.object_id = object_id(N'{quoted}') and i.name = N'open_messages' \
+                     and c.name = N'claim_expires_at' and ic.is_included_column = 1;"
+            ),
+        )
+        .await,
+        1,
+        "{quoted} has claim_expires_at, included in open_messages"
+    );
+}
+
+/// The cursor objects after the upgrade (issue 19, items 2 and 3): the consumer saved before
+/// it has no owner until its next save, which binds it to the saving user (the admin saved
+/// the orders cursor after the upgrade, not the ledger's); consumer_lag shows the owner;
+/// remove_consumer exists.
+async fn check_cursor_owners_after_upgrade(admin: &mut Client, orders: &Feed, ledger: &Feed) {
+    let owner_of = async |admin: &mut Client, feed: &Feed| {
+        let found = rows_ok(
+            admin,
+            &format!(
+                "select owner from changefeed.consumer_lag \
+                 where consumer = N'{CONSUMER}' and feed = N'{feed}' and shard_id = 0;"
+            ),
+        )
+        .await;
+        assert_eq!(
+            found.len(),
+            1,
+            "{CONSUMER}'s cursor of {feed} is in consumer_lag"
+        );
+        found[0].get::<&str, _>(0).map(str::to_owned)
+    };
+    assert_eq!(
+        owner_of(admin, ledger).await,
+        None,
+        "not saved since the upgrade"
+    );
+    let admin_user = rows_ok(admin, "select user_name();").await[0]
+        .get::<&str, _>(0)
+        .map(str::to_owned);
+    assert_eq!(
+        owner_of(admin, orders).await,
+        admin_user,
+        "bound by its save"
+    );
+    assert_eq!(
+        scalar_i64(
+            admin,
+            "select count_big(*) where object_id(N'changefeed.remove_consumer', N'P') is not null;",
+        )
+        .await,
+        1,
+        "remove_consumer exists"
+    );
+    // parse_feed_name counts UTF-16 units (issue 19, item 8).
+    assert_eq!(
+        scalar_i64(
+            admin,
+            "select count_big(*) where charindex(N'datalength(@table_name) / 2 <= 128', \
+             object_definition(object_id(N'changefeed.parse_feed_name'))) > 0;",
+        )
+        .await,
+        1,
+        "parse_feed_name is the new version"
     );
 }
 

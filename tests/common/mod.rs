@@ -185,6 +185,22 @@ impl TestDb {
     /// [`TestDb::create`] with the bundle applied only up to `version` when one is given
     /// (an older release's database, for the upgrade test), else all of it.
     pub async fn create_at(label: &str, isolation: Isolation, version: Option<i32>) -> TestDb {
+        Self::create_with(label, isolation, version, None).await
+    }
+
+    /// [`TestDb::create`] in a database whose default collation is `collation` (e.g.
+    /// `Latin1_General_100_CI_AS_SC_UTF8`, SQL Server 2019 and later).
+    pub async fn create_collated(label: &str, isolation: Isolation, collation: &str) -> TestDb {
+        Self::create_with(label, isolation, None, Some(collation)).await
+    }
+
+    async fn create_with(
+        label: &str,
+        isolation: Isolation,
+        version: Option<i32>,
+        collation: Option<&str>,
+    ) -> TestDb {
+        let collate = collation.map_or_else(String::new, |c| format!(" collate {c}"));
         let name = format!(
             "changefeed_{label}_{}_{}",
             DATABASE_COUNTER.fetch_add(1, Ordering::SeqCst),
@@ -194,7 +210,7 @@ impl TestDb {
         exec(
             &mut master,
             &format!(
-                "if db_id(N'{name}') is not null begin alter database [{name}] set single_user with rollback immediate; drop database [{name}]; end; create database [{name}];"
+                "if db_id(N'{name}') is not null begin alter database [{name}] set single_user with rollback immediate; drop database [{name}]; end; create database [{name}]{collate};"
             ),
         )
         .await

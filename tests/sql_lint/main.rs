@@ -60,6 +60,12 @@
 //!   PRINT inside a function.
 //! * R19 `bitwise-operand` — `&`, `|`, `^` never take a decimal/numeric/float/money operand
 //!   (including an integer literal beyond int) nor two binary operands.
+//! * R21 `length-units` — no `len(…)` (or a sum of them) compared with a non-zero number: a
+//!   length limit counts what the column or identifier counts, UTF-16 code units for
+//!   `nvarchar(n)` and names (`datalength(x) / 2`), while `len()` counts a surrogate pair once
+//!   under `_SC` collations and ignores trailing spaces. `len(x) = 0` (emptiness) is fine.
+//!   Released (frozen) migrations are exempt: they cannot change, and later files replace
+//!   the modules that broke it.
 //!
 //! Over the whole bundle:
 //!
@@ -113,6 +119,7 @@ enum Rule {
     FunctionSideEffects,
     BitwiseOperand,
     OrderedFeedInsert,
+    LengthUnits,
 }
 
 impl Rule {
@@ -139,6 +146,7 @@ impl Rule {
             Rule::FunctionSideEffects => "R18 function-side-effects",
             Rule::BitwiseOperand => "R19 bitwise-operand",
             Rule::OrderedFeedInsert => "R20 ordered-feed-insert",
+            Rule::LengthUnits => "R21 length-units",
         }
     }
 }
@@ -1112,9 +1120,86 @@ fn lint_file_in(file: &str, src: &str, schema: &Schema) -> Vec<Violation> {
     // R11–R19
     typed::lint(src, &code, modules.first(), schema, &mut sink);
 
+    // R21
+    if !is_frozen(file) {
+        length_units(&code, &mut sink);
+    }
+
     let mut out = sink.out;
     out.sort_by_key(|v| (v.line, v.rule));
     out
+}
+
+/// Whether `file` (`sql/V<n>__name.sql`, or an object `… (generated from sql/V<n>__name.sql)`)
+/// is, or is generated from, a released migration: its version is at most the last one
+/// listed in tests/frozen_migrations.txt. Names outside `sql/` (the lint's own tests) never
+/// are.
+fn is_frozen(file: &str) -> bool {
+    let Some(at) = file.rfind("sql/V") else {
+        return false;
+    };
+    let name = file[at + 4..].split([')', ' ']).next().unwrap_or_default();
+    let last_frozen = include_str!("../frozen_migrations.txt")
+        .lines()
+        .filter_map(|line| line.split_whitespace().next()?.parse::<u32>().ok())
+        .max()
+        .unwrap_or(0);
+    migration_version(name).is_ok_and(|version| version <= last_frozen)
+}
+
+/// R21: `len(…)`, or a sum or difference of terms starting with one, compared with a
+/// non-zero integer literal.
+fn length_units(code: &[&Token<'_>], sink: &mut Sink<'_>) {
+    let is_comparison = |t: &Token<'_>| t.is_punct(b'<') || t.is_punct(b'>') || t.is_punct(b'=');
+    for i in 0..code.len() {
+        if !(code[i].is("len") && code.get(i + 1).is_some_and(|t| t.is_punct(b'('))) {
+            continue;
+        }
+        let Some(close) = typed::close_paren(code, i + 1) else {
+            continue;
+        };
+        // Through `+ len(b)`, `- 1`, … to the operator.
+        let mut k = close + 1;
+        while code
+            .get(k)
+            .is_some_and(|t| t.is_punct(b'+') || t.is_punct(b'-'))
+        {
+            k += 1;
+            if code.get(k + 1).is_some_and(|t| t.is_punct(b'(')) {
+                match typed::close_paren(code, k + 1) {
+                    Some(end) => k = end + 1,
+                    None => break,
+                }
+            } else {
+                k += 1;
+            }
+        }
+        if !code.get(k).is_some_and(|t| is_comparison(t)) {
+            continue;
+        }
+        while code.get(k).is_some_and(|t| is_comparison(t)) {
+            k += 1;
+        }
+        let Some(limit) = code.get(k).filter(|t| t.kind == Kind::Number) else {
+            continue;
+        };
+        if limit.text.trim_start_matches('0').is_empty() {
+            continue;
+        }
+        sink.push(
+            code[i].line,
+            Rule::LengthUnits,
+            format!(
+                "`len(…)` compared with {}: len() counts a surrogate pair (an emoji) once \
+                 under `_SC` collations and ignores trailing spaces, but nvarchar(n) columns \
+                 and identifiers count UTF-16 code units, so a value that passes this check \
+                 can still be too long (Msg 2628, or a name cut by parsename/quotename). \
+                 Compare `datalength(x) / 2` for nvarchar (`datalength(x)` for varchar) \
+                 (ARCHITECTURE.md).",
+                limit.text
+            ),
+        );
+    }
 }
 
 /// R1 over the names plus every per-file rule over the `.sql` files, and R20.
@@ -1902,4 +1987,45 @@ mod properties {
             prop_assert!(!lint_file(F, &src).iter().any(|v| v.rule == Rule::NoGo));
         }
     }
+}
+
+// R21
+
+#[test]
+fn length_limit_with_len_fires() {
+    let message = assert_fires(
+        "select 1;\nif len(@message_id) > 64 throw 51304, N'too long', 1;",
+        Rule::LengthUnits,
+        2,
+    );
+    assert!(message.contains("datalength(x) / 2"), "{message}");
+    assert_fires(
+        "select 1 where len(@table_name) <= 128;",
+        Rule::LengthUnits,
+        1,
+    );
+    assert_fires(
+        "select 1 where len(p.schema_name) + len(p.table_name) > 108;",
+        Rule::LengthUnits,
+        1,
+    );
+}
+
+#[test]
+fn emptiness_and_datalength_do_not_fire() {
+    assert_clean("select 1 where len(@x) = 0;");
+    assert_clean("select 1 where datalength(@x) / 2 > 64;");
+    assert_clean("select 1 where (datalength(@a) + datalength(@b)) / 2 > 108;");
+    assert_clean("select N'len(@x) > 64';");
+}
+
+#[test]
+fn released_migrations_are_exempt_from_length_units() {
+    let src = "select 1 where len(@x) > 64;";
+    assert!(lint_file("sql/V7__parse.sql", src).is_empty());
+    let later = lint_file("sql/V999__parse.sql", src);
+    assert!(
+        later.iter().any(|v| v.rule == Rule::LengthUnits),
+        "{later:?}"
+    );
 }

@@ -1,0 +1,12 @@
+-- A consumer belongs to the database principal that saved its first cursor of a feed
+-- (changefeed.save_cursor): every feed's readers may execute save_cursor and load_cursor,
+-- so without an owner one reader could move another consumer's cursor of the same feed (that
+-- consumer then skips events after a restart) or save a cursor under an invented name that
+-- holds purge_feed back for good. owner_principal_id is database_principal_id() of that
+-- save; every row of one consumer and feed carries the same owner.
+-- Rows saved before this column existed have none (NULL): the next save_cursor of that
+-- consumer and feed binds them to its caller, so a running consumer claims its own rows
+-- with its first save after the upgrade. Until then any member of the feed's readers role
+-- may use them, as before. Nullable and without a default, so adding it changes metadata
+-- only, whatever the table holds.
+alter table [changefeed].[consumer_cursor] add owner_principal_id int null;
