@@ -1248,7 +1248,7 @@ async fn an_enqueue_waiting_on_a_held_message_id_keeps_its_aggregate_in_order() 
 
     let a1 = spawn_enqueue(&db, "outbox_order_key", keyed("k", message_of("a", 1)));
     let_it_reach_the_server().await;
-    let a2 = spawn_enqueue(&db, "outbox_order_key", keyed("a-2", message_of("a", 2)));
+    let a2 = spawn_enqueue(&db, "outbox_order_key", keyed("z-2", message_of("a", 2)));
     let_it_reach_the_server().await;
     let early = claim(&mut store, 10, HELD).await;
     assert!(early.is_empty(), "a#2 overtook a#1: {early:?}");
