@@ -259,9 +259,10 @@ impl MysqlOutboxStore {
     ///    range holds a row or a lock (NOWAIT refuses at once instead of waiting). Each range
     ///    ends at the candidate's own index entry, which this transaction already holds, so
     ///    rows of other aggregates are never touched.
-    /// 3. Steps 1 and 2 repeat after the last candidate seen, up to 8 rounds, until the
-    ///    batch is full or the scan runs out: candidates dropped in step 2 do not use up the
-    ///    batch, so an open transaction delays only its own aggregates.
+    /// 3. Steps 1 and 2 repeat after the last candidate seen, up to 8 rounds each scanning
+    ///    twice as far as the one before (up to 10 000 rows), until the batch is full or the
+    ///    scan runs out: candidates dropped in step 2 do not use up the batch, so an open
+    ///    transaction delays only its own aggregates.
     /// 4. `UPDATE … SET status = 1, attempts = attempts + (status = 1), claimed_at,
     ///    claim_expires_at, claim_token = <fresh token> WHERE id IN (…) AND <due>`. The
     ///    `<due>` guard matters when the transaction did not survive step 2: with
@@ -557,15 +558,21 @@ async fn claim_in(
     conn.query_drop("start transaction").await?;
     let mut kept: Vec<Candidate> = Vec::with_capacity(wanted);
     let mut after = i64::MIN;
-    for _ in 0..MAX_ROUNDS {
-        let limit = wanted - kept.len();
+    for round in 0..MAX_ROUNDS {
+        // Each round scans twice as far as the one before (a run of blocked candidates
+        // longer than the batch is passed in a few rounds); what a round finds beyond the
+        // batch is left unclaimed, unlocked at the commit.
+        let limit = (wanted - kept.len())
+            .max(wanted.saturating_mul(1 << round))
+            .min(MAX_BATCH as usize);
         let candidates = candidates(conn, &t, after, limit, timeout_us).await?;
         let scanned = candidates.len();
         if let Some(last) = candidates.last() {
             after = last.id;
         }
         kept.extend(keep_heads(conn, &t, candidates).await?);
-        if scanned < limit || kept.len() == wanted {
+        if scanned < limit || kept.len() >= wanted {
+            kept.truncate(wanted);
             break;
         }
     }
