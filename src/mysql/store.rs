@@ -373,9 +373,67 @@ impl MysqlOutboxStore {
                     break;
                 }
             }
+            forget_idle_aggregates(conn, table, batch_size).await?;
             Ok(deleted)
         })
         .await
+        .map_err(|error| before_v4(error, &self.table))
+    }
+}
+
+/// Deletes the `changefeed_aggregate_locks` rows of `table` whose aggregate has no row left
+/// in the outbox and which no enqueue holds (SKIP LOCKED), `batch_size` at a time, so that
+/// the table does not grow with every aggregate ever seen. Deleting a lock row nobody holds
+/// never affects order: the row is only a lock, and the next enqueue of the aggregate makes
+/// it again.
+async fn forget_idle_aggregates(
+    conn: &mut Conn,
+    table: &OutboxTable,
+    batch_size: u32,
+) -> Result<()> {
+    let t = table.quoted();
+    loop {
+        conn.query_drop("start transaction").await?;
+        let idle: Vec<String> = match conn
+            .exec(
+                format!(
+                    "select l.aggregate_id from changefeed_aggregate_locks as l \
+                     where l.outbox = ? and not exists (select 1 from {t} as e \
+                     force index (head_of_aggregate) where e.aggregate_id = l.aggregate_id) \
+                     limit {batch_size} for update skip locked"
+                ),
+                (table.name(),),
+            )
+            .await
+        {
+            Ok(idle) => idle,
+            Err(error) => {
+                conn.query_drop("rollback").await.ok();
+                return Err(error.into());
+            }
+        };
+        if !idle.is_empty() {
+            let marks = vec!["?"; idle.len()].join(", ");
+            let mut params: Vec<Value> = vec![table.name().into()];
+            params.extend(idle.iter().map(|a| Value::from(a.as_str())));
+            if let Err(error) = conn
+                .exec_drop(
+                    format!(
+                        "delete from changefeed_aggregate_locks where outbox = ? \
+                         and aggregate_id in ({marks})"
+                    ),
+                    params,
+                )
+                .await
+            {
+                conn.query_drop("rollback").await.ok();
+                return Err(error.into());
+            }
+        }
+        conn.query_drop("commit").await?;
+        if idle.len() < batch_size as usize {
+            return Ok(());
+        }
     }
 }
 
