@@ -275,7 +275,7 @@ impl MysqlOutboxStore {
     /// 5. `SELECT id, attempts, payload, headers … WHERE id IN (…) AND claim_token = <token>`
     ///    reads back what this claim holds, then COMMIT. A row whose payload and headers
     ///    would not fit in one packet of this connection (`max_allowed_packet`, as the server
-    ///    and the URL's `max_allowed_packet` set it, less 64 KiB for the other columns) comes
+    ///    and the URL's `max_allowed_packet` set it, less 1 KiB for the rest of the row) comes
     ///    without them, as [`Claimed::Undecodable`], and so does a row whose columns do not
     ///    decode: the relay marks such rows dead instead of failing every claim.
     ///
@@ -575,9 +575,9 @@ const MAX_ROUNDS: usize = 8;
 /// The largest packet MariaDB/MySQL allow (1 GiB): the limit when the URL sets none (the
 /// server's `max_allowed_packet` then decides, in SQL).
 const MAX_PACKET: usize = 1 << 30;
-/// Room left in a packet for a row's other columns and its framing when deciding whether
-/// its payload and headers can be fetched.
-const ROW_HEADROOM: usize = 64 * 1024;
+/// Room left in a packet, when deciding whether a row's payload and headers can be fetched,
+/// for the rest of the row step 5 reads (id, attempts, two sizes) and its framing.
+const ROW_HEADROOM: usize = 1024;
 /// MariaDB's "CONSTRAINT … failed" on a row that breaks a CHECK, MySQL's "Check constraint
 /// … is violated".
 const CHECK_FAILED: [u16; 2] = [4025, 3819];
@@ -615,7 +615,7 @@ async fn claim_in(
     let wanted = batch_size as usize;
     conn.query_drop("start transaction").await?;
     let mut kept: Vec<Candidate> = Vec::with_capacity(wanted);
-    let mut after = i64::MIN;
+    let mut after: Option<i64> = None;
     for round in 0..MAX_ROUNDS {
         // Each round scans twice as far as the one before (a run of blocked candidates
         // longer than the batch is passed in a few rounds); what a round finds beyond the
@@ -626,7 +626,7 @@ async fn claim_in(
         let candidates = candidates(conn, &t, after, limit, timeout_us).await?;
         let scanned = candidates.len();
         if let Some(last) = candidates.last() {
-            after = last.id;
+            after = Some(last.id);
         }
         kept.extend(keep_heads(conn, &t, candidates).await?);
         if scanned < limit || kept.len() >= wanted {
@@ -655,7 +655,7 @@ async fn claim_in(
 async fn candidates(
     conn: &mut Conn,
     t: &str,
-    after: i64,
+    after: Option<i64>,
     limit: usize,
     timeout_us: u128,
 ) -> Result<Vec<Candidate>> {
@@ -664,12 +664,13 @@ async fn candidates(
             "select t.id, t.message_id, t.topic, t.aggregate_type, t.aggregate_id, \
              coalesce(t.partition_key, t.aggregate_id), t.trace_id \
              from {t} as t force index (open_messages) \
-             where t.is_open = 1 and t.id > {after} and {due} \
+             where t.is_open = 1 {after} and {due} \
              and not exists (select 1 from {t} as e force index (head_of_aggregate) \
              where e.aggregate_id = t.aggregate_id and e.is_open = 1 and e.id < t.id) \
              order by t.id limit {limit} \
              for update skip locked",
-            due = due("t", timeout_us)
+            due = due("t", timeout_us),
+            after = after.map_or(String::new(), |id| format!("and t.id > {id}"))
         ))
         .await?;
     rows.into_iter()
@@ -769,7 +770,7 @@ struct Fetched {
     headers: Option<Vec<u8>>,
     /// Bytes of payload and headers when they were too large to fetch.
     too_large: Option<u64>,
-    limit: u64,
+    limit: i64,
 }
 
 /// Step 5: the rows this claim holds (the update's guard may have passed some over), with
@@ -909,9 +910,9 @@ fn claimed(candidate: Candidate, fetched: &Fetched, token: ClaimToken) -> Claime
                 "payload",
                 format!(
                     "payload and headers are {size} bytes, more than this connection can \
-                     fetch ({} bytes: max_allowed_packet less 64 KiB for the other \
-                     columns); raise max_allowed_packet on the server (and in the relay's \
-                     URL if it sets one) to relay it",
+                     fetch ({} bytes: its max_allowed_packet less 1 KiB for the rest of the \
+                     row); raise max_allowed_packet on the server (and in the relay's URL \
+                     if it sets one), then redrive the row",
                     fetched.limit
                 ),
             ));
