@@ -41,6 +41,13 @@ const NOWAIT_REFUSED: [u16; 2] = [1205, 3572];
 /// enqueued twice: the existing row comes back. Without a `message_id`, a random UUID is
 /// made.
 ///
+/// A message with an aggregate first locks that aggregate (its row in the bundle's
+/// `changefeed_aggregate_locks`, until `tx` ends), so that within an aggregate the ids
+/// follow commit order and the relay publishes in that order however the insert had to wait
+/// (ARCHITECTURE.md). Two transactions enqueuing one aggregate therefore run one after the
+/// other, and two enqueuing the same aggregates in opposite orders may deadlock (error
+/// 1213, [`Error::is_transient`]: retry the transaction).
+///
 /// ```no_run
 /// # async fn run(conn: &mut mysql_async::Conn) -> changefeed::Result<()> {
 /// use changefeed::mysql::{OutboxTable, enqueue};
