@@ -32,6 +32,8 @@ static EXTRA_OPTIONS: OnceLock<&'static [&'static str]> = OnceLock::new();
 /// `--innodb-rollback-on-timeout=ON`, which cannot be set at run time). Call it before the
 /// first [`server`] of the binary, with the same options from every test. A server of
 /// `CHANGEFEED_TEST_MYSQL` is used as it is: the test checks the setting it needs.
+// examples/bench_mysql.rs includes this file and does not use it.
+#[allow(dead_code)]
 pub fn with_options(options: &'static [&'static str]) {
     let set = EXTRA_OPTIONS.get_or_init(|| options);
     assert_eq!(*set, options, "one test binary, one set of server options");
