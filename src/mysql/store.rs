@@ -647,12 +647,17 @@ async fn claim_in(
     }
     let token = ClaimToken::new(uuid::Uuid::new_v4());
     take(conn, &t, &kept, token, timeout_us).await?;
-    let held = read_back(conn, &t, &kept, token, packet_limit).await?;
+    let held: std::collections::HashMap<i64, Fetched> =
+        read_back(conn, &t, &kept, token, packet_limit)
+            .await?
+            .into_iter()
+            .map(|row| (row.id, row))
+            .collect();
     conn.query_drop("commit").await?;
     Ok(kept
         .into_iter()
         .filter_map(|candidate| {
-            let fetched = held.iter().find(|row| row.id == candidate.id)?;
+            let fetched = held.get(&candidate.id)?;
             Some(claimed(candidate, fetched, token))
         })
         .collect())
