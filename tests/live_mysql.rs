@@ -24,12 +24,13 @@ use changefeed::Error;
 use changefeed::mysql::{
     BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, OutboxTable, WakerState, enqueue,
 };
-use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, NewMessage};
+use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, NewMessage};
 use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
 use common_mysql::{TestDb, database};
 use mysql_async::prelude::Queryable;
 use serde_json::json;
 use tokio::sync::Barrier;
+use tokio::task::JoinHandle;
 
 const PROCESSING: i64 = 1;
 const DONE: i64 = 2;
@@ -511,22 +512,51 @@ async fn an_open_enqueue_of_one_aggregate_does_not_stop_claims_of_another() {
         "the claim did not wait for the open transaction ({took:?})"
     );
 
-    // Two writers on one aggregate: m1 (uncommitted, earlier id) and m4 (committed later).
-    // m4 must wait for m1: it is not provably the head.
-    let m4 = db
-        .enqueue_committed("outbox_live", &[message_of("m", 4)])
+    // A second enqueue of aggregate m waits for m1's transaction, before its row gets an id:
+    // within an aggregate, ids follow commit order.
+    let second_writer = {
+        let (url, t) = (db.url.clone(), t.clone());
+        tokio::spawn(async move {
+            let mut conn = mysql_async::Conn::new(changefeed::mysql::opts(&url).unwrap())
+                .await
+                .unwrap();
+            let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+            let m4 = enqueue(&mut tx, &t, &message_of("m", 4)).await.unwrap();
+            tx.commit().await.unwrap();
+            m4
+        })
+    };
+    // A writer that does not go through enqueue (a plain INSERT) is not held back: its row
+    // m5 commits behind the uncommitted m1, and the claim's NOWAIT probe must keep it back.
+    db.sql(
+        "insert into outbox_live (message_id, topic, aggregate_id, payload, created_at) \
+         values ('m5', 'orders', 'm', '{}', utc_timestamp(3))",
+    )
+    .await;
+    let m5: i64 = db
+        .scalar("select id from outbox_live where message_id = 'm5'")
         .await;
     let again = claim(&mut store, 10, HELD).await;
     assert!(
-        !ids(&again).contains(&m4[0].id),
-        "m4 overtook the uncommitted m1: {again:?}"
+        !ids(&again).contains(&m5),
+        "m5 overtook the uncommitted m1: {again:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !second_writer.is_finished(),
+        "m4's enqueue did not wait for m1's transaction"
     );
     tx.commit().await.unwrap();
+    let m4 = second_writer.await.unwrap();
+    assert!(
+        m4.id > uncommitted.id && m4.id > m5,
+        "m4 got its id after m1 committed"
+    );
     let after = claim(&mut store, 10, HELD).await;
     assert!(ids(&after).contains(&uncommitted.id), "{after:?}");
     assert!(
-        !ids(&after).contains(&m4[0].id),
-        "m4 waits for m1 to be done"
+        !ids(&after).contains(&m4.id) && !ids(&after).contains(&m5),
+        "m4 and m5 wait for m1 to be done"
     );
 }
 
@@ -554,6 +584,7 @@ async fn reaper_and_fencing_by_the_claim_token() {
     );
     // Expired by the server's clock: re-claimed with an attempt counted.
     age(&db, "outbox_reaper", "claimed_at", 31_000, &[e[0].id]).await;
+    age(&db, "outbox_reaper", "claim_expires_at", 31_000, &[e[0].id]).await;
     let second = claim(&mut other, 10, Duration::from_secs(30)).await;
     assert_eq!(ids(&second), vec![e[0].id]);
     assert_eq!(second[0].attempts, 1);
@@ -1164,4 +1195,410 @@ async fn the_cli_relays_a_mariadb_outbox_to_stdout_as_json_lines() {
     assert_eq!(line["id"], e[0].id);
     assert_eq!(line["key"], "cli-1");
     assert_eq!(line["payload"], json!({ "aggregate": "cli-1", "n": 1 }));
+}
+
+// ------------------------------------------------------------------------------------------
+// 8. order, fill and isolation under the faults found live (issue 18)
+// ------------------------------------------------------------------------------------------
+
+/// Enqueues `message` into `outbox` on a connection and transaction of its own, committed
+/// as soon as the enqueue returns (which may be after a lock wait).
+fn spawn_enqueue(db: &TestDb, outbox: &str, message: NewMessage) -> JoinHandle<Enqueued> {
+    let (url, t) = (db.url.clone(), table(outbox));
+    tokio::spawn(async move {
+        let opts = changefeed::mysql::opts(&url).expect("a valid URL");
+        let mut conn = mysql_async::Conn::new(opts).await.expect("connect");
+        let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+        let enqueued = enqueue(&mut tx, &t, &message).await.unwrap();
+        tx.commit().await.unwrap();
+        enqueued
+    })
+}
+
+fn keyed(key: &str, message: NewMessage) -> NewMessage {
+    NewMessage {
+        message_id: Some(key.to_owned()),
+        ..message
+    }
+}
+
+/// Sleeps long enough for a spawned statement to reach the server and start waiting.
+async fn let_it_reach_the_server() {
+    tokio::time::sleep(Duration::from_millis(400)).await;
+}
+
+/// The issue's first reproduction: A#1's insert waits on the unique key of a message_id
+/// another transaction holds. Before the fix its id was allocated already, A#2 committed
+/// behind it with a higher id and, A#1 not being in the claim's index yet, was claimed
+/// first. Now A#1 holds aggregate a's lock from before its id exists, so A#2 waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn an_enqueue_waiting_on_a_held_message_id_keeps_its_aggregate_in_order() {
+    let db = database("order_key").await;
+    let mut store = db.outbox("outbox_order_key").await;
+    let t = table("outbox_order_key");
+    let mut holder_conn = db.conn().await;
+    let mut holder = holder_conn
+        .start_transaction(Default::default())
+        .await
+        .unwrap();
+    enqueue(&mut holder, &t, &keyed("k", message_of("other", 0)))
+        .await
+        .unwrap();
+
+    let a1 = spawn_enqueue(&db, "outbox_order_key", keyed("k", message_of("a", 1)));
+    let_it_reach_the_server().await;
+    let a2 = spawn_enqueue(&db, "outbox_order_key", keyed("z-2", message_of("a", 2)));
+    let_it_reach_the_server().await;
+    let early = claim(&mut store, 10, HELD).await;
+    assert!(early.is_empty(), "a#2 overtook a#1: {early:?}");
+    assert!(
+        !a2.is_finished(),
+        "a#2's enqueue did not wait for a#1's transaction"
+    );
+
+    holder.rollback().await.unwrap();
+    let (a1, a2) = (a1.await.unwrap(), a2.await.unwrap());
+    assert!(a1.id < a2.id, "{a1:?} {a2:?}");
+    let first = claim(&mut store, 10, HELD).await;
+    assert_eq!(ids(&first), vec![a1.id]);
+    store.mark_done(&[a1.id], token_of(&first)).await.unwrap();
+    assert_eq!(ids(&claim(&mut store, 10, HELD).await), vec![a2.id]);
+}
+
+/// The issue's second reproduction: an idempotent retry of key "m" under REPEATABLE READ
+/// (the application's default) leaves a next-key lock on "m" and the gap before it; A#1 with
+/// key "l" falls into that gap and waits. A#2 (key "n", outside it) must not pass A#1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn an_enqueue_waiting_on_a_next_key_lock_keeps_its_aggregate_in_order() {
+    let db = database("order_gap").await;
+    let mut store = db.outbox("outbox_order_gap").await;
+    let t = table("outbox_order_gap");
+    let other = db
+        .enqueue_committed("outbox_order_gap", &[keyed("m", message_of("other", 0))])
+        .await;
+    let mut retry_conn = db.conn().await;
+    retry_conn
+        .query_drop("set session transaction isolation level repeatable read")
+        .await
+        .unwrap();
+    let mut retry = retry_conn
+        .start_transaction(Default::default())
+        .await
+        .unwrap();
+    let again = enqueue(&mut retry, &t, &keyed("m", message_of("other", 0)))
+        .await
+        .unwrap();
+    assert_eq!(again, other[0], "an idempotent retry");
+
+    let a1 = spawn_enqueue(&db, "outbox_order_gap", keyed("l", message_of("a", 1)));
+    let_it_reach_the_server().await;
+    let a2 = spawn_enqueue(&db, "outbox_order_gap", keyed("n", message_of("a", 2)));
+    let_it_reach_the_server().await;
+    let early = claim(&mut store, 10, HELD).await;
+    assert!(
+        early.iter().all(|m| m.aggregate_id.as_deref() != Some("a")),
+        "a#2 overtook a#1: {early:?}"
+    );
+
+    retry.commit().await.unwrap();
+    let (a1, a2) = (a1.await.unwrap(), a2.await.unwrap());
+    assert!(a1.id < a2.id, "{a1:?} {a2:?}");
+    let next = claim(&mut store, 10, HELD).await;
+    assert!(ids(&next).contains(&a1.id), "{next:?}");
+    assert!(!ids(&next).contains(&a2.id), "{next:?}");
+}
+
+/// One enqueue of aggregate a held open, a later row of a committed behind it by a writer
+/// that does not use `enqueue` (so the claim's NOWAIT probe has to drop it), and 100
+/// messages of other aggregates after both: at batch sizes 1 and 2 all 100 flow. Before the
+/// fix, a batch of 1 was spent on the dropped row every time and nothing flowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn the_claim_fills_its_batch_past_an_open_transaction() {
+    for batch in [1u32, 2] {
+        let outbox = format!("outbox_fill_{batch}");
+        let db = database(&format!("fill_{batch}")).await;
+        db.outbox(&outbox).await;
+        let mut open_conn = db.conn().await;
+        let mut open = open_conn
+            .start_transaction(Default::default())
+            .await
+            .unwrap();
+        enqueue(&mut open, &table(&outbox), &message_of("a", 1))
+            .await
+            .unwrap();
+        db.sql(&format!(
+            "insert into {outbox} (message_id, topic, aggregate_id, payload, created_at) \
+             values ('a-2', 'orders', 'a', '{{}}', utc_timestamp(3))"
+        ))
+        .await;
+        let others: Vec<NewMessage> = (0..100).map(|i| message_of(&format!("b-{i}"), i)).collect();
+        let wanted: BTreeSet<i64> = db
+            .enqueue_committed(&outbox, &others)
+            .await
+            .iter()
+            .map(|e| e.id)
+            .collect();
+
+        let poll = Duration::from_millis(100);
+        let recorder = Arc::new(Recorder::default());
+        let config = RelayConfig::default().batch_size(batch).poll_interval(poll);
+        let relay = Relay::new(db.store(&outbox), Arc::clone(&recorder), config).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(relay.run(async {
+            stopped.await.ok();
+        }));
+        // A liveness bound, not a timing: 100 claims run back to back while batches are
+        // full; before the fix nothing at all arrived at batch size 1.
+        let started = Instant::now();
+        while !recorder.ids().is_superset(&wanted) {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "batch {batch}: {} of 100 delivered",
+                recorder.ids().intersection(&wanted).count()
+            );
+            tokio::time::sleep(poll).await;
+        }
+        stop.send(()).unwrap();
+        run.await.unwrap().unwrap();
+        assert_eq!(recorder.ids(), wanted, "batch {batch}: a#2 waits for a#1");
+        open.rollback().await.unwrap();
+    }
+}
+
+/// A payload that is not JSON, inserted with MariaDB's checks off, fails every UPDATE of its
+/// row with error 4025. Before the fix every claim failed and nothing flowed; now the row is
+/// marked dead with the error and the 21 others are published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn a_row_that_breaks_a_check_constraint_is_marked_dead_and_the_rest_flows() {
+    let db = database("check_row").await;
+    db.outbox("outbox_check").await;
+    db.sql(
+        "set statement check_constraint_checks = 0 for insert into outbox_check \
+         (message_id, topic, aggregate_id, payload, created_at) \
+         values ('bad', 'orders', 'bad', 'not json', utc_timestamp(3))",
+    )
+    .await;
+    let others: Vec<NewMessage> = (0..21).map(|i| message_of(&format!("c-{i}"), i)).collect();
+    db.enqueue_committed("outbox_check", &others).await;
+    let recorder = Arc::new(Recorder::default());
+    let mut relay = Relay::new(
+        db.store("outbox_check"),
+        Arc::clone(&recorder),
+        RelayConfig::default().batch_size(100),
+    )
+    .unwrap();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(report.published, 21);
+    let bad: i64 = db
+        .scalar("select id from outbox_check where message_id = 'bad'")
+        .await;
+    let state = row_state(&db, "outbox_check", bad).await;
+    assert_eq!((state.status, state.attempts), (DEAD, 1), "{state:?}");
+    let error = state.last_error.unwrap();
+    assert!(
+        error.contains("4025") && error.contains("redrive"),
+        "{error}"
+    );
+}
+
+/// A 2 MiB payload, enqueued by a connection that allows it, and a relay whose connection
+/// allows 1 MiB (`max_allowed_packet` in its options): before the fix every claim failed on
+/// the packet and the 20 other messages never flowed. Now the row is claimed without its
+/// payload, handed over undecodable, and marked dead with the limit named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn a_row_larger_than_the_relays_packet_is_isolated_and_the_rest_flows() {
+    let db = database("big_row").await;
+    db.outbox("outbox_big").await;
+    let big =
+        NewMessage::new("orders", json!({ "blob": "x".repeat(2 << 20) })).aggregate("order", "big");
+    let others: Vec<NewMessage> = (0..20).map(|i| message_of(&format!("s-{i}"), i)).collect();
+    let big_id = db.enqueue_committed("outbox_big", &[big]).await[0].id;
+    db.enqueue_committed("outbox_big", &others).await;
+
+    let small_packets = mysql_async::OptsBuilder::from_opts(db.opts.clone())
+        .max_allowed_packet(Some(1 << 20))
+        .into();
+    let store = MysqlOutboxStore::new(table("outbox_big"), small_packets);
+    let recorder = Arc::new(Recorder::default());
+    let mut relay = Relay::new(
+        store,
+        Arc::clone(&recorder),
+        RelayConfig::default().batch_size(100),
+    )
+    .unwrap();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(report.published, 20);
+    let state = row_state(&db, "outbox_big", big_id).await;
+    assert_eq!(state.status, DEAD, "{state:?}");
+    let error = state.last_error.unwrap();
+    assert!(error.contains("max_allowed_packet"), "{error}");
+    assert_eq!(
+        db.count(
+            "outbox_big",
+            "status = 4 and octet_length(payload) > 2000000"
+        )
+        .await,
+        1,
+        "the payload is kept"
+    );
+}
+
+/// Each claim expires by the timeout of the relay that made it: a relay with a 1 s timeout
+/// does not take a row another relay holds for an hour, and a relay with an hour's timeout
+/// takes a row whose 1 s claim has run out. Before the fix both went by the re-claimer's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn each_claim_expires_by_its_own_holders_timeout() {
+    let db = database("expiry").await;
+    let mut long = db.outbox("outbox_expiry").await;
+    let mut short = db.store("outbox_expiry");
+    let e = db
+        .enqueue_committed("outbox_expiry", &[message_of("x", 1), message_of("y", 1)])
+        .await;
+    let second = Duration::from_secs(1);
+    let x = claim(&mut long, 1, HELD).await;
+    assert_eq!(ids(&x), vec![e[0].id]);
+    let y = claim(&mut short, 1, second).await;
+    assert_eq!(ids(&y), vec![e[1].id]);
+    // Five seconds pass (both columns move back together).
+    for column in ["claimed_at", "claim_expires_at"] {
+        age(&db, "outbox_expiry", column, 5000, &[e[0].id, e[1].id]).await;
+    }
+    let taken = claim(&mut long, 10, HELD).await;
+    assert_eq!(ids(&taken), vec![e[1].id], "the 1 s claim had expired");
+    assert_eq!(taken[0].attempts, 1);
+    assert!(
+        claim(&mut short, 10, second).await.is_empty(),
+        "the 1 s relay took a row held for an hour"
+    );
+    // The hour passes: the 1 s relay may have x.
+    for column in ["claimed_at", "claim_expires_at"] {
+        age(&db, "outbox_expiry", column, 3_600_000, &[e[0].id]).await;
+    }
+    assert_eq!(ids(&claim(&mut short, 10, second).await), vec![e[0].id]);
+}
+
+/// A column that does not decode (here trace_id made VARBINARY by hand and holding a byte
+/// that is not UTF-8): the row is handed over undecodable, naming the column, instead of
+/// failing every claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn a_column_that_does_not_decode_makes_the_row_undecodable() {
+    let db = database("odd_column").await;
+    let mut store = db.outbox("outbox_odd_column").await;
+    db.sql("alter table outbox_odd_column modify trace_id varbinary(128) null")
+        .await;
+    db.sql(
+        "insert into outbox_odd_column (message_id, topic, aggregate_id, payload, trace_id, \
+         created_at) values ('odd', 'orders', 'o', '{}', x'ff', utc_timestamp(3))",
+    )
+    .await;
+    let good = db
+        .enqueue_committed("outbox_odd_column", &[message_of("g", 1)])
+        .await;
+    let rows = store.claim(10, HELD).await.unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    match &rows[0] {
+        Claimed::Undecodable(odd) => {
+            assert_eq!(odd.message_id.as_deref(), Some("odd"));
+            assert_eq!(odd.payload.as_deref(), Some("{}"));
+            assert!(odd.error.contains("trace_id"), "{}", odd.error);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(&rows[1], Claimed::Message(m) if m.id == good[0].id));
+}
+
+/// A database and an outbox of the bundle's V3 (before the aggregate locks and the claim
+/// expiry): enqueue and claim say what to run; after `migrate` and `setup_outbox` the
+/// outbox keeps its rows and works, and a claim made before the upgrade (no expiry stored)
+/// expires by `claimed_at` and the claimer's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn an_outbox_of_v3_is_upgraded_by_migrate_and_setup_outbox() {
+    let db = common_mysql::database_at("upgrade_v3", 3).await;
+    db.sql("call changefeed_setup_outbox('outbox_v3')").await;
+    db.sql(
+        "insert into outbox_v3 (message_id, topic, aggregate_id, payload, created_at) \
+         values ('p', 'orders', 'p', '{}', utc_timestamp(3)); \
+         insert into outbox_v3 (message_id, topic, aggregate_id, payload, status, claimed_at, \
+         claim_token, created_at) values ('q', 'orders', 'q', '{}', 1, \
+         utc_timestamp(3) - interval 2 hour, x'00000000000000000000000000000001', \
+         utc_timestamp(3))",
+    )
+    .await;
+    let mut store = db.store("outbox_v3");
+    config_error(store.claim(10, HELD).await, "setup_outbox");
+    let mut conn = db.conn().await;
+    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+    config_error(
+        enqueue(&mut tx, &table("outbox_v3"), &message_of("r", 1)).await,
+        "changefeed::mysql::migrate",
+    );
+    tx.rollback().await.unwrap();
+
+    changefeed::mysql::migrate(&db.pool).await.unwrap();
+    db.sql("call changefeed_setup_outbox('outbox_v3')").await;
+    db.sql("call changefeed_setup_outbox('outbox_v3')").await;
+    assert_eq!(db.count("outbox_v3", "1 = 1").await, 2, "nothing dropped");
+    let claimed = claim(&mut store, 10, HELD).await;
+    let keys: Vec<&str> = claimed.iter().map(|m| m.message_id.as_str()).collect();
+    assert_eq!(keys, ["p", "q"]);
+    assert_eq!(claimed[1].attempts, 1, "q's old claim expired");
+    db.enqueue_committed("outbox_v3", &[message_of("r", 1)])
+        .await;
+}
+
+/// purge_done also forgets the aggregate locks of aggregates with no row left, but never one
+/// an enqueue holds or one whose aggregate still has rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn purge_forgets_the_locks_of_aggregates_it_emptied() {
+    let db = database("purge_locks").await;
+    let mut store = db.outbox("outbox_purge_locks").await;
+    let e = db
+        .enqueue_committed(
+            "outbox_purge_locks",
+            &[
+                message_of("x", 1),
+                message_of("y", 1),
+                message_of("y", 2),
+                message_of("z", 1),
+            ],
+        )
+        .await;
+    let batch = claim(&mut store, 10, HELD).await;
+    assert_eq!(ids(&batch), vec![e[0].id, e[1].id, e[3].id]);
+    store
+        .mark_done(&ids(&batch), token_of(&batch))
+        .await
+        .unwrap();
+    let mut open_conn = db.conn().await;
+    let mut open = open_conn
+        .start_transaction(Default::default())
+        .await
+        .unwrap();
+    // z's second message, uncommitted: it holds z's lock, which purge must pass over even
+    // though z has no committed row left once z1 is purged.
+    enqueue(&mut open, &table("outbox_purge_locks"), &message_of("z", 2))
+        .await
+        .unwrap();
+
+    assert_eq!(store.purge_done(Duration::ZERO, 1, None).await.unwrap(), 3);
+    let locks: Vec<String> = db
+        .conn()
+        .await
+        .query(
+            "select aggregate_id from changefeed_aggregate_locks \
+             where outbox = 'outbox_purge_locks' order by aggregate_id",
+        )
+        .await
+        .unwrap();
+    assert_eq!(locks, ["y", "z"], "x's rows are gone, y has one, z is held");
+    open.commit().await.unwrap();
 }

@@ -40,8 +40,10 @@ pub fn bundle() -> Vec<(i32, String)> {
 
 /// Applies every migration of the bundle that the database (the pool's) does not have yet:
 /// the procedures `changefeed_check_table_name`, `changefeed_add_index` and
-/// `changefeed_setup_outbox`. Run it before your own migrations that call
-/// `changefeed_setup_outbox`.
+/// `changefeed_setup_outbox`, and the table `changefeed_aggregate_locks` that
+/// [`enqueue`](super::enqueue) locks an aggregate in. Run it before your own migrations that
+/// call `changefeed_setup_outbox`; after an upgrade of the bundle, call
+/// `changefeed_setup_outbox` again for each outbox (it adds what a newer version needs).
 pub async fn migrate(pool: &Pool) -> Result<refinery::Report> {
     let mut pool = pool.clone();
     runner().run_async(&mut pool).await.map_err(from_refinery)
@@ -80,5 +82,34 @@ mod tests {
     #[test]
     fn every_file_in_mysql_is_embedded_in_version_order() {
         crate::migrations::assert_embedded("mysql", &bundle());
+    }
+
+    /// The released migrations of `mysql/`: version, name and refinery's checksum (of name,
+    /// version and SQL text). refinery refuses to migrate a database where an applied
+    /// migration's name or checksum changed, so these files are frozen: a change to the
+    /// bundle is a new file after the last one here (as `sql/` is guarded by
+    /// tests/frozen_migrations.rs). Add a file here when it is released.
+    const RELEASED: [(i32, &str, u64); 3] = [
+        (1, "create_procedure_check_table_name", 14136909801136890283),
+        (2, "create_procedure_add_index", 8780334261401610948),
+        (3, "create_procedure_setup_outbox", 16270080375401892267),
+    ];
+
+    #[test]
+    fn released_migrations_are_unchanged() {
+        let runner = runner();
+        for (version, name, checksum) in RELEASED {
+            let found = runner
+                .get_migrations()
+                .iter()
+                .find(|m| m.version() == version)
+                .unwrap_or_else(|| panic!("mysql/V{version}__{name}.sql was removed"));
+            assert_eq!(
+                (found.name(), found.checksum()),
+                (name, checksum),
+                "mysql/V{version}__{name}.sql is released and frozen: restore it and make the \
+                 change in a new migration after the last released one"
+            );
+        }
     }
 }

@@ -41,6 +41,13 @@ const NOWAIT_REFUSED: [u16; 2] = [1205, 3572];
 /// enqueued twice: the existing row comes back. Without a `message_id`, a random UUID is
 /// made.
 ///
+/// A message with an aggregate first locks that aggregate (its row in the bundle's
+/// `changefeed_aggregate_locks`, until `tx` ends), so that within an aggregate the ids
+/// follow commit order and the relay publishes in that order however the insert had to wait
+/// (ARCHITECTURE.md). Two transactions enqueuing one aggregate therefore run one after the
+/// other, and two enqueuing the same aggregates in opposite orders may deadlock (error
+/// 1213, [`Error::is_transient`]: retry the transaction).
+///
 /// ```no_run
 /// # async fn run(conn: &mut mysql_async::Conn) -> changefeed::Result<()> {
 /// use changefeed::mysql::{OutboxTable, enqueue};
@@ -71,6 +78,21 @@ pub async fn enqueue(
         .message_id
         .clone()
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    // The aggregate's lock first, before the insert gives the row its AUTO_INCREMENT id:
+    // whatever the insert may wait on after that (the unique key of a message_id another
+    // transaction holds, a next-key lock left by an idempotent retry under REPEATABLE READ),
+    // no later message of the aggregate can get an id until this transaction ends, so
+    // within an aggregate ids follow commit order (ARCHITECTURE.md, "The claim outbox on
+    // MariaDB/MySQL"). A duplicate primary key takes an exclusive record lock, no gap.
+    if let Some(aggregate) = message.aggregate_id.as_deref() {
+        tx.exec_drop(
+            "insert into changefeed_aggregate_locks (outbox, aggregate_id) values (?, ?) \
+             on duplicate key update outbox = outbox",
+            (table.name(), aggregate),
+        )
+        .await
+        .map_err(|error| before_v4(error.into(), table))?;
+    }
     // On a key already there, `id = last_insert_id(id)` changes nothing and makes the OK
     // packet carry the existing row's id. The unique index serializes two transactions
     // enqueuing one key: the second waits for the first and then sees its row.
@@ -103,6 +125,24 @@ pub async fn enqueue(
         id: i64::try_from(id).map_err(|e| decode_error("id", e))?,
         message_id,
     })
+}
+
+/// A database whose bundle or outbox predates V4 (no `changefeed_aggregate_locks` table, no
+/// `claim_expires_at` column) answers 1146 or 1054: say what to run instead.
+fn before_v4(error: Error, table: &OutboxTable) -> Error {
+    match &error {
+        Error::Mysql { code, message, .. }
+            if (*code == 1146 && message.contains("changefeed_aggregate_locks"))
+                || (*code == 1054 && message.contains("claim_expires_at")) =>
+        {
+            Error::Config(format!(
+                "{error}. The outbox `{table}` or its database predates the bundle's V4: run \
+                 changefeed::mysql::migrate, then CALL changefeed_setup_outbox('{table}') \
+                 again (it adds what is missing and drops nothing)"
+            ))
+        }
+        _ => error,
+    }
 }
 
 /// The checks SQL Server's `enqueue` makes (its error 51304), made here before the insert:
@@ -207,27 +247,44 @@ impl MysqlOutboxStore {
     /// (1 ms..=24 h), head of aggregate only, ordered by id, in one transaction:
     ///
     /// 1. `SELECT … FORCE INDEX (open_messages) WHERE is_open = 1 AND <due> AND NOT EXISTS
-    ///    (<earlier open row of the aggregate>) ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED`.
-    ///    The index `(is_open, id)` yields candidates in id order, so the LIMIT stops the
-    ///    scan early and only the rows returned are locked (a filesort would lock every
-    ///    candidate). SKIP LOCKED passes over rows another claimer or an uncommitted enqueue
-    ///    holds, so an open business transaction never stalls the claim. The `NOT EXISTS`
-    ///    probe is a subquery, which InnoDB reads as a consistent (non-locking) read of
-    ///    committed rows: it never waits either.
-    /// 2. That probe cannot see an *uncommitted* earlier row of the same aggregate (two
-    ///    transactions enqueuing one aggregate at once, the later id committing first). The
-    ///    store closes that hole with a second probe, for the candidates with an aggregate:
-    ///    `SELECT … FORCE INDEX (head_of_aggregate) WHERE (aggregate_id = ? AND is_open = 1
-    ///    AND id < <candidate>) OR … FOR UPDATE NOWAIT`. A row found, or a row locked by
-    ///    someone else (NOWAIT refuses at once instead of waiting), means the candidate is
-    ///    not provably the head: it is left for a later claim. Each range ends at the
-    ///    candidate's own index entry, which this transaction already holds, so rows of
-    ///    other aggregates (an uncommitted enqueue of aggregate A) are never touched: claims
-    ///    of aggregate B go on while A's transaction is open.
-    /// 3. `UPDATE … SET status = 1, attempts = attempts + (status = 1), claimed_at =
-    ///    UTC_TIMESTAMP(3), claim_token = <fresh token> WHERE id IN (…)`, then COMMIT. The
-    ///    rows were read in step 1 under their locks, so they are returned without reading
-    ///    them back.
+    ///    (<earlier open row of the aggregate>) AND id > <last candidate> ORDER BY id LIMIT n
+    ///    FOR UPDATE SKIP LOCKED`, without the payload and headers. The index `(is_open, id)`
+    ///    yields candidates in id order, so the LIMIT stops the scan early and only the rows
+    ///    returned are locked (a filesort would lock every candidate). SKIP LOCKED passes
+    ///    over rows another claimer or an uncommitted enqueue holds, so an open business
+    ///    transaction never stalls the claim. The `NOT EXISTS` probe is a subquery, which
+    ///    InnoDB reads as a consistent (non-locking) read of committed rows: it never waits
+    ///    either. Due: pending; failed and due again; or processing past its claim's own
+    ///    expiry (`claim_expires_at`, set by the claimer from its timeout; for a row claimed
+    ///    before the bundle's V4, `claimed_at` plus this claim's timeout).
+    /// 2. That probe cannot see an *uncommitted* earlier row of the same aggregate. Rows
+    ///    [`enqueue`] writes cannot be in that state (it takes the aggregate's lock before
+    ///    the row gets its id, so a later row of the aggregate commits after it), but rows
+    ///    written by other means can, so for the candidates with an aggregate a second
+    ///    probe `SELECT … FORCE INDEX (head_of_aggregate) WHERE (aggregate_id = ? AND
+    ///    is_open = 1 AND id < <candidate>) OR … FOR UPDATE NOWAIT` drops a candidate whose
+    ///    range holds a row or a lock (NOWAIT refuses at once instead of waiting). Each range
+    ///    ends at the candidate's own index entry, which this transaction already holds, so
+    ///    rows of other aggregates are never touched.
+    /// 3. Steps 1 and 2 repeat after the last candidate seen, up to 8 rounds each scanning
+    ///    twice as far as the one before (up to 10 000 rows), until the batch is full or the
+    ///    scan runs out: candidates dropped in step 2 do not use up the batch, so an open
+    ///    transaction delays only its own aggregates.
+    /// 4. `UPDATE … SET status = 1, attempts = attempts + (status = 1), claimed_at,
+    ///    claim_expires_at, claim_token = <fresh token> WHERE id IN (…) AND <due>`. The
+    ///    `<due>` guard matters when the transaction did not survive step 2: with
+    ///    `innodb_rollback_on_timeout=ON` a refused NOWAIT rolls the whole transaction back
+    ///    and releases step 1's locks; the guard then keeps the update from taking a row
+    ///    another relay claimed meanwhile or reopening one already done. A row the update
+    ///    cannot write (a payload that breaks the table's CHECK constraint, MariaDB error
+    ///    4025) is isolated by updating the batch row by row, and marked dead with its
+    ///    error; the rest is claimed.
+    /// 5. `SELECT id, attempts, payload, headers … WHERE id IN (…) AND claim_token = <token>`
+    ///    reads back what this claim holds, then COMMIT. A row whose payload and headers
+    ///    would not fit in one packet of this connection (`max_allowed_packet`, as the server
+    ///    and the URL's `max_allowed_packet` set it, less 1 KiB for the rest of the row) comes
+    ///    without them, as [`Claimed::Undecodable`], and so does a row whose columns do not
+    ///    decode: the relay marks such rows dead instead of failing every claim.
     ///
     /// The session runs READ COMMITTED (see [`connection::connect`]): under REPEATABLE
     /// READ the scan's gap locks would make concurrent claimers wait on each other.
@@ -238,8 +295,11 @@ impl MysqlOutboxStore {
     ) -> Result<Vec<Claimed>> {
         check_claim(batch_size, claim_timeout)?;
         let timeout_us = claim_timeout.as_micros();
+        let packet_limit = self.opts.max_allowed_packet().unwrap_or(MAX_PACKET);
         self.with_conn(async |table, conn| {
-            let result = claim_in(conn, table, batch_size, timeout_us).await;
+            let result = claim_in(conn, table, batch_size, timeout_us, packet_limit)
+                .await
+                .map_err(|error| before_v4(error, table));
             if let Err(error) = &result
                 // The transaction may still be open (an error after START TRANSACTION).
                 && let Err(rollback) = conn.query_drop("rollback").await
@@ -320,9 +380,67 @@ impl MysqlOutboxStore {
                     break;
                 }
             }
+            forget_idle_aggregates(conn, table, batch_size).await?;
             Ok(deleted)
         })
         .await
+        .map_err(|error| before_v4(error, &self.table))
+    }
+}
+
+/// Deletes the `changefeed_aggregate_locks` rows of `table` whose aggregate has no row left
+/// in the outbox and which no enqueue holds (SKIP LOCKED), `batch_size` at a time, so that
+/// the table does not grow with every aggregate ever seen. Deleting a lock row nobody holds
+/// never affects order: the row is only a lock, and the next enqueue of the aggregate makes
+/// it again.
+async fn forget_idle_aggregates(
+    conn: &mut Conn,
+    table: &OutboxTable,
+    batch_size: u32,
+) -> Result<()> {
+    let t = table.quoted();
+    loop {
+        conn.query_drop("start transaction").await?;
+        let idle: Vec<String> = match conn
+            .exec(
+                format!(
+                    "select l.aggregate_id from changefeed_aggregate_locks as l \
+                     where l.outbox = ? and not exists (select 1 from {t} as e \
+                     force index (head_of_aggregate) where e.aggregate_id = l.aggregate_id) \
+                     limit {batch_size} for update skip locked"
+                ),
+                (table.name(),),
+            )
+            .await
+        {
+            Ok(idle) => idle,
+            Err(error) => {
+                conn.query_drop("rollback").await.ok();
+                return Err(error.into());
+            }
+        };
+        if !idle.is_empty() {
+            let marks = vec!["?"; idle.len()].join(", ");
+            let mut params: Vec<Value> = vec![table.name().into()];
+            params.extend(idle.iter().map(|a| Value::from(a.as_str())));
+            if let Err(error) = conn
+                .exec_drop(
+                    format!(
+                        "delete from changefeed_aggregate_locks where outbox = ? \
+                         and aggregate_id in ({marks})"
+                    ),
+                    params,
+                )
+                .await
+            {
+                conn.query_drop("rollback").await.ok();
+                return Err(error.into());
+            }
+        }
+        conn.query_drop("commit").await?;
+        if idle.len() < batch_size as usize {
+            return Ok(());
+        }
     }
 }
 
@@ -458,67 +576,247 @@ fn token_literal(token: ClaimToken) -> String {
     text
 }
 
-/// A candidate row of step 1, as locked.
+/// How many times one claim scans on after its last candidate before it settles for a
+/// smaller batch (step 3 of [`MysqlOutboxStore::claim_batch`]).
+const MAX_ROUNDS: usize = 8;
+/// The largest packet MariaDB/MySQL allow (1 GiB): the limit when the URL sets none (the
+/// server's `max_allowed_packet` then decides, in SQL).
+const MAX_PACKET: usize = 1 << 30;
+/// Room left in a packet, when deciding whether a row's payload and headers can be fetched,
+/// for the rest of the row step 5 reads (id, attempts, two sizes) and its framing.
+const ROW_HEADROOM: usize = 1024;
+/// MariaDB's "CONSTRAINT … failed" on a row that breaks a CHECK, MySQL's "Check constraint
+/// … is violated".
+const CHECK_FAILED: [u16; 2] = [4025, 3819];
+
+/// The claim's "due" condition on the row alias `t`: pending; failed and due again; or
+/// processing past its claim's expiry (for a claim made before the bundle's V4, which has
+/// none stored, `claimed_at` plus this claim's timeout).
+fn due(t: &str, timeout_us: u128) -> String {
+    format!(
+        "({t}.status = 0 \
+         or ({t}.status = 3 and {t}.next_retry_at <= utc_timestamp(3)) \
+         or ({t}.status = 1 and coalesce({t}.claim_expires_at, \
+         {t}.claimed_at + interval {timeout_us} microsecond) <= utc_timestamp(3)))"
+    )
+}
+
+/// A candidate row of step 1, as locked: the columns other than payload and headers.
 struct Candidate {
     row: Row,
     id: i64,
-    aggregate_id: Option<String>,
+    /// The aggregate, or why it does not decode (the row is then handed over undecodable
+    /// and takes no part in the head probe).
+    aggregate_id: std::result::Result<Option<String>, String>,
 }
 
-/// The claim's three steps (see [`MysqlOutboxStore::claim_batch`]) on `conn`.
+/// The claim's steps (see [`MysqlOutboxStore::claim_batch`]) on `conn`.
 async fn claim_in(
     conn: &mut Conn,
     table: &OutboxTable,
     batch_size: u32,
     timeout_us: u128,
+    packet_limit: usize,
 ) -> Result<Vec<Claimed>> {
     let t = table.quoted();
-    let select = format!(
-        "start transaction; \
-         select t.id, t.message_id, t.topic, t.aggregate_type, t.aggregate_id, \
-         coalesce(t.partition_key, t.aggregate_id), t.payload, t.headers, t.trace_id, \
-         t.attempts + (t.status = 1) \
-         from {t} as t force index (open_messages) \
-         where t.is_open = 1 \
-         and (t.status = 0 \
-         or (t.status = 3 and t.next_retry_at <= utc_timestamp(3)) \
-         or (t.status = 1 and t.claimed_at < utc_timestamp(3) - interval {timeout_us} microsecond)) \
-         and not exists (select 1 from {t} as e force index (head_of_aggregate) \
-         where e.aggregate_id = t.aggregate_id and e.is_open = 1 and e.id < t.id) \
-         order by t.id limit {batch_size} \
-         for update skip locked"
-    );
-    let mut result = conn.query_iter(select).await?;
-    let _: Vec<Row> = result.collect().await?; // start transaction
-    let rows: Vec<Row> = result.collect().await?;
-    result.drop_result().await?;
-
-    let mut candidates = Vec::with_capacity(rows.len());
-    for row in rows {
-        candidates.push(Candidate {
-            id: column(&row, 0, "id")?,
-            aggregate_id: column(&row, 4, "aggregate_id")?,
-            row,
-        });
+    let wanted = batch_size as usize;
+    conn.query_drop("start transaction").await?;
+    let mut kept: Vec<Candidate> = Vec::with_capacity(wanted);
+    let mut after: Option<i64> = None;
+    for round in 0..MAX_ROUNDS {
+        // Each round scans twice as far as the one before (a run of blocked candidates
+        // longer than the batch is passed in a few rounds); what a round finds beyond the
+        // batch is left unclaimed, unlocked at the commit.
+        let limit = (wanted - kept.len())
+            .max(wanted.saturating_mul(1 << round))
+            .min(MAX_BATCH as usize);
+        let candidates = candidates(conn, &t, after, limit, timeout_us).await?;
+        let scanned = candidates.len();
+        if let Some(last) = candidates.last() {
+            after = Some(last.id);
+        }
+        kept.extend(keep_heads(conn, &t, candidates).await?);
+        if scanned < limit || kept.len() >= wanted {
+            kept.truncate(wanted);
+            break;
+        }
     }
-    let candidates = keep_heads(conn, &t, candidates).await?;
-
-    if candidates.is_empty() {
+    if kept.is_empty() {
         conn.query_drop("commit").await?;
         return Ok(Vec::new());
     }
     let token = ClaimToken::new(uuid::Uuid::new_v4());
-    let ids: Vec<i64> = candidates.iter().map(|c| c.id).collect();
-    conn.query_drop(format!(
-        "update {t} set attempts = attempts + (status = 1), status = 1, \
-         claimed_at = utc_timestamp(3), claim_token = {} where id in ({}); commit",
-        token_literal(token),
-        id_list(&ids)
-    ))
-    .await?;
-    candidates
+    take(conn, &t, &kept, token, timeout_us).await?;
+    let held: std::collections::HashMap<i64, Fetched> =
+        read_back(conn, &t, &kept, token, packet_limit)
+            .await?
+            .into_iter()
+            .map(|row| (row.id, row))
+            .collect();
+    conn.query_drop("commit").await?;
+    Ok(kept
         .into_iter()
-        .map(|c| claimed(c.row, token))
+        .filter_map(|candidate| {
+            let fetched = held.get(&candidate.id)?;
+            Some(claimed(candidate, fetched, token))
+        })
+        .collect())
+}
+
+/// Step 1: up to `limit` due heads after id `after`, locked, without payload and headers.
+async fn candidates(
+    conn: &mut Conn,
+    t: &str,
+    after: Option<i64>,
+    limit: usize,
+    timeout_us: u128,
+) -> Result<Vec<Candidate>> {
+    let rows: Vec<Row> = conn
+        .query(format!(
+            "select t.id, t.message_id, t.topic, t.aggregate_type, t.aggregate_id, \
+             coalesce(t.partition_key, t.aggregate_id), t.trace_id \
+             from {t} as t force index (open_messages) \
+             where t.is_open = 1 {after} and {due} \
+             and not exists (select 1 from {t} as e force index (head_of_aggregate) \
+             where e.aggregate_id = t.aggregate_id and e.is_open = 1 and e.id < t.id) \
+             order by t.id limit {limit} \
+             for update skip locked",
+            due = due("t", timeout_us),
+            after = after.map_or(String::new(), |id| format!("and t.id > {id}"))
+        ))
+        .await?;
+    rows.into_iter()
+        .map(|row| {
+            Ok(Candidate {
+                id: column(&row, 0, "id")?,
+                aggregate_id: column::<Option<String>>(&row, 4, "aggregate_id")
+                    .map_err(|error| error.to_string()),
+                row,
+            })
+        })
+        .collect()
+}
+
+/// Step 4: the guarded update of `kept` to this claim; a row whose update breaks a CHECK
+/// constraint is isolated and marked dead, so that the others are claimed.
+async fn take(
+    conn: &mut Conn,
+    t: &str,
+    kept: &[Candidate],
+    token: ClaimToken,
+    timeout_us: u128,
+) -> Result<()> {
+    let ids: Vec<i64> = kept.iter().map(|c| c.id).collect();
+    let update = |ids: &[i64]| {
+        format!(
+            "update {t} as t set t.attempts = t.attempts + (t.status = 1), t.status = 1, \
+             t.claimed_at = utc_timestamp(3), \
+             t.claim_expires_at = utc_timestamp(3) + interval {timeout_us} microsecond, \
+             t.claim_token = {} where t.id in ({}) and {}",
+            token_literal(token),
+            id_list(ids),
+            due("t", timeout_us)
+        )
+    };
+    match conn.query_drop(update(&ids)).await.map_err(Error::from) {
+        Err(Error::Mysql { code, .. }) if CHECK_FAILED.contains(&code) => {}
+        other => return other,
+    }
+    // One row at a time, to find the rows that cannot be written.
+    for id in ids {
+        match conn.query_drop(update(&[id])).await.map_err(Error::from) {
+            Err(Error::Mysql { code, message, .. }) if CHECK_FAILED.contains(&code) => {
+                mark_unwritable_dead(conn, t, id, code, &message, timeout_us).await?;
+            }
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
+/// Marks dead a due row that no UPDATE can write because it breaks a CHECK constraint of
+/// the table (on MariaDB, a payload that is not JSON, inserted with the checks off). Only
+/// the status columns change; the row's checks are suspended for this one statement
+/// (MariaDB's `check_constraint_checks`), as they were when the row was written. The
+/// error says how to fix it; [`MysqlOutboxStore::redrive`] works again once it is fixed.
+async fn mark_unwritable_dead(
+    conn: &mut Conn,
+    t: &str,
+    id: i64,
+    code: u16,
+    message: &str,
+    timeout_us: u128,
+) -> Result<()> {
+    let error: String = format!(
+        "the row breaks a CHECK constraint of the outbox table, so it cannot be claimed \
+         (error {code}: {message}); marked dead by the claim. Correct the row (a payload and \
+         headers of valid JSON), then redrive it"
+    )
+    .chars()
+    .take(2000)
+    .collect();
+    let set_statement = if code == 4025 {
+        "set statement check_constraint_checks = 0 for "
+    } else {
+        ""
+    };
+    let params: Vec<Value> = vec![error.as_str().into(), id.into()];
+    conn.exec_drop(
+        format!(
+            "{set_statement}update {t} as t set t.attempts = t.attempts + 1, t.status = 4, \
+             t.processed_at = utc_timestamp(3), t.next_retry_at = null, t.last_error = ? \
+             where t.id = ? and {}",
+            due("t", timeout_us)
+        ),
+        params,
+    )
+    .await?;
+    Ok(())
+}
+
+/// A row as step 5 reads it back: held by this claim.
+struct Fetched {
+    id: i64,
+    attempts: std::result::Result<i32, String>,
+    payload: Option<Vec<u8>>,
+    headers: Option<Vec<u8>>,
+    /// Bytes of payload and headers when they were too large to fetch.
+    too_large: Option<u64>,
+    limit: i64,
+}
+
+/// Step 5: the rows this claim holds (the update's guard may have passed some over), with
+/// payload and headers unless they would not fit in a packet of this connection.
+async fn read_back(
+    conn: &mut Conn,
+    t: &str,
+    kept: &[Candidate],
+    token: ClaimToken,
+    packet_limit: usize,
+) -> Result<Vec<Fetched>> {
+    let ids: Vec<i64> = kept.iter().map(|c| c.id).collect();
+    let size = "(octet_length(t.payload) + coalesce(octet_length(t.headers), 0))";
+    let limit = format!("(least(@@max_allowed_packet, {packet_limit}) - {ROW_HEADROOM})");
+    let rows: Vec<Row> = conn
+        .query(format!(
+            "select t.id, t.attempts, if({size} > {limit}, null, t.payload), \
+             if({size} > {limit}, null, t.headers), if({size} > {limit}, {size}, null), \
+             {limit} from {t} as t where t.id in ({}) and t.claim_token = {}",
+            id_list(&ids),
+            token_literal(token)
+        ))
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(Fetched {
+                id: column(row, 0, "id")?,
+                attempts: column(row, 1, "attempts").map_err(|e| e.to_string()),
+                payload: column(row, 2, "payload").unwrap_or(None),
+                headers: column(row, 3, "headers").unwrap_or(None),
+                too_large: column(row, 4, "size").unwrap_or(None),
+                limit: column(row, 5, "limit").unwrap_or(0),
+            })
+        })
         .collect()
 }
 
@@ -531,7 +829,10 @@ async fn keep_heads(
 ) -> Result<Vec<Candidate>> {
     let probed: Vec<(&str, i64)> = candidates
         .iter()
-        .filter_map(|c| c.aggregate_id.as_deref().map(|a| (a, c.id)))
+        .filter_map(|c| match &c.aggregate_id {
+            Ok(Some(aggregate)) => Some((aggregate.as_str(), c.id)),
+            _ => None,
+        })
         .collect();
     if probed.is_empty() {
         return Ok(candidates);
@@ -539,6 +840,8 @@ async fn keep_heads(
     let blocked: Vec<String> = match probe(conn, t, &probed).await {
         Ok(found) => found,
         // Someone holds a row in one of the ranges; find out which, one range at a time.
+        // (With innodb_rollback_on_timeout=ON the refusal has rolled the transaction back;
+        // step 4's guard keeps the claim correct all the same.)
         Err(Error::Mysql { code, .. }) if NOWAIT_REFUSED.contains(&code) => {
             let mut blocked = Vec::new();
             for (aggregate, id) in &probed {
@@ -560,7 +863,10 @@ async fn keep_heads(
     }
     Ok(candidates
         .into_iter()
-        .filter(|c| c.aggregate_id.as_ref().is_none_or(|a| !blocked.contains(a)))
+        .filter(|c| match &c.aggregate_id {
+            Ok(Some(aggregate)) => !blocked.contains(aggregate),
+            _ => true,
+        })
         .collect())
 }
 
@@ -597,54 +903,79 @@ fn column<T: mysql_async::prelude::FromValue>(row: &Row, index: usize, name: &st
     }
 }
 
-/// A locked candidate as the relay gets it: the payload and headers decoded, or the row as
-/// [`Claimed::Undecodable`] when they do not decode.
-fn claimed(row: Row, token: ClaimToken) -> Result<Claimed> {
-    let id: i64 = column(&row, 0, "id")?;
-    let attempts: i32 = column(&row, 9, "attempts")?;
-    let payload_text: Option<String> = column(&row, 6, "payload").ok();
-    let headers_text: Option<String> = column(&row, 7, "headers").unwrap_or(None);
-    let decoded = payload_text
-        .as_deref()
-        .ok_or_else(|| decode_error("payload", "not UTF-8 text"))
-        .and_then(|text| {
-            serde_json::from_str::<serde_json::Value>(text).map_err(|e| decode_error("payload", e))
-        })
-        .and_then(|payload| {
-            let headers = match headers_text.as_deref() {
-                Some(text) => parse_headers(text)?,
-                None => Headers::new(),
-            };
-            Ok((payload, headers))
-        });
-    let (payload, headers) = match decoded {
-        Ok(decoded) => decoded,
-        Err(error) => {
-            return Ok(Claimed::Undecodable(UndecodableMessage {
-                id,
-                message_id: column(&row, 1, "message_id").ok(),
-                topic: column(&row, 2, "topic").ok(),
-                payload: payload_text,
-                headers: headers_text,
-                attempts,
-                claim_token: token,
-                error: error.to_string(),
-            }));
-        }
+/// A claimed row as the relay gets it: decoded, or as [`Claimed::Undecodable`] (with the
+/// reason) when any of its columns does not decode or its payload was too large to fetch.
+/// Never an error: a row that failed the whole claim would be claimed again and again.
+fn claimed(candidate: Candidate, fetched: &Fetched, token: ClaimToken) -> Claimed {
+    let row = &candidate.row;
+    let text = |bytes: &Option<Vec<u8>>, name: &str| -> Result<Option<String>> {
+        bytes
+            .as_ref()
+            .map(|b| String::from_utf8(b.clone()).map_err(|_| decode_error(name, "not UTF-8")))
+            .transpose()
     };
-    Ok(Claimed::Message(ClaimedMessage {
-        id,
-        message_id: column(&row, 1, "message_id")?,
-        topic: column(&row, 2, "topic")?,
-        aggregate_type: column(&row, 3, "aggregate_type")?,
-        aggregate_id: column(&row, 4, "aggregate_id")?,
-        partition_key: column(&row, 5, "partition_key")?,
-        payload,
-        headers,
-        trace_id: column(&row, 8, "trace_id")?,
-        attempts,
-        claim_token: token,
-    }))
+    let payload_text = text(&fetched.payload, "payload");
+    let headers_text = text(&fetched.headers, "headers");
+    let decoded = (|| -> Result<ClaimedMessage> {
+        if let Some(size) = fetched.too_large {
+            return Err(decode_error(
+                "payload",
+                format!(
+                    "payload and headers are {size} bytes, more than this connection can \
+                     fetch ({} bytes: its max_allowed_packet less 1 KiB for the rest of the \
+                     row); raise max_allowed_packet on the server (and in the relay's URL \
+                     if it sets one), then redrive the row",
+                    fetched.limit
+                ),
+            ));
+        }
+        let payload = payload_text
+            .as_ref()
+            .map_err(|e| decode_error("payload", e))?
+            .as_deref()
+            .ok_or_else(|| decode_error("payload", "NULL"))?;
+        let payload = serde_json::from_str::<serde_json::Value>(payload)
+            .map_err(|e| decode_error("payload", e))?;
+        let headers = match headers_text
+            .as_ref()
+            .map_err(|e| decode_error("headers", e))?
+        {
+            Some(text) => parse_headers(text)?,
+            None => Headers::new(),
+        };
+        Ok(ClaimedMessage {
+            id: candidate.id,
+            message_id: column(row, 1, "message_id")?,
+            topic: column(row, 2, "topic")?,
+            aggregate_type: column(row, 3, "aggregate_type")?,
+            aggregate_id: candidate
+                .aggregate_id
+                .clone()
+                .map_err(|e| decode_error("aggregate_id", e))?,
+            partition_key: column(row, 5, "partition_key")?,
+            payload,
+            headers,
+            trace_id: column(row, 6, "trace_id")?,
+            attempts: fetched
+                .attempts
+                .clone()
+                .map_err(|e| decode_error("attempts", e))?,
+            claim_token: token,
+        })
+    })();
+    match decoded {
+        Ok(message) => Claimed::Message(message),
+        Err(error) => Claimed::Undecodable(UndecodableMessage {
+            id: candidate.id,
+            message_id: column(row, 1, "message_id").ok(),
+            topic: column(row, 2, "topic").ok(),
+            payload: payload_text.ok().flatten(),
+            headers: headers_text.ok().flatten(),
+            attempts: fetched.attempts.clone().unwrap_or(0),
+            claim_token: token,
+            error: error.to_string(),
+        }),
+    }
 }
 
 #[cfg(test)]

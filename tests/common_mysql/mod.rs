@@ -25,6 +25,28 @@ pub struct TestDb {
 /// A fresh database `cf_<name>` (dropped first if a previous run left it) with the
 /// MariaDB/MySQL bundle applied.
 pub async fn database(name: &str) -> TestDb {
+    let db = empty_database(name).await;
+    migrate(&db.pool)
+        .await
+        .unwrap_or_else(|e| panic!("migrate {}: {e}", db.name));
+    db
+}
+
+/// A fresh database `cf_<name>` with the bundle applied up to `version` only: a database
+/// of an earlier release, for upgrade tests.
+pub async fn database_at(name: &str, version: i32) -> TestDb {
+    let db = empty_database(name).await;
+    let mut pool = db.pool.clone();
+    changefeed::mysql::runner()
+        .set_target(refinery::Target::Version(version))
+        .run_async(&mut pool)
+        .await
+        .unwrap_or_else(|e| panic!("migrate {} to V{version}: {e}", db.name));
+    db
+}
+
+/// A fresh, empty database `cf_<name>` (dropped first if a previous run left it).
+async fn empty_database(name: &str) -> TestDb {
     let name = format!("cf_{name}");
     let server = server::server();
     let mut admin = Conn::new(Opts::from_url(&server.url_for("mysql")).expect("the server URL"))
@@ -41,9 +63,6 @@ pub async fn database(name: &str) -> TestDb {
     let url = server.url_for(&name);
     let opts = changefeed::mysql::opts(&url).expect("a valid URL");
     let pool = Pool::new(opts.clone());
-    migrate(&pool)
-        .await
-        .unwrap_or_else(|e| panic!("migrate {name}: {e}"));
     TestDb {
         name,
         url,

@@ -25,6 +25,20 @@ impl Server {
     }
 }
 
+/// Extra `mariadbd` options of this test binary's private server (see [`with_options`]).
+static EXTRA_OPTIONS: OnceLock<&'static [&'static str]> = OnceLock::new();
+
+/// Starts this test binary's private server with `options` added (e.g.
+/// `--innodb-rollback-on-timeout=ON`, which cannot be set at run time). Call it before the
+/// first [`server`] of the binary, with the same options from every test. A server of
+/// `CHANGEFEED_TEST_MYSQL` is used as it is: the test checks the setting it needs.
+// examples/bench_mysql.rs includes this file and does not use it.
+#[allow(dead_code)]
+pub fn with_options(options: &'static [&'static str]) {
+    let set = EXTRA_OPTIONS.get_or_init(|| options);
+    assert_eq!(*set, options, "one test binary, one set of server options");
+}
+
 /// The process's server, started on first use.
 pub fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();
@@ -112,6 +126,15 @@ fn start_private() -> Server {
         "--innodb-flush-log-at-trx-commit=2".into(),
         "--sync-binlog=0".into(),
     ]
+    .into_iter()
+    .chain(
+        EXTRA_OPTIONS
+            .get()
+            .into_iter()
+            .flat_map(|o| o.iter())
+            .map(|o| o.to_string()),
+    )
+    .collect::<Vec<_>>()
     .join(" ");
     // The watchdog: starts the server, waits for this process to end, shuts the server
     // down (only the one it started) and removes the directory.
