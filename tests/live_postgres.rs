@@ -514,3 +514,95 @@ async fn a_waker_that_cannot_listen_polls_instead() {
     let _ = stop.send(true);
     relay_task.await.unwrap().unwrap();
 }
+
+// ------------------------------------------------------------------------------------------
+// 5. The command line
+// ------------------------------------------------------------------------------------------
+
+/// `changefeed migrate`, `setup-outbox` and `relay` with a postgres:// URL: the outbox is
+/// made, a message is printed as a JSON line and acknowledged, and SIGTERM stops the relay
+/// with exit status 0.
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn the_cli_sets_up_and_relays_a_postgres_outbox() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let db = database("cli").await;
+    let cli = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_changefeed"))
+            .args(args)
+            .args(["--url", &db.url])
+            .output()
+            .expect("the changefeed binary runs")
+    };
+    let migrated = cli(&["migrate"]);
+    assert!(migrated.status.success(), "{migrated:?}");
+    assert!(
+        String::from_utf8_lossy(&migrated.stdout).contains("up to date"),
+        "{migrated:?}"
+    );
+    let refused = cli(&["setup-outbox", "Public.Outbox"]);
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("lower-case"),
+        "{refused:?}"
+    );
+    let made = cli(&["setup-outbox", "public.cli_outbox"]);
+    assert!(made.status.success(), "{made:?}");
+    let missing = cli(&["relay", "--outbox", "public.nothing_here"]);
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("setup-outbox"),
+        "{missing:?}"
+    );
+
+    let e = db
+        .enqueue_committed("public.cli_outbox", &[message_of("cli-1", 1)])
+        .await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
+        .args([
+            "relay",
+            "--outbox",
+            "public.cli_outbox",
+            "--url",
+            &db.url,
+            "--quiet",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the changefeed binary runs");
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout).lines().next().map(|l| l.unwrap())
+    });
+    let line = tokio::time::timeout(Duration::from_secs(30), line)
+        .await
+        .expect("a line within 30 s")
+        .unwrap();
+    let started = Instant::now();
+    while db.count("public.cli_outbox", "status = 2").await == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never marked done"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap());
+    let status = tokio::time::timeout(Duration::from_secs(30), status)
+        .await
+        .expect("SIGTERM stops the relay within 30 s")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let line: serde_json::Value = serde_json::from_str(&line.expect("one line")).unwrap();
+    assert_eq!(line["id"], e[0].id);
+    assert_eq!(line["key"], "cli-1");
+    assert_eq!(
+        line["payload"],
+        serde_json::json!({ "aggregate": "cli-1", "n": 1 })
+    );
+}

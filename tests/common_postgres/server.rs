@@ -23,19 +23,14 @@ const MISSING: &str = "The PostgreSQL live tests need postgresql (apt-get instal
 
 /// Where the server is.
 pub struct Server {
-    /// A `key=value` connection string without the database, or a URL whose path is
-    /// `{db}`.
+    /// A `postgres://` URL whose path is `{db}`.
     template: String,
 }
 
 impl Server {
-    /// A connection string of `database` on this server.
+    /// A `postgres://` URL of `database` on this server.
     pub fn url_for(&self, database: &str) -> String {
-        if self.template.contains("{db}") {
-            self.template.replace("{db}", database)
-        } else {
-            format!("{} dbname={database}", self.template)
-        }
+        self.template.replace("{db}", database)
     }
 }
 
@@ -148,6 +143,6 @@ fn start_private() -> Server {
         },
     );
     Server {
-        template: format!("host={d} user=postgres"),
+        template: format!("postgres://postgres@/{{db}}?host={d}"),
     }
 }
