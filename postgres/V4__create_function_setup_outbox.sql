@@ -97,6 +97,22 @@ begin
             hint = 'Make id a bigserial (or an identity column), as setup_outbox creates it.';
     end if;
 
+    -- The ordering trigger's argument needs ids that increase in the order they are drawn;
+    -- a sequence that caches values per session hands a later draw a lower number.
+    if (select s.seqcache from pg_sequence as s where s.seqrelid = v_sequence::regclass) <> 1
+    then
+        raise exception using
+            errcode = 'CF306',
+            message = format(
+                'changefeed.setup_outbox: the sequence %s of %s caches values per session',
+                v_sequence, v_qualified
+            ),
+            hint = format(
+                'Per-aggregate order needs ids in the order they are drawn: alter sequence %s '
+                || 'cache 1.', v_sequence
+            );
+    end if;
+
     -- Each index for a query of the store:
     --   <table>_message_id  enqueue's idempotency (a key already there returns its row);
     --   <table>_open        the claim's scan, in id order, over open rows only;
