@@ -219,7 +219,8 @@ async fn setup_outbox_checks_names_completes_tables_and_never_drops_data() {
     );
     assert_eq!(db.count("public.partial", "topic = 'kept'").await, 1);
     // A sequence with a per-session cache would break the ids' order: refused.
-    db.sql("alter sequence public.orders_outbox_id_seq cache 20").await;
+    db.sql("alter sequence public.orders_outbox_id_seq cache 20")
+        .await;
     let cached = setup_outbox(&client, &table).await.unwrap_err();
     assert_eq!(cached.server_number(), Some(51306), "{cached}");
     assert!(cached.to_string().contains("cache 1"), "{cached}");
