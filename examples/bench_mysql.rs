@@ -12,6 +12,8 @@
 //! installed), or uses `CHANGEFEED_TEST_MYSQL`, and works in its own database
 //! `cf_bench_<pid>`.
 
+#[path = "../tests/common_server/mod.rs"]
+mod common_server;
 #[path = "../tests/common_mysql/server.rs"]
 mod server;
 #[path = "bench/stats.rs"]

@@ -57,6 +57,16 @@ pub enum Error {
         /// The server's message.
         message: String,
     },
+    /// An error raised by PostgreSQL (the `postgres` feature), with its SQLSTATE (e.g.
+    /// `40P01` deadlock, `57014` statement timeout, or `CF000` and `CF306` from the bundle's
+    /// `changefeed.setup_outbox`, numbers 51000 and 51306 of the other bundles).
+    #[error("PostgreSQL error {state}: {message}")]
+    Postgres {
+        /// The SQLSTATE.
+        state: String,
+        /// The server's message, with its detail and hint when it gave them.
+        message: String,
+    },
     /// An error from the Kafka client (the `kafka` feature): librdkafka's error code name
     /// (e.g. `TopicAuthorizationFailed`, `MessageSizeTooLarge`) when it has one, and its
     /// message.
@@ -113,6 +123,10 @@ pub enum Error {
 /// connection killed (MariaDB 1927, MySQL 4031 idle disconnect), query interrupted.
 const TRANSIENT_MYSQL_ERRORS: &[u16] = &[1205, 1213, 3572, 1040, 1053, 1927, 4031, 1317];
 
+/// PostgreSQL SQLSTATEs a client may retry: serialization failure, deadlock, lock not
+/// available, statement timeout or cancel, too many connections, out of memory.
+const TRANSIENT_POSTGRES_STATES: &[&str] = &["40001", "40P01", "55P03", "57014", "53300", "53200"];
+
 /// read_feed's "cursor expired" error.
 const CURSOR_EXPIRED: u32 = 51104;
 
@@ -149,6 +163,11 @@ impl Error {
         match self {
             Error::Server { number, .. } => Some(*number),
             Error::Mysql { code, .. } => Some(u32::from(*code)),
+            // The bundle's own SQLSTATEs CFnnn stand for the numbers 51nnn.
+            Error::Postgres { state, .. } => state
+                .strip_prefix("CF")
+                .and_then(|n| n.parse::<u32>().ok())
+                .map(|n| 51_000 + n),
             Error::CursorExpired { .. } => Some(CURSOR_EXPIRED),
             _ => None,
         }
@@ -218,6 +237,7 @@ impl Error {
                 *class >= 20 || TRANSIENT_SERVER_ERRORS.contains(number)
             }
             Error::Mysql { code, .. } => TRANSIENT_MYSQL_ERRORS.contains(code),
+            Error::Postgres { state, .. } => TRANSIENT_POSTGRES_STATES.contains(&state.as_str()),
             Error::Connection(_) | Error::Redirect { .. } => true,
             _ => false,
         }
@@ -271,6 +291,39 @@ impl From<mysql_async::Error> for Error {
                 row: None,
             },
             other => Error::Connection(format!("MariaDB/MySQL: {other}")),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<tokio_postgres::Error> for Error {
+    fn from(error: tokio_postgres::Error) -> Self {
+        match error.as_db_error() {
+            Some(db) => Error::from_postgres(db),
+            // No answer from the server: the connection broke, timed out or was closed.
+            None => Error::Connection(format!("PostgreSQL: {error}")),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Error {
+    /// An error PostgreSQL raised. Class 08 (connection exception) and 57P01-57P03 (the
+    /// server is shutting down or starting) end the session, so they become
+    /// [`Error::Connection`] and the store opens a new one.
+    pub(crate) fn from_postgres(db: &tokio_postgres::error::DbError) -> Error {
+        let state = db.code().code();
+        let mut message = db.message().to_owned();
+        for extra in [db.detail(), db.hint()].into_iter().flatten() {
+            message.push_str(". ");
+            message.push_str(extra);
+        }
+        if state.starts_with("08") || matches!(state, "57P01" | "57P02" | "57P03") {
+            return Error::Connection(format!("PostgreSQL error {state}: {message}"));
+        }
+        Error::Postgres {
+            state: state.to_owned(),
+            message,
         }
     }
 }

@@ -49,6 +49,8 @@ pub mod mysql;
 pub mod outbox;
 pub mod outbox_store;
 pub mod pool;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod reader;
 pub mod relay;
 pub mod row;

@@ -13,6 +13,8 @@ mod common;
 mod common_kafka;
 #[cfg(feature = "mysql")]
 mod common_mysql;
+#[cfg(feature = "mysql")]
+mod common_server;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -14,6 +14,7 @@
 //! must hold however slow the machine is.
 
 mod common_mysql;
+mod common_server;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -43,6 +43,7 @@ fn enabled_features() -> String {
         ("cli", cfg!(feature = "cli")),
         ("mysql", cfg!(feature = "mysql")),
         ("kafka", cfg!(feature = "kafka")),
+        ("postgres", cfg!(feature = "postgres")),
     ]
     .iter()
     .filter(|(_, on)| *on)
@@ -79,7 +80,7 @@ fn no_locked_dependency_needs_a_newer_rust_than_we_declare() {
         .iter()
         .find(|p| p["name"] == env!("CARGO_PKG_NAME") && p["source"].is_null())
         .expect("this package");
-    let known: Vec<&str> = ["cli", "mysql", "kafka"].to_vec();
+    let known: Vec<&str> = ["cli", "mysql", "kafka", "postgres"].to_vec();
     let unknown: Vec<&String> = ours["features"]
         .as_object()
         .expect("features")

@@ -42,6 +42,7 @@ fn the_package_holds_only_what_a_user_needs() {
         "README.md",
         "build.rs",
         "mysql",
+        "postgres",
         "sql",
         "src",
     ];
@@ -58,6 +59,7 @@ fn the_package_holds_only_what_a_user_needs() {
         "src",
         "sql",
         "mysql",
+        "postgres",
     ] {
         assert!(
             top.contains(needed),
@@ -140,36 +142,56 @@ fn the_library_asks_tokio_only_for_what_it_uses() {
     }
 }
 
+/// The names and versions of the packages the build with `features` compiles (normal
+/// dependencies, this platform).
+fn normal_tree(features: &[&str]) -> String {
+    let mut args = vec![
+        "tree",
+        "--offline",
+        "--locked",
+        "-e",
+        "normal",
+        "--prefix",
+        "none",
+        "--format",
+        "{p}",
+    ];
+    args.extend_from_slice(features);
+    cargo(&args)
+}
+
 /// librdkafka is a C library built from source (minutes, and a C toolchain): only the
 /// `kafka` feature may pull it in, never the default build (issue 13's acceptance).
 #[test]
 fn the_default_build_does_not_compile_librdkafka() {
-    let tree = |features: &[&str]| {
-        let mut args = vec![
-            "tree",
-            "--offline",
-            "--locked",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-            "--format",
-            "{p}",
-        ];
-        args.extend_from_slice(features);
-        cargo(&args)
-    };
     let has_librdkafka = |tree: &str| tree.lines().any(|line| line.starts_with("rdkafka-sys v"));
     assert!(
-        !has_librdkafka(&tree(&[])),
+        !has_librdkafka(&normal_tree(&[])),
         "the default build's tree holds rdkafka-sys"
     );
     assert!(
-        !has_librdkafka(&tree(&["--features", "cli,mysql"])),
+        !has_librdkafka(&normal_tree(&["--features", "cli,mysql"])),
         "the cli and mysql features pull in rdkafka-sys"
     );
     assert!(
-        has_librdkafka(&tree(&["--features", "kafka"])),
+        has_librdkafka(&normal_tree(&["--features", "kafka"])),
         "the kafka feature no longer builds librdkafka: is this test still checking anything?"
+    );
+}
+
+/// The PostgreSQL driver comes with the `postgres` feature only (issue 21).
+#[test]
+fn the_default_build_does_not_pull_in_tokio_postgres() {
+    let has_driver = |tree: &str| {
+        tree.lines()
+            .any(|line| line.starts_with("tokio-postgres v"))
+    };
+    assert!(
+        !has_driver(&normal_tree(&[])),
+        "the default build's tree holds tokio-postgres"
+    );
+    assert!(
+        has_driver(&normal_tree(&["--features", "postgres"])),
+        "the postgres feature no longer pulls in tokio-postgres: is this test still checking anything?"
     );
 }

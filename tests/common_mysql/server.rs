@@ -3,10 +3,10 @@
 //! of `CHANGEFEED_TEST_MYSQL` (a `mysql://` URL of a user that may create databases) when
 //! that is set.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::common_server;
 
 /// The environment variable naming an existing server instead of a private one.
 pub const URL_VARIABLE: &str = "CHANGEFEED_TEST_MYSQL";
@@ -64,34 +64,20 @@ fn from_url(url: &str) -> Server {
     }
 }
 
+/// How to get the server when it is missing.
+const MISSING: &str = "The MariaDB live tests need mariadb-server (apt-get install -y \
+    mariadb-server; .ci/run does it), or set CHANGEFEED_TEST_MYSQL to a mysql:// URL of a \
+    server where the user may create databases";
+
 fn run(program: &str, args: &[String]) -> std::process::Output {
-    Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|error| {
-            panic!(
-                "cannot run {program}: {error}. The MariaDB live tests need mariadb-server \
-                 (apt-get install -y mariadb-server; .ci/run does it), or set \
-                 {URL_VARIABLE} to a mysql:// URL of a server where the user may create \
-                 databases"
-            )
-        })
+    common_server::run(program, args, MISSING)
 }
 
 /// Installs a data directory and starts `mariadbd` on a socket in a fresh temporary
-/// directory, with the binlog on in ROW format (for the binlog waker). A watchdog shell
-/// shuts it down (and removes the directory) when this process ends, however it ends.
-// The watchdog is never waited for on purpose: it must outlive this process to stop the
-// server after it.
-#[allow(clippy::zombie_processes)]
+/// directory, with the binlog on in ROW format (for the binlog waker). A watchdog shuts it
+/// down (and removes the directory) when this process ends, however it ends.
 fn start_private() -> Server {
-    let dir: PathBuf = std::env::temp_dir().join(format!(
-        "changefeed-mariadb-{}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).expect("create the server's directory");
+    let dir = common_server::temp_dir("mariadb");
     let d = dir.display().to_string();
     let install = run(
         "mariadb-install-db",
@@ -136,43 +122,34 @@ fn start_private() -> Server {
     )
     .collect::<Vec<_>>()
     .join(" ");
-    // The watchdog: starts the server, waits for this process to end, shuts the server
-    // down (only the one it started) and removes the directory.
-    let script = format!(
-        "mariadbd {server_args} & server=$!; \
-         while kill -0 {parent} 2>/dev/null && kill -0 $server 2>/dev/null; do sleep 1; done; \
-         mariadb-admin --no-defaults --socket='{d}/sock' -uroot shutdown >/dev/null 2>&1 \
-           || kill $server 2>/dev/null; \
-         wait $server; rm -rf '{d}'",
-        parent = std::process::id()
+    // Shuts down only the server it started.
+    common_server::watchdog(
+        &format!("mariadbd {server_args} & server=$!"),
+        "kill -0 $server 2>/dev/null",
+        &format!(
+            "mariadb-admin --no-defaults --socket='{d}/sock' -uroot shutdown >/dev/null 2>&1 \
+             || kill $server 2>/dev/null; wait $server"
+        ),
+        &dir,
     );
-    Command::new("sh")
-        .args(["-c", &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|error| panic!("cannot start mariadbd: {error}"));
-    let started = Instant::now();
-    loop {
-        let ping = run(
-            "mariadb-admin",
-            &[
-                "--no-defaults".into(),
-                format!("--socket={d}/sock"),
-                "-uroot".into(),
-                "ping".into(),
-            ],
-        );
-        if ping.status.success() {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(120) {
-            let log = std::fs::read_to_string(dir.join("err.log")).unwrap_or_default();
-            panic!("mariadbd did not answer within 120 s; its log:\n{log}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    common_server::wait_until(
+        "mariadbd",
+        Duration::from_secs(120),
+        &dir.join("err.log"),
+        || {
+            run(
+                "mariadb-admin",
+                &[
+                    "--no-defaults".into(),
+                    format!("--socket={d}/sock"),
+                    "-uroot".into(),
+                    "ping".into(),
+                ],
+            )
+            .status
+            .success()
+        },
+    );
     Server {
         template: format!("mysql://root@localhost/{{db}}?socket={d}/sock"),
     }

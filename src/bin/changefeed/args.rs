@@ -71,10 +71,14 @@ pub enum Command {
     Purge(PurgeArgs),
     /// Delete a claim outbox's done messages older than a cutoff (dead ones are kept)
     PurgeOutbox(PurgeOutboxArgs),
+    /// Create or complete a claim outbox table on PostgreSQL (changefeed.setup_outbox; a
+    /// postgres:// --url, needs the `postgres` feature)
+    SetupOutbox(SetupOutboxArgs),
     /// Relay a claim outbox to Kafka (--brokers; needs the `kafka` feature) or to standard
     /// output, one JSON line per message, until SIGINT or SIGTERM. --url may be an ADO.NET
-    /// string (SQL Server) or a mysql:// URL (MariaDB/MySQL, with the binlog wake; needs
-    /// the `mysql` feature)
+    /// string (SQL Server), a mysql:// URL (MariaDB/MySQL, with the binlog wake; needs
+    /// the `mysql` feature) or a postgres:// URL (PostgreSQL, with the LISTEN/NOTIFY wake;
+    /// needs the `postgres` feature)
     #[command(after_help = RELAY_HELP)]
     Relay(RelayArgs),
     /// Export a feed's events to a Kafka topic, saving the consumer's cursor after every
@@ -112,7 +116,8 @@ const EXPORT_HELP: &str = "The cursor of each shard is saved under --consumer \
 // Without the kafka feature the Kafka options are parsed and refused, never read.
 #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 pub struct RelayArgs {
-    /// The claim outbox: schema.table on SQL Server, a table name on MariaDB/MySQL
+    /// The claim outbox: schema.table on SQL Server and PostgreSQL, a table name on
+    /// MariaDB/MySQL
     #[arg(long, value_name = "TABLE")]
     pub outbox: String,
 
@@ -404,6 +409,14 @@ pub struct PurgeArgs {
         value_parser = |text: &str| parse_count(text, i64::MAX as u64)
     )]
     pub max_rows: Option<u64>,
+}
+
+/// `setup-outbox`.
+#[derive(Debug, Args)]
+pub struct SetupOutboxArgs {
+    /// The outbox table, as schema.table (checked by the server's rule)
+    #[arg(value_name = "SCHEMA.TABLE")]
+    pub outbox: String,
 }
 
 /// `purge-outbox`.

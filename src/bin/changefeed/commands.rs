@@ -19,6 +19,8 @@ use crate::output::{
 };
 use changefeed::json::JsonColumns;
 
+use crate::relay::postgres::is_postgres;
+
 /// Where to look when the connection fails.
 const CHECK_URL: &str = "check --url or CHANGEFEED_URL";
 
@@ -31,7 +33,19 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     };
     let mut out = Out;
     match cli.command {
+        Command::Migrate if is_postgres(&connect.url) => {
+            out.text(&crate::relay::postgres::migrate(&connect).await?)
+        }
         Command::Migrate => migrate(&connect, &mut out).await,
+        Command::SetupOutbox(args) if is_postgres(&connect.url) => {
+            out.text(&crate::relay::postgres::setup_outbox(&connect, &args.outbox).await?)
+        }
+        Command::SetupOutbox(args) => Err(Failure::usage(format!(
+            "setup-outbox takes a postgres:// --url; on SQL Server run exec \
+             changefeed.setup_outbox @table_name = N'{0}', on MariaDB/MySQL call \
+             changefeed_setup_outbox('{0}')",
+            args.outbox
+        ))),
         Command::SetupFeed(args) => setup_feed(&connect, &mut out, args).await,
         Command::Tail(args) => tail(&connect, args).await,
         Command::Status(args) => status(&connect, &mut out, args).await,

@@ -15,6 +15,8 @@ use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
 use changefeed::relay::{JsonLines, Publisher, Relay, RelayConfig, RelayHandle};
 use changefeed::{Error, TableName};
 
+pub mod postgres;
+
 use crate::Failure;
 use crate::args::RelayArgs;
 use crate::commands::{Connect, not_an_outbox, procedure_exists};
@@ -101,6 +103,9 @@ impl Companion for () {
 pub async fn relay(connect: &Connect, args: RelayArgs) -> Result<(), Failure> {
     if is_mysql(&connect.url) {
         return relay_mysql(&connect.url, args).await;
+    }
+    if postgres::is_postgres(&connect.url) {
+        return postgres::relay(connect, args).await;
     }
     let table: TableName = args
         .outbox

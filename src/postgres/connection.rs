@@ -1,0 +1,137 @@
+//! Connecting to PostgreSQL: the URL, the time limits every connection gets, and the
+//! session settings the outbox needs.
+
+use std::time::Duration;
+
+use tokio_postgres::{Client, Config, NoTls};
+
+use crate::error::{Error, Result};
+
+/// The connect timeout when the URL sets none (`connect_timeout=` in seconds).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The server-side limit of one statement (`statement_timeout`) on the store's and the
+/// waker's sessions. The claim never waits for a lock (SKIP LOCKED) and the other statements
+/// touch few rows, so a statement this slow means a stuck server.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The client-side limit of one call: the statement timeout plus time for the answer to
+/// travel. It also bounds a call whose server or network went silent, which no server-side
+/// setting can.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(35);
+
+/// Parses a `postgres://user:password@host:5432/database` URL or a `key=value` connection
+/// string (tokio-postgres's syntax; a local server's socket directory goes in the host, e.g.
+/// `host=/run/postgresql`, or `postgres://user@%2Frun%2Fpostgresql/app`). The database is
+/// required: the outbox lives in it. TCP keepalives are turned on (idle 30 s) and the
+/// connect timeout defaults to 10 s, so that no connect and no dead peer hangs for ever.
+///
+/// ```
+/// let config = changefeed::postgres::config("postgres://relay:secret@db.internal:5432/app")?;
+/// assert_eq!(config.get_dbname(), Some("app"));
+/// assert!(changefeed::postgres::config("postgres://db.internal/").is_err());
+/// # Ok::<(), changefeed::Error>(())
+/// ```
+pub fn config(url: &str) -> Result<Config> {
+    let mut config: Config = url.parse().map_err(|error| {
+        Error::Config(format!(
+            "the PostgreSQL URL is not usable ({error}); write it as \
+             postgres://user:password@host:5432/database"
+        ))
+    })?;
+    if config.get_dbname().is_none_or(str::is_empty) {
+        return Err(Error::Config(
+            "the PostgreSQL URL names no database; add it as the path, e.g. \
+             postgres://user:password@host:5432/app"
+                .to_owned(),
+        ));
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
+    }
+    config
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(30));
+    if config.get_application_name().is_none() {
+        config.application_name("changefeed");
+    }
+    Ok(config)
+}
+
+/// Opens a connection (without TLS) and runs its I/O on a task of its own; the task ends
+/// when the client is dropped. The session gets `statement_timeout` =
+/// [`STATEMENT_TIMEOUT`] and READ COMMITTED, which the claim's `FOR UPDATE SKIP LOCKED`
+/// assumes (see [`PostgresOutboxStore`](super::PostgresOutboxStore)). The whole connect,
+/// settings included, is bounded by the connect timeout.
+pub async fn connect(config: &Config) -> Result<Client> {
+    let limit = config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+    bounded(limit, "connect", async {
+        let (client, connection) = config.connect(NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "PostgreSQL connection ended");
+            }
+        });
+        client
+            .batch_execute(&format!(
+                "set statement_timeout = {}; \
+                 set session characteristics as transaction isolation level read committed",
+                STATEMENT_TIMEOUT.as_millis()
+            ))
+            .await?;
+        Ok(client)
+    })
+    .await
+}
+
+/// `call`, failing as a connection error after `limit`: a silent server or network must not
+/// hold the caller for ever, and the connection is not to be trusted after that.
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    what: &str,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Connection(format!(
+            "PostgreSQL did not answer {what} within {limit:?}"
+        ))),
+    }
+}
+
+/// The server's version, e.g. `15.8 (Debian 15.8-0+deb12u1)`.
+pub async fn server_version(client: &Client) -> Result<String> {
+    let row = bounded(CALL_TIMEOUT, "show server_version", async {
+        Ok(client.query_one("show server_version", &[]).await?)
+    })
+    .await?;
+    row.try_get(0)
+        .map_err(|e| crate::error::decode_error("server_version", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_need_a_database_and_get_time_limits() {
+        let config = config("postgres://u:p@localhost:5432/app").unwrap();
+        assert_eq!(config.get_connect_timeout(), Some(&DEFAULT_CONNECT_TIMEOUT));
+        assert!(config.get_keepalives());
+        let own = super::config("postgres://u@localhost/app?connect_timeout=3").unwrap();
+        assert_eq!(own.get_connect_timeout(), Some(&Duration::from_secs(3)));
+        assert!(super::config("host=/run/postgresql dbname=app user=u").is_ok());
+        for bad in [
+            "postgres://u:p@localhost:5432",
+            "postgres://u@h/",
+            "http://x/db",
+        ] {
+            let error = super::config(bad).unwrap_err().to_string();
+            assert!(
+                error.contains("postgres://user:password@host"),
+                "{bad}: {error}"
+            );
+        }
+    }
+}

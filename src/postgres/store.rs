@@ -1,0 +1,537 @@
+//! [`PostgresOutboxStore`]: the claim outbox's operations over PostgreSQL, and [`enqueue`],
+//! which runs in the caller's transaction.
+//!
+//! The semantics are those of the other stores (README.md, "Claim outbox"): status 0
+//! pending, 1 processing, 2 done, 3 failed, 4 dead; `attempts` counts failures and expired
+//! claims; every acknowledgement is fenced by the claim token; every time is the server's
+//! clock. How the claim keeps them is explained on [`PostgresOutboxStore::claim_batch`], and
+//! why an aggregate's messages cannot overtake each other in ARCHITECTURE.md ("The claim
+//! outbox on PostgreSQL").
+
+use std::time::Duration;
+
+use tokio_postgres::{Client, Config, GenericClient, Row};
+
+use super::connection::{CALL_TIMEOUT, bounded, connect};
+use super::table::OutboxTable;
+use crate::error::{Error, Result, decode_error};
+use crate::outbox::{
+    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers, NewMessage,
+    UndecodableMessage,
+};
+use crate::outbox_store::{check_payload, parse_headers};
+
+/// The largest claim (as on the other stores).
+const MAX_BATCH: u32 = 10_000;
+/// The longest claim timeout: 24 hours.
+const MAX_CLAIM_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+/// The longest retry delay: 366 days.
+const MAX_RETRY: Duration = Duration::from_secs(366 * 24 * 60 * 60);
+/// The longest purge window: 100 years of 365.25 days.
+const MAX_PURGE_WINDOW: Duration = Duration::from_secs(3_155_760_000);
+/// The largest purge batch (as on the other stores).
+const MAX_PURGE_BATCH: u32 = 4000;
+
+/// The columns a claim returns, in the order [`claimed`] reads them.
+const CLAIMED_COLUMNS: &str = "t.id, t.message_id, t.topic, t.aggregate_type, t.aggregate_id, \
+     coalesce(t.partition_key, t.aggregate_id), t.payload::text, t.headers::text, t.trace_id, \
+     t.attempts";
+
+/// Enqueues `message` into `table` through `client`: pass the
+/// [`Transaction`](tokio_postgres::Transaction) of your business change, so the message
+/// commits or rolls back with it (a plain [`Client`] commits the message on its own). A
+/// `message_id` already in the outbox is not enqueued twice: the existing row comes back.
+/// Without a `message_id`, a random UUID is made.
+///
+/// Messages of one aggregate are ordered by the outbox's `changefeed_order` trigger: the
+/// insert waits while another open transaction has enqueued for the same aggregate, until
+/// it commits or rolls back (ARCHITECTURE.md says why). Enqueue for an aggregate as late in
+/// your transaction as you can, and in one order of aggregates everywhere, as for any lock.
+///
+/// ```no_run
+/// # async fn run(client: &mut tokio_postgres::Client) -> changefeed::Result<()> {
+/// use changefeed::outbox::NewMessage;
+/// use changefeed::postgres::{OutboxTable, enqueue};
+///
+/// let table: OutboxTable = "public.outbox".parse()?;
+/// let tx = client.transaction().await?;
+/// tx.execute("update orders set state = 'paid' where id = $1", &[&42i64]).await?;
+/// let message = NewMessage::new("orders", serde_json::json!({"order": 42})).aggregate("order", "42");
+/// enqueue(&tx, &table, &message).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn enqueue(
+    client: &impl GenericClient,
+    table: &OutboxTable,
+    message: &NewMessage,
+) -> Result<Enqueued> {
+    check_payload(&message.payload)?;
+    let payload = message.payload.to_string();
+    let headers = if message.headers.is_empty() {
+        None
+    } else {
+        Some(serde_json::to_string(&message.headers).map_err(|e| decode_error("headers", e))?)
+    };
+    let message_id = message
+        .message_id
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let t = table.quoted();
+    // ON CONFLICT waits for a concurrent enqueue of the same key and then does nothing;
+    // the existing row is read by a second statement, whose fresh snapshot (READ
+    // COMMITTED) sees it.
+    let insert = format!(
+        "insert into {t} (message_id, topic, aggregate_type, aggregate_id, partition_key, \
+         payload, headers, trace_id) \
+         values ($1, $2, $3, $4, $5, $6::text::json, $7::text::json, $8) \
+         on conflict (message_id) do nothing returning id"
+    );
+    let rows = client
+        .query(
+            &insert,
+            &[
+                &message_id,
+                &message.topic,
+                &message.aggregate_type,
+                &message.aggregate_id,
+                &message.partition_key,
+                &payload,
+                &headers,
+                &message.trace_id,
+            ],
+        )
+        .await?;
+    let row = match rows.into_iter().next() {
+        Some(row) => row,
+        None => {
+            client
+                .query_one(
+                    &format!("select id from {t} where message_id = $1"),
+                    &[&message_id],
+                )
+                .await?
+        }
+    };
+    Ok(Enqueued {
+        id: row.try_get(0).map_err(|e| decode_error("id", e))?,
+        message_id,
+    })
+}
+
+/// The claim outbox `table` over PostgreSQL, for a [`Relay`](crate::relay::Relay): it owns
+/// one connection, opened on first use and again after a connection-level failure. Every
+/// call is bounded: the server ends a statement after
+/// [`STATEMENT_TIMEOUT`](super::STATEMENT_TIMEOUT), the store gives up on an answer after
+/// [`CALL_TIMEOUT`](super::CALL_TIMEOUT) and then opens a new connection.
+///
+/// ```no_run
+/// # async fn run() -> changefeed::Result<()> {
+/// use changefeed::postgres::PostgresOutboxStore;
+/// use changefeed::relay::{Relay, RelayConfig};
+/// # struct Stdout;
+/// # impl changefeed::relay::Publisher for Stdout {
+/// #     async fn publish(&self, b: &[changefeed::outbox::ClaimedMessage]) -> Vec<changefeed::relay::PublishOutcome> { vec![Ok(()); b.len()] }
+/// # }
+///
+/// let store = PostgresOutboxStore::connect("public.outbox", "postgres://relay:secret@localhost/app")?;
+/// let relay = Relay::new(store, Stdout, RelayConfig::default())?;
+/// relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
+/// # Ok(()) }
+/// ```
+pub struct PostgresOutboxStore {
+    table: OutboxTable,
+    config: Config,
+    client: Option<Client>,
+}
+
+impl PostgresOutboxStore {
+    /// A store for `table` that connects with `config` (see [`super::config`]).
+    pub fn new(table: OutboxTable, config: Config) -> Self {
+        PostgresOutboxStore {
+            table,
+            config,
+            client: None,
+        }
+    }
+
+    /// A store for the table named `table` (`schema.table`) at the PostgreSQL URL `url`.
+    /// Nothing connects until the first call.
+    pub fn connect(table: &str, url: &str) -> Result<Self> {
+        Ok(Self::new(table.parse()?, super::config(url)?))
+    }
+
+    /// The outbox table.
+    pub fn table(&self) -> &OutboxTable {
+        &self.table
+    }
+
+    /// Runs `call` on the store's connection, opening it first if needed, within
+    /// [`CALL_TIMEOUT`]; a connection-level failure (or no answer in time) drops the
+    /// connection so that the next call opens a fresh one.
+    async fn with_client<T>(
+        &mut self,
+        what: &str,
+        call: impl AsyncFnOnce(&str, &Client) -> Result<T>,
+    ) -> Result<T> {
+        if self.client.as_ref().is_none_or(Client::is_closed) {
+            self.client = Some(connect(&self.config).await?);
+        }
+        let client = self.client.as_ref().expect("connected above");
+        let table = self.table.quoted();
+        let result = bounded(CALL_TIMEOUT, what, call(&table, client)).await;
+        if let Err(Error::Connection(_)) = &result {
+            self.client = None;
+        }
+        result
+    }
+
+    /// Claims up to `batch_size` due messages (1..=10000) for `claim_timeout`
+    /// (1 ms..=24 h), head of aggregate only, ordered by id, in one statement:
+    ///
+    /// ```sql
+    /// with due as (
+    ///     select t.id from <outbox> as t
+    ///     where t.status in (0, 1, 3) and (<pending, failed and due, or claim expired>)
+    ///       and not exists (select 1 from <outbox> as e where e.aggregate_id = t.aggregate_id
+    ///                       and e.status in (0, 1, 3) and e.id < t.id)
+    ///     order by t.id limit <batch_size>
+    ///     for update skip locked)
+    /// update <outbox> as t set status = 1, … from due where t.id = due.id returning …
+    /// ```
+    ///
+    /// * `FOR UPDATE SKIP LOCKED` passes over rows another claimer holds, so claimers never
+    ///   wait for each other; PostgreSQL locks below the `LIMIT`, so a skipped row does
+    ///   not count and the batch is refilled from later candidates. A row that changed
+    ///   since the statement's snapshot is checked again, on its new version, before it is
+    ///   taken (READ COMMITTED's recheck), so a message another claimer just took or
+    ///   acknowledged is dropped, not claimed twice.
+    /// * The `NOT EXISTS` probe reads the snapshot and never waits. It sees every earlier
+    ///   message of the candidate's aggregate, because the outbox's `changefeed_order`
+    ///   trigger makes an aggregate's ids follow commit order (ARCHITECTURE.md): a later
+    ///   message is committed only after every earlier one is committed or gone. An open
+    ///   enqueue therefore delays only the writers of its own aggregate, never a claim.
+    /// * The session is READ COMMITTED (see [`super::connect`]): each statement takes a
+    ///   fresh snapshot, and the recheck above exists only there. Under REPEATABLE READ or
+    ///   SERIALIZABLE, a row changed by another claimer would fail the whole claim with a
+    ///   serialization error instead.
+    /// * The claim times are `now()`, the server's clock at the statement's start.
+    pub async fn claim_batch(
+        &mut self,
+        batch_size: u32,
+        claim_timeout: Duration,
+    ) -> Result<Vec<Claimed>> {
+        check_claim(batch_size, claim_timeout)?;
+        let timeout_us = micros("claim_timeout", claim_timeout, MAX_CLAIM_TIMEOUT)?;
+        let limit = i64::from(batch_size);
+        let token = ClaimToken::new(uuid::Uuid::new_v4());
+        let rows = self
+            .with_client("the claim", async |t, client| {
+                let sql = format!(
+                    "with due as ( \
+                     select t.id from {t} as t \
+                     where t.status in (0, 1, 3) \
+                     and (t.status = 0 \
+                     or (t.status = 3 and t.next_retry_at <= now()) \
+                     or (t.status = 1 and t.claimed_at < now() - $2::bigint * interval '1 microsecond')) \
+                     and not exists (select 1 from {t} as e \
+                     where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id) \
+                     order by t.id limit $1 \
+                     for update skip locked) \
+                     update {t} as t set attempts = t.attempts + (t.status = 1)::int, status = 1, \
+                     claimed_at = now(), claim_token = $3 \
+                     from due where t.id = due.id \
+                     returning {CLAIMED_COLUMNS}"
+                );
+                Ok(client
+                    .query(&sql, &[&limit, &timeout_us, token.as_uuid()])
+                    .await?)
+            })
+            .await?;
+        let mut claimed: Vec<Claimed> = rows
+            .iter()
+            .map(|row| claimed(row, token))
+            .collect::<Result<_>>()?;
+        // RETURNING has no order.
+        claimed.sort_by_key(Claimed::id);
+        Ok(claimed)
+    }
+
+    /// Hands a dead or failed message back as failed, due after `after` (server clock),
+    /// attempts unchanged: an operator's redrive after fixing the cause. Returns 1 if the
+    /// message was dead or failed, else 0.
+    pub async fn redrive(&mut self, id: i64, after: Duration) -> Result<u64> {
+        let after_us = micros("after", after, MAX_RETRY)?;
+        self.with_client("redrive", async |t, client| {
+            Ok(client
+                .execute(
+                    &format!(
+                        "update {t} set status = 3, \
+                         next_retry_at = now() + $1::bigint * interval '1 microsecond', \
+                         processed_at = null where id = $2 and status in (3, 4)"
+                    ),
+                    &[&after_us, &id],
+                )
+                .await?)
+        })
+        .await
+    }
+
+    /// Deletes done messages processed more than `older_than` ago (cutoff on the server's
+    /// clock, 0..=100 years), `batch_size` rows per statement (1..=4000, each its own
+    /// transaction, so no lock is held long and the table's other users go on), at most
+    /// `max_rows` in all (`None`: no limit). Dead messages are kept. Returns how many rows
+    /// went.
+    pub async fn purge_done(
+        &mut self,
+        older_than: Duration,
+        batch_size: u32,
+        max_rows: Option<u64>,
+    ) -> Result<u64> {
+        let older_than_us = micros("purge older_than", older_than, MAX_PURGE_WINDOW)?;
+        if !(1..=MAX_PURGE_BATCH).contains(&batch_size) {
+            return Err(Error::Config(format!(
+                "purge_done: batch_size is {batch_size}; it must be between 1 and \
+                 {MAX_PURGE_BATCH}"
+            )));
+        }
+        if max_rows == Some(0) {
+            return Err(Error::Config(
+                "purge_done: max_rows must be positive, or None for no limit".to_owned(),
+            ));
+        }
+        // One cutoff for every batch, so rows done while the purge runs are not chased. It
+        // travels as text, which PostgreSQL reads back to the same microsecond.
+        let cutoff: String = self
+            .with_client("the purge cutoff", async |_, client| {
+                let row = client
+                    .query_one(
+                        "select (now() - $1::bigint * interval '1 microsecond')::text",
+                        &[&older_than_us],
+                    )
+                    .await?;
+                row.try_get(0).map_err(|e| decode_error("cutoff", e))
+            })
+            .await?;
+        let mut deleted = 0u64;
+        loop {
+            let take = max_rows.map_or(u64::from(batch_size), |max| {
+                (max - deleted).min(u64::from(batch_size))
+            });
+            if take == 0 {
+                break;
+            }
+            let limit = i64::try_from(take).unwrap_or(i64::MAX);
+            let count = self
+                .with_client("a purge batch", async |t, client| {
+                    Ok(client
+                        .execute(
+                            &format!(
+                                "delete from {t} where id in (select id from {t} \
+                                 where status = 2 and processed_at < $1::text::timestamptz \
+                                 limit $2)"
+                            ),
+                            &[&cutoff, &limit],
+                        )
+                        .await?)
+                })
+                .await?;
+            deleted += count;
+            if count < take {
+                break;
+            }
+        }
+        Ok(deleted)
+    }
+}
+
+impl ClaimStore for PostgresOutboxStore {
+    async fn claim(&mut self, batch_size: u32, claim_timeout: Duration) -> Result<Vec<Claimed>> {
+        self.claim_batch(batch_size, claim_timeout).await
+    }
+
+    async fn mark_done(&mut self, ids: &[i64], token: ClaimToken) -> Result<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        self.with_client("mark_done", async |t, client| {
+            Ok(client
+                .execute(
+                    &format!(
+                        "update {t} set status = 2, processed_at = now(), last_error = null \
+                         where id = any($1) and status = 1 and claim_token = $2"
+                    ),
+                    &[&ids, token.as_uuid()],
+                )
+                .await?)
+        })
+        .await
+    }
+
+    async fn mark_failed(
+        &mut self,
+        id: i64,
+        token: ClaimToken,
+        retry_after: Option<Duration>,
+        dead: bool,
+        error: &str,
+    ) -> Result<u64> {
+        let retry_us = match (dead, retry_after) {
+            (true, _) => 0,
+            (false, Some(after)) => micros("mark_failed retry_after", after, MAX_RETRY)?,
+            (false, None) => {
+                return Err(Error::Config(
+                    "mark_failed: a failed message needs retry_after (when to try again), or \
+                     dead = true to give up on it"
+                        .to_owned(),
+                ));
+            }
+        };
+        // PostgreSQL text cannot hold NUL; the column holds 2000 characters.
+        let error: String = error.replace('\0', "\u{fffd}").chars().take(2000).collect();
+        self.with_client("mark_failed", async |t, client| {
+            Ok(client
+                .execute(
+                    &format!(
+                        "update {t} set status = case when $1 then 4 else 3 end, \
+                         attempts = attempts + 1, \
+                         next_retry_at = case when $1 then null \
+                         else now() + $2::bigint * interval '1 microsecond' end, \
+                         processed_at = case when $1 then now() end, last_error = $3 \
+                         where id = $4 and status = 1 and claim_token = $5"
+                    ),
+                    &[&dead, &retry_us, &error, &id, token.as_uuid()],
+                )
+                .await?)
+        })
+        .await
+    }
+
+    async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
+        let after_us = micros("requeue after", after, MAX_RETRY)?;
+        self.with_client("requeue", async |t, client| {
+            Ok(client
+                .execute(
+                    &format!(
+                        "update {t} set status = 3, \
+                         next_retry_at = now() + $1::bigint * interval '1 microsecond', \
+                         processed_at = null \
+                         where id = $2 and status = 1 and claim_token = $3"
+                    ),
+                    &[&after_us, &id, token.as_uuid()],
+                )
+                .await?)
+        })
+        .await
+    }
+}
+
+fn check_claim(batch_size: u32, claim_timeout: Duration) -> Result<()> {
+    if !(1..=MAX_BATCH).contains(&batch_size) {
+        return Err(Error::Config(format!(
+            "claim: batch_size is {batch_size}; it must be between 1 and {MAX_BATCH}"
+        )));
+    }
+    if claim_timeout < Duration::from_millis(1) || claim_timeout > MAX_CLAIM_TIMEOUT {
+        return Err(Error::Config(format!(
+            "claim: claim_timeout is {claim_timeout:?}; it must be between 1 ms and 24 h"
+        )));
+    }
+    Ok(())
+}
+
+/// `duration` in whole microseconds, refused past `max` (which keeps every value far
+/// inside a bigint).
+fn micros(what: &str, duration: Duration, max: Duration) -> Result<i64> {
+    if duration > max {
+        return Err(Error::Config(format!(
+            "{what} is {duration:?}; it must be at most {max:?}"
+        )));
+    }
+    i64::try_from(duration.as_micros())
+        .map_err(|_| Error::Config(format!("{what} of {duration:?} is too long")))
+}
+
+/// A column of a row, decoded; the error names the column.
+fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a Row,
+    index: usize,
+    name: &str,
+) -> Result<T> {
+    row.try_get(index).map_err(|e| decode_error(name, e))
+}
+
+/// A claimed row as the relay gets it: the payload and headers decoded, or the row as
+/// [`Claimed::Undecodable`] when they do not decode.
+fn claimed(row: &Row, token: ClaimToken) -> Result<Claimed> {
+    let id: i64 = column(row, 0, "id")?;
+    let attempts: i32 = column(row, 9, "attempts")?;
+    let payload_text: Option<String> = column(row, 6, "payload")?;
+    let headers_text: Option<String> = column(row, 7, "headers")?;
+    let decoded = payload_text
+        .as_deref()
+        .ok_or_else(|| decode_error("payload", "null"))
+        .and_then(|text| {
+            serde_json::from_str::<serde_json::Value>(text).map_err(|e| decode_error("payload", e))
+        })
+        .and_then(|payload| {
+            let headers = match headers_text.as_deref() {
+                Some(text) => parse_headers(text)?,
+                None => Headers::new(),
+            };
+            Ok((payload, headers))
+        });
+    let (payload, headers) = match decoded {
+        Ok(decoded) => decoded,
+        Err(error) => {
+            return Ok(Claimed::Undecodable(UndecodableMessage {
+                id,
+                message_id: column(row, 1, "message_id").ok(),
+                topic: column(row, 2, "topic").ok(),
+                payload: payload_text,
+                headers: headers_text,
+                attempts,
+                claim_token: token,
+                error: error.to_string(),
+            }));
+        }
+    };
+    Ok(Claimed::Message(ClaimedMessage {
+        id,
+        message_id: column(row, 1, "message_id")?,
+        topic: column(row, 2, "topic")?,
+        aggregate_type: column(row, 3, "aggregate_type")?,
+        aggregate_id: column(row, 4, "aggregate_id")?,
+        partition_key: column(row, 5, "partition_key")?,
+        payload,
+        headers,
+        trace_id: column(row, 8, "trace_id")?,
+        attempts,
+        claim_token: token,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_checked_with_the_other_stores_ranges() {
+        assert!(check_claim(1, Duration::from_millis(1)).is_ok());
+        assert!(check_claim(10_000, MAX_CLAIM_TIMEOUT).is_ok());
+        for (batch, timeout) in [
+            (0, Duration::from_secs(1)),
+            (10_001, Duration::from_secs(1)),
+            (1, Duration::from_micros(999)),
+            (1, MAX_CLAIM_TIMEOUT + Duration::from_millis(1)),
+        ] {
+            let error = check_claim(batch, timeout).unwrap_err().to_string();
+            assert!(error.contains("claim:"), "{error}");
+        }
+        assert_eq!(
+            micros("x", Duration::from_millis(5), MAX_RETRY).unwrap(),
+            5000
+        );
+        assert!(micros("x", MAX_RETRY + Duration::from_secs(1), MAX_RETRY).is_err());
+    }
+}

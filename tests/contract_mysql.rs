@@ -1,0 +1,124 @@
+//! The claim-outbox contract (tests/claim_contract) on MariaDB: the same scenarios the
+//! PostgreSQL store passes in `live_postgres.rs`. The MariaDB store's own tests (the bundle,
+//! the binlog waker, the claim's plan) stay in `live_mysql.rs`.
+//!
+//! `#[ignore]`d so that `cargo test` passes without MariaDB; `.ci/run` installs it and runs
+//! them with `--ignored` (tests/common_mysql starts a private server, or set
+//! `CHANGEFEED_TEST_MYSQL`).
+
+mod claim_contract;
+mod common_mysql;
+mod common_server;
+
+use std::time::Duration;
+
+use changefeed::mysql::{MysqlOutboxStore, OutboxTable, enqueue};
+use changefeed::outbox::{Enqueued, NewMessage};
+use claim_contract::{ContractDb, OpenEnqueue};
+use common_mysql::{TestDb, database};
+use mysql_async::prelude::Queryable;
+use tokio::sync::oneshot;
+
+/// The outbox `outbox` of a test database, for the contract.
+struct Outbox {
+    db: TestDb,
+}
+
+const TABLE: &str = "outbox";
+
+impl ContractDb for Outbox {
+    type Store = MysqlOutboxStore;
+
+    fn store(&self) -> MysqlOutboxStore {
+        self.db.store(TABLE)
+    }
+
+    async fn enqueue_committed(&self, messages: &[NewMessage]) -> Vec<Enqueued> {
+        self.db.enqueue_committed(TABLE, messages).await
+    }
+
+    async fn enqueue_open(&self, message: NewMessage) -> OpenEnqueue {
+        let mut conn = self.db.conn().await;
+        let table: OutboxTable = TABLE.parse().unwrap();
+        let (inserted, inserted_rx) = oneshot::channel();
+        let (finish, finish_rx) = oneshot::channel::<bool>();
+        let done = tokio::spawn(async move {
+            let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+            let row = enqueue(&mut tx, &table, &message).await.unwrap();
+            let _ = inserted.send(row);
+            if finish_rx.await.unwrap_or(false) {
+                tx.commit().await.unwrap();
+            } else {
+                tx.rollback().await.unwrap();
+            }
+        });
+        OpenEnqueue::new(inserted_rx, finish, done)
+    }
+
+    async fn state(&self, id: i64) -> (i64, i64) {
+        let row: Option<(i64, i64)> = self
+            .db
+            .conn()
+            .await
+            .exec_first(
+                format!("select status, attempts from `{TABLE}` where id = ?"),
+                (id,),
+            )
+            .await
+            .unwrap();
+        row.unwrap_or_else(|| panic!("no row {id}"))
+    }
+
+    async fn age(&self, column: &str, by: Duration, ids: &[i64]) {
+        let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+        self.db
+            .sql(&format!(
+                "update `{TABLE}` set {column} = {column} - interval {} microsecond \
+                 where id in ({})",
+                by.as_micros(),
+                list.join(", ")
+            ))
+            .await;
+    }
+
+    async fn count(&self, condition: &str) -> i64 {
+        self.db.count(TABLE, condition).await
+    }
+
+    async fn purge_done(
+        &self,
+        older_than: Duration,
+        batch_size: u32,
+        max_rows: Option<u64>,
+    ) -> u64 {
+        self.store()
+            .purge_done(older_than, batch_size, max_rows)
+            .await
+            .unwrap()
+    }
+}
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+        async fn $name() {
+            let db = database(concat!("contract_", stringify!($name))).await;
+            db.outbox(TABLE).await;
+            claim_contract::$name(&Outbox { db }).await;
+        }
+    )*};
+}
+
+contract!(
+    enqueue_is_transactional_and_idempotent,
+    head_of_aggregate_with_refill,
+    six_claimers_share_thirty_aggregates,
+    fifty_claimers_on_one_aggregate,
+    reaper_and_fenced_acknowledgements,
+    retry_requeue_and_dead,
+    purge_deletes_only_old_done_rows,
+    unicode_and_one_megabyte_payloads_round_trip,
+    an_open_enqueue_delays_only_its_aggregate,
+    a_relay_killed_mid_batch_loses_nothing,
+);

@@ -1,0 +1,614 @@
+//! The claim outbox on PostgreSQL (feature `postgres`): the shared claim-outbox contract
+//! (tests/claim_contract) and the PostgreSQL store's own behaviour: the bundle and
+//! `changefeed.setup_outbox`, the per-aggregate ordering trigger, the notify wake and its
+//! fallback to polling.
+//!
+//! The harness (tests/common_postgres) starts one private PostgreSQL for this test binary,
+//! or uses `CHANGEFEED_TEST_POSTGRES`; each test works in a fresh database. The tests are
+//! `#[ignore]`d so that `cargo test` passes without PostgreSQL; `.ci/run` installs it and
+//! runs them with `--ignored`.
+//!
+//! Time-based cases move a row's `claimed_at`, `next_retry_at` or `processed_at` back with
+//! server-side arithmetic instead of waiting.
+
+mod claim_contract;
+mod common_postgres;
+mod common_server;
+
+use std::time::{Duration, Instant};
+
+use changefeed::Error;
+use changefeed::outbox::{Enqueued, NewMessage};
+use changefeed::postgres::{
+    OutboxTable, PostgresOutboxStore, PostgresWaker, PostgresWakerConfig, WakerState, enqueue,
+    setup_outbox,
+};
+use changefeed::relay::{Relay, RelayConfig};
+use claim_contract::{ContractDb, OpenEnqueue, Recorder, message_of};
+use common_postgres::{TestDb, database};
+use futures::StreamExt;
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+/// One outbox of a test database, for the contract.
+struct Outbox {
+    db: TestDb,
+    table: &'static str,
+}
+
+async fn outbox(test: &str) -> Outbox {
+    let db = database(test).await;
+    db.outbox("public.outbox").await;
+    Outbox {
+        db,
+        table: "public.outbox",
+    }
+}
+
+impl ContractDb for Outbox {
+    type Store = PostgresOutboxStore;
+
+    fn store(&self) -> PostgresOutboxStore {
+        self.db.store(self.table)
+    }
+
+    async fn enqueue_committed(&self, messages: &[NewMessage]) -> Vec<Enqueued> {
+        self.db.enqueue_committed(self.table, messages).await
+    }
+
+    async fn enqueue_open(&self, message: NewMessage) -> OpenEnqueue {
+        let mut client = self.db.client().await;
+        let table: OutboxTable = self.table.parse().unwrap();
+        let (inserted, inserted_rx) = oneshot::channel();
+        let (finish, finish_rx) = oneshot::channel::<bool>();
+        let done = tokio::spawn(async move {
+            let tx = client.transaction().await.unwrap();
+            let row = enqueue(&tx, &table, &message).await.unwrap();
+            let _ = inserted.send(row);
+            if finish_rx.await.unwrap_or(false) {
+                tx.commit().await.unwrap();
+            } else {
+                tx.rollback().await.unwrap();
+            }
+        });
+        OpenEnqueue::new(inserted_rx, finish, done)
+    }
+
+    async fn state(&self, id: i64) -> (i64, i64) {
+        let row = self
+            .db
+            .client()
+            .await
+            .query_one(
+                &format!(
+                    "select status::bigint, attempts::bigint from {} where id = $1",
+                    self.table
+                ),
+                &[&id],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("row {id}: {e}"));
+        (row.get(0), row.get(1))
+    }
+
+    async fn age(&self, column: &str, by: Duration, ids: &[i64]) {
+        let micros = i64::try_from(by.as_micros()).unwrap();
+        self.db
+            .client()
+            .await
+            .execute(
+                &format!(
+                    "update {} set {column} = {column} - $1::bigint * interval '1 microsecond' \
+                     where id = any($2)",
+                    self.table
+                ),
+                &[&micros, &ids],
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn count(&self, condition: &str) -> i64 {
+        self.db.count(self.table, condition).await
+    }
+
+    async fn purge_done(
+        &self,
+        older_than: Duration,
+        batch_size: u32,
+        max_rows: Option<u64>,
+    ) -> u64 {
+        self.store()
+            .purge_done(older_than, batch_size, max_rows)
+            .await
+            .unwrap()
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 1. The contract
+// ------------------------------------------------------------------------------------------
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        #[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+        async fn $name() {
+            let db = outbox(stringify!($name)).await;
+            claim_contract::$name(&db).await;
+        }
+    )*};
+}
+
+contract!(
+    enqueue_is_transactional_and_idempotent,
+    head_of_aggregate_with_refill,
+    six_claimers_share_thirty_aggregates,
+    fifty_claimers_on_one_aggregate,
+    reaper_and_fenced_acknowledgements,
+    retry_requeue_and_dead,
+    purge_deletes_only_old_done_rows,
+    unicode_and_one_megabyte_payloads_round_trip,
+    an_open_enqueue_delays_only_its_aggregate,
+    a_relay_killed_mid_batch_loses_nothing,
+);
+
+// ------------------------------------------------------------------------------------------
+// 2. The bundle and setup_outbox
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn setup_outbox_checks_names_completes_tables_and_never_drops_data() {
+    let db = database("setup").await;
+    let client = db.client().await;
+    // Twice: the second call changes nothing and keeps the row.
+    let table: OutboxTable = "public.orders_outbox".parse().unwrap();
+    setup_outbox(&client, &table).await.unwrap();
+    db.enqueue_committed("public.orders_outbox", &[message_of("a", 0)])
+        .await;
+    setup_outbox(&client, &table).await.unwrap();
+    assert_eq!(db.count("public.orders_outbox", "true").await, 1);
+    assert_eq!(
+        db.scalar(
+            "select count(*) from pg_trigger where tgrelid = 'public.orders_outbox'::regclass \
+             and tgname like 'changefeed%'"
+        )
+        .await,
+        2
+    );
+    // The server applies the same name rule as OutboxTable, with SQLSTATE CF000 (51000).
+    for bad in [
+        "outbox",
+        "Public.outbox",
+        "public.x;drop table y",
+        "changefeed.x",
+        "public.changefeed_x",
+    ] {
+        let error = client
+            .execute("select changefeed.setup_outbox($1)", &[&bad])
+            .await
+            .map_err(Error::from)
+            .unwrap_err();
+        assert_eq!(error.server_number(), Some(51000), "{bad}: {error}");
+        assert!(error.to_string().contains("schema.table"), "{error}");
+        assert!(bad.parse::<OutboxTable>().is_err(), "{bad}");
+    }
+    let missing = client
+        .execute("select changefeed.setup_outbox('nowhere.outbox')", &[])
+        .await
+        .map_err(Error::from)
+        .unwrap_err();
+    assert!(
+        missing.to_string().contains("create schema nowhere"),
+        "{missing}"
+    );
+    // A hand-made table lacking columns: reported (CF306, 51306), nothing dropped.
+    db.sql(
+        "create table public.partial (id bigserial primary key, topic text); \
+            insert into public.partial (topic) values ('kept')",
+    )
+    .await;
+    let error = setup_outbox(&client, &"public.partial".parse().unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(error.server_number(), Some(51306), "{error}");
+    assert!(
+        error.to_string().contains("message_id, aggregate_type"),
+        "{error}"
+    );
+    assert_eq!(db.count("public.partial", "topic = 'kept'").await, 1);
+    // A sequence with a per-session cache would break the ids' order: refused.
+    db.sql("alter sequence public.orders_outbox_id_seq cache 20")
+        .await;
+    let cached = setup_outbox(&client, &table).await.unwrap_err();
+    assert_eq!(cached.server_number(), Some(51306), "{cached}");
+    assert!(cached.to_string().contains("cache 1"), "{cached}");
+    // Bad messages are refused by the table, with the column named.
+    let empty_topic = db
+        .client()
+        .await
+        .execute(
+            "insert into public.orders_outbox (message_id, topic, payload) values ('k', '', '{}')",
+            &[],
+        )
+        .await
+        .map_err(Error::from)
+        .unwrap_err();
+    assert!(empty_topic.to_string().contains("check"), "{empty_topic}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn connections_are_read_committed_with_a_statement_timeout() {
+    let db = database("session").await;
+    let client = changefeed::postgres::connect(&db.config).await.unwrap();
+    let timeout: String = client
+        .query_one("show statement_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(timeout, "30s");
+    let isolation: String = client
+        .query_one("show default_transaction_isolation", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(isolation, "read committed");
+    let version = changefeed::postgres::server_version(&client).await.unwrap();
+    assert!(version.starts_with(char::is_numeric), "{version}");
+}
+
+// ------------------------------------------------------------------------------------------
+// 3. Per-aggregate order: ids follow commit order
+// ------------------------------------------------------------------------------------------
+
+/// The hazard issue 18 found on MariaDB, on PostgreSQL: transaction 1 draws an id for
+/// aggregate A and stays open; transaction 2 draws a later id for A and commits. Were the
+/// insert of transaction 2 allowed to go on, its message would be committed, the head of
+/// everything the claim can see, and published before transaction 1's. The outbox's
+/// ordering trigger makes transaction 2 wait for transaction 1 instead (and draw its id
+/// after), while other aggregates go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn a_later_enqueue_of_an_aggregate_waits_for_the_open_earlier_one() {
+    let db = outbox("commit_order").await;
+    let mut store = db.store();
+    let mut first = db.enqueue_open(message_of("a", 1)).await;
+    let first_row = first.inserted(Duration::from_secs(30)).await.unwrap();
+    let mut second = db.enqueue_open(message_of("a", 2)).await;
+    assert!(
+        second.inserted(Duration::from_millis(700)).await.is_none(),
+        "the second enqueue of aggregate a went ahead while the first is open"
+    );
+    // Other aggregates neither wait nor are held back.
+    let started = Instant::now();
+    let b = db.enqueue_committed(&[message_of("b", 1)]).await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let claimed = claim_contract::claim(&mut store, 10, claim_contract::HELD).await;
+    assert_eq!(claim_contract::ids(&claimed), vec![b[0].id]);
+
+    // Rolled back, the first leaves the way free; the second draws its id only now.
+    first.finish(false).await;
+    let second_row = second
+        .inserted(Duration::from_secs(30))
+        .await
+        .expect("goes on");
+    assert!(
+        second_row.id > b[0].id,
+        "the id is drawn after the wait, not before"
+    );
+    assert!(second_row.id > first_row.id);
+    second.finish(true).await;
+    let claimed = claim_contract::claim(&mut store, 10, claim_contract::HELD).await;
+    assert_eq!(claim_contract::ids(&claimed), vec![second_row.id]);
+}
+
+/// Rows without an aggregate take no lock: two open transactions enqueue side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn messages_without_an_aggregate_never_wait() {
+    let db = outbox("no_aggregate").await;
+    let plain = || NewMessage::new("t", serde_json::json!({}));
+    let mut one = db.enqueue_open(plain()).await;
+    let mut two = db.enqueue_open(plain()).await;
+    assert!(one.inserted(Duration::from_secs(10)).await.is_some());
+    assert!(
+        two.inserted(Duration::from_secs(10)).await.is_some(),
+        "waited"
+    );
+    one.finish(true).await;
+    two.finish(true).await;
+    assert_eq!(db.count("true").await, 2);
+}
+
+// ------------------------------------------------------------------------------------------
+// 4. The notify wake
+// ------------------------------------------------------------------------------------------
+
+/// One notification per committed transaction, however many rows it enqueued; none for a
+/// rollback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn one_notification_per_committed_transaction() {
+    let db = outbox("notify_once").await;
+    let (client, mut connection) = db.db.config.connect(tokio_postgres::NoTls).await.unwrap();
+    let (sender, mut received) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = sender.send(n.channel().to_owned());
+            }
+        }
+    });
+    client
+        .batch_execute("listen \"changefeed:public.outbox\"")
+        .await
+        .unwrap();
+    let many: Vec<NewMessage> = (0..50).map(|i| message_of(&format!("n{i}"), i)).collect();
+    db.enqueue_committed(&many).await;
+    let mut rolled_back = db.enqueue_open(message_of("r", 0)).await;
+    rolled_back.inserted(Duration::from_secs(10)).await.unwrap();
+    rolled_back.finish(false).await;
+    db.enqueue_committed(&[message_of("x", 0)]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut channels = Vec::new();
+    while let Ok(channel) = received.try_recv() {
+        channels.push(channel);
+    }
+    assert_eq!(
+        channels,
+        vec!["changefeed:public.outbox"; 2],
+        "one per commit"
+    );
+}
+
+/// A relay over `public.outbox` whose own poll is 60 s, so that only the waker can wake it
+/// fast; returns its recorder, the waker's state and a stop switch.
+async fn relay_with_waker(
+    db: &Outbox,
+    settings: PostgresWakerConfig,
+) -> (
+    Arc<Recorder>,
+    tokio::sync::watch::Receiver<WakerState>,
+    impl FnOnce(),
+) {
+    let recorder = Arc::new(Recorder::default());
+    let config = RelayConfig::default().poll_interval(Duration::from_secs(60));
+    let relay = Relay::new(db.store(), Arc::clone(&recorder), config).unwrap();
+    let waker = PostgresWaker::new(
+        db.db.config.clone(),
+        db.table.parse().unwrap(),
+        relay.handle(),
+        settings,
+    );
+    let mut state = waker.state();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut stopped_relay = stopped.clone();
+    let mut stopped_waker = stopped;
+    tokio::spawn(relay.run(async move {
+        let _ = stopped_relay.wait_for(|s| *s).await;
+    }));
+    tokio::spawn(waker.run(async move {
+        let _ = stopped_waker.wait_for(|s| *s).await;
+    }));
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        state.wait_for(|s| matches!(s, WakerState::Listening { .. })),
+    )
+    .await
+    .expect("the waker listens within 30 s")
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    (recorder, state, move || {
+        let _ = stop.send(true);
+    })
+}
+
+/// Ends the waker's listening session, as a failover or a network cut would.
+async fn terminate_listeners(db: &TestDb) -> i64 {
+    db.scalar(
+        "select count(pg_terminate_backend(pid)) from pg_stat_activity \
+         where datname = current_database() and query ilike 'listen%' and pid <> pg_backend_pid()",
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn notify_wakes_the_relay_and_listening_resumes_after_a_lost_connection() {
+    let db = outbox("notify_wake").await;
+    let settings = PostgresWakerConfig {
+        fallback_poll: Duration::from_millis(100),
+        reconnect_delay: Duration::from_millis(300),
+        heartbeat: Duration::from_secs(1),
+    };
+    let (recorder, mut state, stop) = relay_with_waker(&db, settings).await;
+    let mut latencies = Vec::new();
+    for n in 0..20 {
+        if n == 10 {
+            assert_eq!(terminate_listeners(&db.db).await, 1);
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                state.wait_for(|s| matches!(s, WakerState::Polling { .. })),
+            )
+            .await
+            .expect("the waker says it polls")
+            .unwrap();
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                state.wait_for(|s| matches!(s, WakerState::Listening { .. })),
+            )
+            .await
+            .expect("the waker listens again")
+            .unwrap();
+        }
+        let e = db
+            .enqueue_committed(&[message_of(&format!("w-{n}"), n)])
+            .await;
+        let committed = Instant::now();
+        let published = recorder
+            .wait_for(e[0].id, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| {
+                panic!("message {n} not published within 10 s (the relay polls every 60 s)")
+            });
+        latencies.push(published.saturating_duration_since(committed));
+    }
+    stop();
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    let worst = *latencies.last().unwrap();
+    eprintln!("notify wake, commit to publish: median {median:?}, worst {worst:?}");
+    assert!(median < Duration::from_millis(100), "{latencies:?}");
+    assert!(worst < Duration::from_secs(2), "{latencies:?}");
+}
+
+/// A waker that cannot connect says so and polls: the relay still gets its messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn a_waker_that_cannot_listen_polls_instead() {
+    let db = outbox("notify_poll").await;
+    let recorder = Arc::new(Recorder::default());
+    let relay = Relay::new(
+        db.store(),
+        Arc::clone(&recorder),
+        RelayConfig::default().poll_interval(Duration::from_secs(60)),
+    )
+    .unwrap();
+    let mut unreachable = db.db.config.clone();
+    unreachable.dbname("no_such_database");
+    let waker = PostgresWaker::new(
+        unreachable,
+        db.table.parse().unwrap(),
+        relay.handle(),
+        PostgresWakerConfig {
+            fallback_poll: Duration::from_millis(100),
+            ..PostgresWakerConfig::default()
+        },
+    );
+    let mut state = waker.state();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (mut a, mut b) = (stopped.clone(), stopped);
+    let relay_task = tokio::spawn(relay.run(async move {
+        let _ = a.wait_for(|s| *s).await;
+    }));
+    tokio::spawn(waker.run(async move {
+        let _ = b.wait_for(|s| *s).await;
+    }));
+    let polling = tokio::time::timeout(
+        Duration::from_secs(30),
+        state.wait_for(|s| matches!(s, WakerState::Polling { .. })),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .clone();
+    assert!(
+        matches!(&polling, WakerState::Polling { reason } if reason.contains("no_such_database")),
+        "{polling:?}"
+    );
+    let e = db.enqueue_committed(&[message_of("p", 0)]).await;
+    assert!(
+        recorder
+            .wait_for(e[0].id, Duration::from_secs(5))
+            .await
+            .is_some(),
+        "polled"
+    );
+    let _ = stop.send(true);
+    relay_task.await.unwrap().unwrap();
+}
+
+// ------------------------------------------------------------------------------------------
+// 5. The command line
+// ------------------------------------------------------------------------------------------
+
+/// `changefeed migrate`, `setup-outbox` and `relay` with a postgres:// URL: the outbox is
+/// made, a message is printed as a JSON line and acknowledged, and SIGTERM stops the relay
+/// with exit status 0.
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn the_cli_sets_up_and_relays_a_postgres_outbox() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let db = database("cli").await;
+    let cli = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_changefeed"))
+            .args(args)
+            .args(["--url", &db.url])
+            .output()
+            .expect("the changefeed binary runs")
+    };
+    let migrated = cli(&["migrate"]);
+    assert!(migrated.status.success(), "{migrated:?}");
+    assert!(
+        String::from_utf8_lossy(&migrated.stdout).contains("up to date"),
+        "{migrated:?}"
+    );
+    let refused = cli(&["setup-outbox", "Public.Outbox"]);
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("lower-case"),
+        "{refused:?}"
+    );
+    let made = cli(&["setup-outbox", "public.cli_outbox"]);
+    assert!(made.status.success(), "{made:?}");
+    let missing = cli(&["relay", "--outbox", "public.nothing_here"]);
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("setup-outbox"),
+        "{missing:?}"
+    );
+
+    let e = db
+        .enqueue_committed("public.cli_outbox", &[message_of("cli-1", 1)])
+        .await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
+        .args([
+            "relay",
+            "--outbox",
+            "public.cli_outbox",
+            "--url",
+            &db.url,
+            "--quiet",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the changefeed binary runs");
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout).lines().next().map(|l| l.unwrap())
+    });
+    let line = tokio::time::timeout(Duration::from_secs(30), line)
+        .await
+        .expect("a line within 30 s")
+        .unwrap();
+    let started = Instant::now();
+    while db.count("public.cli_outbox", "status = 2").await == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never marked done"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap());
+    let status = tokio::time::timeout(Duration::from_secs(30), status)
+        .await
+        .expect("SIGTERM stops the relay within 30 s")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let line: serde_json::Value = serde_json::from_str(&line.expect("one line")).unwrap();
+    assert_eq!(line["id"], e[0].id);
+    assert_eq!(line["key"], "cli-1");
+    assert_eq!(
+        line["payload"],
+        serde_json::json!({ "aggregate": "cli-1", "n": 1 })
+    );
+}
