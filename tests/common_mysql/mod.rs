@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod owned;
 pub mod server;
 
 use changefeed::mysql::{MysqlOutboxStore, OutboxTable, enqueue, migrate, setup_outbox};
@@ -25,9 +26,15 @@ pub struct TestDb {
 /// A fresh database `cf_<name>` (dropped first if a previous run left it) with the
 /// MariaDB/MySQL bundle applied.
 pub async fn database(name: &str) -> TestDb {
-    let name = format!("cf_{name}");
     let server = server::server();
-    let mut admin = Conn::new(Opts::from_url(&server.url_for("mysql")).expect("the server URL"))
+    database_at(name, |database| server.url_for(database)).await
+}
+
+/// [`database`] on the server whose URL of a database `url_for` gives (e.g. an
+/// [`owned::OwnedServer`]'s).
+pub async fn database_at(name: &str, url_for: impl Fn(&str) -> String) -> TestDb {
+    let name = format!("cf_{name}");
+    let mut admin = Conn::new(Opts::from_url(&url_for("mysql")).expect("the server URL"))
         .await
         .unwrap_or_else(|e| panic!("cannot connect to the test server: {e}"));
     admin
@@ -38,7 +45,7 @@ pub async fn database(name: &str) -> TestDb {
         .await
         .unwrap_or_else(|e| panic!("cannot create database {name}: {e}"));
     admin.disconnect().await.ok();
-    let url = server.url_for(&name);
+    let url = url_for(&name);
     let opts = changefeed::mysql::opts(&url).expect("a valid URL");
     let pool = Pool::new(opts.clone());
     migrate(&pool)
@@ -110,6 +117,24 @@ impl TestDb {
             .await
             .unwrap_or_else(|e| panic!("{query}: {e}"));
         value.unwrap_or_else(|| panic!("{query} returned no row"))
+    }
+
+    /// Kills the binlog dump connections of this database's binlog wakers (as a failover or
+    /// a network cut would) and returns how many there were.
+    pub async fn kill_binlog_dumps(&self) -> usize {
+        let mut conn = self.conn().await;
+        let ids: Vec<u64> = conn
+            .query(
+                "select id from information_schema.processlist \
+                 where command = 'Binlog Dump' and db = database()",
+            )
+            .await
+            .unwrap_or_else(|e| panic!("list the binlog dumps: {e}"));
+        for id in &ids {
+            // Gone already is as good as killed.
+            let _ = conn.query_drop(format!("kill {id}")).await;
+        }
+        ids.len()
     }
 
     /// `count(*)` of `table` where `condition`.

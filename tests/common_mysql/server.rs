@@ -79,40 +79,8 @@ fn start_private() -> Server {
     ));
     std::fs::create_dir_all(&dir).expect("create the server's directory");
     let d = dir.display().to_string();
-    let install = run(
-        "mariadb-install-db",
-        &[
-            "--no-defaults".into(),
-            "--user=root".into(),
-            format!("--datadir={d}/data"),
-            "--auth-root-authentication-method=normal".into(),
-            "--skip-test-db".into(),
-        ],
-    );
-    assert!(
-        install.status.success(),
-        "mariadb-install-db failed: {}",
-        String::from_utf8_lossy(&install.stderr)
-    );
-    let server_args = [
-        "--no-defaults".to_owned(),
-        "--user=root".into(),
-        format!("--datadir={d}/data"),
-        format!("--socket={d}/sock"),
-        "--skip-networking".into(),
-        format!("--pid-file={d}/pid"),
-        format!("--log-error={d}/err.log"),
-        format!("--log-bin={d}/binlog"),
-        "--binlog-format=ROW".into(),
-        "--server-id=1".into(),
-        "--binlog-row-metadata=FULL".into(),
-        "--character-set-server=utf8mb4".into(),
-        "--max-connections=500".into(),
-        // Tests and the benchmark need no durability across a power cut.
-        "--innodb-flush-log-at-trx-commit=2".into(),
-        "--sync-binlog=0".into(),
-    ]
-    .join(" ");
+    install(&d);
+    let server_args = server_args(&d).join(" ");
     // The watchdog: starts the server, waits for this process to end, shuts the server
     // down (only the one it started) and removes the directory.
     let script = format!(
@@ -130,6 +98,60 @@ fn start_private() -> Server {
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|error| panic!("cannot start mariadbd: {error}"));
+    wait_until_up(&d, Duration::from_secs(120));
+    Server {
+        template: format!("mysql://root@localhost/{{db}}?socket={d}/sock"),
+    }
+}
+
+/// Installs a fresh data directory in `{d}/data`.
+pub fn install(d: &str) {
+    let install = run(
+        "mariadb-install-db",
+        &[
+            "--no-defaults".into(),
+            "--user=root".into(),
+            format!("--datadir={d}/data"),
+            "--auth-root-authentication-method=normal".into(),
+            "--skip-test-db".into(),
+            // Its own temporary files: installs running at once (fault tests) collide in /tmp.
+            format!("--tmpdir={d}"),
+        ],
+    );
+    assert!(
+        install.status.success(),
+        "mariadb-install-db failed: {}",
+        String::from_utf8_lossy(&install.stderr)
+    );
+}
+
+/// The arguments of a private `mariadbd` whose files are all in directory `d`: socket
+/// `{d}/sock`, data `{d}/data`, log `{d}/err.log`, binlog on in ROW format.
+pub fn server_args(d: &str) -> Vec<String> {
+    [
+        "--no-defaults".to_owned(),
+        "--user=root".into(),
+        format!("--datadir={d}/data"),
+        format!("--socket={d}/sock"),
+        "--skip-networking".into(),
+        format!("--pid-file={d}/pid"),
+        format!("--log-error={d}/err.log"),
+        format!("--tmpdir={d}"),
+        format!("--log-bin={d}/binlog"),
+        "--binlog-format=ROW".into(),
+        "--server-id=1".into(),
+        "--binlog-row-metadata=FULL".into(),
+        "--character-set-server=utf8mb4".into(),
+        "--max-connections=500".into(),
+        // Tests and the benchmark need no durability across a power cut.
+        "--innodb-flush-log-at-trx-commit=2".into(),
+        "--sync-binlog=0".into(),
+    ]
+    .into()
+}
+
+/// Waits up to `limit` for the server on `{d}/sock` to answer a ping.
+pub fn wait_until_up(d: &str, limit: Duration) {
     let started = Instant::now();
     loop {
         let ping = run(
@@ -144,13 +166,10 @@ fn start_private() -> Server {
         if ping.status.success() {
             break;
         }
-        if started.elapsed() > Duration::from_secs(120) {
-            let log = std::fs::read_to_string(dir.join("err.log")).unwrap_or_default();
-            panic!("mariadbd did not answer within 120 s; its log:\n{log}");
+        if started.elapsed() > limit {
+            let log = std::fs::read_to_string(format!("{d}/err.log")).unwrap_or_default();
+            panic!("mariadbd did not answer within {limit:?}; its log:\n{log}");
         }
         std::thread::sleep(Duration::from_millis(200));
-    }
-    Server {
-        template: format!("mysql://root@localhost/{{db}}?socket={d}/sock"),
     }
 }
