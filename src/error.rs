@@ -270,10 +270,33 @@ impl From<mysql_async::Error> for Error {
                 reason: format!("unexpected value {value:?}"),
                 row: None,
             },
-            other => Error::Connection(format!("MariaDB/MySQL: {other}")),
+            other => {
+                let text = other.to_string();
+                // mysql_async refuses to send a packet over the server's limit (read when the
+                // connection opened): the same statement fails the same way on every
+                // connection, so it is permanent, and the fix is the limit or the message.
+                if text.contains("larger than max_allowed_packet") {
+                    return Error::Mysql {
+                        code: NET_PACKET_TOO_LARGE,
+                        state: "08S01".to_owned(),
+                        message: format!(
+                            "the statement is larger than max_allowed_packet, the server's \
+                             limit on one packet ({text}); send a smaller message, or raise \
+                             the limit on the server (SET GLOBAL max_allowed_packet; \
+                             connections opened after that get it)"
+                        ),
+                    };
+                }
+                Error::Connection(format!("MariaDB/MySQL: {text}"))
+            }
         }
     }
 }
+
+/// MariaDB/MySQL's `ER_NET_PACKET_TOO_LARGE`, the server's own code for a packet over
+/// `max_allowed_packet`.
+#[cfg(feature = "mysql")]
+const NET_PACKET_TOO_LARGE: u16 = 1153;
 
 impl From<std::io::Error> for Error {
     fn from(error: std::io::Error) -> Self {

@@ -533,3 +533,28 @@ async fn the_cli_relay_stops_within_its_grace_while_mark_done_hangs() {
     assert_eq!(status.code(), Some(130));
     assert_eq!(drained.join().unwrap(), 100, "the whole batch was written");
 }
+
+/// An enqueue larger than the server's `max_allowed_packet` (which the client reads when it
+/// connects) is refused before it is sent: a permanent error that names the limit and the
+/// fix, not a transient connection error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it"]
+async fn an_enqueue_over_max_allowed_packet_is_permanent_and_names_the_limit() {
+    let server = OwnedServer::start("packet");
+    let db = database_at("packet", |d| server.url_for(d)).await;
+    db.outbox("outbox_packet").await;
+    db.sql("set global max_allowed_packet = 1048576").await;
+    // Connections opened from now on get the smaller limit.
+    let db = reopened(&db);
+    let table: changefeed::mysql::OutboxTable = "outbox_packet".parse().unwrap();
+    let mut conn = db.conn().await;
+    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+    let error = changefeed::mysql::enqueue(&mut tx, &table, &messages(1, 2 << 20, 1)[0])
+        .await
+        .expect_err("a 2 MiB message over a 1 MiB max_allowed_packet");
+    assert!(!error.is_transient(), "{error}");
+    assert_eq!(error.server_number(), Some(1153), "{error}");
+    let text = error.to_string();
+    assert!(text.contains("larger than max_allowed_packet"), "{text}");
+    assert!(text.contains("SET GLOBAL max_allowed_packet"), "{text}");
+}
