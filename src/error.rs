@@ -436,6 +436,23 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "mysql")]
+    fn a_packet_over_max_allowed_packet_is_permanent_and_names_the_limit() {
+        let io = std::io::Error::other("Packet is larger than max_allowed_packet");
+        let error = Error::from(mysql_async::Error::Io(mysql_async::IoError::Io(io)));
+        assert!(!error.is_transient(), "{error}");
+        assert_eq!(error.server_number(), Some(1153));
+        assert!(
+            error.to_string().contains("SET GLOBAL max_allowed_packet"),
+            "{error}"
+        );
+        // Any other I/O failure stays a (transient) connection error.
+        let io = std::io::Error::other("Broken pipe");
+        let error = Error::from(mysql_async::Error::Io(mysql_async::IoError::Io(io)));
+        assert!(error.is_transient(), "{error}");
+    }
+
+    #[test]
     fn mysql_deadlocks_and_lock_waits_are_transient_and_numbered() {
         let mysql = |code| Error::Mysql {
             code,

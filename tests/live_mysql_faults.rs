@@ -119,7 +119,15 @@ struct Running {
     relay: tokio::task::JoinHandle<changefeed::Result<()>>,
 }
 
-fn start(db: &TestDb, outbox: &str, poll: Duration, with_waker: bool) -> Running {
+/// The waker's settings here: the default, connects bounded by `CONNECT_TIMEOUT`.
+fn waker_config() -> BinlogWakerConfig {
+    BinlogWakerConfig {
+        connect_timeout: CONNECT_TIMEOUT,
+        ..BinlogWakerConfig::default()
+    }
+}
+
+fn start(db: &TestDb, outbox: &str, poll: Duration, waker: Option<BinlogWakerConfig>) -> Running {
     let publisher = Arc::new(Recording::default());
     let errors = Arc::new(Errors::default());
     let config = RelayConfig::default()
@@ -131,11 +139,7 @@ fn start(db: &TestDb, outbox: &str, poll: Duration, with_waker: bool) -> Running
         .unwrap()
         .with_hooks(Arc::clone(&errors));
     let (stop, stopped) = watch::channel(false);
-    let waker = with_waker.then(|| {
-        let config = BinlogWakerConfig {
-            connect_timeout: CONNECT_TIMEOUT,
-            ..BinlogWakerConfig::default()
-        };
+    let waker = waker.map(|config| {
         let waker = BinlogWaker::new(
             db.opts.clone(),
             outbox.parse().unwrap(),
@@ -200,7 +204,7 @@ async fn a_frozen_server_neither_hangs_the_relay_nor_loses_a_message() {
     db.outbox("outbox_frozen").await;
     db.enqueue_committed("outbox_frozen", &messages(20, 10, 5))
         .await;
-    let running = start(&db, "outbox_frozen", Duration::from_millis(100), false);
+    let running = start(&db, "outbox_frozen", Duration::from_millis(100), None);
     *running.publisher.freeze.lock().unwrap() = Some(server.pid());
 
     // Mid-acknowledgement: the first batch froze the server.
@@ -268,7 +272,7 @@ async fn shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded() {
     db.outbox("outbox_shutdown").await;
     db.enqueue_committed("outbox_shutdown", &messages(3, 10, 5))
         .await;
-    let running = start(&db, "outbox_shutdown", Duration::from_millis(100), false);
+    let running = start(&db, "outbox_shutdown", Duration::from_millis(100), None);
     *running.publisher.freeze.lock().unwrap() = Some(server.pid());
     wait_until("the first batch", secs(30), async || {
         !running.publisher.batches().is_empty()
@@ -292,7 +296,7 @@ async fn a_killed_and_restarted_server_loses_nothing_and_the_binlog_wake_comes_b
     let db = database_at("restart", |d| server.url_for(d)).await;
     db.outbox("outbox_restart").await;
     // The relay's own poll is a minute: only the waker moves it quickly.
-    let running = start(&db, "outbox_restart", secs(60), true);
+    let running = start(&db, "outbox_restart", secs(60), Some(waker_config()));
     let mut state = running.waker.clone().expect("a waker");
     let following = |s: &WakerState| matches!(s, WakerState::Following { .. });
     tokio::time::timeout(secs(30), state.wait_for(following))
@@ -374,6 +378,67 @@ async fn a_killed_and_restarted_server_loses_nothing_and_the_binlog_wake_comes_b
     assert!(counts.values().all(|n| *n == 1), "{counts:?}");
 }
 
+/// The file the waker would resume from is purged while its stream is down: the server
+/// refuses the position (1236), and the waker follows from the current position instead of
+/// polling for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it"]
+async fn a_purged_resume_file_falls_back_to_the_current_position() {
+    let server = OwnedServer::start("purged");
+    let db = database_at("purged", |d| server.url_for(d)).await;
+    db.outbox("outbox_purged").await;
+    // Reconnects 5 s after a cut: time to purge what it was reading.
+    let config = BinlogWakerConfig {
+        reconnect_delay: secs(5),
+        ..waker_config()
+    };
+    let running = start(&db, "outbox_purged", secs(60), Some(config));
+    let mut state = running.waker.clone().expect("a waker");
+    let following = |s: &WakerState| matches!(s, WakerState::Following { .. });
+    tokio::time::timeout(secs(30), state.wait_for(following))
+        .await
+        .expect("the waker follows the binlog")
+        .unwrap();
+    // Cut the stream, and before the waker reconnects move to a new file and purge the one
+    // it was reading.
+    assert_eq!(db.kill_binlog_dumps().await, 1);
+    tokio::time::timeout(secs(10), state.wait_for(|s| !following(s)))
+        .await
+        .expect("the waker notices the cut")
+        .unwrap();
+    db.sql("flush binary logs").await;
+    let file = {
+        use mysql_async::prelude::Queryable;
+        let row: Option<mysql_async::Row> = db
+            .conn()
+            .await
+            .query_first("show master status")
+            .await
+            .unwrap();
+        let file: Option<String> = row.expect("binary logging is on").get(0);
+        file.expect("a binlog file")
+    };
+    db.sql(&format!("purge binary logs to '{file}'")).await;
+    let follows = tokio::time::timeout(
+        secs(15),
+        state.wait_for(|s| matches!(s, WakerState::Following { file: f, .. } if *f == file)),
+    )
+    .await
+    .is_ok();
+    assert!(
+        follows,
+        "the waker does not follow {file}: {:?}",
+        *state.borrow()
+    );
+    db.enqueue_committed("outbox_purged", &messages(1, 10, 1))
+        .await;
+    wait_until("a wake after the fallback", secs(5), async || {
+        db.count("outbox_purged", "status = 2").await == 1
+    })
+    .await;
+    running.stop(secs(30)).await;
+}
+
 /// MariaDB's compressed binlog (`log_bin_compress`): the waker cannot read the compressed
 /// insert, but it still wakes the relay for it and keeps following.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -384,7 +449,7 @@ async fn compressed_binlog_events_still_wake_the_relay() {
     db.outbox("outbox_compressed").await;
     db.sql("set global log_bin_compress = on, global log_bin_compress_min_len = 10")
         .await;
-    let running = start(&db, "outbox_compressed", secs(60), true);
+    let running = start(&db, "outbox_compressed", secs(60), Some(waker_config()));
     let mut state = running.waker.clone().expect("a waker");
     tokio::time::timeout(
         secs(30),
