@@ -26,8 +26,9 @@ impl OwnedServer {
             rand::random::<u32>()
         ));
         std::fs::create_dir_all(&dir).expect("create the server's directory");
-        install(&dir.display().to_string());
+        // Owned before the install, so that a failing install still removes the directory.
         let mut server = OwnedServer { dir, child: None };
+        install(&server.d());
         server.launch();
         server
     }
