@@ -252,7 +252,7 @@ impl MysqlOutboxStore {
         claim_timeout: Duration,
     ) -> Result<Vec<Claimed>> {
         check_claim(batch_size, claim_timeout)?;
-        self.call_timeout = claim_timeout;
+        self.call_timeout = claim_timeout.max(connection::MIN_CALL_BOUND);
         let timeout_us = claim_timeout.as_micros();
         self.with_conn("claim", self.call_timeout, async |table, conn| {
             let result = claim_in(conn, table, batch_size, timeout_us).await;
