@@ -106,21 +106,26 @@ fn watcher(planned: oneshot::Receiver<Plan>, ready: std::sync::mpsc::Sender<Resu
             );
         }
         let _ = plan.first.send(());
-        let why = match plan.grace {
+        let line = match plan.grace {
             Some(grace) => tokio::select! {
-                () = incoming.next() => "a second signal".to_owned(),
-                () = tokio::time::sleep(grace) => format!("the shutdown grace ({grace:?}) ran out"),
+                () = incoming.next() => None,
+                () = tokio::time::sleep(grace) => Some(format!(
+                    "stopped at once: {} was not finished within the shutdown grace ({grace:?})",
+                    plan.what
+                )),
             },
             None => {
                 incoming.next().await;
-                "a second signal".to_owned()
+                None
             }
         };
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "stopped at once by {why}: {} was not finished",
-            plan.what
-        );
+        let line = line.unwrap_or_else(|| {
+            format!(
+                "stopped at once by a second signal: {} was not finished",
+                plan.what
+            )
+        });
+        let _ = writeln!(std::io::stderr().lock(), "{line}");
         std::process::exit(i32::from(INTERRUPTED_STATUS));
     });
 }
