@@ -290,7 +290,25 @@ impl From<mysql_async::Error> for Error {
                 reason: format!("unexpected value {value:?}"),
                 row: None,
             },
-            other => Error::Connection(format!("MariaDB/MySQL: {other}")),
+            other => {
+                let text = other.to_string();
+                // mysql_async refuses to send a packet over the server's limit (read when the
+                // connection opened): the same statement fails the same way on every
+                // connection, so it is permanent, and the fix is the limit or the message.
+                if text.contains("larger than max_allowed_packet") {
+                    return Error::Mysql {
+                        code: NET_PACKET_TOO_LARGE,
+                        state: "08S01".to_owned(),
+                        message: format!(
+                            "the statement is larger than max_allowed_packet, the server's \
+                             limit on one packet ({text}); send a smaller message, or raise \
+                             the limit on the server (SET GLOBAL max_allowed_packet; \
+                             connections opened after that get it)"
+                        ),
+                    };
+                }
+                Error::Connection(format!("MariaDB/MySQL: {text}"))
+            }
         }
     }
 }
@@ -327,6 +345,11 @@ impl Error {
         }
     }
 }
+
+/// MariaDB/MySQL's `ER_NET_PACKET_TOO_LARGE`, the server's own code for a packet over
+/// `max_allowed_packet`.
+#[cfg(feature = "mysql")]
+const NET_PACKET_TOO_LARGE: u16 = 1153;
 
 impl From<std::io::Error> for Error {
     fn from(error: std::io::Error) -> Self {
@@ -463,6 +486,23 @@ mod tests {
         assert!(Error::from_server(0, 0, 20, String::new()).ends_session());
         assert!(!server(1205).ends_session());
         assert!(Error::Connection("gone".into()).ends_session());
+    }
+
+    #[test]
+    #[cfg(feature = "mysql")]
+    fn a_packet_over_max_allowed_packet_is_permanent_and_names_the_limit() {
+        let io = std::io::Error::other("Packet is larger than max_allowed_packet");
+        let error = Error::from(mysql_async::Error::Io(mysql_async::IoError::Io(io)));
+        assert!(!error.is_transient(), "{error}");
+        assert_eq!(error.server_number(), Some(1153));
+        assert!(
+            error.to_string().contains("SET GLOBAL max_allowed_packet"),
+            "{error}"
+        );
+        // Any other I/O failure stays a (transient) connection error.
+        let io = std::io::Error::other("Broken pipe");
+        let error = Error::from(mysql_async::Error::Io(mysql_async::IoError::Io(io)));
+        assert!(error.is_transient(), "{error}");
     }
 
     #[test]

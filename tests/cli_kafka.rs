@@ -13,6 +13,7 @@ mod common;
 mod common_kafka;
 #[cfg(feature = "mysql")]
 mod common_mysql;
+mod common_process;
 #[cfg(feature = "mysql")]
 mod common_server;
 
@@ -21,6 +22,9 @@ use std::time::{Duration, Instant};
 
 use changefeed::kafka::rdkafka::mocking::MockCluster;
 use changefeed::kafka::rdkafka::producer::DefaultProducerContext;
+#[cfg(feature = "mysql")]
+use common_process::stderr_lines;
+use common_process::{signal, wait_for_exit};
 
 /// An address where nothing listens: connecting is refused at once.
 const UNREACHABLE_SQL: &str =
@@ -336,59 +340,12 @@ fn kafka_options_and_values_are_refused_before_connecting() {
     }
 }
 
-/// Sends `signal` to `child`.
-fn signal(child: &Child, signal: libc::c_int) {
-    let pid = libc::pid_t::try_from(child.id()).expect("a pid");
-    // SAFETY: kill(2) with a pid of our own child and a valid signal number.
-    let result = unsafe { libc::kill(pid, signal) };
-    assert_eq!(result, 0, "kill({pid}, {signal})");
-}
-
 /// Sends `signal` to `child` and waits up to 30 s for it to exit: its status and stderr.
 async fn stop(child: Child, signal: libc::c_int) -> (std::process::ExitStatus, String) {
     self::signal(&child, signal);
     tokio::task::spawn_blocking(move || wait_for_exit(child, Duration::from_secs(30)))
         .await
         .unwrap()
-}
-
-/// Waits up to `limit` for `child` to exit, and returns its status and standard error.
-fn wait_for_exit(mut child: Child, limit: Duration) -> (std::process::ExitStatus, String) {
-    use std::io::Read;
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if started.elapsed() > limit {
-            child.kill().ok();
-            panic!("the child did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    if let Some(mut pipe) = child.stderr.take() {
-        pipe.read_to_string(&mut stderr).ok();
-    }
-    (status, stderr)
-}
-
-/// The lines `child` writes on standard error, as they come (read by a thread of their own;
-/// the channel ends when the child closes it).
-#[cfg(feature = "mysql")]
-fn stderr_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
-    use std::io::{BufRead, BufReader};
-    let pipe = child.stderr.take().expect("stderr is piped");
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines() {
-            let Ok(line) = line else { break };
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    receiver
 }
 
 /// The messages of `topic`, from the beginning, until `count` have come or `limit` has

@@ -6,6 +6,7 @@
 //! `cargo test --all-features --test live_mysql_rollback_on_timeout -- --ignored`.
 
 mod common_mysql;
+mod common_server;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -16,8 +16,8 @@ use changefeed::outbox::{
     ClaimStore, ClaimToken, Claimed, ClaimedMessage, Headers, UndecodableMessage,
 };
 use changefeed::relay::{
-    BatchReport, DeadLetter, ErrorKind, Hooks, PublishError, PublishOutcome, Publisher, Relay,
-    RelayConfig, RelayHandle, RetryPolicy, SHUTDOWN_CLAIM_GRACE,
+    BatchReport, DeadLetter, ErrorKind, Hooks, MAX_STORE_RETRY_DELAY, PublishError, PublishOutcome,
+    Publisher, Relay, RelayConfig, RelayHandle, RetryPolicy, SHUTDOWN_CLAIM_GRACE,
 };
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
@@ -1180,6 +1180,59 @@ async fn a_transient_claim_error_is_reported_and_retried() {
         calls[..3],
         [Call::Error("claim"), Call::Error("claim"), Call::Claim]
     );
+}
+
+/// An outage of twelve failed claims under the default policy (1 s doubling up to 5 min):
+/// no wait between two claims exceeds `MAX_STORE_RETRY_DELAY`, so the relay resumes within
+/// it of the store's return.
+#[tokio::test(start_paused = true)]
+async fn an_outage_backs_off_at_most_max_store_retry_delay() {
+    let (store, publisher, hooks) = fakes();
+    {
+        let mut state = store.state();
+        for _ in 0..12 {
+            state
+                .claim_errors
+                .push_back(Error::Connection("connection refused".into()));
+        }
+    }
+    let id = store.enqueue(None);
+    let config = config().retry(RetryPolicy::default().jitter(false));
+    let relay = start(&store, &publisher, &hooks, config);
+    timeout(LONG, async {
+        while store.status(id) != Status::Done {
+            sleep(ms(10)).await;
+        }
+    })
+    .await
+    .expect("the relay resumes after the outage");
+    relay.stop().await.unwrap();
+    let times = store.claim_times();
+    assert!(times.len() >= 13, "{}", times.len());
+    for pair in times[..13].windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(gap <= MAX_STORE_RETRY_DELAY, "a wait of {gap:?}");
+    }
+}
+
+/// A wake (an enqueuer's, the binlog waker's reconnect) ends the wait after a failed claim.
+#[tokio::test(start_paused = true)]
+async fn a_wake_ends_the_wait_after_a_failed_claim() {
+    let (store, publisher, hooks) = fakes();
+    store
+        .state()
+        .claim_errors
+        .push_back(Error::Connection("connection refused".into()));
+    let id = store.enqueue(None);
+    let relay = start(&store, &publisher, &hooks, config().poll_interval(LONG));
+    eventually("the failed claim", || !store.claim_times().is_empty()).await;
+    sleep(ms(100)).await;
+    relay.handle.wake();
+    eventually("done", || store.status(id) == Status::Done).await;
+    let times = store.claim_times();
+    // Woken at about 100 ms; without the wake it would be MAX_STORE_RETRY_DELAY (2 s).
+    assert!(times[1] - times[0] < ms(500), "{:?}", times[1] - times[0]);
+    relay.stop().await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]

@@ -13,6 +13,14 @@
 //! The waker sends nothing to the outbox and holds no lock: it is only a hint. Messages are
 //! claimed by the relay as always, so a missed or duplicate wake costs at most a poll
 //! interval or one empty claim.
+//!
+//! Faults: every step of (re)connecting is bounded by
+//! [`connect_timeout`](BinlogWakerConfig::connect_timeout), and a stream silent for three
+//! heartbeats is taken as a dead server; either way the waker polls and tries again. It
+//! follows rotations (a `FLUSH LOGS`, a server restart) and, when the server refuses the
+//! position it resumes from (error 1236: the file was purged, or the position is no event
+//! boundary), it starts again from the server's current position. Compressed events
+//! (MariaDB's `log_bin_compress`, MySQL's `binlog_transaction_compression`) still wake it.
 
 use std::future::Future;
 use std::pin::pin;
@@ -25,8 +33,22 @@ use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, Row};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout};
 
+use super::connection::{DEFAULT_CONNECT_TIMEOUT, bounded, with_keepalive};
 use super::table::OutboxTable;
+use crate::error::Error;
 use crate::relay::RelayHandle;
+
+/// The server refused to send the binlog from the position asked for
+/// (`ER_MASTER_FATAL_ERROR_READING_BINLOG`): the file is gone, or the position is no
+/// event boundary.
+const CANNOT_READ_BINLOG: u16 = 1236;
+
+/// MySQL's `TRANSACTION_PAYLOAD_EVENT`: a whole transaction, compressed
+/// (`binlog_transaction_compression`), its commit inside.
+const TRANSACTION_PAYLOAD_EVENT: u8 = 40;
+/// MariaDB's compressed insert events (`log_bin_compress`): `WRITE_ROWS_COMPRESSED_EVENT_V1`
+/// and `WRITE_ROWS_COMPRESSED_EVENT`. Their table id is not compressed.
+const MARIADB_COMPRESSED_WRITES: [u8; 2] = [166, 169];
 
 /// How the waker behaves; [`Default`] suits most deployments.
 #[derive(Clone, Debug, PartialEq)]
@@ -49,6 +71,9 @@ pub struct BinlogWakerConfig {
     /// visible, so a claim at the first wake may just miss them. `None`: no second wake.
     /// Default: 2 ms.
     pub settle: Option<Duration>,
+    /// The bound on each step of (re)connecting: the connect itself, reading the position,
+    /// asking for the stream. Default: [`DEFAULT_CONNECT_TIMEOUT`] (15 s).
+    pub connect_timeout: Duration,
 }
 
 impl Default for BinlogWakerConfig {
@@ -59,6 +84,7 @@ impl Default for BinlogWakerConfig {
             reconnect_delay: Duration::from_secs(1),
             heartbeat: Duration::from_secs(1),
             settle: Some(Duration::from_millis(2)),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
     }
 }
@@ -186,34 +212,43 @@ impl BinlogWaker {
     /// Connects, checks the settings, streams the binlog and wakes on commits; returns why
     /// it stopped. `resume` is kept up to date with the last transaction boundary.
     async fn follow(&self, resume: &mut Option<Position>) -> String {
-        let mut conn = match Conn::new(self.opts.clone()).await {
+        let limit = self.config.connect_timeout;
+        let connect = async { Ok(Conn::new(with_keepalive(&self.opts)).await?) };
+        let mut conn = match bounded(limit, "the binlog connect", connect).await {
             Ok(conn) => conn,
             Err(error) => return format!("cannot connect: {error}"),
         };
         let start = match resume.clone() {
             Some(position) => position,
-            None => match current_position(&mut conn).await {
-                Ok(position) => position,
-                Err(reason) => return reason,
-            },
+            None => {
+                let read = async { Ok(current_position(&mut conn).await) };
+                match bounded(limit, "show master status", read).await {
+                    Ok(Ok(position)) => position,
+                    Ok(Err(reason)) => return reason,
+                    Err(error) => return error.to_string(),
+                }
+            }
         };
         let heartbeat_ns = self.config.heartbeat.as_nanos().min(u128::from(u32::MAX));
-        if let Err(error) = conn
-            // MySQL 8.0.26+ also reads the variable under its new name.
-            .query_drop(format!(
-                "set @master_heartbeat_period = {heartbeat_ns}, \
-                 @source_heartbeat_period = {heartbeat_ns}"
-            ))
-            .await
-        {
+        // MySQL 8.0.26+ also reads the variable under its new name.
+        let set_heartbeat = conn.query_drop(format!(
+            "set @master_heartbeat_period = {heartbeat_ns}, \
+             @source_heartbeat_period = {heartbeat_ns}"
+        ));
+        let set_heartbeat = async { Ok(set_heartbeat.await?) };
+        if let Err(error) = bounded(limit, "setting the heartbeat", set_heartbeat).await {
             return format!("cannot set the heartbeat: {error}");
         }
         let request = BinlogStreamRequest::new(self.config.server_id)
             .with_filename(start.file.as_bytes())
             .with_pos(start.position);
-        let mut stream = match conn.get_binlog_stream(request).await {
+        let ask = async { Ok(conn.get_binlog_stream(request).await?) };
+        let mut stream = match bounded(limit, "the binlog dump request", ask).await {
             Ok(stream) => stream,
-            Err(error) => return format!("cannot stream the binlog: {error}"),
+            Err(error) => {
+                forget_refused_position(&error, resume);
+                return format!("cannot stream the binlog: {error}");
+            }
         };
         tracing::info!(file = %start.file, position = start.position, "binlog waker: following");
         self.state.send_replace(WakerState::Following {
@@ -229,6 +264,10 @@ impl BinlogWaker {
     async fn stream(&self, stream: &mut BinlogStream, resume: &mut Option<Position>) -> String {
         let silence = self.config.heartbeat * 3;
         let mut inserted = false;
+        // The server starts a stream with a rotate restating the file asked for, sent before
+        // the format description that announces checksums (so its name still carries
+        // them): only rotates after that description move the position.
+        let mut described = false;
         let mut settle_at: Option<Instant> = None;
         loop {
             let next = tokio::select! {
@@ -243,10 +282,15 @@ impl BinlogWaker {
             let event = match next {
                 Err(_) => return format!("no event or heartbeat for {silence:?}"),
                 Ok(None) => return "the server ended the binlog stream".to_owned(),
-                Ok(Some(Err(error))) => return format!("the binlog stream broke: {error}"),
+                Ok(Some(Err(error))) => {
+                    let error = Error::from(error);
+                    forget_refused_position(&error, resume);
+                    return format!("the binlog stream broke: {error}");
+                }
                 Ok(Some(Ok(event))) => event,
             };
-            match self.classify(stream, &event) {
+            match self.classify(stream, &event, described) {
+                Seen::Described => described = true,
                 Seen::Insert => inserted = true,
                 Seen::Commit => {
                     if inserted {
@@ -266,6 +310,12 @@ impl BinlogWaker {
                         });
                     }
                 }
+                Seen::Payload => {
+                    self.handle.wake();
+                    if let Some(settle) = self.config.settle {
+                        settle_at = Some(Instant::now() + settle);
+                    }
+                }
                 Seen::Rotate(next) => {
                     *resume = Some(next.clone());
                     self.state.send_replace(WakerState::Following {
@@ -278,7 +328,23 @@ impl BinlogWaker {
         }
     }
 
-    fn classify(&self, stream: &BinlogStream, event: &Event) -> Seen {
+    fn classify(&self, stream: &BinlogStream, event: &Event, described: bool) -> Seen {
+        let raw_type = event.header().event_type_raw();
+        if MARIADB_COMPRESSED_WRITES.contains(&raw_type) {
+            // The library cannot read these; their post-header (the 6-byte table id first)
+            // is not compressed, and the table map before them is an ordinary event.
+            return match event.data().get(..6) {
+                Some(id) if self.is_ours(stream, table_id(id)) => Seen::Insert,
+                Some(_) => Seen::Other,
+                // Unreadable: a needless wake is cheap, a missed one costs a poll.
+                None => Seen::Insert,
+            };
+        }
+        if raw_type == TRANSACTION_PAYLOAD_EVENT {
+            // A compressed transaction holds its own commit, and no commit event follows:
+            // wake for it (it may not touch the outbox; one empty claim is the cost).
+            return Seen::Payload;
+        }
         let data = match event.read_data() {
             Ok(Some(data)) => data,
             // Event types this library does not know (MariaDB's own) carry nothing we need.
@@ -288,20 +354,22 @@ impl BinlogWaker {
             EventData::RowsEvent(
                 rows @ (RowsEventData::WriteRowsEventV1(_) | RowsEventData::WriteRowsEvent(_)),
             ) => {
-                let ours = stream.get_tme(rows.table_id()).is_some_and(|map| {
-                    map.table_name() == self.table.name()
-                        && map.database_name() == self.database.as_str()
-                });
-                if ours { Seen::Insert } else { Seen::Other }
+                if self.is_ours(stream, rows.table_id()) {
+                    Seen::Insert
+                } else {
+                    Seen::Other
+                }
             }
             EventData::XidEvent(_) => Seen::Commit,
             EventData::QueryEvent(query) if query.query().eq_ignore_ascii_case("commit") => {
                 Seen::Commit
             }
-            // The server's artificial rotate at the start of a stream (log_pos 0) restates
-            // the file we asked for, and arrives before the format description event that
-            // announces checksums, so its name still carries the 4 checksum bytes: skip it.
-            EventData::RotateEvent(_) if event.header().log_pos() == 0 => Seen::Other,
+            EventData::FormatDescriptionEvent(_) => Seen::Described,
+            // The rotate before the stream's first format description restates the file we
+            // asked for with the checksum bytes still in its name: skip it. Every later one,
+            // artificial (log_pos 0, sent when the server moves to the next file, e.g. after
+            // a restart) or not (a FLUSH LOGS), names the file that follows.
+            EventData::RotateEvent(_) if !described => Seen::Other,
             EventData::RotateEvent(rotate) => Seen::Rotate(Position {
                 file: rotate.name().into_owned(),
                 position: rotate.position(),
@@ -309,10 +377,50 @@ impl BinlogWaker {
             _ => Seen::Other,
         }
     }
+
+    /// Whether `table_id` maps to the outbox table.
+    fn is_ours(&self, stream: &BinlogStream, table_id: u64) -> bool {
+        stream.get_tme(table_id).is_some_and(|map| {
+            map.table_name() == self.table.name() && map.database_name() == self.database.as_str()
+        })
+    }
+}
+
+/// A rows event's table id: 6 bytes, little-endian.
+fn table_id(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .take(6)
+        .rev()
+        .fold(0, |id, byte| (id << 8) | u64::from(*byte))
+}
+
+/// After the server refused the resume position (error 1236: purged file, or a position
+/// the server cannot read from), the next attempt starts from its current position instead
+/// of failing the same way for good. The relay is woken on every reconnect, so commits in
+/// between are not missed.
+fn forget_refused_position(error: &Error, resume: &mut Option<Position>) {
+    let refused = match error {
+        Error::Mysql { code, .. } => *code == CANNOT_READ_BINLOG,
+        // Some servers close the stream with the error text only.
+        other => other.to_string().contains("1236"),
+    };
+    if refused && let Some(position) = resume.take() {
+        tracing::warn!(
+            file = %position.file,
+            position = position.position,
+            "binlog waker: the server cannot send the binlog from here; following from its \
+             current position"
+        );
+    }
 }
 
 /// What one event means to the waker.
 enum Seen {
+    /// The stream's format description: checksums are known from here on.
+    Described,
+    /// A compressed transaction (its commit inside): wake.
+    Payload,
     /// A row inserted into the outbox (its transaction's commit follows).
     Insert,
     /// A transaction boundary.
@@ -360,6 +468,33 @@ async fn current_position(conn: &mut Conn) -> Result<Position, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn table_ids_are_six_little_endian_bytes() {
+        assert_eq!(table_id(&[0x2a, 0, 0, 0, 0, 0]), 42);
+        assert_eq!(table_id(&[1, 2, 3, 4, 5, 6]), 0x0605_0403_0201);
+    }
+
+    #[test]
+    fn only_a_refused_position_is_forgotten() {
+        let position = || {
+            Some(Position {
+                file: "binlog.000001".to_owned(),
+                position: 4,
+            })
+        };
+        let refused = Error::Mysql {
+            code: 1236,
+            state: "HY000".to_owned(),
+            message: "log event entry exceeded max_allowed_packet".to_owned(),
+        };
+        let mut resume = position();
+        forget_refused_position(&refused, &mut resume);
+        assert_eq!(resume, None);
+        let mut resume = position();
+        forget_refused_position(&Error::Connection("reset".to_owned()), &mut resume);
+        assert_eq!(resume, position());
+    }
 
     #[test]
     fn default_server_ids_stay_clear_of_small_configured_ones() {

@@ -1,9 +1,27 @@
-//! Connecting to MariaDB/MySQL: the `mysql://` URL and the session settings the outbox needs.
+//! Connecting to MariaDB/MySQL: the `mysql://` URL, the session settings the outbox needs,
+//! and the time bounds of every call.
+//!
+//! mysql_async has no connect or read timeout of its own, and a server that loses power (or
+//! is frozen) never closes the socket: without a bound, a call waits forever. So every
+//! connect here is bounded ([`DEFAULT_CONNECT_TIMEOUT`], or the caller's), every store call
+//! is bounded by [`bounded`], and TCP keepalive ([`TCP_KEEPALIVE`]) lets the kernel notice
+//! a peer that vanished while a connection sits idle.
+
+use std::future::Future;
+use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 
 use crate::error::{Error, Result};
+
+/// How long a connect (TCP or socket, handshake, login, session setup) may take when the
+/// caller names no bound: 15 s, the CLI's `--connect-timeout` default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The idle time after which the kernel starts probing a connection's peer (`SO_KEEPALIVE`
+/// on TCP connections; a local socket has no peer to lose).
+pub const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 
 /// The session settings of every connection the store opens. READ COMMITTED: under
 /// REPEATABLE READ a `FOR UPDATE SKIP LOCKED` scan takes gap locks that make concurrent
@@ -37,10 +55,44 @@ pub fn opts(url: &str) -> Result<Opts> {
     Ok(opts)
 }
 
-/// Opens a connection with the outbox's session settings (READ COMMITTED).
+/// Opens a connection with the outbox's session settings (READ COMMITTED), TCP keepalive,
+/// within [`DEFAULT_CONNECT_TIMEOUT`].
 pub async fn connect(opts: &Opts) -> Result<Conn> {
-    let opts = OptsBuilder::from_opts(opts.clone()).setup(vec![SESSION_SETUP]);
-    Ok(Conn::new(opts).await?)
+    connect_within(opts, DEFAULT_CONNECT_TIMEOUT).await
+}
+
+/// [`connect`] bounded by `limit` instead: a server that accepts the socket but never
+/// answers (frozen, overloaded, a half-open route) fails with an [`Error::Connection`]
+/// naming the bound, instead of hanging.
+pub async fn connect_within(opts: &Opts, limit: Duration) -> Result<Conn> {
+    let opts = with_keepalive(opts).setup(vec![SESSION_SETUP]);
+    bounded(limit, "connect", async { Ok(Conn::new(opts).await?) }).await
+}
+
+/// The least time a store call gets, whatever the claim timeout: a claim timeout shorter than
+/// a round trip must not make every call time out (and drop its connection) forever.
+pub(crate) const MIN_CALL_BOUND: Duration = Duration::from_secs(1);
+
+/// `opts` with TCP keepalive on (the server's own options are kept).
+pub(crate) fn with_keepalive(opts: &Opts) -> OptsBuilder {
+    OptsBuilder::from_opts(opts.clone()).tcp_keepalive(Some(TCP_KEEPALIVE))
+}
+
+/// Runs `call` (a call named `what`) for at most `limit`. Past it the call is abandoned and
+/// an [`Error::Connection`] (transient) says so: the connection it used is in an unknown
+/// state and must be dropped by the caller, never used again.
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    what: &str,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Connection(format!(
+            "MariaDB/MySQL: {what} did not answer within {limit:?} (server stopped, \
+             overloaded or unreachable); the connection was dropped"
+        ))),
+    }
 }
 
 /// The server's version line, e.g. `10.11.6-MariaDB-0+deb12u1`.
@@ -52,6 +104,25 @@ pub async fn server_version(conn: &mut Conn) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_past_its_bound_is_a_transient_connection_error() {
+        let hang = bounded(Duration::from_secs(3), "claim", async {
+            std::future::pending::<Result<()>>().await
+        });
+        let error = hang.await.unwrap_err();
+        assert!(error.is_transient(), "{error}");
+        assert!(
+            error.to_string().contains("claim did not answer within 3s"),
+            "{error}"
+        );
+        assert_eq!(
+            bounded(Duration::from_secs(3), "claim", async { Ok(7) })
+                .await
+                .unwrap(),
+            7
+        );
+    }
 
     #[test]
     fn urls_need_a_database() {

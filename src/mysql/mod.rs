@@ -23,7 +23,9 @@ mod store;
 mod table;
 
 pub use binlog::{BinlogWaker, BinlogWakerConfig, WakerState};
-pub use connection::{connect, opts, server_version};
+pub use connection::{
+    DEFAULT_CONNECT_TIMEOUT, TCP_KEEPALIVE, connect, connect_within, opts, server_version,
+};
 pub use migrations::{HISTORY_TABLE, bundle, migrate, runner, setup_outbox};
 pub use store::{MysqlOutboxStore, enqueue};
 pub use table::{MAX_TABLE_NAME, OutboxTable};

@@ -13,7 +13,7 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Row, Transaction, Value};
 
-use super::connection::{self, connect};
+use super::connection;
 use super::table::OutboxTable;
 use crate::error::{Error, Result, decode_error};
 use crate::outbox::{
@@ -203,6 +203,9 @@ pub struct MysqlOutboxStore {
     table: OutboxTable,
     opts: Opts,
     conn: Option<Conn>,
+    connect_timeout: Duration,
+    /// The bound on each call: the last claim's timeout (see [`Self::claim_batch`]).
+    call_timeout: Duration,
 }
 
 impl MysqlOutboxStore {
@@ -212,7 +215,16 @@ impl MysqlOutboxStore {
             table,
             opts,
             conn: None,
+            connect_timeout: connection::DEFAULT_CONNECT_TIMEOUT,
+            call_timeout: crate::relay::RelayConfig::DEFAULT_CLAIM_TIMEOUT,
         }
+    }
+
+    /// The bound on opening a connection (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`](connection::DEFAULT_CONNECT_TIMEOUT), 15 s).
+    pub fn connect_timeout(mut self, limit: Duration) -> Self {
+        self.connect_timeout = limit;
+        self
     }
 
     /// A store for the table named `table` at the `mysql://` URL `url`. Nothing connects
@@ -226,17 +238,20 @@ impl MysqlOutboxStore {
         &self.table
     }
 
-    /// Runs `call` on the store's connection, opening it first if needed; a connection-level
-    /// failure drops it so that the next call opens a fresh one.
+    /// Runs `call` (named `what` in a timeout's error) on the store's connection, opening it
+    /// first if needed, for at most `limit`; a connection-level failure (a timeout among
+    /// them) drops the connection so that the next call opens a fresh one.
     async fn with_conn<T>(
         &mut self,
+        what: &str,
+        limit: Duration,
         call: impl AsyncFnOnce(&OutboxTable, &mut Conn) -> Result<T>,
     ) -> Result<T> {
         if self.conn.is_none() {
-            self.conn = Some(connect(&self.opts).await?);
+            self.conn = Some(connection::connect_within(&self.opts, self.connect_timeout).await?);
         }
         let conn = self.conn.as_mut().expect("connected above");
-        let result = call(&self.table, conn).await;
+        let result = connection::bounded(limit, what, call(&self.table, conn)).await;
         if let Err(Error::Connection(_)) = &result {
             self.conn = None;
         }
@@ -294,9 +309,10 @@ impl MysqlOutboxStore {
         claim_timeout: Duration,
     ) -> Result<Vec<Claimed>> {
         check_claim(batch_size, claim_timeout)?;
+        self.call_timeout = claim_timeout.max(connection::MIN_CALL_BOUND);
         let timeout_us = claim_timeout.as_micros();
         let packet_limit = self.opts.max_allowed_packet().unwrap_or(MAX_PACKET);
-        self.with_conn(async |table, conn| {
+        self.with_conn("claim", self.call_timeout, async |table, conn| {
             let result = claim_in(conn, table, batch_size, timeout_us, packet_limit)
                 .await
                 .map_err(|error| before_v4(error, table));
@@ -319,7 +335,7 @@ impl MysqlOutboxStore {
     /// `requeue` without a token). Returns 1 if the message was dead or failed, else 0.
     pub async fn redrive(&mut self, id: i64, after: Duration) -> Result<u64> {
         let after_us = micros("after", after, MAX_RETRY)?;
-        self.with_conn(async |table, conn| {
+        self.with_conn("redrive", self.call_timeout, async |table, conn| {
             conn.query_drop(format!(
                 "update {} set status = 3, \
                  next_retry_at = utc_timestamp(3) + interval {after_us} microsecond, \
@@ -354,11 +370,19 @@ impl MysqlOutboxStore {
                 "purge_done: max_rows must be positive, or None for no limit".to_owned(),
             ));
         }
-        self.with_conn(async |table, conn| {
+        // A purge of many batches may take long as a whole: each statement is bounded
+        // instead (a timeout drops the connection, and the purge stops with the error).
+        let limit = self.call_timeout;
+        self.with_conn("purge_done", MAX_CLAIM_TIMEOUT, async |table, conn| {
             // One cutoff for every batch, so rows done while the purge runs are not chased.
-            conn.query_drop(format!(
-                "set @changefeed_cutoff = utc_timestamp(3) - interval {older_than_us} microsecond"
-            ))
+            connection::bounded(limit, "purge_done", async {
+                Ok(conn
+                    .query_drop(format!(
+                        "set @changefeed_cutoff = utc_timestamp(3) - interval {older_than_us} \
+                         microsecond"
+                    ))
+                    .await?)
+            })
             .await?;
             let mut deleted = 0u64;
             loop {
@@ -368,11 +392,15 @@ impl MysqlOutboxStore {
                 if take == 0 {
                     break;
                 }
-                conn.query_drop(format!(
-                    "delete from {} where status = 2 and processed_at < @changefeed_cutoff \
-                     limit {take}",
-                    table.quoted()
-                ))
+                connection::bounded(limit, "purge_done", async {
+                    Ok(conn
+                        .query_drop(format!(
+                            "delete from {} where status = 2 \
+                             and processed_at < @changefeed_cutoff limit {take}",
+                            table.quoted()
+                        ))
+                        .await?)
+                })
                 .await?;
                 let count = conn.affected_rows();
                 deleted += count;
@@ -453,7 +481,7 @@ impl ClaimStore for MysqlOutboxStore {
         if ids.is_empty() {
             return Ok(0);
         }
-        self.with_conn(async |table, conn| {
+        self.with_conn("mark_done", self.call_timeout, async |table, conn| {
             conn.query_drop(format!(
                 "update {} set status = 2, processed_at = utc_timestamp(3), last_error = null \
                  where id in ({}) and status = 1 and claim_token = {}",
@@ -487,7 +515,7 @@ impl ClaimStore for MysqlOutboxStore {
             }
         };
         let error: String = error.chars().take(2000).collect();
-        self.with_conn(async |table, conn| {
+        self.with_conn("mark_failed", self.call_timeout, async |table, conn| {
             let sql = format!(
                 "update {} set status = if(?, 4, 3), attempts = attempts + 1, \
                  next_retry_at = if(?, null, utc_timestamp(3) + interval ? microsecond), \
@@ -512,7 +540,7 @@ impl ClaimStore for MysqlOutboxStore {
 
     async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
         let after_us = micros("requeue after", after, MAX_RETRY)?;
-        self.with_conn(async |table, conn| {
+        self.with_conn("requeue", self.call_timeout, async |table, conn| {
             conn.query_drop(format!(
                 "update {} set status = 3, \
                  next_retry_at = utc_timestamp(3) + interval {after_us} microsecond, \

@@ -66,6 +66,11 @@ use hooks::{guarded, panic_message};
 /// claim timeout.
 pub const SHUTDOWN_CLAIM_GRACE: Duration = Duration::from_secs(5);
 
+/// The longest wait between two claims while the store fails (an outage, a failover): the
+/// retry back-off grows up to this and no further, and a [`RelayHandle::wake`] ends the
+/// wait early, so a relay resumes within this of its database's return.
+pub const MAX_STORE_RETRY_DELAY: Duration = Duration::from_secs(2);
+
 /// Publishes an outbox: claims batches from a [`ClaimStore`], hands them to a
 /// [`Publisher`], and acknowledges every message by its outcome (see the
 /// [module documentation](self) for the failure table).
@@ -80,7 +85,9 @@ pub const SHUTDOWN_CLAIM_GRACE: Duration = Duration::from_secs(5);
 ///   [`RelayHandle::wake`] is called; a wake that arrives while a batch is in flight is
 ///   kept and ends the next wait at once;
 /// * a failing claim is reported to [`Hooks::on_loop_error`] and retried after a
-///   back-off; the relay never gives up on its store, so an operator can fix a missing
+///   back-off of at least `poll_interval` (or [`MAX_STORE_RETRY_DELAY`] if that is less)
+///   and at most [`MAX_STORE_RETRY_DELAY`], cut short by a wake; the relay never gives up
+///   on its store, so an operator can fix a missing
 ///   grant or a failover without restarting it (a hook that wants to stop it on a
 ///   non-[transient](Error::is_transient) error can trigger the shutdown future);
 /// * a failing acknowledgement is retried until the claim's deadline when the error is
@@ -318,14 +325,19 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                     if stopping {
                         return Ok(());
                     }
+                    // Capped low: an outage's back-off must not outlast the outage by
+                    // minutes. A wake (an enqueuer's, or the binlog waker's reconnect) says
+                    // the database may be back, so it ends the wait too.
                     let delay = self
                         .config
                         .retry
                         .backoff(store_failures, &mut self.rng)
-                        .max(self.config.poll_interval);
+                        .max(self.config.poll_interval)
+                        .min(MAX_STORE_RETRY_DELAY);
                     tokio::select! {
                         biased;
                         () = shutdown.as_mut() => return Ok(()),
+                        () = wake.notified() => {}
                         () = sleep(delay) => {}
                     }
                     continue;

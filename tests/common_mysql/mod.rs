@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod owned;
 pub mod server;
 
 use changefeed::mysql::{MysqlOutboxStore, OutboxTable, enqueue, migrate, setup_outbox};
@@ -25,7 +26,14 @@ pub struct TestDb {
 /// A fresh database `cf_<name>` (dropped first if a previous run left it) with the
 /// MariaDB/MySQL bundle applied.
 pub async fn database(name: &str) -> TestDb {
-    let db = empty_database(name).await;
+    let server = server::server();
+    database_on(name, |database| server.url_for(database)).await
+}
+
+/// [`database`] on the server whose URL of a database `url_for` gives (e.g. an
+/// [`owned::OwnedServer`]'s).
+pub async fn database_on(name: &str, url_for: impl Fn(&str) -> String) -> TestDb {
+    let db = empty_database(name, url_for).await;
     migrate(&db.pool)
         .await
         .unwrap_or_else(|e| panic!("migrate {}: {e}", db.name));
@@ -35,7 +43,8 @@ pub async fn database(name: &str) -> TestDb {
 /// A fresh database `cf_<name>` with the bundle applied up to `version` only: a database
 /// of an earlier release, for upgrade tests.
 pub async fn database_at(name: &str, version: i32) -> TestDb {
-    let db = empty_database(name).await;
+    let server = server::server();
+    let db = empty_database(name, |database| server.url_for(database)).await;
     let mut pool = db.pool.clone();
     changefeed::mysql::runner()
         .set_target(refinery::Target::Version(version))
@@ -45,11 +54,11 @@ pub async fn database_at(name: &str, version: i32) -> TestDb {
     db
 }
 
-/// A fresh, empty database `cf_<name>` (dropped first if a previous run left it).
-async fn empty_database(name: &str) -> TestDb {
+/// A fresh, empty database `cf_<name>` (dropped first if a previous run left it) on the
+/// server whose URL of a database `url_for` gives.
+async fn empty_database(name: &str, url_for: impl Fn(&str) -> String) -> TestDb {
     let name = format!("cf_{name}");
-    let server = server::server();
-    let mut admin = Conn::new(Opts::from_url(&server.url_for("mysql")).expect("the server URL"))
+    let mut admin = Conn::new(Opts::from_url(&url_for("mysql")).expect("the server URL"))
         .await
         .unwrap_or_else(|e| panic!("cannot connect to the test server: {e}"));
     admin
@@ -60,7 +69,7 @@ async fn empty_database(name: &str) -> TestDb {
         .await
         .unwrap_or_else(|e| panic!("cannot create database {name}: {e}"));
     admin.disconnect().await.ok();
-    let url = server.url_for(&name);
+    let url = url_for(&name);
     let opts = changefeed::mysql::opts(&url).expect("a valid URL");
     let pool = Pool::new(opts.clone());
     TestDb {
@@ -129,6 +138,24 @@ impl TestDb {
             .await
             .unwrap_or_else(|e| panic!("{query}: {e}"));
         value.unwrap_or_else(|| panic!("{query} returned no row"))
+    }
+
+    /// Kills the binlog dump connections of this database's binlog wakers (as a failover or
+    /// a network cut would) and returns how many there were.
+    pub async fn kill_binlog_dumps(&self) -> usize {
+        let mut conn = self.conn().await;
+        let ids: Vec<u64> = conn
+            .query(
+                "select id from information_schema.processlist \
+                 where command = 'Binlog Dump' and db = database()",
+            )
+            .await
+            .unwrap_or_else(|e| panic!("list the binlog dumps: {e}"));
+        for id in &ids {
+            // Gone already is as good as killed.
+            let _ = conn.query_drop(format!("kill {id}")).await;
+        }
+        ids.len()
     }
 
     /// `count(*)` of `table` where `condition`.

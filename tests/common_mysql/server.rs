@@ -79,49 +79,18 @@ fn run(program: &str, args: &[String]) -> std::process::Output {
 fn start_private() -> Server {
     let dir = common_server::temp_dir("mariadb");
     let d = dir.display().to_string();
-    let install = run(
-        "mariadb-install-db",
-        &[
-            "--no-defaults".into(),
-            "--user=root".into(),
-            format!("--datadir={d}/data"),
-            "--auth-root-authentication-method=normal".into(),
-            "--skip-test-db".into(),
-        ],
-    );
-    assert!(
-        install.status.success(),
-        "mariadb-install-db failed: {}",
-        String::from_utf8_lossy(&install.stderr)
-    );
-    let server_args = [
-        "--no-defaults".to_owned(),
-        "--user=root".into(),
-        format!("--datadir={d}/data"),
-        format!("--socket={d}/sock"),
-        "--skip-networking".into(),
-        format!("--pid-file={d}/pid"),
-        format!("--log-error={d}/err.log"),
-        format!("--log-bin={d}/binlog"),
-        "--binlog-format=ROW".into(),
-        "--server-id=1".into(),
-        "--binlog-row-metadata=FULL".into(),
-        "--character-set-server=utf8mb4".into(),
-        "--max-connections=500".into(),
-        // Tests and the benchmark need no durability across a power cut.
-        "--innodb-flush-log-at-trx-commit=2".into(),
-        "--sync-binlog=0".into(),
-    ]
-    .into_iter()
-    .chain(
-        EXTRA_OPTIONS
-            .get()
-            .into_iter()
-            .flat_map(|o| o.iter())
-            .map(|o| o.to_string()),
-    )
-    .collect::<Vec<_>>()
-    .join(" ");
+    install(&d);
+    let server_args = server_args(&d)
+        .into_iter()
+        .chain(
+            EXTRA_OPTIONS
+                .get()
+                .into_iter()
+                .flat_map(|o| o.iter())
+                .map(|o| o.to_string()),
+        )
+        .collect::<Vec<_>>()
+        .join(" ");
     // Shuts down only the server it started.
     common_server::watchdog(
         &format!("mariadbd {server_args} & server=$!"),
@@ -132,10 +101,64 @@ fn start_private() -> Server {
         ),
         &dir,
     );
+    wait_until_up(&d, Duration::from_secs(120));
+    Server {
+        template: format!("mysql://root@localhost/{{db}}?socket={d}/sock"),
+    }
+}
+
+/// Installs a fresh data directory in `{d}/data`.
+pub fn install(d: &str) {
+    let install = run(
+        "mariadb-install-db",
+        &[
+            "--no-defaults".into(),
+            "--user=root".into(),
+            format!("--datadir={d}/data"),
+            "--auth-root-authentication-method=normal".into(),
+            "--skip-test-db".into(),
+            // Its own temporary files: installs running at once (fault tests) collide in /tmp.
+            format!("--tmpdir={d}"),
+        ],
+    );
+    assert!(
+        install.status.success(),
+        "mariadb-install-db failed: {}",
+        String::from_utf8_lossy(&install.stderr)
+    );
+}
+
+/// The arguments of a private `mariadbd` whose files are all in directory `d`: socket
+/// `{d}/sock`, data `{d}/data`, log `{d}/err.log`, binlog on in ROW format.
+pub fn server_args(d: &str) -> Vec<String> {
+    [
+        "--no-defaults".to_owned(),
+        "--user=root".into(),
+        format!("--datadir={d}/data"),
+        format!("--socket={d}/sock"),
+        "--skip-networking".into(),
+        format!("--pid-file={d}/pid"),
+        format!("--log-error={d}/err.log"),
+        format!("--tmpdir={d}"),
+        format!("--log-bin={d}/binlog"),
+        "--binlog-format=ROW".into(),
+        "--server-id=1".into(),
+        "--binlog-row-metadata=FULL".into(),
+        "--character-set-server=utf8mb4".into(),
+        "--max-connections=500".into(),
+        // Tests and the benchmark need no durability across a power cut.
+        "--innodb-flush-log-at-trx-commit=2".into(),
+        "--sync-binlog=0".into(),
+    ]
+    .into()
+}
+
+/// Waits up to `limit` for the server on `{d}/sock` to answer a ping.
+pub fn wait_until_up(d: &str, limit: Duration) {
     common_server::wait_until(
         "mariadbd",
-        Duration::from_secs(120),
-        &dir.join("err.log"),
+        limit,
+        &std::path::Path::new(d).join("err.log"),
         || {
             run(
                 "mariadb-admin",
@@ -150,7 +173,4 @@ fn start_private() -> Server {
             .success()
         },
     );
-    Server {
-        template: format!("mysql://root@localhost/{{db}}?socket={d}/sock"),
-    }
 }

@@ -151,6 +151,17 @@ pub struct RelayArgs {
     )]
     pub dlq_suffix: String,
 
+    /// After the first SIGINT or SIGTERM, how long the batch in flight may take to finish
+    /// before the relay exits anyway (130; its messages are claimed again after the claim
+    /// timeout)
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "10s",
+        value_parser = parse_grace
+    )]
+    pub shutdown_grace: CliDuration,
+
     #[command(flatten)]
     pub producer: ProducerArgs,
 
@@ -516,6 +527,17 @@ pub fn parse_timeout(text: &str) -> Result<CliDuration, String> {
     let duration = parse_duration(text)?;
     if duration.value.is_zero() {
         return Err("a timeout of zero would never connect; give e.g. 15s".to_owned());
+    }
+    Ok(duration)
+}
+
+/// `--shutdown-grace`: a duration other than zero.
+pub fn parse_grace(text: &str) -> Result<CliDuration, String> {
+    let duration = parse_duration(text)?;
+    if duration.value.is_zero() {
+        return Err(
+            "a grace of zero would never let the batch in flight finish; give e.g. 10s".to_owned(),
+        );
     }
     Ok(duration)
 }

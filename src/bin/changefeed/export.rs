@@ -102,7 +102,7 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
         exporter.run(
             shards,
             start,
-            signals.watch("the page in flight", progress.quiet),
+            signals.watch("the page in flight", progress.quiet, None),
         ),
         progress.every(),
         progress_line,

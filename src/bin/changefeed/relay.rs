@@ -102,7 +102,7 @@ impl Companion for () {
 /// Relays until SIGINT or SIGTERM, then finishes the batch in flight.
 pub async fn relay(connect: &Connect, args: RelayArgs) -> Result<(), Failure> {
     if is_mysql(&connect.url) {
-        return relay_mysql(&connect.url, args).await;
+        return relay_mysql(connect, args).await;
     }
     if postgres::is_postgres(&connect.url) {
         return postgres::relay(connect, args).await;
@@ -169,7 +169,11 @@ async fn drive<S: ClaimStore, P: Publisher, C: Companion>(
         line
     };
     let result = with_progress(
-        relay.run(signals.watch("the batch in flight", quiet)),
+        relay.run(signals.watch(
+            "the batch in flight",
+            quiet,
+            Some(args.shutdown_grace.value),
+        )),
         args.progress.every(),
         progress_line,
         print_stderr,
@@ -189,7 +193,7 @@ async fn drive<S: ClaimStore, P: Publisher, C: Companion>(
 }
 
 #[cfg(feature = "mysql")]
-async fn relay_mysql(url: &str, args: RelayArgs) -> Result<(), Failure> {
+async fn relay_mysql(connect: &Connect, args: RelayArgs) -> Result<(), Failure> {
     use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, OutboxTable};
     use mysql_async::prelude::Queryable;
 
@@ -208,7 +212,7 @@ async fn relay_mysql(url: &str, args: RelayArgs) -> Result<(), Failure> {
 
     let usage = |e: Error| Failure::usage(e.to_string());
     let table: OutboxTable = args.outbox.parse().map_err(usage)?;
-    let opts = changefeed::mysql::opts(url).map_err(usage)?;
+    let opts = changefeed::mysql::opts(&connect.url).map_err(usage)?;
     let target = target(&args).await?;
     {
         // As for SQL Server: one connection, and the table must be there.
@@ -216,12 +220,14 @@ async fn relay_mysql(url: &str, args: RelayArgs) -> Result<(), Failure> {
             Some(socket) => socket.to_owned(),
             None => format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port()),
         };
-        let mut conn = changefeed::mysql::connect(&opts).await.map_err(|error| {
-            Failure::connect(format!(
-                "cannot connect to MariaDB/MySQL at {address}: {error}; check --url or \
-                 CHANGEFEED_URL"
-            ))
-        })?;
+        let mut conn = changefeed::mysql::connect_within(&opts, connect.timeout)
+            .await
+            .map_err(|error| {
+                Failure::connect(format!(
+                    "cannot connect to MariaDB/MySQL at {address}: {error}; check --url or \
+                     CHANGEFEED_URL (or raise --connect-timeout)"
+                ))
+            })?;
         let found: Option<i64> = conn
             .exec_first(
                 "select count(*) from information_schema.tables \
@@ -241,11 +247,15 @@ async fn relay_mysql(url: &str, args: RelayArgs) -> Result<(), Failure> {
             )));
         }
     }
-    let store = MysqlOutboxStore::new(table.clone(), opts.clone());
+    let store = MysqlOutboxStore::new(table.clone(), opts.clone()).connect_timeout(connect.timeout);
     // The binlog wakes the relay; its own poll is the safety net behind the waker's.
     let config = config(&args).poll_interval(Duration::from_secs(5));
     let start = |handle: RelayHandle| {
-        let waker = BinlogWaker::new(opts, table, handle, BinlogWakerConfig::default());
+        let waker_config = BinlogWakerConfig {
+            connect_timeout: connect.timeout,
+            ..BinlogWakerConfig::default()
+        };
+        let waker = BinlogWaker::new(opts, table, handle, waker_config);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(waker.run(async {
             let _ = stopped.await;
@@ -257,7 +267,7 @@ async fn relay_mysql(url: &str, args: RelayArgs) -> Result<(), Failure> {
 }
 
 #[cfg(not(feature = "mysql"))]
-async fn relay_mysql(_url: &str, _args: RelayArgs) -> Result<(), Failure> {
+async fn relay_mysql(_connect: &Connect, _args: RelayArgs) -> Result<(), Failure> {
     Err(Failure::usage(
         "this changefeed was built without MariaDB/MySQL support; build it with \
          --features cli,mysql to relay from a mysql:// URL",

@@ -1,0 +1,621 @@
+//! The relay on MariaDB under real server faults (feature `mysql`; `#[ignore]`d, `.ci/run`'s
+//! MariaDB step runs them): every test has a server of its own (common_mysql/owned.rs) that
+//! it freezes with `SIGSTOP` for 20 s, kills with `kill -9` and restarts on the same data
+//! directory, or switches to compressed binlog events.
+//!
+//! What must hold: no call hangs on a frozen server (the relay reports errors while it is
+//! frozen and resumes after it), nothing is lost, nothing is published twice after its
+//! acknowledgement succeeded, shutdown (a library `run`'s, the CLI's SIGINT) ends within its
+//! bound while the server does not answer, and the binlog wake comes back after a restart.
+//! Every wait is bounded.
+
+mod common_mysql;
+mod common_process;
+mod common_server;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use changefeed::Error;
+use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, WakerState};
+use changefeed::outbox::{ClaimedMessage, NewMessage};
+use changefeed::relay::{Hooks, PublishOutcome, Publisher, Relay, RelayConfig};
+use common_mysql::owned::{OwnedServer, send_signal};
+use common_mysql::{TestDb, database_on};
+use common_process::{signal, stderr_lines, wait_for_exit};
+use serde_json::json;
+use tokio::sync::watch;
+
+/// How long each test keeps its server frozen.
+const FROZEN: Duration = Duration::from_secs(20);
+/// The claim timeout of the library relays here: every store call is bounded by it.
+const CLAIM_TIMEOUT: Duration = Duration::from_secs(3);
+/// Their connect timeout.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Polls `condition` every 50 ms until it holds; fails the test after `limit`.
+async fn wait_until(what: &str, limit: Duration, mut condition: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !condition().await {
+        assert!(started.elapsed() < limit, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `count` messages of `aggregates` aggregates, each with a payload of `size` bytes. A
+/// claim takes one message per aggregate.
+fn messages(count: usize, size: usize, aggregates: usize) -> Vec<NewMessage> {
+    (0..count)
+        .map(|n| {
+            NewMessage::new("orders", json!({ "n": n, "pad": "x".repeat(size) }))
+                .aggregate("order", (n % aggregates).to_string())
+        })
+        .collect()
+}
+
+/// A publisher that records each batch; the first one (when `freeze` is set) freezes the
+/// server right after it is published, so its acknowledgement meets a frozen server.
+#[derive(Default)]
+struct Recording {
+    batches: Mutex<Vec<Vec<i64>>>,
+    freeze: Mutex<Option<libc::pid_t>>,
+}
+
+impl Publisher for Recording {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        self.batches
+            .lock()
+            .unwrap()
+            .push(batch.iter().map(|m| m.id).collect());
+        if let Some(pid) = self.freeze.lock().unwrap().take() {
+            send_signal(pid, libc::SIGSTOP);
+        }
+        vec![Ok(()); batch.len()]
+    }
+}
+
+impl Recording {
+    fn batches(&self) -> Vec<Vec<i64>> {
+        self.batches.lock().unwrap().clone()
+    }
+
+    /// How often each id was published.
+    fn counts(&self) -> BTreeMap<i64, usize> {
+        let mut counts = BTreeMap::new();
+        for id in self.batches().concat() {
+            *counts.entry(id).or_default() += 1;
+        }
+        counts
+    }
+}
+
+/// The relay's loop errors, counted.
+#[derive(Default)]
+struct Errors(Mutex<Vec<String>>);
+
+impl Hooks for Errors {
+    fn on_loop_error(&self, error: &Error) {
+        self.0.lock().unwrap().push(error.to_string());
+    }
+}
+
+impl Errors {
+    fn count(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
+
+/// A running library relay (and binlog waker, when asked for) over `outbox`.
+struct Running {
+    publisher: Arc<Recording>,
+    errors: Arc<Errors>,
+    waker: Option<watch::Receiver<WakerState>>,
+    stop: watch::Sender<bool>,
+    relay: tokio::task::JoinHandle<changefeed::Result<()>>,
+}
+
+/// The waker's settings here: the default, connects bounded by `CONNECT_TIMEOUT`.
+fn waker_config() -> BinlogWakerConfig {
+    BinlogWakerConfig {
+        connect_timeout: CONNECT_TIMEOUT,
+        ..BinlogWakerConfig::default()
+    }
+}
+
+fn start(db: &TestDb, outbox: &str, poll: Duration, waker: Option<BinlogWakerConfig>) -> Running {
+    let publisher = Arc::new(Recording::default());
+    let errors = Arc::new(Errors::default());
+    let config = RelayConfig::default()
+        .batch_size(10)
+        .poll_interval(poll)
+        .claim_timeout(CLAIM_TIMEOUT);
+    let store = db.store(outbox).connect_timeout(CONNECT_TIMEOUT);
+    let relay = Relay::new(store, Arc::clone(&publisher), config)
+        .unwrap()
+        .with_hooks(Arc::clone(&errors));
+    let (stop, stopped) = watch::channel(false);
+    let waker = waker.map(|config| {
+        let waker = BinlogWaker::new(
+            db.opts.clone(),
+            outbox.parse().unwrap(),
+            relay.handle(),
+            config,
+        );
+        let state = waker.state();
+        let mut stopped = stopped.clone();
+        tokio::spawn(waker.run(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }));
+        state
+    });
+    let mut stopped = stopped.clone();
+    let relay = tokio::spawn(relay.run(async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+    Running {
+        publisher,
+        errors,
+        waker,
+        stop,
+        relay,
+    }
+}
+
+impl Running {
+    /// Asks the relay to stop and waits up to `limit` for it: how long it took.
+    async fn stop(self, limit: Duration) -> Duration {
+        let asked = Instant::now();
+        self.stop.send_replace(true);
+        tokio::time::timeout(limit, self.relay)
+            .await
+            .unwrap_or_else(|_| panic!("the relay did not stop within {limit:?}"))
+            .expect("the relay task")
+            .expect("the relay ends without an error");
+        asked.elapsed()
+    }
+}
+
+/// A fresh pool over the database of `db`, for after a server restart (the old pool's
+/// connections are dead).
+fn reopened(db: &TestDb) -> TestDb {
+    TestDb {
+        name: db.name.clone(),
+        url: db.url.clone(),
+        opts: db.opts.clone(),
+        pool: mysql_async::Pool::new(db.opts.clone()),
+    }
+}
+
+/// A server frozen right after a batch was published (its `mark_done` meets the frozen
+/// server) and, later, while the relay idles (its claim meets it): the calls come back as
+/// errors while it is frozen instead of hanging, the relay resumes after it, every message
+/// is published, and only the batch whose acknowledgement never succeeded is published
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it"]
+async fn a_frozen_server_neither_hangs_the_relay_nor_loses_a_message() {
+    let server = OwnedServer::start("frozen");
+    let db = database_on("frozen", |d| server.url_for(d)).await;
+    db.outbox("outbox_frozen").await;
+    db.enqueue_committed("outbox_frozen", &messages(20, 10, 5))
+        .await;
+    let running = start(&db, "outbox_frozen", Duration::from_millis(100), None);
+    *running.publisher.freeze.lock().unwrap() = Some(server.pid());
+
+    // Mid-acknowledgement: the first batch froze the server.
+    wait_until("the first batch", secs(30), async || {
+        !running.publisher.batches().is_empty()
+    })
+    .await;
+    let frozen_at = Instant::now();
+    // Its mark_done gives up at the claim timeout, the next claim's connect at the connect
+    // timeout: errors, not a hang.
+    wait_until("two store errors while frozen", FROZEN, async || {
+        running.errors.count() >= 2
+    })
+    .await;
+    assert!(!running.relay.is_finished(), "the relay keeps going");
+    tokio::time::sleep(FROZEN.saturating_sub(frozen_at.elapsed())).await;
+    server.thaw();
+    wait_until("every message done after the thaw", secs(60), async || {
+        db.count("outbox_frozen", "status = 2").await == 20
+    })
+    .await;
+
+    // Mid-claim: frozen while the relay polls.
+    let before = running.errors.count();
+    server.freeze();
+    let frozen_at = Instant::now();
+    wait_until("a claim error while frozen", FROZEN, async || {
+        running.errors.count() > before
+    })
+    .await;
+    tokio::time::sleep(FROZEN.saturating_sub(frozen_at.elapsed())).await;
+    server.thaw();
+    let more = db
+        .enqueue_committed("outbox_frozen", &messages(5, 10, 5))
+        .await;
+    wait_until(
+        "the messages enqueued after the thaw",
+        secs(30),
+        async || db.count("outbox_frozen", "status = 2").await == 25,
+    )
+    .await;
+    let publisher = Arc::clone(&running.publisher);
+    running.stop(secs(30)).await;
+
+    let counts = publisher.counts();
+    assert_eq!(counts.len(), 25, "every message published: {counts:?}");
+    assert!(more.iter().all(|m| counts.contains_key(&m.id)));
+    let first: BTreeSet<i64> = publisher.batches()[0].iter().copied().collect();
+    for (id, times) in &counts {
+        assert!(
+            *times == 1 || first.contains(id),
+            "message {id} was published {times} times, but only the frozen batch's \
+             acknowledgement failed"
+        );
+    }
+}
+
+/// Shutdown while the server is frozen under an acknowledgement: `run` returns within the
+/// claim timeout (the bound of the hanging call), not when the server comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it"]
+async fn shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded() {
+    let server = OwnedServer::start("shutdown");
+    let db = database_on("frozen_shutdown", |d| server.url_for(d)).await;
+    db.outbox("outbox_shutdown").await;
+    db.enqueue_committed("outbox_shutdown", &messages(3, 10, 5))
+        .await;
+    let running = start(&db, "outbox_shutdown", Duration::from_millis(100), None);
+    *running.publisher.freeze.lock().unwrap() = Some(server.pid());
+    wait_until("the first batch", secs(30), async || {
+        !running.publisher.batches().is_empty()
+    })
+    .await;
+    let took = running.stop(FROZEN).await;
+    assert!(
+        took < CLAIM_TIMEOUT + secs(5),
+        "shutdown took {took:?} with the server frozen"
+    );
+    server.thaw();
+}
+
+/// `kill -9` of the server and a restart on the same data directory: nothing is lost, the
+/// binlog waker follows the new binlog file, and when its stream is cut again it follows
+/// again (from the file the server moved to, not the one before the restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it"]
+async fn a_killed_and_restarted_server_loses_nothing_and_the_binlog_wake_comes_back() {
+    let mut server = OwnedServer::start("restart");
+    let db = database_on("restart", |d| server.url_for(d)).await;
+    db.outbox("outbox_restart").await;
+    // The relay's own poll is a minute: only the waker moves it quickly.
+    let running = start(&db, "outbox_restart", secs(60), Some(waker_config()));
+    let mut state = running.waker.clone().expect("a waker");
+    let following = |s: &WakerState| matches!(s, WakerState::Following { .. });
+    tokio::time::timeout(secs(30), state.wait_for(following))
+        .await
+        .expect("the waker follows the binlog")
+        .unwrap();
+    db.enqueue_committed("outbox_restart", &messages(10, 10, 5))
+        .await;
+    wait_until("the first ten", secs(10), async || {
+        db.count("outbox_restart", "status = 2").await == 10
+    })
+    .await;
+
+    server.kill();
+    tokio::time::sleep(secs(2)).await;
+    server.restart();
+    let db = reopened(&db);
+    db.enqueue_committed("outbox_restart", &messages(10, 10, 5))
+        .await;
+    wait_until("the ten enqueued after the restart", secs(30), async || {
+        db.count("outbox_restart", "status = 2").await == 20
+    })
+    .await;
+
+    // Following the server's current file again.
+    let current_file = || async {
+        let row: Option<mysql_async::Row> = {
+            use mysql_async::prelude::Queryable;
+            db.conn()
+                .await
+                .query_first("show master status")
+                .await
+                .unwrap()
+        };
+        let file: Option<String> = row.expect("binary logging is on").get(0);
+        file.expect("a binlog file")
+    };
+    let file = current_file().await;
+    let follows_current = tokio::time::timeout(
+        secs(30),
+        state.wait_for(|s| matches!(s, WakerState::Following { file: f, .. } if *f == file)),
+    )
+    .await
+    .is_ok();
+    assert!(
+        follows_current,
+        "the waker does not follow {file}: {:?}",
+        *state.borrow()
+    );
+
+    // Its stream is cut (a failover, a killed dump thread): it resumes, from the new file.
+    assert_eq!(db.kill_binlog_dumps().await, 1);
+    tokio::time::timeout(secs(10), state.wait_for(|s| !following(s)))
+        .await
+        .expect("the waker notices the cut")
+        .unwrap();
+    let follows_again = tokio::time::timeout(secs(15), state.wait_for(following))
+        .await
+        .is_ok();
+    assert!(
+        follows_again,
+        "the waker never follows again: {:?}",
+        *state.borrow()
+    );
+    let last = db
+        .enqueue_committed("outbox_restart", &messages(1, 10, 5))
+        .await;
+    wait_until("the last message", secs(10), async || {
+        db.count("outbox_restart", "status = 2").await == 21
+    })
+    .await;
+
+    let publisher = Arc::clone(&running.publisher);
+    running.stop(secs(30)).await;
+    let counts = publisher.counts();
+    assert_eq!(counts.len(), 21, "{counts:?}");
+    assert!(counts.contains_key(&last[0].id));
+    // The kill came while everything was acknowledged: nothing to publish twice.
+    assert!(counts.values().all(|n| *n == 1), "{counts:?}");
+}
+
+/// The file the waker would resume from is purged while its stream is down: the server
+/// refuses the position (1236), and the waker follows from the current position instead of
+/// polling for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it"]
+async fn a_purged_resume_file_falls_back_to_the_current_position() {
+    let server = OwnedServer::start("purged");
+    let db = database_on("purged", |d| server.url_for(d)).await;
+    db.outbox("outbox_purged").await;
+    // Reconnects 5 s after a cut: time to purge what it was reading.
+    let config = BinlogWakerConfig {
+        reconnect_delay: secs(5),
+        ..waker_config()
+    };
+    let running = start(&db, "outbox_purged", secs(60), Some(config));
+    let mut state = running.waker.clone().expect("a waker");
+    let following = |s: &WakerState| matches!(s, WakerState::Following { .. });
+    tokio::time::timeout(secs(30), state.wait_for(following))
+        .await
+        .expect("the waker follows the binlog")
+        .unwrap();
+    // Cut the stream, and before the waker reconnects move to a new file and purge the one
+    // it was reading.
+    assert_eq!(db.kill_binlog_dumps().await, 1);
+    tokio::time::timeout(secs(10), state.wait_for(|s| !following(s)))
+        .await
+        .expect("the waker notices the cut")
+        .unwrap();
+    db.sql("flush binary logs").await;
+    let file = {
+        use mysql_async::prelude::Queryable;
+        let row: Option<mysql_async::Row> = db
+            .conn()
+            .await
+            .query_first("show master status")
+            .await
+            .unwrap();
+        let file: Option<String> = row.expect("binary logging is on").get(0);
+        file.expect("a binlog file")
+    };
+    db.sql(&format!("purge binary logs to '{file}'")).await;
+    let follows = tokio::time::timeout(
+        secs(15),
+        state.wait_for(|s| matches!(s, WakerState::Following { file: f, .. } if *f == file)),
+    )
+    .await
+    .is_ok();
+    assert!(
+        follows,
+        "the waker does not follow {file}: {:?}",
+        *state.borrow()
+    );
+    db.enqueue_committed("outbox_purged", &messages(1, 10, 1))
+        .await;
+    wait_until("a wake after the fallback", secs(5), async || {
+        db.count("outbox_purged", "status = 2").await == 1
+    })
+    .await;
+    running.stop(secs(30)).await;
+}
+
+/// MariaDB's compressed binlog (`log_bin_compress`): the waker cannot read the compressed
+/// insert, but it still wakes the relay for it and keeps following.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it"]
+async fn compressed_binlog_events_still_wake_the_relay() {
+    let server = OwnedServer::start("compressed");
+    let db = database_on("compressed", |d| server.url_for(d)).await;
+    db.outbox("outbox_compressed").await;
+    db.sql("set global log_bin_compress = on, global log_bin_compress_min_len = 10")
+        .await;
+    let running = start(&db, "outbox_compressed", secs(60), Some(waker_config()));
+    let mut state = running.waker.clone().expect("a waker");
+    tokio::time::timeout(
+        secs(30),
+        state.wait_for(|s| matches!(s, WakerState::Following { .. })),
+    )
+    .await
+    .expect("the waker follows the binlog")
+    .unwrap();
+    // The relay's first claim (at start) is over once it sleeps; give it a moment.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for round in 1..=3 {
+        db.enqueue_committed("outbox_compressed", &messages(1, 2000, 1))
+            .await;
+        // Well under the relay's 60 s poll, over the waker's 500 ms fallback poll.
+        wait_until("a wake for a compressed insert", secs(5), async || {
+            db.count("outbox_compressed", "status = 2").await == round
+        })
+        .await;
+    }
+    assert!(
+        matches!(*state.borrow(), WakerState::Following { .. }),
+        "{:?}",
+        *state.borrow()
+    );
+    running.stop(secs(30)).await;
+}
+
+// ------------------------------------------------------------------------------------------
+// The CLI: signals while standard output is blocked or the server is frozen
+// ------------------------------------------------------------------------------------------
+
+/// `changefeed relay` (JSON lines) over `outbox`, stdout and stderr piped.
+fn relay_child(url: &str, outbox: &str, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_changefeed"))
+        .args(["relay", "--outbox", outbox, "--url", url])
+        .args(["--progress-interval", "1h"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the changefeed binary runs")
+}
+
+/// Waits until a row of `outbox` is claimed (status 1).
+async fn wait_for_a_claim(db: &TestDb, outbox: &str) {
+    wait_until("a claimed row", secs(30), async || {
+        db.count(outbox, "status = 1").await > 0
+    })
+    .await;
+}
+
+/// A reader nobody drains: the relay's batch (100 messages, 200 KB of JSON lines) fills the pipe and its
+/// write blocks. The first SIGINT still ends it within --shutdown-grace; and a second
+/// SIGINT ends it at once whatever the grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it"]
+async fn the_cli_relay_stops_while_its_standard_output_is_blocked() {
+    let server = OwnedServer::start("pipe");
+    let db = database_on("blocked_pipe", |d| server.url_for(d)).await;
+    for (outbox, grace, signals) in [("outbox_grace", "2s", 1), ("outbox_twice", "1h", 2)] {
+        db.outbox(outbox).await;
+        db.enqueue_committed(outbox, &messages(100, 2000, 100))
+            .await;
+        let mut child = relay_child(&db.url, outbox, &["--shutdown-grace", grace]);
+        let stderr = stderr_lines(&mut child);
+        wait_for_a_claim(&db, outbox).await;
+        // Past the first 64 KiB the write blocks.
+        tokio::time::sleep(secs(1)).await;
+        let started = Instant::now();
+        signal(&child, libc::SIGINT);
+        if signals == 2 {
+            tokio::time::sleep(secs(1)).await;
+            assert!(child.try_wait().unwrap().is_none(), "the grace is an hour");
+            signal(&child, libc::SIGINT);
+        }
+        let stdout = child.stdout.take();
+        let (status, _) = tokio::task::spawn_blocking(move || wait_for_exit(child, secs(15)))
+            .await
+            .unwrap();
+        drop(stdout);
+        assert!(
+            started.elapsed() < secs(8),
+            "{grace}: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(status.code(), Some(130), "{grace}");
+        let lines: Vec<String> = stderr.try_iter().collect();
+        let expected = if signals == 2 {
+            "stopped at once by a second signal: the batch in flight was not finished"
+        } else {
+            "stopped at once: the batch in flight was not finished within the shutdown grace (2s)"
+        };
+        assert!(lines.iter().any(|line| line == expected), "{lines:?}");
+    }
+}
+
+/// The server freezes while the CLI relay writes a batch, so its `mark_done` meets a frozen
+/// server: the first SIGINT ends the process within --shutdown-grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it"]
+async fn the_cli_relay_stops_within_its_grace_while_mark_done_hangs() {
+    use std::io::{BufRead, BufReader, Read};
+
+    let server = OwnedServer::start("cli_frozen");
+    let db = database_on("cli_frozen", |d| server.url_for(d)).await;
+    db.outbox("outbox_cli_frozen").await;
+    db.enqueue_committed("outbox_cli_frozen", &messages(100, 2000, 100))
+        .await;
+    let mut child = relay_child(&db.url, "outbox_cli_frozen", &["--shutdown-grace", "3s"]);
+    let _stderr = stderr_lines(&mut child);
+    // The batch (200 KB) cannot be written before the reader drains it: read one line,
+    // freeze the server, then drain, so the acknowledgement comes after the freeze.
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let first = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        (line, stdout)
+    });
+    let (line, mut stdout) = tokio::time::timeout(secs(30), first)
+        .await
+        .expect("a first JSON line")
+        .unwrap();
+    assert!(line.contains("\"orders\""), "{line}");
+    server.freeze();
+    let drained = std::thread::spawn(move || {
+        let mut rest = String::new();
+        stdout.read_to_string(&mut rest).ok();
+        rest.lines().count() + 1
+    });
+    tokio::time::sleep(secs(2)).await;
+    assert!(child.try_wait().unwrap().is_none());
+    let started = Instant::now();
+    signal(&child, libc::SIGINT);
+    let (status, _) = tokio::task::spawn_blocking(move || wait_for_exit(child, FROZEN))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    server.thaw();
+    assert!(took < secs(10), "stopped after {took:?}");
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(drained.join().unwrap(), 100, "the whole batch was written");
+}
+
+/// An enqueue larger than the server's `max_allowed_packet` (which the client reads when it
+/// connects) is refused before it is sent: a permanent error that names the limit and the
+/// fix, not a transient connection error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it"]
+async fn an_enqueue_over_max_allowed_packet_is_permanent_and_names_the_limit() {
+    let server = OwnedServer::start("packet");
+    let db = database_on("packet", |d| server.url_for(d)).await;
+    db.outbox("outbox_packet").await;
+    db.sql("set global max_allowed_packet = 1048576").await;
+    // Connections opened from now on get the smaller limit.
+    let db = reopened(&db);
+    let table: changefeed::mysql::OutboxTable = "outbox_packet".parse().unwrap();
+    let mut conn = db.conn().await;
+    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+    let error = changefeed::mysql::enqueue(&mut tx, &table, &messages(1, 2 << 20, 1)[0])
+        .await
+        .expect_err("a 2 MiB message over a 1 MiB max_allowed_packet");
+    assert!(!error.is_transient(), "{error}");
+    assert_eq!(error.server_number(), Some(1153), "{error}");
+    let text = error.to_string();
+    assert!(text.contains("larger than max_allowed_packet"), "{text}");
+    assert!(text.contains("SET GLOBAL max_allowed_packet"), "{text}");
+}
