@@ -51,6 +51,7 @@ begin
         'status smallint not null default 0 check (status between 0 and 4), '
         'attempts integer not null default 0, '
         'claimed_at timestamptz null, '
+        'claim_expires_at timestamptz null, '
         'claim_token uuid null, '
         'next_retry_at timestamptz null, '
         'created_at timestamptz not null default now(), '
@@ -59,6 +60,12 @@ begin
         ')',
         v_qualified, '', ''
     );
+
+    -- Each claim stores its own expiry (now + the claiming relay's timeout), so a row expires
+    -- by the timeout of the relay that holds it, not by that of whichever relay looks next.
+    -- An outbox made before the column existed gets it here: nullable, nothing rewritten.
+    execute format('alter table %s add column if not exists claim_expires_at timestamptz null',
+        v_qualified);
 
     select string_agg(required.name, ', ' order by required.position)
     into v_missing

@@ -146,6 +146,7 @@ contract!(
     six_claimers_share_thirty_aggregates,
     fifty_claimers_on_one_aggregate,
     reaper_and_fenced_acknowledgements,
+    a_claim_expires_by_its_holders_timeout,
     retry_requeue_and_dead,
     purge_deletes_only_old_done_rows,
     unicode_and_one_megabyte_payloads_round_trip,

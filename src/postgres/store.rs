@@ -233,13 +233,16 @@ impl PostgresOutboxStore {
                      where t.status in (0, 1, 3) \
                      and (t.status = 0 \
                      or (t.status = 3 and t.next_retry_at <= now()) \
-                     or (t.status = 1 and t.claimed_at < now() - $2::bigint * interval '1 microsecond')) \
+                     or (t.status = 1 and coalesce(t.claim_expires_at, \
+                     t.claimed_at + $2::bigint * interval '1 microsecond') < now())) \
                      and not exists (select 1 from {t} as e \
                      where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id) \
                      order by t.id limit $1 \
                      for update skip locked) \
                      update {t} as t set attempts = t.attempts + (t.status = 1)::int, status = 1, \
-                     claimed_at = now(), claim_token = $3 \
+                     claimed_at = now(), \
+                     claim_expires_at = now() + $2::bigint * interval '1 microsecond', \
+                     claim_token = $3 \
                      from due where t.id = due.id \
                      returning {CLAIMED_COLUMNS}"
                 );

@@ -408,6 +408,29 @@ pub async fn fifty_claimers_on_one_aggregate<D: ContractDb>(db: &D) {
     assert_eq!(claims[0].payload["n"], 0);
 }
 
+/// A claim expires by the timeout of the relay that made it, not by the timeout of the
+/// relay that finds it: a relay with a 1 s timeout does not take a row another relay claimed
+/// for 10 minutes, 5 s ago (issue 18: a fleet's effective timeout was its smallest).
+pub async fn a_claim_expires_by_its_holders_timeout<D: ContractDb>(db: &D) {
+    let (mut patient, mut hasty) = (db.store(), db.store());
+    let e = db.enqueue_committed(&[message_of("h", 0)]).await;
+    let held = claim(&mut patient, 10, Duration::from_secs(600)).await;
+    assert_eq!(ids(&held), vec![e[0].id]);
+    db.age("claimed_at", Duration::from_secs(5), &[e[0].id])
+        .await;
+    assert!(
+        claim(&mut hasty, 10, Duration::from_secs(1))
+            .await
+            .is_empty(),
+        "a relay with a shorter timeout took a claim its holder still owns"
+    );
+    assert_eq!(
+        db.state(e[0].id).await,
+        (1, 0),
+        "still processing, no attempt"
+    );
+}
+
 /// An expired claim is taken over (one attempt counted); the old token then changes
 /// nothing, the new one does.
 pub async fn reaper_and_fenced_acknowledgements<D: ContractDb>(db: &D) {
@@ -423,7 +446,10 @@ pub async fn reaper_and_fenced_acknowledgements<D: ContractDb>(db: &D) {
             .is_empty(),
         "held"
     );
+    // Every store keeps the claim's own expiry next to its time (issue 18): both move back.
     db.age("claimed_at", Duration::from_secs(61), &[e[0].id])
+        .await;
+    db.age("claim_expires_at", Duration::from_secs(61), &[e[0].id])
         .await;
     let taken = claim(&mut second, 10, Duration::from_secs(60)).await;
     assert_eq!(
