@@ -4,7 +4,7 @@
 //! can, and sees the owners in `consumer_lag`; a first save holds no key-range lock and
 //! makes `teardown_feed` wait for its transaction, and a save that comes after a teardown
 //! is refused and leaves nothing behind; consumer names too long for the column or with
-//! trailing spaces are refused when `save_cursor` is called from SQL.
+//! trailing spaces are refused when `save_cursor` (or `remove_consumer`) is called from SQL.
 //!
 //! They need a SQL Server (`CHANGEFEED_TEST_MSSQL`, or Docker for testcontainers) and are
 //! `#[ignore]`d: `cargo test --test live_cursor_owner -- --ignored`. Every scenario runs
@@ -462,6 +462,27 @@ async fn names_scenario(db: &TestDb) {
         save_sql(&mut admin, "a ", &feed, 0, 2).await,
         51110,
         "a trailing space",
+    );
+    // remove_consumer refuses it too (V74): 'a ' would delete consumer 'a' under a lock
+    // resource other than the one save_cursor takes for 'a', so the two would not wait for
+    // each other. Consumer 'a' is left as it was.
+    let message = server_error(
+        remove_consumer(&mut admin, "a ", &feed).await,
+        51110,
+        "remove_consumer with a trailing space",
+    );
+    assert!(message.contains("space"), "{message}");
+    assert_eq!(
+        scalar_i64(
+            &mut admin,
+            &format!(
+                "select count_big(*) from changefeed.consumer_cursor where feed = N'{feed}' \
+                 and consumer = N'a';"
+            ),
+        )
+        .await,
+        1,
+        "the refused removal deleted nothing"
     );
     // Outside the Basic Multilingual Plane a character takes two of the 200 units: 100
     // emoji fit, 101 do not (len() would count 101).
