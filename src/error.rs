@@ -134,8 +134,8 @@ const CURSOR_EXPIRED: u32 = 51104;
 /// that lost its place to a page split (601: claim's head probe reads READUNCOMMITTED), a
 /// snapshot update conflict (3960: a caller's SNAPSHOT transaction met a concurrent change),
 /// our own "lock not granted" errors (generators 51012, read_feed 51103, lock_feed 51202,
-/// save_cursor's snapshot conflict 51113,
-/// enqueue's message_id lock 51305), and the Azure SQL transient set (reconfiguration,
+/// save_cursor's snapshot conflict 51113, the consumer lock of save_cursor and
+/// remove_consumer 51115, enqueue's message_id lock 51305 and its aggregate lock 51310), and the Azure SQL transient set (reconfiguration,
 /// failover, throttling, a serverless database that is paused or resuming: 10936, 42108,
 /// 42109).
 ///
@@ -145,8 +145,8 @@ const CURSOR_EXPIRED: u32 = 51104;
 /// Azure SQL Database the connect path ([`crate::connection`]) turns it into a transient
 /// [`Error::Connection`] instead.
 const TRANSIENT_SERVER_ERRORS: &[u32] = &[
-    601, 1205, 1222, 3960, 51012, 51103, 51113, 51202, 51305, 4221, 10928, 10929, 10936, 40143,
-    40197, 40501, 40540, 40613, 42108, 42109, 49918, 49919, 49920,
+    601, 1205, 1222, 3960, 51012, 51103, 51113, 51115, 51202, 51305, 51310, 4221, 10928, 10929,
+    10936, 40143, 40197, 40501, 40540, 40613, 42108, 42109, 49918, 49919, 49920,
 ];
 
 /// Login failures: a wrong password or unknown login (18456), an untrusted domain login

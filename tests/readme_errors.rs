@@ -62,3 +62,44 @@ fn every_number_is_in_the_project_range() {
         assert!((51000..52000).contains(&number), "{number}");
     }
 }
+
+/// The numbers whose row's last column (what to do) starts with "Transient".
+fn documented_transient_numbers() -> BTreeSet<u32> {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    readme
+        .lines()
+        .filter(|line| {
+            line.trim_end()
+                .trim_end_matches('|')
+                .rsplit('|')
+                .next()
+                .is_some_and(|advice| advice.trim_start().starts_with("Transient"))
+        })
+        .filter_map(|line| line.strip_prefix("| "))
+        .filter_map(|rest| rest.split(' ').next())
+        .filter_map(|first| first.parse::<u32>().ok())
+        .filter(|n| (51000..52000).contains(n))
+        .collect()
+}
+
+/// A caller's retry loop asks `Error::is_transient`; the table tells a reader the same. An
+/// error README calls transient that the client calls final (51115 and 51310 were) stops a
+/// relay or a writer that a retry would have carried on, and the reverse retries forever.
+#[test]
+fn the_client_retries_exactly_the_errors_readme_calls_transient() {
+    let transient = documented_transient_numbers();
+    assert!(
+        transient.contains(&51305),
+        "found no transient rows: {transient:?}"
+    );
+    for number in documented_numbers() {
+        let error = changefeed::Error::from_server(number, 1, 16, String::new());
+        assert_eq!(
+            error.is_transient(),
+            transient.contains(&number),
+            "{number}: README calls it {}transient, Error::is_transient says {}",
+            if transient.contains(&number) { "" } else { "not " },
+            error.is_transient()
+        );
+    }
+}
