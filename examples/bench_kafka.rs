@@ -30,10 +30,10 @@
 //!
 //! Timing is printed, never asserted.
 
-#[path = "support/memory_feed.rs"]
-mod memory_feed;
 #[path = "support/kafka_bench.rs"]
 mod kafka_bench;
+#[path = "support/memory_feed.rs"]
+mod memory_feed;
 #[path = "support/memory_store.rs"]
 mod memory_store;
 
@@ -52,8 +52,8 @@ use changefeed::outbox::{ClaimStore, NewMessage};
 use changefeed::reader::PageSource;
 use changefeed::relay::{Relay, RelayConfig};
 use changefeed::{Cursor, Feed};
-use memory_feed::{FakeCursors, FakeFeed, KEY_COLUMNS};
 use kafka_bench::{check, send, warm_up};
+use memory_feed::{FakeCursors, FakeFeed, KEY_COLUMNS};
 use memory_store::MemoryStore;
 
 const HELP: &str = "\

@@ -14,14 +14,14 @@
 
 #[path = "../tests/common_server/mod.rs"]
 mod common_server;
+#[path = "support/mysql_bench.rs"]
+#[allow(dead_code)]
+mod mysql_bench;
 #[path = "../tests/common_mysql/server.rs"]
 mod server;
 #[path = "bench/stats.rs"]
 #[allow(dead_code)]
 mod stats;
-#[path = "support/mysql_bench.rs"]
-#[allow(dead_code)]
-mod mysql_bench;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -308,7 +308,10 @@ async fn main() {
         bare[0], bare[1]
     );
     println!("| bare producer (one) | {producer:.0} msg/s | |");
-    for (name, ceiling) in [("bare loop", bare.as_slice()), ("bare producer", &[producer, producer][..])] {
+    for (name, ceiling) in [
+        ("bare loop", bare.as_slice()),
+        ("bare producer", &[producer, producer][..]),
+    ] {
         println!(
             "| relay / {name} | {:.2} | {:.2} |",
             stats::ratio(relay[0], ceiling[0]).unwrap_or(0.0),

@@ -370,7 +370,11 @@ async fn a_claim_without_a_wait_sends_no_wait_ms() {
         .find(|t| t.contains("claim:dbo.outbox"))
         .expect("a claim");
     assert!(!claim.contains("@wait_ms"), "{claim}");
-    assert!(store_of(&server).claim_wait(Duration::from_secs(3601)).is_err());
+    assert!(
+        store_of(&server)
+            .claim_wait(Duration::from_secs(3601))
+            .is_err()
+    );
 }
 
 #[tokio::test]

@@ -137,7 +137,12 @@ async fn holds_nothing_in(db: &TestDb) {
     let second = NewMessage::new("t", json!({"n": 2})).aggregate("order", "a-1");
     enqueue_committed(&store, &mut admin, &head).await;
     enqueue_committed(&store, &mut admin, &second).await;
-    let held = messages(store.claim(&mut admin, 10, HELD).await.expect("claim the head"));
+    let held = messages(
+        store
+            .claim(&mut admin, 10, HELD)
+            .await
+            .expect("claim the head"),
+    );
     assert_eq!(held.len(), 1, "only a-1's head is due");
 
     let mut claimer = db.client().await;
@@ -189,12 +194,21 @@ async fn holds_nothing_in(db: &TestDb) {
     let enqueue_started = Instant::now();
     bounded("an enqueue while a claim waits", PROMPT, async {
         exec_ok(&mut writer, "set xact_abort on; begin transaction;").await;
-        store.enqueue(&mut writer, &third).await.expect("enqueue a-1");
-        store.enqueue(&mut writer, &other).await.expect("enqueue a-2");
+        store
+            .enqueue(&mut writer, &third)
+            .await
+            .expect("enqueue a-1");
+        store
+            .enqueue(&mut writer, &other)
+            .await
+            .expect("enqueue a-2");
         exec_ok(&mut writer, "commit transaction;").await;
     })
     .await;
-    eprintln!("enqueue while a claim waits: {:?}", enqueue_started.elapsed());
+    eprintln!(
+        "enqueue while a claim waits: {:?}",
+        enqueue_started.elapsed()
+    );
 
     // The waiting claim then takes a-2's message, and only that: a-1 is still held.
     let claimed = join(claim).await;
@@ -222,13 +236,18 @@ async fn refused_in(db: &TestDb) {
         .expect_err("a wait inside a transaction");
     assert_eq!(error.server_number(), Some(51311), "{error}");
     // Without a wait the claim runs in the caller's transaction, as it always did.
-    store.claim(&mut admin, 10, HELD).await.expect("claim without a wait");
+    store
+        .claim(&mut admin, 10, HELD)
+        .await
+        .expect("claim without a wait");
     exec_ok(&mut admin, "rollback transaction;").await;
 
     for bad in ["-1", "3600001", "null"] {
         let error = common::exec(
             &mut admin,
-            &format!("exec {procedure} @batch_size = 10, @claim_timeout_ms = 1000, @wait_ms = {bad};"),
+            &format!(
+                "exec {procedure} @batch_size = 10, @claim_timeout_ms = 1000, @wait_ms = {bad};"
+            ),
         )
         .await
         .expect_err("a wait out of range");
@@ -347,27 +366,39 @@ async fn stops_in(db: &TestDb) {
     let waiting_claims = "select count_big(*) from sys.dm_exec_requests as r \
          inner join sys.dm_exec_sessions as s on s.session_id = r.session_id \
          where s.is_user_process = 1 and r.database_id = db_id() and r.session_id <> @@spid;";
-    bounded("the relay's claim to start waiting", Duration::from_secs(10), async {
-        while scalar_i64(&mut admin, waiting_claims).await == 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
+    bounded(
+        "the relay's claim to start waiting",
+        Duration::from_secs(10),
+        async {
+            while scalar_i64(&mut admin, waiting_claims).await == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
     .await;
 
     let asked = Instant::now();
     let _ = stop.send(());
-    bounded("the relay stopping while its claim waits", Duration::from_secs(1), running)
-        .await
-        .expect("the relay task")
-        .expect("the relay");
+    bounded(
+        "the relay stopping while its claim waits",
+        Duration::from_secs(1),
+        running,
+    )
+    .await
+    .expect("the relay task")
+    .expect("the relay");
     eprintln!("stopped in {:?}", asked.elapsed());
 
     // The claim ended on the server with the relay: a message committed now stays pending.
-    bounded("the cancelled claim to end", Duration::from_secs(5), async {
-        while scalar_i64(&mut admin, waiting_claims).await > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
+    bounded(
+        "the cancelled claim to end",
+        Duration::from_secs(5),
+        async {
+            while scalar_i64(&mut admin, waiting_claims).await > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
     .await;
     let id = enqueue_committed(&store, &mut admin, &NewMessage::new("t", json!({"n": 1}))).await;
     tokio::time::sleep(Duration::from_millis(300)).await;

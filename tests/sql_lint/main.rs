@@ -1178,7 +1178,10 @@ fn pauses_in_transactions(code: &[&Token<'_>], sink: &mut Sink<'_>) {
         };
         let pause_call = i >= 2
             && code[i - 1].is_punct(b'.')
-            && code[i].ident_value().to_ascii_lowercase().starts_with("pause_")
+            && code[i]
+                .ident_value()
+                .to_ascii_lowercase()
+                .starts_with("pause_")
             && code[i - 2].ident_value().eq_ignore_ascii_case("changefeed");
         if code[i].is("waitfor") || pause_call {
             sink.push(
