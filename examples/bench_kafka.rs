@@ -30,6 +30,8 @@
 //!
 //! Timing is printed, never asserted.
 
+#[path = "support/kafka_bench.rs"]
+mod kafka_bench;
 #[path = "support/memory_feed.rs"]
 mod memory_feed;
 #[path = "support/memory_store.rs"]
@@ -39,13 +41,9 @@ use std::collections::VecDeque;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use changefeed::kafka::rdkafka::error::KafkaError;
 use changefeed::kafka::rdkafka::message::{Header, OwnedHeaders};
 use changefeed::kafka::rdkafka::mocking::MockCluster;
-use changefeed::kafka::rdkafka::producer::{
-    DeliveryFuture, FutureProducer, FutureRecord, Producer,
-};
-use changefeed::kafka::rdkafka::types::RDKafkaErrorCode;
+use changefeed::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use changefeed::kafka::{
     ExportConfig, FeedExporter, HEADER_FEED, HEADER_SHARD, HEADER_ULID, KafkaPublisher,
     KafkaPublisherConfig, ProducerSettings,
@@ -54,6 +52,7 @@ use changefeed::outbox::{ClaimStore, NewMessage};
 use changefeed::reader::PageSource;
 use changefeed::relay::{Relay, RelayConfig};
 use changefeed::{Cursor, Feed};
+use kafka_bench::{check, send, warm_up};
 use memory_feed::{FakeCursors, FakeFeed, KEY_COLUMNS};
 use memory_store::MemoryStore;
 
@@ -318,31 +317,6 @@ async fn raw_round(
     Ok(args.messages as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Enqueues `record`, its delivery future pushed on `pending`; when the producer's local
-/// queue is full, awaits the oldest pending delivery and tries again.
-async fn send(
-    producer: &FutureProducer,
-    mut record: FutureRecord<'_, str, [u8]>,
-    pending: &mut VecDeque<DeliveryFuture>,
-) -> Result<(), String> {
-    loop {
-        match producer.send_result(record) {
-            Ok(delivery) => {
-                pending.push_back(delivery);
-                return Ok(());
-            }
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                record = back;
-                match pending.pop_front() {
-                    Some(delivery) => check(delivery.await)?,
-                    None => tokio::time::sleep(Duration::from_millis(1)).await,
-                }
-            }
-            Err((error, _)) => return Err(error.to_string()),
-        }
-    }
-}
-
 /// The feed the exporter reads.
 const FEED: &str = "dbo.Orders";
 
@@ -507,31 +481,6 @@ async fn raw_producer(args: &Args, bootstrap: &str, topic: &str) -> Result<Futur
         .map_err(|e| e.to_string())?;
     warm_up(&producer, topic).await?;
     Ok(producer)
-}
-
-/// Connects the producer, learns the topic's partitions and gets the idempotent
-/// producer's id (one record to a topic of its own) before the clock starts, so neither
-/// side's figure includes the set-up (about half a second on the mock cluster).
-async fn warm_up(producer: &FutureProducer, topic: &str) -> Result<(), String> {
-    producer
-        .client()
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .map_err(|e| format!("the mock cluster did not answer: {e}"))?;
-    let record = FutureRecord::<str, str>::to("warm-up").payload("warm-up");
-    let delivery = producer
-        .send_result(record)
-        .map_err(|(e, _)| format!("the warm-up record was refused: {e}"))?;
-    check(delivery.await)
-}
-
-fn check<E: std::fmt::Debug>(
-    report: Result<changefeed::kafka::rdkafka::producer::future_producer::OwnedDeliveryResult, E>,
-) -> Result<(), String> {
-    match report {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err((error, _))) => Err(format!("a raw delivery failed: {error}")),
-        Err(e) => Err(format!("a raw delivery was cancelled: {e:?}")),
-    }
 }
 
 fn median(values: &mut [f64]) -> f64 {

@@ -14,6 +14,9 @@
 
 #[path = "../tests/common_server/mod.rs"]
 mod common_server;
+#[path = "support/mysql_bench.rs"]
+#[allow(dead_code)]
+mod mysql_bench;
 #[path = "../tests/common_mysql/server.rs"]
 mod server;
 #[path = "bench/stats.rs"]
@@ -24,20 +27,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use changefeed::mysql::{
-    BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, OutboxTable, enqueue, migrate, setup_outbox,
-};
+use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, enqueue};
 use changefeed::outbox::{ClaimedMessage, NewMessage};
 use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
-use mysql_async::prelude::Queryable;
-use mysql_async::{Opts, Pool};
+use mysql_bench::{AGGREGATES, BATCH, BenchDb, fail};
 use stats::Summary;
 use tokio::sync::Mutex;
 
-/// Aggregates the messages are spread over (each message waits for its aggregate's
-/// previous one, as in production).
-const AGGREGATES: usize = 1000;
-const BATCH: u32 = 100;
 /// Commits per latency run, spaced `LATENCY_GAP` apart.
 const LATENCY_SAMPLES: usize = 200;
 const LATENCY_GAP: Duration = Duration::from_millis(15);
@@ -70,46 +66,11 @@ impl Publisher for Clock {
     }
 }
 
-fn fail(what: &str, error: impl std::fmt::Display) -> ! {
-    eprintln!("bench_mysql: {what}: {error}");
-    std::process::exit(1)
-}
-
-async fn fill(pool: &Pool, table: &OutboxTable, messages: usize) {
-    let mut conn = pool.get_conn().await.unwrap_or_else(|e| fail("connect", e));
-    for chunk in (0..messages).collect::<Vec<_>>().chunks(1000) {
-        let mut tx = conn
-            .start_transaction(Default::default())
-            .await
-            .unwrap_or_else(|e| fail("begin", e));
-        for n in chunk {
-            let message = NewMessage::new("bench", serde_json::json!({ "n": n }))
-                .aggregate("bench", format!("a{}", n % AGGREGATES));
-            enqueue(&mut tx, table, &message)
-                .await
-                .unwrap_or_else(|e| fail("enqueue", e));
-        }
-        tx.commit().await.unwrap_or_else(|e| fail("commit", e));
-    }
-}
-
-async fn reset(pool: &Pool, table: &OutboxTable) {
-    let mut conn = pool.get_conn().await.unwrap_or_else(|e| fail("connect", e));
-    conn.query_drop(format!("truncate table {}", table.quoted()))
-        .await
-        .unwrap_or_else(|e| fail("truncate", e));
-}
-
 /// Messages per second through `relays` relays with a no-op publisher.
-async fn relay_throughput(
-    pool: &Pool,
-    opts: &Opts,
-    table: &OutboxTable,
-    messages: usize,
-    relays: usize,
-) -> f64 {
-    reset(pool, table).await;
-    fill(pool, table, messages).await;
+async fn relay_throughput(db: &BenchDb, messages: usize, relays: usize) -> f64 {
+    let (opts, table) = (&db.opts, &db.table);
+    db.reset().await;
+    db.fill(messages).await;
     let published = Arc::new(NoOp::default());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let started = Instant::now();
@@ -137,75 +98,11 @@ async fn relay_throughput(
     stats::throughput(messages as u64, elapsed).unwrap_or(0.0)
 }
 
-/// The same claim and acknowledgement, in a stored procedure: no client, no relay, no round
-/// trips. Its rate is the ceiling the relay is compared with.
-const BARE_LOOP: &str = "create procedure bench_bare_loop() modifies sql data
-begin
-    declare claimed int default 1;
-    declare token binary(16);
-    create temporary table if not exists bench_claimed (id bigint primary key);
-    while claimed > 0 do
-        set token = unhex(replace(uuid(), '-', ''));
-        start transaction;
-        delete from bench_claimed;
-        insert into bench_claimed (id)
-        select t.id from bench_outbox as t force index (open_messages)
-        where t.is_open = 1 and t.status = 0
-            and not exists (select 1 from bench_outbox as e force index (head_of_aggregate)
-                where e.aggregate_id = t.aggregate_id and e.is_open = 1 and e.id < t.id)
-        order by t.id limit 100 for update skip locked;
-        set claimed = row_count();
-        -- straight_join: the claimed ids first, then the outbox by primary key, so the
-        -- update locks only the claimed rows.
-        update bench_claimed as c straight_join bench_outbox as t on t.id = c.id
-        set t.attempts = t.attempts + (t.status = 1), t.status = 1,
-            t.claimed_at = utc_timestamp(3), t.claim_token = token;
-        commit;
-        update bench_claimed as c straight_join bench_outbox as t on t.id = c.id
-        set t.status = 2, t.processed_at = utc_timestamp(3), t.last_error = null
-        where t.status = 1 and t.claim_token = token;
-        if claimed = 0 then
-            -- Another loop may hold the last heads; stop only when nothing is open.
-            if exists (select 1 from bench_outbox force index (open_messages) where is_open = 1) then
-                set claimed = 1;
-            end if;
-        end if;
-    end while;
-end";
-
-/// Messages per second through `loops` concurrent bare loops.
-async fn bare_throughput(pool: &Pool, table: &OutboxTable, messages: usize, loops: usize) -> f64 {
-    reset(pool, table).await;
-    fill(pool, table, messages).await;
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..loops {
-        let pool = pool.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut conn = pool.get_conn().await.unwrap_or_else(|e| fail("connect", e));
-            conn.query_drop("set session transaction isolation level read committed")
-                .await
-                .unwrap_or_else(|e| fail("bare loop", e));
-            // A deadlock victim claimed nothing; call the loop again, as a relay would.
-            loop {
-                match conn.query_drop("call bench_bare_loop()").await {
-                    Ok(()) => break,
-                    Err(mysql_async::Error::Server(e)) if e.code == 1213 => continue,
-                    Err(e) => fail("bare loop", e),
-                }
-            }
-        }));
-    }
-    for task in tasks {
-        let _ = task.await;
-    }
-    stats::throughput(messages as u64, started.elapsed()).unwrap_or(0.0)
-}
-
 /// Commit-to-publish latencies (ms) of single-message commits, woken by the binlog or by
 /// polling every [`POLL`].
-async fn latency(pool: &Pool, opts: &Opts, table: &OutboxTable, binlog: bool) -> Option<Summary> {
-    reset(pool, table).await;
+async fn latency(db: &BenchDb, binlog: bool) -> Option<Summary> {
+    let (pool, opts, table) = (&db.pool, &db.opts, &db.table);
+    db.reset().await;
     let clock = Arc::new(Clock::default());
     let config = RelayConfig::default().poll_interval(if binlog {
         Duration::from_secs(60)
@@ -284,34 +181,8 @@ async fn main() {
         .map(|n| n.parse().unwrap_or_else(|e| fail("the message count", e)))
         .unwrap_or(20_000);
     let server = server::server();
-    let database = format!("cf_bench_{}", std::process::id());
-    let mut admin = mysql_async::Conn::new(
-        Opts::from_url(&server.url_for("mysql")).unwrap_or_else(|e| fail("url", e)),
-    )
-    .await
-    .unwrap_or_else(|e| fail("connect", e));
-    admin
-        .query_drop(format!(
-            "create database `{database}` character set utf8mb4"
-        ))
-        .await
-        .unwrap_or_else(|e| fail("create database", e));
-    let opts =
-        changefeed::mysql::opts(&server.url_for(&database)).unwrap_or_else(|e| fail("url", e));
-    let pool = Pool::new(opts.clone());
-    migrate(&pool).await.unwrap_or_else(|e| fail("migrate", e));
-    let table: OutboxTable = "bench_outbox".parse().unwrap_or_else(|e| fail("name", e));
-    let mut conn = pool.get_conn().await.unwrap_or_else(|e| fail("connect", e));
-    setup_outbox(&mut conn, &table)
-        .await
-        .unwrap_or_else(|e| fail("setup_outbox", e));
-    conn.query_drop(BARE_LOOP)
-        .await
-        .unwrap_or_else(|e| fail("bare loop procedure", e));
-    let version = changefeed::mysql::server_version(&mut conn)
-        .await
-        .unwrap_or_default();
-    drop(conn);
+    let db = BenchDb::create(|database| server.url_for(database)).await;
+    let version = &db.version;
 
     println!(
         "claim outbox on {version}, {messages} messages over {AGGREGATES} aggregates, batch {BATCH}"
@@ -319,15 +190,15 @@ async fn main() {
     println!("| figure | value |");
     println!("|---|---|");
     for relays in [1, 4] {
-        let relay = relay_throughput(&pool, &opts, &table, messages, relays).await;
-        let bare = bare_throughput(&pool, &table, messages, relays).await;
+        let relay = relay_throughput(&db, messages, relays).await;
+        let bare = db.bare_throughput(messages, relays).await;
         let ratio = stats::ratio(relay, bare).unwrap_or(0.0);
         println!("| {relays} relay(s), no-op publisher | {relay:.0} msg/s |");
         println!("| {relays} bare SQL loop(s) | {bare:.0} msg/s |");
         println!("| ratio relay / bare, {relays} | {ratio:.2} |");
     }
     for (name, binlog) in [("binlog wake", true), ("polling every 100 ms", false)] {
-        match latency(&pool, &opts, &table, binlog).await {
+        match latency(&db, binlog).await {
             Some(s) => println!(
                 "| commit to publish, {name} | p50 {:.2} ms, p99 {:.2} ms (n = {}) |",
                 s.p50, s.p99, s.count
@@ -335,7 +206,5 @@ async fn main() {
             None => println!("| commit to publish, {name} | nothing published |"),
         }
     }
-    let _ = admin
-        .query_drop(format!("drop database `{database}`"))
-        .await;
+    db.drop_database().await;
 }

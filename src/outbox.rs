@@ -266,4 +266,20 @@ pub trait ClaimStore: Send {
         token: ClaimToken,
         after: Duration,
     ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Whether a [`claim`](Self::claim) may wait on the server for messages when none is
+    /// due (SQL Server's `@wait_ms`), so that it can last long with nothing wrong. A relay
+    /// that stops while such a claim is under way abandons it at once and calls
+    /// [`cancel_claim`](Self::cancel_claim), instead of granting it
+    /// [`SHUTDOWN_CLAIM_GRACE`](crate::relay::SHUTDOWN_CLAIM_GRACE) to answer. Default:
+    /// `false`.
+    fn claim_waits(&self) -> bool {
+        false
+    }
+
+    /// Stops, on the server, the claim whose future was dropped before it answered, if the
+    /// store can; bounded in time. Default: nothing.
+    fn cancel_claim(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }

@@ -15,7 +15,8 @@ use crate::outbox::{
     ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers, NewMessage,
     UndecodableMessage,
 };
-use crate::pool::{Pool, PooledConnection};
+use crate::pool::{Pool, PooledClient, PooledConnection};
+use crate::reader::effective_wait;
 use crate::row::Column;
 
 /// The procedures of one claim outbox table.
@@ -113,16 +114,49 @@ impl OutboxStore {
         batch_size: u32,
         claim_timeout: Duration,
     ) -> Result<Vec<Claimed>> {
+        self.claim_waiting(client, batch_size, claim_timeout, Duration::ZERO)
+            .await
+    }
+
+    /// [`claim`](Self::claim), and with nothing due, waits on the server up to `wait`
+    /// (at most [`MAX_CLAIM_WAIT`]) for messages to become due: the procedure tries again
+    /// after short pauses (2 ms doubling to [`CLAIM_PAUSE_MAX`]), holding no lock and no
+    /// transaction while it pauses, and returns as soon as it claims something; empty when
+    /// `wait` passes first. Call it outside a transaction (the server refuses a wait inside
+    /// one, error 51311).
+    ///
+    /// tiberius' command timeout must exceed the wait: [`SqlClaimStore`] asks for no more
+    /// than the connection's timeout minus [`CLAIM_WAIT_MARGIN`]. A zero `wait` sends no
+    /// `@wait_ms`, so it also runs on an outbox whose code predates the wait.
+    pub async fn claim_waiting(
+        &self,
+        client: &mut Client,
+        batch_size: u32,
+        claim_timeout: Duration,
+        wait: Duration,
+    ) -> Result<Vec<Claimed>> {
         let batch_size = i32::try_from(batch_size).unwrap_or(i32::MAX);
         let timeout_ms = i32::try_from(claim_timeout.as_millis()).unwrap_or(i32::MAX);
-        let rows = self
-            .call(
+        let rows = if wait.is_zero() {
+            self.call(
                 client,
                 "claim",
                 "@batch_size = @P1, @claim_timeout_ms = @P2",
                 &[&batch_size, &timeout_ms],
             )
-            .await?;
+            .await?
+        } else {
+            check_claim_wait(wait)?;
+            let wait_ms = wait.as_millis().max(1) as i32;
+            self.call(
+                client,
+                "claim",
+                "@batch_size = @P1, @claim_timeout_ms = @P2, @wait_ms = @P3",
+                &[&batch_size, &timeout_ms, &wait_ms],
+            )
+            .await
+            .map_err(|error| no_wait_parameter(error, &self.table))?
+        };
         rows.iter().map(claimed_row).collect()
     }
 
@@ -219,6 +253,50 @@ impl OutboxStore {
             .await?;
         count(&rows, "deleted")
     }
+}
+
+/// The longest wait a claim accepts (`@wait_ms` up to 3 600 000).
+pub const MAX_CLAIM_WAIT: Duration = Duration::from_secs(3600);
+
+/// The longest pause of a waiting claim between two tries (`pause_wait`'s
+/// `@max_pause_ms` in the claim procedure): how late a waiting claim sees a message that
+/// became due, and how often an idle waiting relay probes its outbox (50 times a second).
+pub const CLAIM_PAUSE_MAX: Duration = Duration::from_millis(20);
+
+/// How long [`SqlClaimStore`] waits on the server by default when nothing is due: one
+/// round trip every 5 s from an idle relay, and a new message is claimed within
+/// [`CLAIM_PAUSE_MAX`] of its commit.
+pub const DEFAULT_CLAIM_WAIT: Duration = Duration::from_secs(5);
+
+/// What [`SqlClaimStore`] keeps free of tiberius' command timeout (30 s by default) after
+/// its wait: the claim's last try, which never waits for a row lock but may read many rows
+/// held back behind their aggregates' heads, and the network. The wait asked of the server
+/// is at most the command timeout minus this, so a waiting claim is never cut off by it.
+pub const CLAIM_WAIT_MARGIN: Duration = Duration::from_secs(10);
+
+fn check_claim_wait(wait: Duration) -> Result<()> {
+    if wait > MAX_CLAIM_WAIT {
+        return Err(Error::Config(format!(
+            "a claim wait of {wait:?} is too long; it must be at most 1 hour ({MAX_CLAIM_WAIT:?})"
+        )));
+    }
+    Ok(())
+}
+
+/// Error 8145 (`@wait_ms is not a parameter for procedure …`): the outbox's code predates
+/// the claim's wait, so the bundle's migrations were not applied or the outbox was skipped
+/// by their upgrade as broken. Says so and names the fix.
+fn no_wait_parameter(error: Error, table: &TableName) -> Error {
+    if error.server_number() != Some(8145) {
+        return error;
+    }
+    Error::Config(format!(
+        "the claim procedure of outbox {table} takes no @wait_ms: its code predates the \
+         claim's wait ({error}). Apply the bundle's migrations (changefeed::migrate), and if \
+         select problem from changefeed.outboxes names one for this table, repair it and run \
+         exec changefeed.upgrade_outbox @table_name = N'{table}'; or claim without a wait \
+         (SqlClaimStore::claim_wait(Duration::ZERO))"
+    ))
 }
 
 /// The outbox checks payloads with ISJSON, which (before SQL Server 2022) accepts only JSON
@@ -342,11 +420,21 @@ pub(crate) fn parse_headers(text: &str) -> Result<Headers> {
 ///
 /// Connections come from the crate's [`Pool`], so a connect is bounded (TCP and handshake)
 /// and a refused login is reported with the server's message.
+///
+/// Its claim waits on the server for work ([`OutboxStore::claim_waiting`], by default
+/// [`DEFAULT_CLAIM_WAIT`]), so a relay over it claims a new message within
+/// [`CLAIM_PAUSE_MAX`] of its commit rather than within its `poll_interval`, and a relay
+/// that stops while the claim waits cancels it on the server ([`ClaimStore::cancel_claim`]).
 pub struct SqlClaimStore {
     store: OutboxStore,
     source: Source,
     conn: Option<PooledConnection>,
+    wait: Duration,
 }
+
+/// How long a [`SqlClaimStore`] gives the server to acknowledge the cancel of an abandoned
+/// claim before it closes the connection instead.
+const CANCEL_BOUND: Duration = Duration::from_secs(2);
 
 /// Where a [`SqlClaimStore`] gets connections.
 enum Source {
@@ -364,6 +452,7 @@ impl SqlClaimStore {
             store: outbox,
             source: Source::Ado(ado_connection_string.into()),
             conn: None,
+            wait: DEFAULT_CLAIM_WAIT,
         }
     }
 
@@ -374,12 +463,23 @@ impl SqlClaimStore {
             store: outbox,
             source: Source::Pool(pool),
             conn: None,
+            wait: DEFAULT_CLAIM_WAIT,
         }
+    }
+
+    /// The same store, its claims waiting up to `wait` on the server when nothing is due
+    /// (default [`DEFAULT_CLAIM_WAIT`]; zero: answer at once, and the relay polls every
+    /// `poll_interval`). Fails past [`MAX_CLAIM_WAIT`]. A wait longer than the connection's
+    /// command timeout minus [`CLAIM_WAIT_MARGIN`] is shortened to fit it at each claim.
+    pub fn claim_wait(mut self, wait: Duration) -> Result<Self> {
+        check_claim_wait(wait)?;
+        self.wait = wait;
+        Ok(self)
     }
 
     async fn with_client<T>(
         &mut self,
-        call: impl AsyncFnOnce(&OutboxStore, &mut Client) -> Result<T>,
+        call: impl AsyncFnOnce(&OutboxStore, &mut PooledClient) -> Result<T>,
     ) -> Result<T> {
         // A call dropped half-way (a relay shutting down) left its connection marked.
         if self.conn.as_ref().is_some_and(|conn| conn.is_broken()) {
@@ -413,8 +513,43 @@ impl SqlClaimStore {
 
 impl ClaimStore for SqlClaimStore {
     async fn claim(&mut self, batch_size: u32, claim_timeout: Duration) -> Result<Vec<Claimed>> {
-        self.with_client(async |store, client| store.claim(client, batch_size, claim_timeout).await)
-            .await
+        let wait = self.wait;
+        self.with_client(async |store, client| {
+            let wait = effective_wait(wait, client.command_timeout(), CLAIM_WAIT_MARGIN);
+            store
+                .claim_waiting(client, batch_size, claim_timeout, wait)
+                .await
+        })
+        .await
+    }
+
+    fn claim_waits(&self) -> bool {
+        !self.wait.is_zero()
+    }
+
+    /// Sends the server an attention for the claim a relay abandoned (its future dropped
+    /// half-way, which left the connection marked broken): SQL Server stops the procedure,
+    /// rolling back a try in progress (`xact_abort`), so the claim neither keeps waiting nor
+    /// takes rows for a relay that is gone. Bounded by [`CANCEL_BOUND`]; the connection is
+    /// closed either way. A try that had committed just before the attention loses its rows
+    /// to the claim timeout, as any abandoned claim does.
+    async fn cancel_claim(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        if !conn.is_broken() {
+            self.conn = Some(conn);
+            return;
+        }
+        match tokio::time::timeout(CANCEL_BOUND, conn.cancel_query()).await {
+            Ok(Ok(())) => tracing::debug!("cancelled the abandoned claim on the server"),
+            Ok(Err(error)) => tracing::warn!(%error, "could not cancel the abandoned claim"),
+            Err(_) => tracing::warn!(
+                bound = ?CANCEL_BOUND,
+                "the server did not acknowledge the cancel of the abandoned claim"
+            ),
+        }
+        // Still marked broken: the pool closes it.
     }
 
     async fn mark_done(&mut self, ids: &[i64], token: ClaimToken) -> Result<u64> {

@@ -331,6 +331,53 @@ async fn a_relay_stops_although_its_claim_never_answers() {
 }
 
 #[tokio::test]
+async fn a_relay_stops_at_once_while_its_claim_waits_and_cancels_it_on_the_server() {
+    // The claim waits on the server (@wait_ms) until the client cancels it.
+    let server = FakeServer::start(|_, request| match request {
+        Request::Rpc(text) if text.contains("claim:dbo.outbox") => Reply::UntilAttention,
+        _ => Reply::Done,
+    })
+    .await;
+    let took = stop_time(store_of(&server)).await;
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    let seen = server.seen();
+    let claim = seen
+        .iter()
+        .position(|s| s.request.text().contains("claim:dbo.outbox"))
+        .expect("the relay claimed");
+    assert!(
+        seen[claim].request.text().contains("@wait_ms"),
+        "{:?}",
+        seen[claim]
+    );
+    assert!(
+        seen[claim..]
+            .iter()
+            .any(|s| s.request == Request::Attention && s.connection == seen[claim].connection),
+        "no attention after the claim: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_claim_without_a_wait_sends_no_wait_ms() {
+    let server = FakeServer::accepting().await;
+    let mut store = store_of(&server).claim_wait(Duration::ZERO).unwrap();
+    assert!(!store.claim_waits());
+    store.claim(10, Duration::from_secs(30)).await.unwrap();
+    let texts = server.texts_of(0);
+    let claim = texts
+        .iter()
+        .find(|t| t.contains("claim:dbo.outbox"))
+        .expect("a claim");
+    assert!(!claim.contains("@wait_ms"), "{claim}");
+    assert!(
+        store_of(&server)
+            .claim_wait(Duration::from_secs(3601))
+            .is_err()
+    );
+}
+
+#[tokio::test]
 async fn a_relay_stops_although_its_connect_never_completes() {
     // Accepts TCP connections (the kernel's backlog) and never says a word.
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

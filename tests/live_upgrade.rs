@@ -54,7 +54,7 @@ const BASELINE: i32 = 49;
 
 /// The versions the upgrade starts from, ascending. Add `m - 1` for each later migration
 /// `V<m>` that changes a template (see the module's documentation).
-const FROM_VERSIONS: &[i32] = &[BASELINE, 51, 52, 53, 55, 56, 58, 59, 61, 62, 70];
+const FROM_VERSIONS: &[i32] = &[BASELINE, 51, 52, 53, 55, 56, 58, 59, 61, 62, 70, 76];
 
 /// The consumer whose cursors the test saves before the upgrade.
 const CONSUMER: &str = "upgrade-test";
@@ -565,6 +565,21 @@ async fn check_claim_outbox(admin: &mut Client, messages: &OutboxStore, before: 
         5,
         "all five messages are done, none lost or doubled"
     );
+
+    // The regenerated claim takes a wait: with nothing due it answers empty, after the wait.
+    let wait = Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    let nothing = messages
+        .claim_waiting(admin, 10, Duration::from_secs(60), wait)
+        .await
+        .expect("a waiting claim after the upgrade");
+    assert!(nothing.is_empty(), "{nothing:?}");
+    // Less a millisecond: the server's deadline is rounded to datetime2(3).
+    assert!(
+        started.elapsed() >= wait - Duration::from_millis(1),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 /// The claim outbox's objects that the migrations after the baseline changed are the new
@@ -582,6 +597,8 @@ async fn check_claim_outbox_objects_regenerated(admin: &mut Client, messages: &O
         ("claim", "No row is invisible to the dirty read"),
         // Each claim stores its own expiry (issue 18, 5b).
         ("claim", "claim_expires_at = @expires_at"),
+        // The claim waits for work between its own transactions (issue 20, item 2).
+        ("claim", "exec changefeed.pause_wait"),
     ] {
         let name = format!("[changefeed].[{kind}:{table}]");
         let found = scalar_i64(

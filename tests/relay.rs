@@ -126,6 +126,11 @@ struct StoreState {
     claim_gate: Option<Arc<ClaimGate>>,
     /// Claims never answer (a server that stopped responding, a connect that hangs).
     claims_hang: bool,
+    /// A claim that finds nothing waits this long before it answers, as SQL Server's
+    /// claim with `@wait_ms` does (and the store says so, `claim_waits`).
+    claim_wait: Option<Duration>,
+    /// Calls of `cancel_claim`.
+    cancelled_claims: usize,
 }
 
 impl StoreState {
@@ -289,7 +294,21 @@ impl ClaimStore for FakeStore {
             gate.started.notify_one();
             gate.release.notified().await;
         }
+        let wait = self.state().claim_wait;
+        if let Some(wait) = wait
+            && claimed.is_empty()
+        {
+            sleep(wait).await;
+        }
         Ok(claimed)
+    }
+
+    fn claim_waits(&self) -> bool {
+        self.state().claim_wait.is_some()
+    }
+
+    async fn cancel_claim(&mut self) {
+        self.state().cancelled_claims += 1;
     }
 
     async fn mark_done(&mut self, ids: &[i64], token: ClaimToken) -> changefeed::Result<u64> {
@@ -1604,4 +1623,70 @@ async fn an_empty_claim_that_answers_within_the_grace_ends_the_run() {
 
     relay.finish().await.unwrap();
     assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
+}
+
+// ---------------------------------------------------------------- a store whose claim waits
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_claim_that_waited_on_the_server_is_followed_at_once() {
+    let (store, publisher, hooks) = fakes();
+    store.state().claim_wait = Some(ms(300));
+    let config = config().poll_interval(ms(100));
+    let relay = start(&store, &publisher, &hooks, config);
+    sleep(ms(1000)).await;
+    relay.stop().await.unwrap();
+
+    // The poll interval counts from the claim's start, and the claim's own wait is longer.
+    let claims = store.claim_times();
+    assert!(claims.len() >= 3, "{claims:?}");
+    for pair in claims.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(gap >= ms(300) && gap < ms(302), "{gap:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_short_server_wait_still_keeps_the_poll_interval_between_claims() {
+    let (store, publisher, hooks) = fakes();
+    store.state().claim_wait = Some(ms(30));
+    let config = config().poll_interval(ms(100));
+    let relay = start(&store, &publisher, &hooks, config);
+    sleep(ms(450)).await;
+    relay.stop().await.unwrap();
+
+    let claims = store.claim_times();
+    assert!(claims.len() >= 3, "{claims:?}");
+    for pair in claims.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(gap >= ms(100) && gap < ms(102), "{gap:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_cancels_a_waiting_claim_at_once() {
+    let (store, publisher, hooks) = fakes();
+    store.state().claim_wait = Some(LONG);
+    let relay = start(&store, &publisher, &hooks, config());
+    eventually("the claim is waiting", || store.claim_times().len() == 1).await;
+
+    let stopped = Instant::now();
+    let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
+    relay.finish().await.unwrap();
+    assert!(stopped.elapsed() < ms(1), "{:?}", stopped.elapsed());
+    assert_eq!(store.state().cancelled_claims, 1);
+    assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_that_does_not_wait_is_not_cancelled_on_shutdown() {
+    let (store, publisher, hooks) = fakes();
+    let gate = store.gate_next_claim();
+    let relay = start(&store, &publisher, &hooks, config());
+    gate.started.notified().await;
+    let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
+    sleep(ms(500)).await;
+    gate.release.notify_one();
+
+    relay.finish().await.unwrap();
+    assert_eq!(store.state().cancelled_claims, 0);
 }

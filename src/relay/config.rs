@@ -29,9 +29,10 @@ pub const MAX_CLAIM_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 pub struct RelayConfig {
     /// Messages per claim, 1..=10000. Default: 100.
     pub batch_size: u32,
-    /// How long the relay sleeps after a claim that found nothing (a
+    /// When a claim found nothing, how long after it began the relay claims again (a
     /// [`RelayHandle::wake`](super::RelayHandle::wake) ends the sleep early), 1 ms..=24 h.
-    /// Default: 500 ms.
+    /// Default: 500 ms. A claim that waits on the server for work (SQL Server's, by
+    /// default 5 s) has usually taken longer, and the next follows at once.
     pub poll_interval: Duration,
     /// How long a claim holds its messages before another claim may take them back (and
     /// count an attempt), 1 ms..=24 h. Default: 30 s. Also the longest the relay waits for

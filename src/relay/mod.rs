@@ -42,7 +42,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use rand::rngs::StdRng;
 use tokio::sync::Notify;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -81,9 +81,13 @@ pub const MAX_STORE_RETRY_DELAY: Duration = Duration::from_secs(2);
 ///   was published or marked dead (then it waits `poll_interval`, so a broker that fails
 ///   everything is not hammered) or something met backpressure (then it waits
 ///   `retry.initial`);
-/// * a claim that found nothing waits `poll_interval`, or less when
-///   [`RelayHandle::wake`] is called; a wake that arrives while a batch is in flight is
-///   kept and ends the next wait at once;
+/// * a claim that found nothing is followed by the next one `poll_interval` after it began,
+///   or sooner when [`RelayHandle::wake`] is called; a wake that arrives while a batch is
+///   in flight is kept and ends the next wait at once. A store whose claim waits on the
+///   server for work ([`ClaimStore::claim_waits`], e.g.
+///   [`SqlClaimStore`](crate::outbox_store::SqlClaimStore)) has usually spent that long
+///   already, so the next claim follows at once and a new message is claimed within the
+///   store's pause, not the poll interval;
 /// * a failing claim is reported to [`Hooks::on_loop_error`] and retried after a
 ///   back-off of at least `poll_interval` (or [`MAX_STORE_RETRY_DELAY`] if that is less)
 ///   and at most [`MAX_STORE_RETRY_DELAY`], cut short by a wake; the relay never gives up
@@ -96,7 +100,8 @@ pub const MAX_STORE_RETRY_DELAY: Duration = Duration::from_secs(2);
 ///   timeout;
 /// * shutdown lets the in-flight batch finish (publish and acknowledge it) and returns; a
 ///   claim under way when shutdown comes gets [`SHUTDOWN_CLAIM_GRACE`] to answer and is
-///   abandoned after that.
+///   abandoned after that, except a claim of a store that waits for work: that one is
+///   abandoned at once and cancelled on the server ([`ClaimStore::cancel_claim`]).
 ///
 /// ```
 /// use std::time::Duration;
@@ -290,29 +295,43 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             // dropping it saves a needless claim after this one.
             let _ = wake.notified().now_or_never();
 
+            let claim_waits = self.store.claim_waits();
+            let claim_started = Instant::now();
             let claimed = {
                 let claim = self.claim();
                 let mut claim = pin!(claim);
                 tokio::select! {
                     biased;
-                    result = claim.as_mut() => result,
+                    result = claim.as_mut() => Some(result),
                     () = shutdown.as_mut() => {
                         stopping = true;
-                        // Abandoning a claim that did commit leaves its rows claimed until
-                        // the timeout (and charged an attempt), so a claim that is merely
-                        // slow gets a grace period; a hanging one does not hold shutdown.
-                        match timeout(SHUTDOWN_CLAIM_GRACE, claim.as_mut()).await {
-                            Ok(result) => result,
-                            Err(_) => {
-                                tracing::warn!(
-                                    grace = ?SHUTDOWN_CLAIM_GRACE,
-                                    "relay shutting down: abandoned a claim that did not answer"
-                                );
-                                return Ok(());
+                        if claim_waits {
+                            // Waiting for work is its normal state: abandoned now, and
+                            // cancelled on the server below.
+                            None
+                        } else {
+                            // Abandoning a claim that did commit leaves its rows claimed
+                            // until the timeout (and charged an attempt), so a claim that is
+                            // merely slow gets a grace period; a hanging one does not hold
+                            // shutdown.
+                            match timeout(SHUTDOWN_CLAIM_GRACE, claim.as_mut()).await {
+                                Ok(result) => Some(result),
+                                Err(_) => {
+                                    tracing::warn!(
+                                        grace = ?SHUTDOWN_CLAIM_GRACE,
+                                        "relay shutting down: abandoned a claim that did not answer"
+                                    );
+                                    return Ok(());
+                                }
                             }
                         }
                     }
                 }
+            };
+            let Some(claimed) = claimed else {
+                self.store.cancel_claim().await;
+                tracing::info!("relay shutting down: cancelled its waiting claim");
+                return Ok(());
             };
             let batch = match claimed {
                 Ok(batch) => {
@@ -344,8 +363,10 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                 }
             };
 
-            let idle = if batch.is_empty() {
-                true
+            // When the idle wait began: an empty claim's own wait counts (a store that waits
+            // on the server for work has usually waited poll_interval already).
+            let idle_since = if batch.is_empty() {
+                Some(claim_started)
             } else {
                 let (report, fatal) = self.process(batch).await;
                 if let Some(error) = fatal {
@@ -358,22 +379,22 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                         () = shutdown.as_mut() => return Ok(()),
                         () = sleep(self.config.retry.initial) => {}
                     }
-                    false
+                    None
                 } else {
                     // Nothing moved (every message failed): claiming again at once would
                     // only fail the next batch too.
-                    report.published + report.dead == 0
+                    (report.published + report.dead == 0).then(Instant::now)
                 }
             };
             if stopping {
                 continue; // the loop's first check returns
             }
-            if idle {
+            if let Some(since) = idle_since {
                 tokio::select! {
                     biased;
                     () = shutdown.as_mut() => return Ok(()),
                     () = wake.notified() => {}
-                    () = sleep(self.config.poll_interval) => {}
+                    () = sleep_until(since + self.config.poll_interval) => {}
                 }
             }
         }

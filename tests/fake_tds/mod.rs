@@ -34,13 +34,15 @@ pub enum Request {
     /// An RPC (`query`/`execute` with parameters); `text` is the payload read as UTF-16, in
     /// which the statement text can be found with `contains`.
     Rpc(String),
+    /// An attention: the client cancels the request in progress.
+    Attention,
 }
 
 impl Request {
     /// The batch's or RPC's text; empty for a login.
     pub fn text(&self) -> &str {
         match self {
-            Request::Login => "",
+            Request::Login | Request::Attention => "",
             Request::Batch(text) | Request::Rpc(text) => text,
         }
     }
@@ -65,6 +67,9 @@ pub enum Reply {
     },
     /// Never answers (the connection stays open).
     Hang,
+    /// Answers only an attention (a request that waits on the server until the client
+    /// cancels it): DONE with its attention bit, and the connection serves on.
+    UntilAttention,
     /// Closes the connection without answering.
     Close,
 }
@@ -236,6 +241,10 @@ async fn serve(
             SQL_BATCH => Request::Batch(utf16(skip_all_headers(&payload))),
             RPC => Request::Rpc(utf16(skip_all_headers(&payload))),
             ATTENTION => {
+                log.lock().unwrap().seen.push(Seen {
+                    connection,
+                    request: Request::Attention,
+                });
                 let mut tokens = Vec::new();
                 done(&mut tokens, 0x0020);
                 if socket.write_all(&packet(&tokens)).await.is_err() {
@@ -272,6 +281,20 @@ async fn serve(
                 return;
             }
             Reply::Close => return,
+            Reply::UntilAttention => match read_message(&mut socket).await {
+                Some((ATTENTION, _)) => {
+                    log.lock().unwrap().seen.push(Seen {
+                        connection,
+                        request: Request::Attention,
+                    });
+                    done(&mut tokens, 0x0020);
+                }
+                Some((other, _)) => panic!("a request of type {other:#x} during a waiting one"),
+                None => {
+                    log.lock().unwrap().closed.push(connection);
+                    return;
+                }
+            },
         }
         if socket.write_all(&packet(&tokens)).await.is_err() {
             return;

@@ -67,6 +67,12 @@
 //!   Released (frozen) migrations are exempt: they cannot change, and later files replace
 //!   the modules that broke it.
 //!
+//! * R22 `pause-outside-transaction` — no `WAITFOR` and no call of a pause procedure
+//!   (`changefeed.pause_*`) between a `BEGIN TRAN[SACTION]` and the `COMMIT` or `ROLLBACK`
+//!   after it, in text order: a procedure that waits for work (read_feed's long-poll, the
+//!   claim's `@wait_ms`) pauses between its own transactions, or the pause would hold every
+//!   lock the transaction took (an enqueue, a claimer, an acknowledgement would wait for it).
+//!
 //! Over the whole bundle:
 //!
 //! * R20 `ordered-feed-insert` — a statement `insert into [changefeed].[feed:…]` in the
@@ -120,6 +126,7 @@ enum Rule {
     BitwiseOperand,
     OrderedFeedInsert,
     LengthUnits,
+    PauseOutsideTransaction,
 }
 
 impl Rule {
@@ -147,6 +154,7 @@ impl Rule {
             Rule::BitwiseOperand => "R19 bitwise-operand",
             Rule::OrderedFeedInsert => "R20 ordered-feed-insert",
             Rule::LengthUnits => "R21 length-units",
+            Rule::PauseOutsideTransaction => "R22 pause-outside-transaction",
         }
     }
 }
@@ -1125,6 +1133,9 @@ fn lint_file_in(file: &str, src: &str, schema: &Schema) -> Vec<Violation> {
         length_units(&code, &mut sink);
     }
 
+    // R22
+    pauses_in_transactions(&code, &mut sink);
+
     let mut out = sink.out;
     out.sort_by_key(|v| (v.line, v.rule));
     out
@@ -1145,6 +1156,46 @@ fn is_frozen(file: &str) -> bool {
         .max()
         .unwrap_or(0);
     migration_version(name).is_ok_and(|version| version <= last_frozen)
+}
+
+/// R22: a `waitfor`, or an `exec` of `changefeed.pause_…`, after a `begin tran[saction]`
+/// and before the next `commit` or `rollback`, in text order. Text order is the order of a
+/// try block's statements (its `commit` comes before the catch block's `rollback`), which
+/// is how every procedure of the bundle writes a transaction.
+fn pauses_in_transactions(code: &[&Token<'_>], sink: &mut Sink<'_>) {
+    let mut open_since: Option<usize> = None;
+    for i in 0..code.len() {
+        if is_begin_transaction(code, i) {
+            open_since = Some(code[i].line);
+            continue;
+        }
+        if code[i].is_any(&["commit", "rollback"]) {
+            open_since = None;
+            continue;
+        }
+        let Some(began) = open_since else {
+            continue;
+        };
+        let pause_call = i >= 2
+            && code[i - 1].is_punct(b'.')
+            && code[i]
+                .ident_value()
+                .to_ascii_lowercase()
+                .starts_with("pause_")
+            && code[i - 2].ident_value().eq_ignore_ascii_case("changefeed");
+        if code[i].is("waitfor") || pause_call {
+            sink.push(
+                code[i].line,
+                Rule::PauseOutsideTransaction,
+                format!(
+                    "a pause inside the transaction begun on line {began}: it would hold every \
+                     lock the transaction took until the pause ends, and enqueues, claims and \
+                     acknowledgements would wait for it. Commit (or roll back) first and \
+                     pause between transactions, as read_feed and claim do."
+                ),
+            );
+        }
+    }
 }
 
 /// R21: `len(…)`, or a sum or difference of terms starting with one, compared with a
@@ -2027,5 +2078,64 @@ fn released_migrations_are_exempt_from_length_units() {
     assert!(
         later.iter().any(|v| v.rule == Rule::LengthUnits),
         "{later:?}"
+    );
+}
+
+// R22
+
+const WAITING_PROCEDURE: &str = "\
+create or alter procedure p as
+begin
+    set nocount, xact_abort on;
+    set implicit_transactions off;
+    declare @pause_ms int = 2;
+    while 1 = 1
+    begin
+        begin try
+            begin transaction;
+            update t set a = 1;
+            PAUSE_IN
+            commit transaction;
+        end try
+        begin catch
+            if @@trancount > 0 rollback transaction;
+            throw;
+        end catch;
+        PAUSE_OUT
+    end;
+end
+";
+
+#[test]
+fn a_pause_between_transactions_passes() {
+    assert_clean(
+        &WAITING_PROCEDURE
+            .replace("PAUSE_IN", "")
+            .replace("PAUSE_OUT", "waitfor delay '00:00:00.010';"),
+    );
+    assert_clean(&WAITING_PROCEDURE.replace("PAUSE_IN", "").replace(
+        "PAUSE_OUT",
+        "exec changefeed.pause_wait @deadline = null, @max_pause_ms = 20, @pause_ms = @pause_ms output;",
+    ));
+}
+
+#[test]
+fn a_pause_inside_a_transaction_fires() {
+    for pause in [
+        "waitfor delay '00:00:00.010';",
+        "exec changefeed.pause_wait @deadline = null, @max_pause_ms = 20, @pause_ms = @pause_ms output;",
+        "exec [changefeed].[pause_read] @deadline = null, @pause_ms = @pause_ms output;",
+    ] {
+        let src = WAITING_PROCEDURE
+            .replace("PAUSE_IN", pause)
+            .replace("PAUSE_OUT", "");
+        let message = assert_fires(&src, Rule::PauseOutsideTransaction, 11);
+        assert!(message.contains("line 9"), "{message}");
+    }
+    // Another procedure whose name starts the same way is not a pause.
+    assert_clean(
+        &WAITING_PROCEDURE
+            .replace("PAUSE_IN", "exec dbo.pause_wait;")
+            .replace("PAUSE_OUT", ""),
     );
 }
