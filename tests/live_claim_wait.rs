@@ -235,11 +235,23 @@ async fn refused_in(db: &TestDb) {
         .await
         .expect_err("a wait inside a transaction");
     assert_eq!(error.server_number(), Some(51311), "{error}");
+    // Like every refusal of the bundle (XACT_ABORT ON), it rolled the transaction back.
+    assert_eq!(
+        common::scalar_i64(&mut admin, "select convert(bigint, @@trancount);").await,
+        0,
+        "51311 rolled back the caller's transaction"
+    );
     // Without a wait the claim runs in the caller's transaction, as it always did.
+    exec_ok(&mut admin, "begin transaction;").await;
     store
         .claim(&mut admin, 10, HELD)
         .await
         .expect("claim without a wait");
+    assert_eq!(
+        common::scalar_i64(&mut admin, "select convert(bigint, @@trancount);").await,
+        1,
+        "a claim without a wait leaves the caller's transaction open"
+    );
     exec_ok(&mut admin, "rollback transaction;").await;
 
     for bad in ["-1", "3600001", "null"] {

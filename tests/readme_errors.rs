@@ -98,7 +98,11 @@ fn the_client_retries_exactly_the_errors_readme_calls_transient() {
             error.is_transient(),
             transient.contains(&number),
             "{number}: README calls it {}transient, Error::is_transient says {}",
-            if transient.contains(&number) { "" } else { "not " },
+            if transient.contains(&number) {
+                ""
+            } else {
+                "not "
+            },
             error.is_transient()
         );
     }
