@@ -130,3 +130,26 @@ fn readme_documents_every_metric() {
         );
     }
 }
+
+#[test]
+fn the_alert_rules_name_only_real_metrics() {
+    let rules = include_str!("../examples/prometheus/changefeed-alerts.yml");
+    let mut named = 0;
+    for (start, _) in rules.match_indices("changefeed_") {
+        let name: String = rules[start..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(&name);
+        assert!(
+            changefeed::metrics::lookup(&name).is_some()
+                || changefeed::metrics::lookup(base).is_some(),
+            "the alert rules use {name}, which nothing records"
+        );
+        named += 1;
+    }
+    assert!(named >= 8, "the rules name the metrics they watch");
+}

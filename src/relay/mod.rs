@@ -579,7 +579,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             self.acknowledge(ack, deadline, &mut report).await;
             report.failed += 1;
             self.metrics.failed(&message.topic, error.kind);
-            tracing::debug!(id = message.id, ?delay, %error, "message failed; will retry");
+            tracing::debug!(id = message.id, topic = %message.topic, error_class = error.kind.as_str(), ?delay, %error, "message failed; will retry");
             guarded(&self.hooks, "on_failed", |h| h.on_failed(message.id, error));
         }
 
@@ -638,7 +638,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             self.acknowledge(ack, deadline, &mut report).await;
             report.dead += 1;
             self.metrics.dead(letter.topic(), error.kind);
-            tracing::warn!(id, %error, "message dead");
+            tracing::warn!(id, topic = letter.topic().unwrap_or(""), error_class = error.kind.as_str(), %error, "message dead");
             guarded(&self.hooks, "on_dead", |h| h.on_dead(id, error));
         }
 
