@@ -55,10 +55,12 @@ pub struct Cli {
 
 /// `--log-format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+// Plain comments on the variants: doc comments would become a "Possible values:" block
+// in --help, which puts every option's text on a line of its own.
 pub enum LogFormat {
-    /// Lines for people: the start line, the progress line, the last line.
+    // Lines for people: the start line, the progress line, the last line.
     Human,
-    /// One JSON object per line, for a log pipeline.
+    // One JSON object per line, for a log pipeline.
     Json,
 }
 
