@@ -1608,9 +1608,12 @@ async fn an_empty_claim_that_answers_within_the_grace_ends_the_run() {
 
 // ---------------------------------------------------------------- metrics
 
-/// A `metrics` recorder that keeps the series (name and labels) the relay registers.
+/// One series: the metric's name and its labels in order.
+type Series = (String, Vec<(String, String)>);
+
+/// A `metrics` recorder that keeps the series the relay registers.
 #[derive(Default)]
-struct SeriesRecorder(Mutex<HashSet<(String, Vec<(String, String)>)>>);
+struct SeriesRecorder(Mutex<HashSet<Series>>);
 
 impl SeriesRecorder {
     fn keep(&self, key: &metrics::Key) {
@@ -1624,7 +1627,7 @@ impl SeriesRecorder {
             .insert((key.name().to_owned(), labels));
     }
 
-    fn series(&self) -> HashSet<(String, Vec<(String, String)>)> {
+    fn series(&self) -> HashSet<Series> {
         self.0.lock().unwrap().clone()
     }
 }
@@ -1672,10 +1675,7 @@ impl metrics::Recorder for SeriesRecorder {
 /// Relays `count` messages, each of its own aggregate, over `topics` in turn, a fifth of
 /// them poison, a fifth failing once, a fifth meeting backpressure once; returns the series
 /// the relay registered.
-async fn series_of_a_run(
-    count: usize,
-    topics: &[&str],
-) -> HashSet<(String, Vec<(String, String)>)> {
+async fn series_of_a_run(count: usize, topics: &[&str]) -> HashSet<Series> {
     let recorder = SeriesRecorder::default();
     let _local = metrics::set_default_local_recorder(&recorder);
     let (store, publisher, _hooks) = fakes();

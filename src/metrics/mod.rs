@@ -400,6 +400,7 @@ pub(crate) fn store_connected(outbox: &str, store: &'static str) {
         .increment(1);
 }
 
+#[cfg(any(feature = "mysql", feature = "postgres"))]
 /// The wake of `outbox` (`binlog`, `notify`) started following its database (`true`: also
 /// counts a connection) or fell back to polling (`false`).
 pub(crate) fn wake_following(outbox: &str, wake: &'static str, following: bool) {

@@ -25,6 +25,8 @@ const CLIENT_BOUND: Duration = Duration::from_secs(5);
 
 /// Which of a job's timestamps readiness looks at.
 #[derive(Clone, Copy, Debug)]
+// The export exists only with the kafka feature.
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 pub enum Freshness {
     /// The relay: the newest `changefeed_relay_last_claim_timestamp_seconds` (one outbox).
     LastClaim,
@@ -248,10 +250,10 @@ pub fn parse_metrics_addr(text: &str) -> Result<SocketAddr, String> {
     if let Ok(address) = text.parse::<SocketAddr>() {
         return Ok(address);
     }
-    if let Some(port) = text.strip_prefix("localhost:") {
-        if let Ok(port) = port.parse::<u16>() {
-            return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
-        }
+    if let Some(port) = text.strip_prefix("localhost:")
+        && let Ok(port) = port.parse::<u16>()
+    {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
     }
     Err(format!(
         "{text:?} is not HOST:PORT with an IP address or localhost; e.g. 127.0.0.1:9187, \

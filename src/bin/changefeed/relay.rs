@@ -123,6 +123,7 @@ impl Backlog for changefeed::mysql::MysqlOutboxStore {
 }
 
 /// A store without a backlog query (PostgreSQL, for now): no backlog gauges.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub struct NoBacklog;
 
 impl Backlog for NoBacklog {
@@ -216,6 +217,7 @@ impl<B: Backlog> Monitor<B> {
     }
 
     /// The endpoints without backlog reads.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub fn without_backlog(endpoints: Option<Endpoints>) -> Self {
         Monitor {
             endpoints,
