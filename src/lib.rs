@@ -43,6 +43,7 @@ pub mod feed;
 pub mod json;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+pub mod metrics;
 pub mod migrations;
 #[cfg(feature = "mysql")]
 pub mod mysql;

@@ -282,4 +282,71 @@ pub trait ClaimStore: Send {
     fn cancel_claim(&mut self) -> impl Future<Output = ()> + Send {
         async {}
     }
+    /// The outbox's name as metrics and logs label it (`dbo.outbox`, `outbox`): the
+    /// `outbox` label of every relay metric ([`crate::metrics`]). The default, for stores
+    /// that do not say, is empty, which Prometheus treats as no label.
+    fn outbox_name(&self) -> String {
+        String::new()
+    }
+}
+
+/// Every backlog count stops here: a count this high means "at least this many". Each
+/// count reads at most this many index entries, so the backlog query costs the same on an
+/// outbox of a billion rows as on one of a hundred thousand open or dead ones.
+pub const BACKLOG_COUNT_LIMIT: u64 = 100_000;
+
+/// An outbox's backlog at one moment, as the stores' `backlog` calls read it: what waits,
+/// what is in flight, what is dead, and how long the oldest unpublished message has
+/// waited. Cheap enough to read every few seconds on a large outbox (each store's `backlog`
+/// says how); counts stop at [`BACKLOG_COUNT_LIMIT`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct OutboxBacklog {
+    /// Messages waiting for their first claim (status 0).
+    pub pending: u64,
+    /// Messages claimed by a relay and not yet acknowledged (status 1), expired claims
+    /// included.
+    pub processing: u64,
+    /// Messages that failed and wait for their retry (status 3).
+    pub failed: u64,
+    /// Messages marked dead (status 4); they stay until an operator redrives or deletes
+    /// them.
+    pub dead: u64,
+    /// How long the oldest open message (pending, processing or failed: not yet published
+    /// and not dead) has been in the outbox, by the database's clock; `None` when there is
+    /// none.
+    #[serde(rename = "oldest_open_age_seconds", serialize_with = "seconds")]
+    pub oldest_open_age: Option<Duration>,
+}
+
+impl OutboxBacklog {
+    /// A backlog from the counts and the oldest open message's age in milliseconds (what
+    /// the stores' queries return; a negative age, from a clock step, counts as zero).
+    pub fn new(pending: u64, processing: u64, failed: u64, dead: u64, age_ms: Option<i64>) -> Self {
+        OutboxBacklog {
+            pending,
+            processing,
+            failed,
+            dead,
+            oldest_open_age: age_ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        }
+    }
+
+    /// Whether any count reached [`BACKLOG_COUNT_LIMIT`] (and so may be larger).
+    pub fn is_capped(&self) -> bool {
+        [self.pending, self.processing, self.failed, self.dead]
+            .iter()
+            .any(|&count| count >= BACKLOG_COUNT_LIMIT)
+    }
+}
+
+/// An age as seconds with millisecond precision (`null` for none), as scripts read it.
+fn seconds<S: serde::Serializer>(
+    age: &Option<Duration>,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match age {
+        Some(age) => serializer.serialize_f64(age.as_millis() as f64 / 1000.0),
+        None => serializer.serialize_none(),
+    }
 }

@@ -12,8 +12,8 @@ use crate::connection::Client;
 use crate::error::{Error, Result, decode_error};
 use crate::feed::TableName;
 use crate::outbox::{
-    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers, NewMessage,
-    UndecodableMessage,
+    BACKLOG_COUNT_LIMIT, ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers,
+    NewMessage, OutboxBacklog, UndecodableMessage,
 };
 use crate::pool::{Pool, PooledClient, PooledConnection};
 use crate::reader::effective_wait;
@@ -299,6 +299,43 @@ fn no_wait_parameter(error: Error, table: &TableName) -> Error {
     ))
 }
 
+impl OutboxStore {
+    /// The outbox's backlog from its `backlog` procedure (bundle V79 on): pending,
+    /// processing, failed and dead counts, each stopping at [`BACKLOG_COUNT_LIMIT`], and
+    /// the oldest open message's age by the server's clock. Cheap on a large outbox: each
+    /// count is a range of at most that many entries of the index `done_by_processed_at
+    /// (status, …)` read without touching the table, and the oldest open message is the
+    /// first entry of `open_messages` (one key lookup for its `created_at`). It reads
+    /// uncommitted, so it neither waits for nor blocks a claim or an enqueue: counts are
+    /// a moment's approximation, as gauges are.
+    pub async fn backlog(&self, client: &mut Client) -> Result<OutboxBacklog> {
+        let limit = i64::try_from(BACKLOG_COUNT_LIMIT).unwrap_or(i64::MAX);
+        let rows = self
+            .call(client, "backlog", "@count_limit = @P1", &[&limit])
+            .await?;
+        backlog_row(&rows)
+    }
+}
+
+/// The one row of a `backlog` procedure: pending, processing, failed, dead,
+/// oldest_open_age_ms.
+pub fn backlog_row(rows: &[Row]) -> Result<OutboxBacklog> {
+    let row = rows
+        .first()
+        .ok_or_else(|| decode_error("backlog", "the procedure returned no row"))?;
+    let count = |index: usize, name: &str| -> Result<u64> {
+        let value = i64::column(row, index)?;
+        u64::try_from(value).map_err(|e| decode_error(name, e))
+    };
+    Ok(OutboxBacklog::new(
+        count(0, "pending")?,
+        count(1, "processing")?,
+        count(2, "failed")?,
+        count(3, "dead")?,
+        Option::<i64>::column(row, 4)?,
+    ))
+}
+
 /// The outbox checks payloads with ISJSON, which (before SQL Server 2022) accepts only JSON
 /// objects and arrays: refuse anything else here, with the reason, instead of a server error.
 pub(crate) fn check_payload(payload: &serde_json::Value) -> Result<()> {
@@ -493,6 +530,7 @@ impl SqlClaimStore {
                 unreachable!("the pool was just made");
             };
             self.conn = Some(pool.get_owned().await?);
+            crate::metrics::store_connected(&self.store.table().to_string(), "sqlserver");
         }
         let Some(conn) = self.conn.as_mut() else {
             unreachable!("the connection was just set");
@@ -508,6 +546,14 @@ impl SqlClaimStore {
             Err(_) => self.conn = None,
         }
         result
+    }
+}
+
+impl SqlClaimStore {
+    /// The outbox's backlog (see [`OutboxStore::backlog`]), on the store's connection.
+    pub async fn backlog(&mut self) -> Result<OutboxBacklog> {
+        self.with_client(async |store, client| store.backlog(client).await)
+            .await
     }
 }
 
@@ -576,6 +622,10 @@ impl ClaimStore for SqlClaimStore {
     async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
         self.with_client(async |store, client| store.requeue(client, id, Some(token), after).await)
             .await
+    }
+
+    fn outbox_name(&self) -> String {
+        self.store.table().to_string()
     }
 }
 

@@ -54,7 +54,7 @@ const BASELINE: i32 = 49;
 
 /// The versions the upgrade starts from, ascending. Add `m - 1` for each later migration
 /// `V<m>` that changes a template (see the module's documentation).
-const FROM_VERSIONS: &[i32] = &[BASELINE, 51, 52, 53, 55, 56, 58, 59, 61, 62, 70, 76];
+const FROM_VERSIONS: &[i32] = &[BASELINE, 51, 52, 53, 55, 56, 58, 59, 61, 62, 70, 76, 78];
 
 /// The consumer whose cursors the test saves before the upgrade.
 const CONSUMER: &str = "upgrade-test";

@@ -1690,3 +1690,161 @@ async fn a_claim_that_does_not_wait_is_not_cancelled_on_shutdown() {
     relay.finish().await.unwrap();
     assert_eq!(store.state().cancelled_claims, 0);
 }
+
+// ---------------------------------------------------------------- metrics
+
+/// One series: the metric's name and its labels in order.
+type Series = (String, Vec<(String, String)>);
+
+/// A `metrics` recorder that keeps the series the relay registers.
+#[derive(Default)]
+struct SeriesRecorder(Mutex<HashSet<Series>>);
+
+impl SeriesRecorder {
+    fn keep(&self, key: &metrics::Key) {
+        let labels = key
+            .labels()
+            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+            .collect();
+        self.0
+            .lock()
+            .unwrap()
+            .insert((key.name().to_owned(), labels));
+    }
+
+    fn series(&self) -> HashSet<Series> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl metrics::Recorder for SeriesRecorder {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        self.keep(key);
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        self.keep(key);
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        self.keep(key);
+        metrics::Histogram::noop()
+    }
+}
+
+/// Relays `count` messages, each of its own aggregate, over `topics` in turn, a fifth of
+/// them poison, a fifth failing once, a fifth meeting backpressure once; returns the series
+/// the relay registered.
+async fn series_of_a_run(count: usize, topics: &[&str]) -> HashSet<Series> {
+    let recorder = SeriesRecorder::default();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let (store, publisher, _hooks) = fakes();
+    for n in 0..count {
+        let topic = topics[n % topics.len()].to_owned();
+        let id = store.enqueue_with(|row| {
+            row.topic = topic;
+            row.aggregate_id = Some(format!("aggregate-{n}"));
+        });
+        match id % 5 {
+            1 => publisher.script(id, [Err(PublishError::poison("too large"))]),
+            2 => publisher.script(id, [Err(PublishError::retriable("timed out"))]),
+            3 => publisher.script(
+                id,
+                [Err(PublishError::new(
+                    ErrorKind::Backpressure,
+                    "queue full",
+                ))],
+            ),
+            _ => {}
+        }
+    }
+    let mut relay = Relay::new(store.clone(), Arc::clone(&publisher), config()).unwrap();
+    for _ in 0..(count * 4) {
+        if (1..=count as i64).all(|id| matches!(store.status(id), Status::Done | Status::Dead)) {
+            break;
+        }
+        relay.run_once().await.unwrap();
+        sleep(Duration::from_secs(2)).await; // past every retry delay
+    }
+    assert!(
+        (1..=count as i64).all(|id| matches!(store.status(id), Status::Done | Status::Dead)),
+        "every message was published or went dead"
+    );
+    recorder.series()
+}
+
+/// The relay's series are the same for 20 messages and for 200: no label carries a message
+/// id, an aggregate id or anything else that grows with the messages, every series is in
+/// the catalogue with its labels, and topics past MAX_TOPICS fold into one label value.
+#[tokio::test(start_paused = true)]
+async fn metric_series_do_not_grow_with_messages() {
+    let topics = ["orders", "payments", "refunds"];
+    let few = series_of_a_run(20, &topics).await;
+    let many = series_of_a_run(200, &topics).await;
+    assert_eq!(few, many, "the series of 20 and of 200 messages");
+    let names: HashSet<&str> = many.iter().map(|(name, _)| name.as_str()).collect();
+    for name in [
+        changefeed::metrics::RELAY_PUBLISHED,
+        changefeed::metrics::RELAY_FAILED,
+        changefeed::metrics::RELAY_DEAD,
+        changefeed::metrics::RELAY_REQUEUED,
+        changefeed::metrics::RELAY_CLAIM_SECONDS,
+        changefeed::metrics::RELAY_BATCH_SIZE,
+    ] {
+        assert!(names.contains(name), "{name} was recorded: {names:?}");
+    }
+    for (name, labels) in &many {
+        let metric = changefeed::metrics::lookup(name)
+            .unwrap_or_else(|| panic!("{name} is not in the catalogue"));
+        let keys: Vec<&str> = labels.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, metric.labels, "{name}'s labels");
+        for (key, value) in labels {
+            assert!(
+                !value.contains("aggregate-") && !value.starts_with("m-"),
+                "{name}{{{key}={value:?}}} carries a message's identity"
+            );
+        }
+    }
+
+    // An application that writes a topic per entity: the labels stop at MAX_TOPICS.
+    let per_entity: Vec<String> = (0..300).map(|n| format!("entity-{n}")).collect();
+    let per_entity: Vec<&str> = per_entity.iter().map(String::as_str).collect();
+    let series = series_of_a_run(300, &per_entity).await;
+    let published_topics: HashSet<&str> = series
+        .iter()
+        .filter(|(name, _)| name == changefeed::metrics::RELAY_PUBLISHED)
+        .flat_map(|(_, labels)| labels.iter().filter(|(k, _)| k == "topic"))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert!(
+        published_topics.len() <= changefeed::metrics::MAX_TOPICS + 1,
+        "{} topic labels",
+        published_topics.len()
+    );
+    assert!(published_topics.contains(changefeed::metrics::OTHER_TOPIC));
+}

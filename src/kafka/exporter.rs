@@ -83,6 +83,7 @@ use crate::cursor_store::{CursorStore, check_consumer};
 use crate::error::{Error, Result};
 use crate::feed::Feed;
 use crate::json::JsonColumns;
+use crate::metrics::ExportMetrics;
 use crate::pool::Pool;
 use crate::reader::{
     FeedEvent, FeedReader, FeedReaderOptions, Page, PageSource, PoolSource, exponential,
@@ -512,6 +513,7 @@ where
             key_columns,
             serializer,
             progress: progress.clone(),
+            metrics: ExportMetrics::new(&feed.to_string(), &shards),
             cursors: tokio::sync::Mutex::new(cursors),
             producing: tokio::sync::RwLock::new(()),
         };
@@ -524,7 +526,8 @@ where
                 async move {
                     let from = job.load(shard).await?.unwrap_or(start);
                     tracing::info!(feed = %job.feed_name, shard, cursor = %from, "export: shard starts");
-                    let stream = page_stream(source(shard), shard, from, reader_options);
+                    let source = job.metrics.pages(source(shard), shard);
+                    let stream = page_stream(source, shard, from, reader_options);
                     job.export_shard(shard, stream, stop).await
                 }
             };
@@ -597,6 +600,7 @@ struct Job<C> {
     key_columns: Vec<String>,
     serializer: Arc<dyn ValueSerializer>,
     progress: ExportProgress,
+    metrics: ExportMetrics,
     /// One store for all shards; a save is short, so they take turns.
     cursors: tokio::sync::Mutex<C>,
     /// Shards produce their pages under its read side; a suspect event is produced alone
@@ -673,7 +677,10 @@ impl<C: ExportCursors> Job<C> {
                 }
                 Some(Ok(page)) => page,
             };
-            match self.export_page(shard, &mut page, &mut stop).await? {
+            let producing = self.metrics.produce_timer();
+            let outcome = self.export_page(shard, &mut page, &mut stop).await?;
+            drop(producing);
+            match outcome {
                 PageOutcome::Acknowledged { exported } => {
                     if !self.save(shard, page.next_cursor, &mut stop).await? {
                         tracing::warn!(
@@ -684,6 +691,7 @@ impl<C: ExportCursors> Job<C> {
                         break;
                     }
                     self.progress.page_saved(shard, &page, exported);
+                    self.metrics.page_saved(shard, &page, exported);
                     saved = Some(page.next_cursor);
                     tracing::debug!(
                         feed = %self.feed_name, shard, cursor = %page.next_cursor,
@@ -838,6 +846,7 @@ impl<C: ExportCursors> Job<C> {
                     );
                     let again = (messages.len() - index) as u64;
                     self.progress.0.retried.fetch_add(again, Ordering::Relaxed);
+                    self.metrics.retried(again);
                     tracing::warn!(
                         feed = %self.feed_name, shard, ulid = %message.ulid, %error,
                         kind = kind.as_str(), again, delay_ms = delay.as_millis() as u64,

@@ -191,6 +191,7 @@ impl BinlogWaker {
             };
             tracing::warn!(%reason, "binlog waker: polling until the binlog can be followed again");
             self.state.send_replace(WakerState::Polling { reason });
+            crate::metrics::wake_following(self.table.name(), "binlog", false);
             // Rows may have been committed while the stream was down.
             self.handle.wake();
             let retry_at = Instant::now() + self.config.reconnect_delay;
@@ -251,6 +252,7 @@ impl BinlogWaker {
             }
         };
         tracing::info!(file = %start.file, position = start.position, "binlog waker: following");
+        crate::metrics::wake_following(self.table.name(), "binlog", true);
         self.state.send_replace(WakerState::Following {
             file: start.file.clone(),
             position: start.position,

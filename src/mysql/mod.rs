@@ -27,5 +27,5 @@ pub use connection::{
     DEFAULT_CONNECT_TIMEOUT, TCP_KEEPALIVE, connect, connect_within, opts, server_version,
 };
 pub use migrations::{HISTORY_TABLE, bundle, migrate, runner, setup_outbox};
-pub use store::{MysqlOutboxStore, enqueue};
+pub use store::{MysqlOutboxStore, backlog_query, enqueue};
 pub use table::{MAX_TABLE_NAME, OutboxTable};

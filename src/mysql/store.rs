@@ -17,8 +17,8 @@ use super::connection;
 use super::table::OutboxTable;
 use crate::error::{Error, Result, decode_error};
 use crate::outbox::{
-    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers, NewMessage,
-    UndecodableMessage,
+    BACKLOG_COUNT_LIMIT, ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers,
+    NewMessage, OutboxBacklog, UndecodableMessage,
 };
 use crate::outbox_store::{check_payload, parse_headers};
 
@@ -249,6 +249,7 @@ impl MysqlOutboxStore {
     ) -> Result<T> {
         if self.conn.is_none() {
             self.conn = Some(connection::connect_within(&self.opts, self.connect_timeout).await?);
+            crate::metrics::store_connected(self.table.name(), "mysql");
         }
         let conn = self.conn.as_mut().expect("connected above");
         let result = connection::bounded(limit, what, call(&self.table, conn)).await;
@@ -326,6 +327,37 @@ impl MysqlOutboxStore {
                 )));
             }
             result
+        })
+        .await
+    }
+
+    /// The outbox's backlog: pending, processing, failed and dead counts (each stopping at
+    /// [`BACKLOG_COUNT_LIMIT`]) and the age of the oldest open message, by the server's
+    /// clock, in one statement ([`backlog_query`]) that stays cheap on a large outbox:
+    ///
+    /// * each count reads entries of the index `done_by_processed_at (status, …)` for one
+    ///   status and nothing else (an index-only range, EXPLAIN's "Using index"), at most
+    ///   [`BACKLOG_COUNT_LIMIT`] of them (`LIMIT` inside the count): done rows, however
+    ///   many, are never read;
+    /// * the oldest open message is `MIN(id)` over `open_messages (is_open, id)`, which
+    ///   the optimizer answers from the index's first entry ("Select tables optimized
+    ///   away"), then one primary-key read for its `created_at`.
+    ///
+    /// It reads under the session's READ COMMITTED without locking, so it never waits for a
+    /// claim, an acknowledgement or an open enqueue (whose rows it does not count yet).
+    pub async fn backlog(&mut self) -> Result<OutboxBacklog> {
+        let sql = backlog_query(&self.table);
+        self.with_conn("backlog", self.call_timeout, async |_table, conn| {
+            let row: Option<(i64, i64, i64, i64, Option<i64>)> = conn.query_first(sql).await?;
+            let (pending, processing, failed, dead, age_ms) = row.unwrap_or_default();
+            let count = |n: i64| u64::try_from(n).unwrap_or(0);
+            Ok(OutboxBacklog::new(
+                count(pending),
+                count(processing),
+                count(failed),
+                count(dead),
+                age_ms,
+            ))
         })
         .await
     }
@@ -414,6 +446,28 @@ impl MysqlOutboxStore {
         .await
         .map_err(|error| before_v4(error, &self.table))
     }
+}
+
+/// The statement [`MysqlOutboxStore::backlog`] runs on `table`: one row of the pending,
+/// processing, failed and dead counts and the oldest open message's age in milliseconds
+/// (NULL when none is open). Public so that its plan can be checked with `EXPLAIN`.
+pub fn backlog_query(table: &OutboxTable) -> String {
+    let t = table.quoted();
+    let count = |status: u8| {
+        format!(
+            "(select count(*) from (select 1 from {t} force index (done_by_processed_at) \
+             where status = {status} limit {BACKLOG_COUNT_LIMIT}) as s{status})"
+        )
+    };
+    format!(
+        "select {}, {}, {}, {}, (select timestampdiff(microsecond, o.created_at, \
+         utc_timestamp(3)) div 1000 from {t} as o where o.id = (select min(m.id) from {t} as m \
+         force index (open_messages) where m.is_open = 1)) as oldest_open_age_ms",
+        count(0),
+        count(1),
+        count(3),
+        count(4)
+    )
 }
 
 /// Deletes the `changefeed_aggregate_locks` rows of `table` whose aggregate has no row left
@@ -552,6 +606,10 @@ impl ClaimStore for MysqlOutboxStore {
             Ok(conn.affected_rows())
         })
         .await
+    }
+
+    fn outbox_name(&self) -> String {
+        self.table.name().to_owned()
     }
 }
 

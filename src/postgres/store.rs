@@ -176,6 +176,7 @@ impl PostgresOutboxStore {
     ) -> Result<T> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
             self.client = Some(connect(&self.config).await?);
+            crate::metrics::store_connected(self.table.name(), "postgres");
         }
         let client = self.client.as_ref().expect("connected above");
         let table = self.table.quoted();
@@ -426,6 +427,10 @@ impl ClaimStore for PostgresOutboxStore {
                 .await?)
         })
         .await
+    }
+
+    fn outbox_name(&self) -> String {
+        self.table.name().to_owned()
     }
 }
 

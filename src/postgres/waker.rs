@@ -137,6 +137,7 @@ impl PostgresWaker {
             };
             tracing::warn!(%reason, "PostgreSQL waker: polling until it can listen again");
             self.state.send_replace(WakerState::Polling { reason });
+            crate::metrics::wake_following(self.table.name(), "notify", false);
             self.handle.wake();
             let retry_at = Instant::now() + self.settings.reconnect_delay;
             loop {
@@ -217,6 +218,7 @@ impl PostgresWaker {
             Err(_) => return "LISTEN got no answer".to_owned(),
         }
         tracing::info!(%channel, "PostgreSQL waker: listening");
+        crate::metrics::wake_following(self.table.name(), "notify", true);
         self.state.send_replace(WakerState::Listening {
             channel: channel.to_owned(),
         });

@@ -56,6 +56,7 @@ pub use publisher::{
 };
 
 use crate::error::{Error, Result};
+use crate::metrics::RelayMetrics;
 use crate::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage};
 use hooks::{guarded, panic_message};
 
@@ -150,6 +151,7 @@ pub struct Relay<S, P, H = NoHooks> {
     config: RelayConfig,
     wake: Arc<Notify>,
     rng: StdRng,
+    metrics: RelayMetrics,
 }
 
 /// Wakes a sleeping [`Relay`] so it claims at once; cheap to clone and send to
@@ -236,6 +238,7 @@ impl<S: ClaimStore, P: Publisher> Relay<S, P, NoHooks> {
         config.validate()?;
         config.check_publisher(&publisher)?;
         Ok(Relay {
+            metrics: RelayMetrics::new(store.outbox_name()),
             store,
             publisher,
             hooks: NoHooks,
@@ -256,6 +259,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             config: self.config,
             wake: self.wake,
             rng: self.rng,
+            metrics: self.metrics,
         }
     }
 
@@ -419,11 +423,15 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
     async fn claim(&mut self) -> Result<Vec<Claimed>> {
         let batch_size = self.config.batch_size;
         let claim_timeout = self.config.claim_timeout;
+        let started = Instant::now();
         let batch = self
             .store
             .claim(batch_size, claim_timeout)
             .instrument(tracing::debug_span!("relay.claim", batch_size))
-            .await?;
+            .await;
+        self.metrics
+            .claim(started.elapsed(), batch.as_ref().ok().map(Vec::len));
+        let batch = batch?;
         if !batch.is_empty() {
             guarded(&self.hooks, "on_claimed", |h| h.on_claimed(batch.len()));
         }
@@ -433,6 +441,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
     /// Publishes and acknowledges one claimed batch inside its `relay.batch` span; the
     /// error is the one `run` must stop with (a fatal publish error).
     async fn process(&mut self, batch: Vec<Claimed>) -> (BatchReport, Option<Error>) {
+        let _in_flight = self.metrics.in_flight();
         let started = Instant::now();
         let span = tracing::info_span!(
             "relay.batch",
@@ -540,6 +549,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                     });
                     done[group].1.push(message.id);
                     report.published += 1;
+                    self.metrics.published(&message.topic, 1);
                     continue;
                 }
                 Err(error) => error,
@@ -589,7 +599,8 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             };
             self.acknowledge(ack, deadline, &mut report).await;
             report.failed += 1;
-            tracing::debug!(id = message.id, ?delay, %error, "message failed; will retry");
+            self.metrics.failed(&message.topic, error.kind);
+            tracing::debug!(id = message.id, topic = %message.topic, error_class = error.kind.as_str(), ?delay, %error, "message failed; will retry");
             guarded(&self.hooks, "on_failed", |h| h.on_failed(message.id, error));
         }
 
@@ -602,6 +613,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             };
             self.acknowledge(ack, deadline, &mut report).await;
             report.requeued += 1;
+            self.metrics.requeued(&message.topic, error.kind);
             guarded(&self.hooks, "on_requeued", |h| {
                 h.on_requeued(message.id, error)
             });
@@ -617,6 +629,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             };
             self.acknowledge(ack, deadline, &mut report).await;
             report.requeued += 1;
+            self.metrics.requeued(&message.topic, ErrorKind::Fatal);
             tracing::warn!(
                 id = message.id,
                 "message handed back after a fatal publish error"
@@ -645,7 +658,8 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             };
             self.acknowledge(ack, deadline, &mut report).await;
             report.dead += 1;
-            tracing::warn!(id, %error, "message dead");
+            self.metrics.dead(letter.topic(), error.kind);
+            tracing::warn!(id, topic = letter.topic().unwrap_or(""), error_class = error.kind.as_str(), %error, "message dead");
             guarded(&self.hooks, "on_dead", |h| h.on_dead(id, error));
         }
 
@@ -659,6 +673,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             return Vec::new();
         }
         let n = batch.len();
+        let _publishing = self.metrics.publish_timer();
         // The call sits inside the async block so a panic before its first await is
         // caught too.
         let call = AssertUnwindSafe(async { self.publisher.publish(batch).await }).catch_unwind();
@@ -710,6 +725,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
     /// Runs one acknowledgement, retrying store errors with back-off until the claim's
     /// deadline, and counts fenced-off rows as lost claims.
     async fn acknowledge(&mut self, ack: Ack<'_>, deadline: Instant, report: &mut BatchReport) {
+        let _acknowledging = self.metrics.ack_timer(ack.name());
         let mut failures = 0u32;
         loop {
             let result = match &ack {
@@ -732,6 +748,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                     let lost = ack.expected().saturating_sub(changed);
                     if lost > 0 {
                         report.claim_lost += lost;
+                        self.metrics.claims_lost(lost);
                         tracing::warn!(
                             op = ack.name(),
                             lost,
@@ -775,6 +792,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
     }
 
     fn loop_error(&self, error: &Error) {
+        self.metrics.loop_error();
         tracing::warn!(%error, transient = error.is_transient(), "relay loop error");
         guarded(&self.hooks, "on_loop_error", |h| h.on_loop_error(error));
     }

@@ -43,8 +43,25 @@ pub struct Cli {
     )]
     pub connect_timeout: CliDuration,
 
+    /// How relay and export write their lines on standard error: human (the progress
+    /// line) or json (one JSON object per line: timestamp, level, target, message and the
+    /// event's fields)
+    #[arg(long, global = true, value_name = "FORMAT", default_value = "human")]
+    pub log_format: LogFormat,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+// Plain comments on the variants: doc comments would become a "Possible values:" block
+// in --help, which puts every option's text on a line of its own.
+pub enum LogFormat {
+    // Lines for people: the start line, the progress line, the last line.
+    Human,
+    // One JSON object per line, for a log pipeline.
+    Json,
 }
 
 /// What to do.
@@ -162,11 +179,49 @@ pub struct RelayArgs {
     )]
     pub shutdown_grace: CliDuration,
 
+    /// With --metrics-addr: how often to read the outbox's backlog (counts by status, the
+    /// oldest open message's age) for the changefeed_outbox_* gauges
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "15s",
+        requires = "metrics_addr",
+        value_parser = parse_positive
+    )]
+    pub backlog_interval: CliDuration,
+
     #[command(flatten)]
     pub producer: ProducerArgs,
 
     #[command(flatten)]
     pub progress: ProgressArgs,
+
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+}
+
+/// The metrics endpoint's options, shared by `relay` and `export`.
+#[derive(Debug, Args)]
+pub struct MetricsArgs {
+    /// Serve Prometheus text on http://HOST:PORT/metrics, and /healthz and /readyz (off
+    /// unless given; port 0 picks a free port, printed on the start line)
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        value_parser = crate::endpoints::parse_metrics_addr
+    )]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+
+    /// With --metrics-addr: /readyz answers 503 once the last successful claim (relay) or
+    /// read of every shard (export) is older than this
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "60s",
+        requires = "metrics_addr",
+        value_parser = parse_positive
+    )]
+    pub ready_within: CliDuration,
 }
 
 /// `export`.
@@ -229,6 +284,9 @@ pub struct ExportArgs {
 
     #[command(flatten)]
     pub progress: ProgressArgs,
+
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
 }
 
 /// The Kafka producer's options, shared by `relay` and `export`.
@@ -371,6 +429,11 @@ pub struct StatusArgs {
     /// (changefeed.consumer_lag)
     #[arg(long)]
     pub consumers: bool,
+
+    /// Print one JSON object instead of tables: feeds, outboxes (with SQL Server's
+    /// held_aggregates) and, with --consumers, consumers
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `purge`.
@@ -551,6 +614,15 @@ pub fn parse_interval(text: &str) -> Result<CliDuration, String> {
              for no progress lines"
                 .to_owned(),
         );
+    }
+    Ok(duration)
+}
+
+/// A duration above zero (`--ready-within`, `--backlog-interval`).
+pub fn parse_positive(text: &str) -> Result<CliDuration, String> {
+    let duration = parse_duration(text)?;
+    if duration.value.is_zero() {
+        return Err("a duration of zero cannot be met; give e.g. 15s".to_owned());
     }
     Ok(duration)
 }
@@ -863,7 +935,10 @@ mod tests {
         assert_eq!(cli.url.as_deref(), Some("server=y"));
         assert!(matches!(
             cli.command,
-            Command::Status(StatusArgs { consumers: true })
+            Command::Status(StatusArgs {
+                consumers: true,
+                json: false
+            })
         ));
     }
 

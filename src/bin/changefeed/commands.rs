@@ -421,19 +421,86 @@ pub fn consumer_lag_table(rows: &[Row]) -> Result<Table, Error> {
 }
 
 async fn status(connect: &Connect, out: &mut Out, args: StatusArgs) -> Result<(), Failure> {
+    if crate::relay::is_mysql(&connect.url) {
+        return mysql_status(connect, out, args).await;
+    }
+    if is_postgres(&connect.url) {
+        return Err(Failure::usage(
+            "status reads SQL Server (feeds and outboxes) or MariaDB/MySQL (outboxes); on \
+             PostgreSQL count an outbox with select status, count(*) from <outbox> group by \
+             status",
+        ));
+    }
     let mut client = connect.open(Some(Duration::from_secs(30))).await?;
-    let rows = query_rows(&mut client, FEED_STATUS, &[])
+    let feeds = query_rows(&mut client, FEED_STATUS, &[])
         .await
         .map_err(with_migrate_hint)?;
-    let mut text = feed_status_table(&rows)?.render("(no feeds)");
-    if args.consumers {
-        let rows = query_rows(&mut client, CONSUMER_LAG, &[])
-            .await
-            .map_err(with_migrate_hint)?;
+    let outboxes = crate::outbox_status::sql_server(&mut client)
+        .await
+        .map_err(with_migrate_hint)?;
+    let consumers = if args.consumers {
+        Some(
+            query_rows(&mut client, CONSUMER_LAG, &[])
+                .await
+                .map_err(with_migrate_hint)?,
+        )
+    } else {
+        None
+    };
+    if args.json {
+        let rows = |rows: &[Row]| -> Result<Vec<serde_json::Value>, Error> {
+            rows.iter()
+                .map(|row| changefeed::json::row_json(row, 0).map(serde_json::Value::Object))
+                .collect()
+        };
+        let mut document = serde_json::json!({
+            "feeds": rows(&feeds)?,
+            "outboxes": outboxes,
+        });
+        if let Some(consumers) = &consumers {
+            document["consumers"] = serde_json::Value::Array(rows(consumers)?);
+        }
+        return out.line(&document.to_string());
+    }
+    let mut text = feed_status_table(&feeds)?.render("(no feeds)");
+    text.push('\n');
+    text.push_str(&crate::outbox_status::outbox_table(&outboxes).render("(no outboxes)"));
+    if let Some(consumers) = &consumers {
         text.push('\n');
-        text.push_str(&consumer_lag_table(&rows)?.render("(no consumers)"));
+        text.push_str(&consumer_lag_table(consumers)?.render("(no consumers)"));
     }
     out.text(&text)
+}
+
+/// `status` with a `mysql://` URL: the database's outboxes (MariaDB/MySQL has no feeds).
+#[cfg(feature = "mysql")]
+async fn mysql_status(connect: &Connect, out: &mut Out, args: StatusArgs) -> Result<(), Failure> {
+    if args.consumers {
+        return Err(Failure::usage(
+            "--consumers shows feed consumers, which only SQL Server has",
+        ));
+    }
+    let opts = changefeed::mysql::opts(&connect.url).map_err(|e| Failure::usage(e.to_string()))?;
+    let outboxes = crate::outbox_status::mysql(&opts, connect.timeout)
+        .await
+        .map_err(|error| match error {
+            Error::Connection(message) => Failure::connect(format!(
+                "{message}; {CHECK_URL} (or raise --connect-timeout)"
+            )),
+            other => Failure::run(other.to_string()),
+        })?;
+    if args.json {
+        return out.line(&serde_json::json!({ "outboxes": outboxes }).to_string());
+    }
+    out.text(&crate::outbox_status::outbox_table(&outboxes).render("(no outboxes)"))
+}
+
+#[cfg(not(feature = "mysql"))]
+async fn mysql_status(_: &Connect, _: &mut Out, _: StatusArgs) -> Result<(), Failure> {
+    Err(Failure::usage(
+        "this changefeed was built without MariaDB/MySQL support; build it with --features \
+         cli,mysql to use a mysql:// URL",
+    ))
 }
 
 // ---------------------------------------------------------------------------------------

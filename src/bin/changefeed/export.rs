@@ -27,6 +27,7 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
     use crate::commands::{not_a_feed, procedure_exists, with_migrate_hint};
     use crate::progress::{export_line, print_stderr, with_progress};
     use crate::signals::Signals;
+    use tracing::Instrument;
 
     let ExportArgs {
         feed,
@@ -38,7 +39,15 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
         page_size,
         producer,
         progress,
+        metrics,
     } = args;
+    // First: a busy or wrong address is a usage error before anything connects.
+    let endpoints = crate::relay::endpoints(
+        &metrics,
+        crate::endpoints::Freshness::LastRead,
+        progress.quiet,
+    )
+    .await?;
     let settings = crate::kafka::settings(&brokers, &producer);
     let kafka = crate::kafka::checked_producer(&settings, &producer).await?;
     let shards = {
@@ -80,6 +89,9 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
         .await
         .map_err(with_migrate_hint)?;
     let counters = exporter.progress();
+    if let Some(endpoints) = &endpoints {
+        endpoints.running();
+    }
     let start = from.cursor(SystemTime::now());
 
     let signals = Signals::install()?;
@@ -108,8 +120,10 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
         progress_line,
         print_stderr,
     )
+    .instrument(tracing::info_span!("export", feed = %feed))
     .await
     .map_err(|error| export_failure(error, &consumer))?;
+    drop(endpoints);
     if !progress.quiet {
         let saved: Vec<String> = report
             .saved

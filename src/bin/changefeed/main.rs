@@ -21,11 +21,15 @@
 mod args;
 mod commands;
 mod duration;
+mod endpoints;
 mod export;
 mod follow;
 mod kafka;
+mod logging;
+mod outbox_status;
 mod output;
 mod progress;
+mod prometheus;
 mod relay;
 mod signals;
 
@@ -99,6 +103,10 @@ fn print_error(message: &str) {
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect();
+    if logging::json() {
+        tracing::error!(target: "changefeed", "{}", line.join(" "));
+        return;
+    }
     // Nothing sensible is left to do if standard error is closed.
     let _ = writeln!(std::io::stderr().lock(), "error: {}", line.join(" "));
 }
@@ -174,6 +182,8 @@ fn main() -> ExitCode {
             return ExitCode::from(error.exit_code().clamp(0, 255) as u8);
         }
     };
+
+    logging::init(cli.log_format);
 
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -210,6 +210,10 @@ pub async fn with_progress<F: Future>(
 
 /// Prints a progress line on standard error (nothing to do if that is closed).
 pub fn print_stderr(line: &str) {
+    if crate::logging::json() {
+        tracing::info!(target: "changefeed", "{line}");
+        return;
+    }
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 

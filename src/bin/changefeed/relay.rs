@@ -7,24 +7,27 @@
 //! the relay start; it never gives up on its store after that (a failover must not stop
 //! it), so a database that goes away later shows in the progress line instead.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use changefeed::outbox::ClaimStore;
+use changefeed::outbox::{ClaimStore, OutboxBacklog};
 use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
 use changefeed::relay::{JsonLines, Publisher, Relay, RelayConfig, RelayHandle};
 use changefeed::{Error, TableName};
+use tracing::Instrument;
 
 pub mod postgres;
 
 use crate::Failure;
 use crate::args::RelayArgs;
 use crate::commands::{Connect, not_an_outbox, procedure_exists};
+use crate::endpoints::{Endpoints, Freshness};
 use crate::progress::{RelayCounters, print_stderr, relay_line, with_progress};
 use crate::signals::Signals;
 
 /// Whether `url` is for MariaDB/MySQL.
-fn is_mysql(url: &str) -> bool {
+pub fn is_mysql(url: &str) -> bool {
     url.trim_start()
         .to_ascii_lowercase()
         .starts_with("mysql://")
@@ -99,13 +102,82 @@ impl Companion for () {
     async fn stop(self) {}
 }
 
+/// Reads an outbox's backlog for the `changefeed_outbox_*` gauges (a store of its own,
+/// beside the relay's). Each store bounds its calls in time.
+pub trait Backlog: Send + 'static {
+    /// The backlog now.
+    fn read(&mut self) -> impl Future<Output = changefeed::Result<OutboxBacklog>> + Send;
+}
+
+impl Backlog for SqlClaimStore {
+    async fn read(&mut self) -> changefeed::Result<OutboxBacklog> {
+        self.backlog().await
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Backlog for changefeed::mysql::MysqlOutboxStore {
+    async fn read(&mut self) -> changefeed::Result<OutboxBacklog> {
+        self.backlog().await
+    }
+}
+
+/// A store without a backlog query (PostgreSQL, for now): no backlog gauges.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub struct NoBacklog;
+
+impl Backlog for NoBacklog {
+    async fn read(&mut self) -> changefeed::Result<OutboxBacklog> {
+        Err(Error::Config("this store has no backlog query".to_owned()))
+    }
+}
+
+/// Reads `backlog` every `every` into the gauges of `outbox`, until dropped.
+async fn poll_backlog(mut backlog: impl Backlog, outbox: String, every: Duration) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match backlog.read().await {
+            Ok(backlog) => changefeed::metrics::record_backlog(&outbox, &backlog),
+            Err(error) => {
+                changefeed::metrics::record_backlog_error(&outbox);
+                tracing::warn!(%outbox, %error, "reading the outbox's backlog failed");
+            }
+        }
+    }
+}
+
+/// Starts the endpoints `--metrics-addr` asks for (none without it), naming the address
+/// on standard error unless `quiet`.
+pub async fn endpoints(
+    args: &crate::args::MetricsArgs,
+    freshness: Freshness,
+    quiet: bool,
+) -> Result<Option<Endpoints>, Failure> {
+    let Some(address) = args.metrics_addr else {
+        return Ok(None);
+    };
+    let endpoints = Endpoints::start(address, freshness, args.ready_within.value).await?;
+    if !quiet {
+        print_stderr(&format!(
+            "serving metrics on http://{0}/metrics (and /healthz, /readyz)",
+            endpoints.address()
+        ));
+    }
+    Ok(Some(endpoints))
+}
+
 /// Relays until SIGINT or SIGTERM, then finishes the batch in flight.
 pub async fn relay(connect: &Connect, args: RelayArgs) -> Result<(), Failure> {
+    // First: a busy or wrong address is a usage error before anything connects, and the
+    // probes get answers (not ready) while the checks run.
+    let endpoints = endpoints(&args.metrics, Freshness::LastClaim, args.progress.quiet).await?;
     if is_mysql(&connect.url) {
-        return relay_mysql(connect, args).await;
+        return relay_mysql(connect, args, endpoints).await;
     }
     if postgres::is_postgres(&connect.url) {
-        return postgres::relay(connect, args).await;
+        return postgres::relay(connect, args, endpoints).await;
     }
     let table: TableName = args
         .outbox
@@ -121,39 +193,89 @@ pub async fn relay(connect: &Connect, args: RelayArgs) -> Result<(), Failure> {
             return Err(Failure::run(not_an_outbox(&table, &procedure)));
         }
     }
-    let store = SqlClaimStore::new(OutboxStore::new(table), &connect.url);
-    run(store, target, config(&args), &args, "", |_| ()).await
+    let store = SqlClaimStore::new(OutboxStore::new(table.clone()), &connect.url);
+    let backlog = SqlClaimStore::new(OutboxStore::new(table), &connect.url);
+    let monitor = Monitor::new(endpoints, backlog, &args);
+    run(store, target, config(&args), &args, "", monitor, |_| ()).await
+}
+
+/// What runs beside the relay for `--metrics-addr`: the endpoints and the backlog reads.
+pub struct Monitor<B> {
+    endpoints: Option<Endpoints>,
+    backlog: Option<B>,
+    every: Duration,
+}
+
+impl<B: Backlog> Monitor<B> {
+    /// The endpoints, if any, and `backlog` read every `--backlog-interval` while they run.
+    pub fn new(endpoints: Option<Endpoints>, backlog: B, args: &RelayArgs) -> Self {
+        Monitor {
+            endpoints,
+            backlog: Some(backlog),
+            every: args.backlog_interval.value,
+        }
+    }
+
+    /// The endpoints without backlog reads.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub fn without_backlog(endpoints: Option<Endpoints>) -> Self {
+        Monitor {
+            endpoints,
+            backlog: None,
+            every: Duration::from_secs(15),
+        }
+    }
+
+    /// The relay of `outbox` starts: readiness follows its claims, and the backlog is read
+    /// until the returned guard is dropped.
+    fn start(mut self, outbox: String) -> Option<(Endpoints, Option<tokio::task::JoinHandle<()>>)> {
+        let endpoints = self.endpoints.take()?;
+        endpoints.running();
+        let poller = self
+            .backlog
+            .take()
+            .map(|backlog| tokio::spawn(poll_backlog(backlog, outbox, self.every)));
+        Some((endpoints, poller))
+    }
 }
 
 /// Builds the relay over `store` for `target` and runs it with the progress line, `start`
 /// (given the relay's wake handle) running beside it.
-async fn run<S: ClaimStore, C: Companion>(
+#[allow(clippy::too_many_arguments)]
+async fn run<S: ClaimStore, B: Backlog, C: Companion>(
     store: S,
     target: Target,
     config: RelayConfig,
     args: &RelayArgs,
     how: &str,
+    monitor: Monitor<B>,
     start: impl FnOnce(RelayHandle) -> C,
 ) -> Result<(), Failure> {
     let banner = format!("relaying {} {}{how}", args.outbox, target.describe());
     match target {
-        Target::Stdout => drive(Relay::new(store, JsonLines, config)?, args, &banner, start).await,
+        Target::Stdout => {
+            let relay = Relay::new(store, JsonLines, config)?;
+            drive(relay, args, &banner, monitor, start).await
+        }
         #[cfg(feature = "kafka")]
         Target::Kafka(kafka) => {
             let publisher = changefeed::kafka::KafkaPublisher::new(kafka)
                 .map_err(|error| crate::kafka::setting_failure(&error))?;
-            drive(Relay::new(store, publisher, config)?, args, &banner, start).await
+            let relay = Relay::new(store, publisher, config)?;
+            drive(relay, args, &banner, monitor, start).await
         }
     }
 }
 
-async fn drive<S: ClaimStore, P: Publisher, C: Companion>(
+async fn drive<S: ClaimStore, P: Publisher, B: Backlog, C: Companion>(
     relay: Relay<S, P>,
     args: &RelayArgs,
     banner: &str,
+    monitor: Monitor<B>,
     start: impl FnOnce(RelayHandle) -> C,
 ) -> Result<(), Failure> {
     let quiet = args.progress.quiet;
+    let monitoring = monitor.start(args.outbox.clone());
     let counters = Arc::new(RelayCounters::default());
     let relay = relay.with_hooks(Arc::clone(&counters));
     let companion = start(relay.handle());
@@ -178,8 +300,12 @@ async fn drive<S: ClaimStore, P: Publisher, C: Companion>(
         progress_line,
         print_stderr,
     )
+    .instrument(tracing::info_span!("relay", outbox = %args.outbox))
     .await;
     companion.stop().await;
+    if let Some((_endpoints, Some(poller))) = monitoring {
+        poller.abort();
+    }
     // A fatal publish error: the batch was acknowledged, the relay stopped.
     result?;
     if !quiet {
@@ -193,7 +319,11 @@ async fn drive<S: ClaimStore, P: Publisher, C: Companion>(
 }
 
 #[cfg(feature = "mysql")]
-async fn relay_mysql(connect: &Connect, args: RelayArgs) -> Result<(), Failure> {
+async fn relay_mysql(
+    connect: &Connect,
+    args: RelayArgs,
+    endpoints: Option<Endpoints>,
+) -> Result<(), Failure> {
     use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, OutboxTable};
     use mysql_async::prelude::Queryable;
 
@@ -248,6 +378,9 @@ async fn relay_mysql(connect: &Connect, args: RelayArgs) -> Result<(), Failure> 
         }
     }
     let store = MysqlOutboxStore::new(table.clone(), opts.clone()).connect_timeout(connect.timeout);
+    let backlog =
+        MysqlOutboxStore::new(table.clone(), opts.clone()).connect_timeout(connect.timeout);
+    let monitor = Monitor::new(endpoints, backlog, &args);
     // The binlog wakes the relay; its own poll is the safety net behind the waker's.
     let config = config(&args).poll_interval(Duration::from_secs(5));
     let start = |handle: RelayHandle| {
@@ -263,11 +396,15 @@ async fn relay_mysql(connect: &Connect, args: RelayArgs) -> Result<(), Failure> 
         Waker { stop, task }
     };
     let how = " (woken by the binlog, polling when it cannot be followed)";
-    run(store, target, config, &args, how, start).await
+    run(store, target, config, &args, how, monitor, start).await
 }
 
 #[cfg(not(feature = "mysql"))]
-async fn relay_mysql(_connect: &Connect, _args: RelayArgs) -> Result<(), Failure> {
+async fn relay_mysql(
+    _connect: &Connect,
+    _args: RelayArgs,
+    _endpoints: Option<Endpoints>,
+) -> Result<(), Failure> {
     Err(Failure::usage(
         "this changefeed was built without MariaDB/MySQL support; build it with \
          --features cli,mysql to relay from a mysql:// URL",

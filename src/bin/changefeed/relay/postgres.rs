@@ -16,8 +16,9 @@ pub fn is_postgres(url: &str) -> bool {
 mod enabled {
     use std::time::Duration;
 
-    use super::super::{Companion, config, run, target};
+    use super::super::{Companion, Monitor, NoBacklog, config, run, target};
     use super::*;
+    use crate::endpoints::Endpoints;
     use changefeed::Error;
     use changefeed::postgres::{
         OutboxTable, PostgresOutboxStore, PostgresWaker, PostgresWakerConfig,
@@ -120,7 +121,11 @@ mod enabled {
     }
 
     /// `relay`: the outbox must exist; then the relay runs with the notify wake.
-    pub async fn relay(connect: &Connect, args: RelayArgs) -> Result<(), Failure> {
+    pub async fn relay(
+        connect: &Connect,
+        args: RelayArgs,
+        endpoints: Option<Endpoints>,
+    ) -> Result<(), Failure> {
         let table: OutboxTable = args
             .outbox
             .parse()
@@ -155,7 +160,8 @@ mod enabled {
             Waker { stop, task }
         };
         let how = " (woken by LISTEN/NOTIFY, polling when it cannot listen)";
-        run(store, target, config, &args, how, start).await
+        let monitor = Monitor::<NoBacklog>::without_backlog(endpoints);
+        run(store, target, config, &args, how, monitor, start).await
     }
 }
 
@@ -181,7 +187,11 @@ pub async fn setup_outbox(_connect: &Connect, _outbox: &str) -> Result<String, F
 }
 
 #[cfg(not(feature = "postgres"))]
-pub async fn relay(_connect: &Connect, _args: RelayArgs) -> Result<(), Failure> {
+pub async fn relay(
+    _connect: &Connect,
+    _args: RelayArgs,
+    _endpoints: Option<crate::endpoints::Endpoints>,
+) -> Result<(), Failure> {
     Err(without_postgres())
 }
 
