@@ -1023,8 +1023,10 @@ pub async fn unicode_and_one_megabyte_payloads_round_trip<D: ContractDb>(db: &D)
 }
 
 /// An open transaction's message is never claimed and delays only its own aggregate; a
-/// second enqueue of that aggregate waits for the first transaction, so its id is the
-/// higher, and it is never claimed before the first is done.
+/// second message of that aggregate gets the higher id and is never claimed before the
+/// first is done. Whether its insert waits for the first transaction is the store's own
+/// design (PostgreSQL and MariaDB wait for the commit, SQL Server only for the insert), and
+/// is tested beside each store.
 pub async fn an_open_enqueue_delays_only_its_aggregate<D: ContractDb>(db: &D) {
     let mut store = db.store();
     db.enqueue_committed(&[message_of("l", 0)]).await;
@@ -1049,8 +1051,8 @@ pub async fn an_open_enqueue_delays_only_its_aggregate<D: ContractDb>(db: &D) {
     );
     assert!(!claimed.contains(&later[1].id), "l3 waits for l0");
 
-    // A second writer of m, committing as soon as its insert returns (which is after m1's
-    // transaction ends).
+    // A second writer of m, committing as soon as its insert returns (on PostgreSQL and
+    // MariaDB that is after m1's transaction ends).
     let mut m4 = db.enqueue_open(message_of("m", 4)).await;
     let m4_commit = tokio::spawn(async move {
         let row = m4
@@ -1061,11 +1063,6 @@ pub async fn an_open_enqueue_delays_only_its_aggregate<D: ContractDb>(db: &D) {
         row
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        !m4_commit.is_finished(),
-        "m4's enqueue did not wait for m1's transaction (every store orders an aggregate's \
-         enqueues by a lock held to the end of the transaction)"
-    );
     let again = ids(&claim(&mut store, 10, HELD).await);
     assert!(
         again.is_empty(),
@@ -1078,7 +1075,7 @@ pub async fn an_open_enqueue_delays_only_its_aggregate<D: ContractDb>(db: &D) {
         .unwrap();
     assert!(
         m1_row.id < m4_row.id,
-        "ids of an aggregate follow commit order"
+        "the later enqueue of an aggregate has the higher id"
     );
     let after = claim(&mut store, 10, HELD).await;
     assert_eq!(ids(&after), vec![m1_row.id], "m1 first");
