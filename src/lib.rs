@@ -35,6 +35,8 @@ macro_rules! setters {
 }
 
 pub mod allocator;
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+mod claim_limits;
 pub mod connection;
 pub mod cursor;
 pub mod cursor_store;

@@ -45,6 +45,14 @@ impl ContractDb for Outbox {
         let done = tokio::spawn(async move {
             let mut tx = conn.start_transaction(Default::default()).await.unwrap();
             let row = enqueue(&mut tx, &table, &message).await.unwrap();
+            let own: Option<i64> = tx
+                .exec_first(
+                    format!("select count(*) from `{TABLE}` where id = ?"),
+                    (row.id,),
+                )
+                .await
+                .unwrap();
+            assert_eq!(own, Some(1), "the transaction sees its own enqueue");
             let _ = inserted.send(row);
             if finish_rx.await.unwrap_or(false) {
                 tx.commit().await.unwrap();
@@ -73,8 +81,8 @@ impl ContractDb for Outbox {
         let list: Vec<String> = ids.iter().map(i64::to_string).collect();
         self.db
             .sql(&format!(
-                "update `{TABLE}` set {column} = {column} - interval {} microsecond \
-                 where id in ({})",
+                "update `{TABLE}` set {column} = coalesce({column}, utc_timestamp(6)) \
+                 - interval {} microsecond where id in ({})",
                 by.as_micros(),
                 list.join(", ")
             ))
@@ -90,11 +98,10 @@ impl ContractDb for Outbox {
         older_than: Duration,
         batch_size: u32,
         max_rows: Option<u64>,
-    ) -> u64 {
+    ) -> changefeed::Result<u64> {
         self.store()
             .purge_done(older_than, batch_size, max_rows)
             .await
-            .unwrap()
     }
 }
 

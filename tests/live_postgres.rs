@@ -64,6 +64,15 @@ impl ContractDb for Outbox {
         let done = tokio::spawn(async move {
             let tx = client.transaction().await.unwrap();
             let row = enqueue(&tx, &table, &message).await.unwrap();
+            let own: i64 = tx
+                .query_one(
+                    &format!("select count(*) from {table} where id = $1"),
+                    &[&row.id],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(own, 1, "the transaction sees its own enqueue");
             let _ = inserted.send(row);
             if finish_rx.await.unwrap_or(false) {
                 tx.commit().await.unwrap();
@@ -98,8 +107,8 @@ impl ContractDb for Outbox {
             .await
             .execute(
                 &format!(
-                    "update {} set {column} = {column} - $1::bigint * interval '1 microsecond' \
-                     where id = any($2)",
+                    "update {} set {column} = coalesce({column}, now()) \
+                     - $1::bigint * interval '1 microsecond' where id = any($2)",
                     self.table
                 ),
                 &[&micros, &ids],
@@ -117,11 +126,10 @@ impl ContractDb for Outbox {
         older_than: Duration,
         batch_size: u32,
         max_rows: Option<u64>,
-    ) -> u64 {
+    ) -> changefeed::Result<u64> {
         self.store()
             .purge_done(older_than, batch_size, max_rows)
             .await
-            .unwrap()
     }
 }
 

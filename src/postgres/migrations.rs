@@ -86,4 +86,35 @@ mod tests {
     fn every_file_in_postgres_is_embedded_in_version_order() {
         crate::migrations::assert_embedded("postgres", &bundle());
     }
+
+    /// The released migrations of `postgres/`: version, name and refinery's checksum (of
+    /// name, version and SQL text). refinery refuses to migrate a database where an applied
+    /// migration's name or checksum changed, so these files are frozen: a change to the
+    /// bundle is a new file after the last one here (as `mysql/` is pinned in
+    /// src/mysql/migrations.rs and `sql/` by tests/frozen_migrations.rs). Add a file here
+    /// when it is released.
+    const RELEASED: [(i32, &str, u64); 4] = [
+        (1, "create_function_check_outbox_name", 6383792943835012964),
+        (2, "create_function_order_aggregate", 6999478900129027596),
+        (3, "create_function_notify", 6208870227541648096),
+        (4, "create_function_setup_outbox", 40441773380668834),
+    ];
+
+    #[test]
+    fn released_migrations_are_unchanged() {
+        let runner = runner();
+        for (version, name, checksum) in RELEASED {
+            let found = runner
+                .get_migrations()
+                .iter()
+                .find(|m| m.version() == version)
+                .unwrap_or_else(|| panic!("postgres/V{version}__{name}.sql was removed"));
+            assert_eq!(
+                (found.name(), found.checksum()),
+                (name, checksum),
+                "postgres/V{version}__{name}.sql is released and frozen: restore it and make \
+                 the change in a new migration after the last released one"
+            );
+        }
+    }
 }

@@ -14,23 +14,15 @@ use tokio_postgres::{Client, Config, GenericClient, Row};
 
 use super::connection::{CALL_TIMEOUT, bounded, connect};
 use super::table::OutboxTable;
+use crate::claim_limits::{
+    MAX_CLAIM_TIMEOUT, MAX_PURGE_WINDOW, MAX_RETRY, check_claim, check_purge, micros,
+};
 use crate::error::{Error, Result, decode_error};
 use crate::outbox::{
     ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers, NewMessage,
     UndecodableMessage,
 };
 use crate::outbox_store::{check_payload, parse_headers};
-
-/// The largest claim (as on the other stores).
-const MAX_BATCH: u32 = 10_000;
-/// The longest claim timeout: 24 hours.
-const MAX_CLAIM_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
-/// The longest retry delay: 366 days.
-const MAX_RETRY: Duration = Duration::from_secs(366 * 24 * 60 * 60);
-/// The longest purge window: 100 years of 365.25 days.
-const MAX_PURGE_WINDOW: Duration = Duration::from_secs(3_155_760_000);
-/// The largest purge batch (as on the other stores).
-const MAX_PURGE_BATCH: u32 = 4000;
 
 /// The columns a claim returns, in the order [`claimed`] reads them.
 const CLAIMED_COLUMNS: &str = "t.id, t.message_id, t.topic, t.aggregate_type, t.aggregate_id, \
@@ -293,17 +285,7 @@ impl PostgresOutboxStore {
         max_rows: Option<u64>,
     ) -> Result<u64> {
         let older_than_us = micros("purge older_than", older_than, MAX_PURGE_WINDOW)?;
-        if !(1..=MAX_PURGE_BATCH).contains(&batch_size) {
-            return Err(Error::Config(format!(
-                "purge_done: batch_size is {batch_size}; it must be between 1 and \
-                 {MAX_PURGE_BATCH}"
-            )));
-        }
-        if max_rows == Some(0) {
-            return Err(Error::Config(
-                "purge_done: max_rows must be positive, or None for no limit".to_owned(),
-            ));
-        }
+        check_purge(batch_size, max_rows)?;
         // One cutoff for every batch, so rows done while the purge runs are not chased. It
         // travels as text, which PostgreSQL reads back to the same microsecond.
         let cutoff: String = self
@@ -434,32 +416,6 @@ impl ClaimStore for PostgresOutboxStore {
     }
 }
 
-fn check_claim(batch_size: u32, claim_timeout: Duration) -> Result<()> {
-    if !(1..=MAX_BATCH).contains(&batch_size) {
-        return Err(Error::Config(format!(
-            "claim: batch_size is {batch_size}; it must be between 1 and {MAX_BATCH}"
-        )));
-    }
-    if claim_timeout < Duration::from_millis(1) || claim_timeout > MAX_CLAIM_TIMEOUT {
-        return Err(Error::Config(format!(
-            "claim: claim_timeout is {claim_timeout:?}; it must be between 1 ms and 24 h"
-        )));
-    }
-    Ok(())
-}
-
-/// `duration` in whole microseconds, refused past `max` (which keeps every value far
-/// inside a bigint).
-fn micros(what: &str, duration: Duration, max: Duration) -> Result<i64> {
-    if duration > max {
-        return Err(Error::Config(format!(
-            "{what} is {duration:?}; it must be at most {max:?}"
-        )));
-    }
-    i64::try_from(duration.as_micros())
-        .map_err(|_| Error::Config(format!("{what} of {duration:?} is too long")))
-}
-
 /// A column of a row, decoded; the error names the column.
 fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
     row: &'a Row,
@@ -517,29 +473,4 @@ fn claimed(row: &Row, token: ClaimToken) -> Result<Claimed> {
         attempts,
         claim_token: token,
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn arguments_are_checked_with_the_other_stores_ranges() {
-        assert!(check_claim(1, Duration::from_millis(1)).is_ok());
-        assert!(check_claim(10_000, MAX_CLAIM_TIMEOUT).is_ok());
-        for (batch, timeout) in [
-            (0, Duration::from_secs(1)),
-            (10_001, Duration::from_secs(1)),
-            (1, Duration::from_micros(999)),
-            (1, MAX_CLAIM_TIMEOUT + Duration::from_millis(1)),
-        ] {
-            let error = check_claim(batch, timeout).unwrap_err().to_string();
-            assert!(error.contains("claim:"), "{error}");
-        }
-        assert_eq!(
-            micros("x", Duration::from_millis(5), MAX_RETRY).unwrap(),
-            5000
-        );
-        assert!(micros("x", MAX_RETRY + Duration::from_secs(1), MAX_RETRY).is_err());
-    }
 }

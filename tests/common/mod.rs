@@ -150,6 +150,35 @@ pub async fn rows(client: &mut Client, sql: &str) -> Result<Vec<Row>, changefeed
     Ok(rows)
 }
 
+/// Enqueues `messages` with `store` in one transaction on `client` and commits it.
+pub async fn enqueue_committed(
+    store: &changefeed::outbox_store::OutboxStore,
+    client: &mut Client,
+    messages: &[changefeed::outbox::NewMessage],
+) -> Vec<changefeed::outbox::Enqueued> {
+    exec(client, "begin transaction;")
+        .await
+        .expect("begin transaction");
+    let mut enqueued = Vec::with_capacity(messages.len());
+    for message in messages {
+        let result = store
+            .enqueue(client, message)
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "enqueue to topic {:?} of {}: {error}",
+                    message.topic,
+                    store.table()
+                )
+            });
+        enqueued.push(result);
+    }
+    exec(client, "commit transaction;")
+        .await
+        .expect("commit transaction");
+    enqueued
+}
+
 /// A scalar i64 from the first column of the first row of `sql`.
 pub async fn scalar_i64(client: &mut Client, sql: &str) -> i64 {
     let rows = rows(client, sql)

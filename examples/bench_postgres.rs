@@ -1,0 +1,407 @@
+//! The PostgreSQL benchmark of the claim outbox (feature `postgres`): relay throughput with
+//! 1 and 4 relays and a no-op publisher next to a bare claim-and-ack loop in SQL measured in
+//! the same run, and commit-to-publish latency with the NOTIFY wake and with polling at the
+//! relay's default interval. Nothing is asserted; it prints one table.
+//!
+//! ```sh
+//! cargo run --release --features postgres --example bench_postgres            # private server
+//! cargo run --release --features postgres --example bench_postgres -- 20000   # messages per run
+//! ```
+//!
+//! It starts a private PostgreSQL (tests/common_postgres/server.rs; postgresql must be
+//! installed), or uses `CHANGEFEED_TEST_POSTGRES`, and works in its own database
+//! `cf_bench_<pid>`.
+
+#[path = "../tests/common_server/mod.rs"]
+mod common_server;
+#[path = "../tests/common_postgres/server.rs"]
+mod server;
+#[path = "bench/stats.rs"]
+#[allow(dead_code)]
+mod stats;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use changefeed::outbox::{ClaimedMessage, NewMessage};
+use changefeed::postgres::{
+    OutboxTable, PostgresOutboxStore, PostgresWaker, PostgresWakerConfig, WakerState, connect,
+    enqueue, migrate, setup_outbox,
+};
+use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
+use stats::Summary;
+use tokio::sync::Mutex;
+use tokio_postgres::{Client, Config};
+
+/// Aggregates the messages are spread over (each message waits for its aggregate's
+/// previous one, as in production).
+const AGGREGATES: usize = 1000;
+const BATCH: u32 = 100;
+/// The outbox, in the database of the run.
+const TABLE: &str = "public.bench_outbox";
+/// Commits per latency run, spaced `LATENCY_GAP` apart (plus jitter).
+const LATENCY_SAMPLES: usize = 200;
+const LATENCY_GAP: Duration = Duration::from_millis(15);
+/// The polling relay's interval in the latency comparison: the relay's default.
+const POLL: Duration = RelayConfig::DEFAULT_POLL_INTERVAL;
+
+/// Counts messages and does nothing else.
+#[derive(Default)]
+struct NoOp(AtomicU64);
+
+impl Publisher for NoOp {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        self.0.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        vec![Ok(()); batch.len()]
+    }
+}
+
+/// Records when each message id was published.
+#[derive(Default)]
+struct Clock(Mutex<Vec<(i64, Instant)>>);
+
+impl Publisher for Clock {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        let now = Instant::now();
+        self.0
+            .lock()
+            .await
+            .extend(batch.iter().map(|m| (m.id, now)));
+        vec![Ok(()); batch.len()]
+    }
+}
+
+fn fail(what: &str, error: impl std::fmt::Display) -> ! {
+    eprintln!("bench_postgres: {what}: {error}");
+    std::process::exit(1)
+}
+
+async fn client(config: &Config) -> Client {
+    connect(config).await.unwrap_or_else(|e| fail("connect", e))
+}
+
+async fn fill(config: &Config, table: &OutboxTable, messages: usize) {
+    let mut client = client(config).await;
+    for chunk in (0..messages).collect::<Vec<_>>().chunks(1000) {
+        let tx = client
+            .transaction()
+            .await
+            .unwrap_or_else(|e| fail("begin", e));
+        for n in chunk {
+            let message = NewMessage::new("bench", serde_json::json!({ "n": n }))
+                .aggregate("bench", format!("a{}", n % AGGREGATES));
+            enqueue(&tx, table, &message)
+                .await
+                .unwrap_or_else(|e| fail("enqueue", e));
+        }
+        tx.commit().await.unwrap_or_else(|e| fail("commit", e));
+    }
+}
+
+/// Empties the outbox and refreshes its statistics, so every run starts alike.
+async fn reset(config: &Config, table: &OutboxTable) {
+    client(config)
+        .await
+        .batch_execute(&format!("truncate table {table}; analyze {table}"))
+        .await
+        .unwrap_or_else(|e| fail("truncate", e));
+}
+
+/// After a fill: fresh statistics, as autovacuum would give a long-lived outbox.
+async fn analyze(config: &Config, table: &OutboxTable) {
+    client(config)
+        .await
+        .batch_execute(&format!("analyze {table}"))
+        .await
+        .unwrap_or_else(|e| fail("analyze", e));
+}
+
+/// Messages per second through `relays` relays with a no-op publisher.
+async fn relay_throughput(
+    config: &Config,
+    table: &OutboxTable,
+    messages: usize,
+    relays: usize,
+) -> f64 {
+    reset(config, table).await;
+    fill(config, table, messages).await;
+    analyze(config, table).await;
+    let published = Arc::new(NoOp::default());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..relays {
+        let relay_config = RelayConfig::default()
+            .batch_size(BATCH)
+            .poll_interval(Duration::from_millis(5));
+        let store = PostgresOutboxStore::new(table.clone(), config.clone());
+        let relay = Relay::new(store, Arc::clone(&published), relay_config)
+            .unwrap_or_else(|e| fail("relay", e));
+        let mut stopped = stopped.clone();
+        tasks.push(tokio::spawn(relay.run(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        })));
+    }
+    while published.0.load(Ordering::Relaxed) < messages as u64 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let elapsed = started.elapsed();
+    let _ = stop.send(true);
+    for task in tasks {
+        let _ = task.await;
+    }
+    stats::throughput(messages as u64, elapsed).unwrap_or(0.0)
+}
+
+/// Messages per second through one loop of the store's own calls (`claim_batch`, then
+/// `mark_done` of the batch) with no relay around them: it splits the relay's distance from
+/// the bare loop into the store's round trips and decoding, and the relay's own work.
+async fn store_throughput(config: &Config, table: &OutboxTable, messages: usize) -> f64 {
+    use changefeed::outbox::ClaimStore;
+    reset(config, table).await;
+    fill(config, table, messages).await;
+    analyze(config, table).await;
+    let mut store = PostgresOutboxStore::new(table.clone(), config.clone());
+    let started = Instant::now();
+    let mut done = 0usize;
+    while done < messages {
+        let batch = store
+            .claim_batch(BATCH, Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| fail("claim", e));
+        if batch.is_empty() {
+            continue;
+        }
+        let ids: Vec<i64> = batch.iter().map(changefeed::outbox::Claimed::id).collect();
+        let token = batch[0].claim_token();
+        done += usize::try_from(
+            store
+                .mark_done(&ids, token)
+                .await
+                .unwrap_or_else(|e| fail("mark_done", e)),
+        )
+        .unwrap_or(0);
+    }
+    stats::throughput(messages as u64, started.elapsed()).unwrap_or(0.0)
+}
+
+/// The same claim (the store's statement, batch 100) and acknowledgement by id and token,
+/// in a procedure: no client, no relay, no round trips, each step its own transaction as
+/// the relay's are. When another loop holds the last heads it sleeps 5 ms, the relays'
+/// poll interval here. Its rate is the ceiling the relay is compared with.
+const BARE_LOOP: &str = "create procedure bench_bare_loop() language plpgsql as $$
+declare
+    claimed bigint[];
+    token uuid;
+begin
+    loop
+        token := gen_random_uuid();
+        with due as (
+            select t.id from public.bench_outbox as t
+            where t.status in (0, 1, 3)
+                and (t.status = 0
+                    or (t.status = 3 and t.next_retry_at <= now())
+                    or (t.status = 1 and t.claim_expires_at < now()))
+                and not exists (select 1 from public.bench_outbox as e
+                    where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3)
+                        and e.id < t.id)
+            order by t.id limit 100
+            for update skip locked),
+        taken as (
+            update public.bench_outbox as t
+            set attempts = t.attempts + (t.status = 1)::int, status = 1, claimed_at = now(),
+                claim_expires_at = now() + interval '1 minute', claim_token = token
+            from due where t.id = due.id
+            returning t.id)
+        select array_agg(id) into claimed from taken;
+        commit;
+        if claimed is null then
+            -- Another loop may hold the last heads; stop only when nothing is open.
+            exit when not exists (
+                select 1 from public.bench_outbox where status in (0, 1, 3));
+            perform pg_sleep(0.005);
+        else
+            update public.bench_outbox
+            set status = 2, processed_at = now(), last_error = null
+            where id = any(claimed) and status = 1 and claim_token = token;
+            commit;
+        end if;
+    end loop;
+end $$";
+
+/// Messages per second through `loops` concurrent bare loops.
+async fn bare_throughput(
+    config: &Config,
+    table: &OutboxTable,
+    messages: usize,
+    loops: usize,
+) -> f64 {
+    reset(config, table).await;
+    fill(config, table, messages).await;
+    analyze(config, table).await;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..loops {
+        let config = config.clone();
+        tasks.push(tokio::spawn(async move {
+            let client = client(&config).await;
+            client
+                .batch_execute("set statement_timeout = 0")
+                .await
+                .unwrap_or_else(|e| fail("bare loop", e));
+            client
+                .batch_execute("call bench_bare_loop()")
+                .await
+                .unwrap_or_else(|e| fail("bare loop", changefeed::Error::from(e)));
+        }));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+    stats::throughput(messages as u64, started.elapsed()).unwrap_or(0.0)
+}
+
+/// Commit-to-publish latencies of single-message commits, woken by NOTIFY (relay poll 60 s)
+/// or by polling every [`POLL`] (no waker).
+async fn latency(config: &Config, table: &OutboxTable, notify: bool) -> Option<Summary> {
+    reset(config, table).await;
+    let clock = Arc::new(Clock::default());
+    let relay_config = RelayConfig::default().poll_interval(if notify {
+        Duration::from_secs(60)
+    } else {
+        POLL
+    });
+    let relay = Relay::new(
+        PostgresOutboxStore::new(table.clone(), config.clone()),
+        Arc::clone(&clock),
+        relay_config,
+    )
+    .unwrap_or_else(|e| fail("relay", e));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut waker_task = None;
+    if notify {
+        let waker = PostgresWaker::new(
+            config.clone(),
+            table.clone(),
+            relay.handle(),
+            PostgresWakerConfig::default(),
+        );
+        let mut state = waker.state();
+        let mut stopped = stopped.clone();
+        waker_task = Some(tokio::spawn(waker.run(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        })));
+        let _ = state
+            .wait_for(|s| matches!(s, WakerState::Listening { .. }))
+            .await;
+    }
+    let mut relay_stopped = stopped.clone();
+    let relay_task = tokio::spawn(relay.run(async move {
+        let _ = relay_stopped.wait_for(|s| *s).await;
+    }));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut writer = client(config).await;
+    let mut commits = Vec::new();
+    for n in 0..LATENCY_SAMPLES {
+        let tx = writer
+            .transaction()
+            .await
+            .unwrap_or_else(|e| fail("begin", e));
+        let message = NewMessage::new("latency", serde_json::json!({ "n": n }));
+        let e = enqueue(&tx, table, &message)
+            .await
+            .unwrap_or_else(|e| fail("enqueue", e));
+        tx.commit().await.unwrap_or_else(|e| fail("commit", e));
+        commits.push((e.id, Instant::now()));
+        // A jittered gap, so commits do not fall into step with the poll.
+        let jitter = Duration::from_micros(rand::random_range(0..10_000));
+        tokio::time::sleep(LATENCY_GAP + jitter).await;
+    }
+    tokio::time::sleep(POLL * 3).await;
+    let _ = stop.send(true);
+    let _ = relay_task.await;
+    if let Some(task) = waker_task {
+        let _ = task.await;
+    }
+    let published = clock.0.lock().await.clone();
+    let latencies: Vec<Duration> = commits
+        .iter()
+        .filter_map(|(id, committed)| {
+            published
+                .iter()
+                .find(|(p, _)| p == id)
+                .map(|(_, at)| at.saturating_duration_since(*committed))
+        })
+        .collect();
+    Summary::of_durations(&latencies)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let messages: usize = std::env::args()
+        .nth(1)
+        .map(|n| n.parse().unwrap_or_else(|e| fail("the message count", e)))
+        .unwrap_or(20_000);
+    let server = server::server();
+    let database = format!("cf_bench_{}", std::process::id());
+    let admin_config = changefeed::postgres::config(&server.url_for("postgres"))
+        .unwrap_or_else(|e| fail("url", e));
+    let admin = client(&admin_config).await;
+    admin
+        .batch_execute(&format!("create database {database}"))
+        .await
+        .unwrap_or_else(|e| fail("create database", changefeed::Error::from(e)));
+    let config =
+        changefeed::postgres::config(&server.url_for(&database)).unwrap_or_else(|e| fail("url", e));
+    let mut setup = client(&config).await;
+    migrate(&mut setup)
+        .await
+        .unwrap_or_else(|e| fail("migrate", e));
+    let table: OutboxTable = TABLE.parse().unwrap_or_else(|e| fail("name", e));
+    setup_outbox(&setup, &table)
+        .await
+        .unwrap_or_else(|e| fail("setup_outbox", e));
+    setup
+        .batch_execute(BARE_LOOP)
+        .await
+        .unwrap_or_else(|e| fail("bare loop procedure", changefeed::Error::from(e)));
+    let version = changefeed::postgres::server_version(&setup)
+        .await
+        .unwrap_or_default();
+    drop(setup);
+
+    println!(
+        "claim outbox on PostgreSQL {version}, {messages} messages over {AGGREGATES} \
+         aggregates, batch {BATCH}"
+    );
+    println!("| figure | value |");
+    println!("|---|---|");
+    for relays in [1, 4] {
+        let relay = relay_throughput(&config, &table, messages, relays).await;
+        let bare = bare_throughput(&config, &table, messages, relays).await;
+        let ratio = stats::ratio(relay, bare).unwrap_or(0.0);
+        println!("| {relays} relay(s), no-op publisher | {relay:.0} msg/s |");
+        println!("| {relays} bare SQL loop(s) | {bare:.0} msg/s |");
+        println!("| ratio relay / bare, {relays} | {ratio:.2} |");
+        if relays == 1 {
+            let store = store_throughput(&config, &table, messages).await;
+            let store_ratio = stats::ratio(store, bare).unwrap_or(0.0);
+            println!("| 1 loop of the store's calls, no relay | {store:.0} msg/s |");
+            println!("| ratio store loop / bare, 1 | {store_ratio:.2} |");
+        }
+    }
+    let polling = format!("polling every {} ms (default)", POLL.as_millis());
+    for (name, notify) in [("NOTIFY wake", true), (polling.as_str(), false)] {
+        match latency(&config, &table, notify).await {
+            Some(s) => println!(
+                "| commit to publish, {name} | p50 {:.2} ms, p99 {:.2} ms (n = {}) |",
+                s.p50, s.p99, s.count
+            ),
+            None => println!("| commit to publish, {name} | nothing published |"),
+        }
+    }
+    let _ = admin
+        .batch_execute(&format!("drop database {database} with (force)"))
+        .await;
+}

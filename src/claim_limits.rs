@@ -1,0 +1,95 @@
+//! The argument ranges of the claim outbox, checked in Rust by the stores whose SQL does
+//! not check them itself (MariaDB/MySQL and PostgreSQL). They are SQL Server's: its
+//! procedures refuse the same ranges with errors 51301, 51303 and 51308, so a relay
+//! configured for one store is valid on every store.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// The largest claim.
+pub(crate) const MAX_BATCH: u32 = 10_000;
+/// The longest claim timeout: 24 hours.
+pub(crate) const MAX_CLAIM_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+/// The longest retry delay: 366 days.
+pub(crate) const MAX_RETRY: Duration = Duration::from_secs(366 * 24 * 60 * 60);
+/// The longest purge window: 100 years of 365.25 days.
+pub(crate) const MAX_PURGE_WINDOW: Duration = Duration::from_secs(3_155_760_000);
+/// The largest purge batch (below SQL Server's lock escalation).
+pub(crate) const MAX_PURGE_BATCH: u32 = 4000;
+
+/// A claim's batch size (1..=10000) and timeout (1 ms..=24 h).
+pub(crate) fn check_claim(batch_size: u32, claim_timeout: Duration) -> Result<()> {
+    if !(1..=MAX_BATCH).contains(&batch_size) {
+        return Err(Error::Config(format!(
+            "claim: batch_size is {batch_size}; it must be between 1 and {MAX_BATCH}"
+        )));
+    }
+    if claim_timeout < Duration::from_millis(1) || claim_timeout > MAX_CLAIM_TIMEOUT {
+        return Err(Error::Config(format!(
+            "claim: claim_timeout is {claim_timeout:?}; it must be between 1 ms and 24 h"
+        )));
+    }
+    Ok(())
+}
+
+/// A purge's batch size (1..=4000) and row limit (positive, or `None` for none).
+pub(crate) fn check_purge(batch_size: u32, max_rows: Option<u64>) -> Result<()> {
+    if !(1..=MAX_PURGE_BATCH).contains(&batch_size) {
+        return Err(Error::Config(format!(
+            "purge_done: batch_size is {batch_size}; it must be between 1 and \
+             {MAX_PURGE_BATCH}"
+        )));
+    }
+    if max_rows == Some(0) {
+        return Err(Error::Config(
+            "purge_done: max_rows must be positive, or None for no limit".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// `duration` in whole microseconds, refused past `max` (which keeps every value far
+/// inside a bigint).
+pub(crate) fn micros(what: &str, duration: Duration, max: Duration) -> Result<i64> {
+    if duration > max {
+        return Err(Error::Config(format!(
+            "{what} is {duration:?}; it must be at most {max:?}"
+        )));
+    }
+    i64::try_from(duration.as_micros())
+        .map_err(|_| Error::Config(format!("{what} of {duration:?} is too long")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_checked_with_the_sql_server_ranges() {
+        assert!(check_claim(1, Duration::from_millis(1)).is_ok());
+        assert!(check_claim(10_000, MAX_CLAIM_TIMEOUT).is_ok());
+        for (batch, timeout) in [
+            (0, Duration::from_secs(1)),
+            (10_001, Duration::from_secs(1)),
+            (1, Duration::from_micros(999)),
+            (1, MAX_CLAIM_TIMEOUT + Duration::from_millis(1)),
+        ] {
+            let error = check_claim(batch, timeout).unwrap_err().to_string();
+            assert!(error.contains("claim:"), "{error}");
+        }
+        assert!(check_purge(1, None).is_ok());
+        assert!(check_purge(4000, Some(1)).is_ok());
+        for (batch, max_rows) in [(0, None), (4001, None), (1, Some(0))] {
+            let error = check_purge(batch, max_rows).unwrap_err().to_string();
+            assert!(error.contains("purge_done:"), "{error}");
+        }
+        assert_eq!(
+            micros("x", Duration::from_millis(5), MAX_RETRY).unwrap(),
+            5000
+        );
+        assert!(micros("x", MAX_RETRY + Duration::from_secs(1), MAX_RETRY).is_err());
+        // 100 years in microseconds is far inside a bigint.
+        assert!(micros("x", MAX_PURGE_WINDOW, MAX_PURGE_WINDOW).is_ok());
+    }
+}

@@ -1,0 +1,228 @@
+//! The claim-outbox contract (tests/claim_contract) on SQL Server: the same scenarios the
+//! MariaDB and PostgreSQL stores pass, run through `SqlClaimStore` (the store a relay uses)
+//! and `OutboxStore::enqueue` / `purge_done`. The SQL Server store's own tests (its error
+//! numbers, locks, storage, collations, set options, setup_outbox repairs) stay in
+//! `live_claim_outbox.rs`.
+//!
+//! Like every SQL Server live test they need a server (`CHANGEFEED_TEST_MSSQL`, or Docker for
+//! testcontainers; see tests/common) and are `#[ignore]`d: run them with
+//! `cargo test --test contract_mssql -- --ignored`. Every scenario runs twice, with
+//! READ_COMMITTED_SNAPSHOT off and on, each in a database of its own with the bundle applied.
+//!
+//! Times are `datetime2(3)` in UTC (`sysutcdatetime()`); the harness moves them back with
+//! `dateadd` in whole seconds plus milliseconds, because `dateadd` takes an int and a
+//! duration in microseconds or milliseconds can exceed one.
+
+mod claim_contract;
+mod common;
+
+use std::time::Duration;
+
+use changefeed::Result;
+use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, Enqueued, NewMessage};
+use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
+use claim_contract::{ContractDb, OpenEnqueue};
+use common::{TestDb, enqueue_committed, exec, scalar_i64};
+use tokio::sync::oneshot;
+
+/// The outbox every scenario works on, in its own database.
+const TABLE: &str = "dbo.outbox";
+
+/// Deadlock victims (1205) and lock timeouts (1222) a claim retries: a relay does too
+/// (`Error::is_transient`), and a statement that lost a deadlock claimed nothing. The other
+/// stores never need it, so the retry lives here, not in the contract.
+const MAX_TRANSIENT_RETRIES: u32 = 50;
+
+/// `SqlClaimStore`, with a claim that retries what a relay would retry.
+struct Store(SqlClaimStore);
+
+impl ClaimStore for Store {
+    async fn claim(&mut self, batch_size: u32, claim_timeout: Duration) -> Result<Vec<Claimed>> {
+        let mut retries = 0;
+        loop {
+            match self.0.claim(batch_size, claim_timeout).await {
+                Err(error)
+                    if error.server_number().is_some()
+                        && error.is_transient()
+                        && retries < MAX_TRANSIENT_RETRIES =>
+                {
+                    retries += 1;
+                    eprintln!("claim: transient error, retry {retries}: {error}");
+                    tokio::time::sleep(Duration::from_millis(5 * u64::from(retries))).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn mark_done(&mut self, ids: &[i64], token: ClaimToken) -> Result<u64> {
+        self.0.mark_done(ids, token).await
+    }
+
+    async fn mark_failed(
+        &mut self,
+        id: i64,
+        token: ClaimToken,
+        retry_after: Option<Duration>,
+        dead: bool,
+        error: &str,
+    ) -> Result<u64> {
+        self.0
+            .mark_failed(id, token, retry_after, dead, error)
+            .await
+    }
+
+    async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
+        self.0.requeue(id, token, after).await
+    }
+}
+
+/// The outbox `dbo.outbox` of one scenario's database, for the contract.
+struct Outbox {
+    database: String,
+    ado: String,
+    outbox: OutboxStore,
+}
+
+impl Outbox {
+    async fn new(db: &TestDb) -> Outbox {
+        let mut client = db.client().await;
+        exec(
+            &mut client,
+            &format!("exec changefeed.setup_outbox @table_name = N'{TABLE}';"),
+        )
+        .await
+        .expect("setup_outbox");
+        Outbox {
+            database: db.name.clone(),
+            ado: db.ado(),
+            outbox: TABLE.parse().expect("a valid outbox name"),
+        }
+    }
+
+    async fn client(&self) -> changefeed::Client {
+        common::connect_to(&self.database).await
+    }
+}
+
+/// `ids` as a T-SQL list of bigint literals.
+fn id_list(ids: &[i64]) -> String {
+    assert!(!ids.is_empty(), "an id list needs ids");
+    ids.iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl ContractDb for Outbox {
+    type Store = Store;
+
+    fn store(&self) -> Store {
+        Store(SqlClaimStore::new(self.outbox.clone(), self.ado.clone()))
+    }
+
+    async fn enqueue_committed(&self, messages: &[NewMessage]) -> Vec<Enqueued> {
+        enqueue_committed(&self.outbox, &mut self.client().await, messages).await
+    }
+
+    async fn enqueue_open(&self, message: NewMessage) -> OpenEnqueue {
+        let mut client = self.client().await;
+        let outbox = self.outbox.clone();
+        let (inserted, inserted_rx) = oneshot::channel();
+        let (finish, finish_rx) = oneshot::channel::<bool>();
+        let done = tokio::spawn(async move {
+            exec(&mut client, "begin transaction;").await.unwrap();
+            let row = outbox.enqueue(&mut client, &message).await.unwrap();
+            let own = scalar_i64(
+                &mut client,
+                &format!("select count_big(*) from {TABLE} where id = {};", row.id),
+            )
+            .await;
+            assert_eq!(own, 1, "the transaction sees its own enqueue");
+            let _ = inserted.send(row);
+            let end = if finish_rx.await.unwrap_or(false) {
+                "commit transaction;"
+            } else {
+                "rollback transaction;"
+            };
+            exec(&mut client, end).await.unwrap();
+        });
+        OpenEnqueue::new(inserted_rx, finish, done)
+    }
+
+    async fn state(&self, id: i64) -> (i64, i64) {
+        let mut client = self.client().await;
+        let status = scalar_i64(
+            &mut client,
+            &format!("select convert(bigint, status) from {TABLE} where id = {id};"),
+        )
+        .await;
+        let attempts = scalar_i64(
+            &mut client,
+            &format!("select convert(bigint, attempts) from {TABLE} where id = {id};"),
+        )
+        .await;
+        (status, attempts)
+    }
+
+    async fn age(&self, column: &str, by: Duration, ids: &[i64]) {
+        let seconds = i32::try_from(by.as_secs()).expect("an age that dateadd's int holds");
+        let milliseconds = by.subsec_millis();
+        let sql = format!(
+            "update {TABLE} set {column} = dateadd(millisecond, -{milliseconds}, \
+             dateadd(second, -{seconds}, coalesce({column}, sysutcdatetime()))) \
+             where id in ({});",
+            id_list(ids)
+        );
+        exec(&mut self.client().await, &sql)
+            .await
+            .unwrap_or_else(|error| panic!("{sql}: {error}"));
+    }
+
+    async fn count(&self, condition: &str) -> i64 {
+        scalar_i64(
+            &mut self.client().await,
+            &format!("select count_big(*) from {TABLE} where {condition};"),
+        )
+        .await
+    }
+
+    async fn purge_done(
+        &self,
+        older_than: Duration,
+        batch_size: u32,
+        max_rows: Option<u64>,
+    ) -> Result<u64> {
+        self.outbox
+            .purge_done(&mut self.client().await, older_than, batch_size, max_rows)
+            .await
+    }
+}
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+        async fn $name() {
+            common::under_both_isolations(
+                concat!("contract_", stringify!($name)),
+                async |db: &TestDb| claim_contract::$name(&Outbox::new(db).await).await,
+            )
+            .await;
+        }
+    )*};
+}
+
+contract!(
+    enqueue_is_transactional_and_idempotent,
+    head_of_aggregate_with_refill,
+    six_claimers_share_thirty_aggregates,
+    fifty_claimers_on_one_aggregate,
+    reaper_and_fenced_acknowledgements,
+    a_claim_expires_by_its_holders_timeout,
+    retry_requeue_and_dead,
+    purge_deletes_only_old_done_rows,
+    unicode_and_one_megabyte_payloads_round_trip,
+    an_open_enqueue_delays_only_its_aggregate,
+    a_relay_killed_mid_batch_loses_nothing,
+);
