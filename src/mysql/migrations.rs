@@ -89,10 +89,11 @@ mod tests {
     /// migration's name or checksum changed, so these files are frozen: a change to the
     /// bundle is a new file after the last one here (as `sql/` is guarded by
     /// tests/frozen_migrations.rs). Add a file here when it is released.
-    const RELEASED: [(i32, &str, u64); 3] = [
+    const RELEASED: [(i32, &str, u64); 4] = [
         (1, "create_procedure_check_table_name", 14136909801136890283),
         (2, "create_procedure_add_index", 8780334261401610948),
         (3, "create_procedure_setup_outbox", 16270080375401892267),
+        (4, "aggregate_locks_and_claim_expiry", 7300041637610772874),
     ];
 
     #[test]
