@@ -12,9 +12,19 @@
 --   * the oldest open message is the first entry of open_messages (keyed on id, filtered
 --     on status in (0, 1, 3); the predicate repeats the filter so the index applies), then
 --     one clustered-key lookup for its created_at.
+--   * No index hints: those are the plans the optimizer picks for these predicates, and a
+--     hint would turn an outbox whose owner dropped an index into an error (Msg 308, which
+--     could fail the upgrade that regenerates every outbox), and a session whose SET
+--     options rule out filtered indexes into Msg 8622; without one such an outbox is only
+--     slower.
 --   * READUNCOMMITTED on every read: no shared locks, so it neither waits for a claim, an
 --     acknowledgement or an open enqueue nor blocks one. The counts may include rows of a
---     transaction that has not committed yet: a gauge is a moment's approximation anyway.
+--     transaction that has not committed yet: a gauge is a moment's approximation anyway
+--     (an enqueue rolled back between the two reads can leave a NULL age next to non-zero
+--     counts for one poll). It still takes a schema-stability lock, so it waits for DDL on
+--     the table (an offline index rebuild, a rename), never for row locks. "At most
+--     @count_limit entries" counts live entries: ghosts of recent acknowledgements that
+--     cleanup has not removed yet are passed over as well.
 create or alter procedure [changefeed].[backlog:changefeed.__template_outbox__]
     @count_limit bigint = 100000
 as
@@ -31,7 +41,7 @@ begin
     declare @oldest_at datetime2(3);
 
     select top (1) @oldest_id = o.id
-    from [changefeed].[__template_outbox__] as o with (readuncommitted, index(open_messages))
+    from [changefeed].[__template_outbox__] as o with (readuncommitted)
     where o.status in (0, 1, 3)
     order by o.id;
 
@@ -45,8 +55,7 @@ begin
             select count_big(*)
             from (
                 select top (@count_limit) 1 as one
-                from [changefeed].[__template_outbox__] as s
-                    with (readuncommitted, index(done_by_processed_at))
+                from [changefeed].[__template_outbox__] as s with (readuncommitted)
                 where s.status = 0
             ) as c
         ) as pending,
@@ -54,8 +63,7 @@ begin
             select count_big(*)
             from (
                 select top (@count_limit) 1 as one
-                from [changefeed].[__template_outbox__] as s
-                    with (readuncommitted, index(done_by_processed_at))
+                from [changefeed].[__template_outbox__] as s with (readuncommitted)
                 where s.status = 1
             ) as c
         ) as processing,
@@ -63,8 +71,7 @@ begin
             select count_big(*)
             from (
                 select top (@count_limit) 1 as one
-                from [changefeed].[__template_outbox__] as s
-                    with (readuncommitted, index(done_by_processed_at))
+                from [changefeed].[__template_outbox__] as s with (readuncommitted)
                 where s.status = 3
             ) as c
         ) as failed,
@@ -72,8 +79,7 @@ begin
             select count_big(*)
             from (
                 select top (@count_limit) 1 as one
-                from [changefeed].[__template_outbox__] as s
-                    with (readuncommitted, index(done_by_processed_at))
+                from [changefeed].[__template_outbox__] as s with (readuncommitted)
                 where s.status = 4
             ) as c
         ) as dead,

@@ -599,6 +599,8 @@ async fn check_claim_outbox_objects_regenerated(admin: &mut Client, messages: &O
         ("claim", "claim_expires_at = @expires_at"),
         // The claim waits for work between its own transactions (issue 20, item 2).
         ("claim", "exec changefeed.pause_wait"),
+        // Every outbox gains its backlog procedure (issue 22).
+        ("backlog", "datediff_big(millisecond, @oldest_at"),
     ] {
         let name = format!("[changefeed].[{kind}:{table}]");
         let found = scalar_i64(

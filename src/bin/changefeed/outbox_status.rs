@@ -130,17 +130,33 @@ async fn read_sql_server(
             ));
             return Ok(());
         }
+        // One outbox's own problem (its table dropped, a permission missing, a dirty read
+        // that lost its place) is shown on its line; the other outboxes are still listed.
+        // A lost connection ends the command.
+        Err(error) if !matches!(error, Error::Connection(_) | Error::Redirect { .. }) => {
+            status.problem = Some(format!("{}: {error}", table.object("backlog")));
+            return Ok(());
+        }
         Err(error) => return Err(error),
     }
-    let held = query_rows(
+    let held = match query_rows(
         client,
         &format!("exec {}", table.object("held_aggregates")),
         &[],
     )
-    .await?
-    .iter()
-    .map(|row| changefeed::json::row_json(row, 0))
-    .collect::<Result<Vec<_>, _>>()?;
+    .await
+    {
+        Ok(rows) => rows,
+        Err(error) if !matches!(error, Error::Connection(_) | Error::Redirect { .. }) => {
+            status.problem = Some(format!("{}: {error}", table.object("held_aggregates")));
+            return Ok(());
+        }
+        Err(error) => return Err(error),
+    };
+    let held = held
+        .iter()
+        .map(|row| changefeed::json::row_json(row, 0))
+        .collect::<Result<Vec<_>, _>>()?;
     status.held_aggregates = Some(held);
     Ok(())
 }
