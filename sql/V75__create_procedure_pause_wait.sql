@@ -24,6 +24,8 @@ begin
     -- A NULL or non-positive pause would make a looping caller spin without pausing.
     if @pause_ms is null or @pause_ms < 1 set @pause_ms = 1;
     if @max_pause_ms is null or @max_pause_ms < 2 set @max_pause_ms = 2;
+    -- No pause longer than the cap, so waitfor never gets 24 hours or more (a time of day).
+    if @pause_ms > @max_pause_ms set @pause_ms = @max_pause_ms;
     -- Both sides bigint; the value assigned is below @pause_ms, an int.
     if @pause_ms > @remaining_ms
         set @pause_ms = convert(int, case when @remaining_ms < 0 then 0 else @remaining_ms end);

@@ -100,6 +100,30 @@ pub(crate) fn assert_embedded(folder: &str, bundle: &[(i32, String)]) {
     }
 }
 
+/// Checks that each released migration of `folder` (version, name, refinery's checksum of
+/// name, version and SQL text) is still embedded unchanged in `migrations`. refinery refuses
+/// to migrate a database where an applied migration's name or checksum changed, so released
+/// files are frozen: a change is a new file after the last released one.
+#[cfg(test)]
+pub(crate) fn assert_released(
+    folder: &str,
+    migrations: &[refinery::Migration],
+    released: &[(i32, &str, u64)],
+) {
+    for &(version, name, checksum) in released {
+        let found = migrations
+            .iter()
+            .find(|m| m.version() == version)
+            .unwrap_or_else(|| panic!("{folder}/V{version}__{name}.sql was removed"));
+        assert_eq!(
+            (found.name(), found.checksum()),
+            (name, checksum),
+            "{folder}/V{version}__{name}.sql is released and frozen: restore it and make the \
+             change in a new migration after the last released one"
+        );
+    }
+}
+
 /// Applies every migration of the bundle that the database does not have yet.
 ///
 /// Run it before your own migrations that call `changefeed.setup_feed`. A database below

@@ -102,19 +102,6 @@ mod tests {
 
     #[test]
     fn released_migrations_are_unchanged() {
-        let runner = runner();
-        for (version, name, checksum) in RELEASED {
-            let found = runner
-                .get_migrations()
-                .iter()
-                .find(|m| m.version() == version)
-                .unwrap_or_else(|| panic!("postgres/V{version}__{name}.sql was removed"));
-            assert_eq!(
-                (found.name(), found.checksum()),
-                (name, checksum),
-                "postgres/V{version}__{name}.sql is released and frozen: restore it and make \
-                 the change in a new migration after the last released one"
-            );
-        }
+        crate::migrations::assert_released("postgres", runner().get_migrations(), &RELEASED);
     }
 }
