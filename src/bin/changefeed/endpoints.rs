@@ -15,7 +15,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
 
-use crate::Failure;
+use crate::args::MetricsArgs;
+use crate::failure::Failure;
+use crate::progress::print_stderr;
 use crate::prometheus::{PrometheusRecorder, Registry};
 
 /// The longest request head read.
@@ -103,6 +105,26 @@ pub struct Endpoints {
 }
 
 impl Endpoints {
+    /// Starts the endpoints `--metrics-addr` asks for (none without it), naming the address
+    /// on standard error unless `quiet`.
+    pub async fn serve(
+        args: &MetricsArgs,
+        freshness: Freshness,
+        quiet: bool,
+    ) -> Result<Option<Endpoints>, Failure> {
+        let Some(address) = args.metrics_addr else {
+            return Ok(None);
+        };
+        let endpoints = Endpoints::start(address, freshness, args.ready_within.value).await?;
+        if !quiet {
+            print_stderr(&format!(
+                "serving metrics on http://{0}/metrics (and /healthz, /readyz)",
+                endpoints.address()
+            ));
+        }
+        Ok(Some(endpoints))
+    }
+
     /// Installs the command line's recorder and listens on `address`: a one-line usage
     /// failure (exit 2) when the address cannot be bound. Ready once [`Self::running`] is
     /// called and the job's `freshness` timestamp is at most `within` old.
@@ -243,24 +265,6 @@ fn respond(head: &str, registry: &Registry, readiness: &Readiness, now: SystemTi
     response
 }
 
-/// Parses `--metrics-addr`: `HOST:PORT` with an IP address (IPv6 in brackets) or
-/// `localhost`.
-pub fn parse_metrics_addr(text: &str) -> Result<SocketAddr, String> {
-    let text = text.trim();
-    if let Ok(address) = text.parse::<SocketAddr>() {
-        return Ok(address);
-    }
-    if let Some(port) = text.strip_prefix("localhost:")
-        && let Ok(port) = port.parse::<u16>()
-    {
-        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
-    }
-    Err(format!(
-        "{text:?} is not HOST:PORT with an IP address or localhost; e.g. 127.0.0.1:9187, \
-         0.0.0.0:9187 (every interface) or [::1]:9187"
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,27 +275,6 @@ mod tests {
             freshness: Freshness::LastClaim,
             within,
             running: AtomicBool::new(running),
-        }
-    }
-
-    #[test]
-    fn addresses_are_ip_and_port_or_localhost() {
-        assert_eq!(
-            parse_metrics_addr("127.0.0.1:9187").unwrap(),
-            SocketAddr::from(([127, 0, 0, 1], 9187))
-        );
-        assert_eq!(parse_metrics_addr("localhost:0").unwrap().port(), 0);
-        assert!(parse_metrics_addr("[::1]:80").is_ok());
-        for bad in [
-            "",
-            "9187",
-            "127.0.0.1",
-            "127.0.0.1:99999",
-            "example.com:80",
-            ":80",
-        ] {
-            let error = parse_metrics_addr(bad).unwrap_err();
-            assert!(error.contains("HOST:PORT"), "{bad:?}: {error}");
         }
     }
 

@@ -4,8 +4,8 @@
 
 /// The line for `relay --brokers` or `export` in a build without Kafka.
 #[cfg(not(feature = "kafka"))]
-pub fn without_kafka(what: &str) -> crate::Failure {
-    crate::Failure::usage(format!(
+pub fn without_kafka(what: &str) -> crate::failure::Failure {
+    crate::failure::Failure::usage(format!(
         "this changefeed was built without Kafka support; build it with --features \
          cli,kafka to {what}"
     ))
@@ -23,8 +23,8 @@ mod with_kafka {
     };
     use changefeed::relay::RelayConfig;
 
-    use crate::Failure;
     use crate::args::ProducerArgs;
+    use crate::failure::Failure;
 
     /// The producer's settings: `brokers`, then every `-X` in order.
     pub fn settings(brokers: &str, args: &ProducerArgs) -> ProducerSettings {

@@ -20,17 +20,16 @@
 
 mod args;
 mod commands;
+mod database;
 mod duration;
 mod endpoints;
-mod export;
+mod failure;
 mod follow;
 mod kafka;
 mod logging;
-mod outbox_status;
 mod output;
 mod progress;
 mod prometheus;
-mod relay;
 mod signals;
 
 use std::io::Write;
@@ -38,63 +37,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use clap::error::{ContextKind, ErrorKind};
-
-/// Why a command stopped: the line to print (none for a closed output pipe) and the exit
-/// status.
-#[derive(Debug)]
-pub struct Failure {
-    message: Option<String>,
-    code: u8,
-}
-
-impl Failure {
-    /// Bad arguments or settings, found before connecting: exit status 2.
-    pub fn usage(message: impl Into<String>) -> Self {
-        Failure {
-            message: Some(message.into()),
-            code: 2,
-        }
-    }
-
-    /// No usable connection (unreachable server, refused login, bad connection string):
-    /// exit status 2.
-    pub fn connect(message: impl Into<String>) -> Self {
-        Failure {
-            message: Some(message.into()),
-            code: 2,
-        }
-    }
-
-    /// The command failed: exit status 1.
-    pub fn run(message: impl Into<String>) -> Self {
-        Failure {
-            message: Some(message.into()),
-            code: 1,
-        }
-    }
-
-    /// Ctrl-C stopped `tail`: no message, exit status 130 like `tail -f`.
-    pub fn interrupted() -> Self {
-        Failure {
-            message: None,
-            code: follow::INTERRUPTED_STATUS,
-        }
-    }
-
-    /// Standard output was closed by its reader (`| head`): stop without a word.
-    pub fn quiet() -> Self {
-        Failure {
-            message: None,
-            code: 0,
-        }
-    }
-}
-
-impl From<changefeed::Error> for Failure {
-    fn from(error: changefeed::Error) -> Self {
-        Failure::run(error.to_string())
-    }
-}
 
 /// Prints `error: <message>` on standard error, on one line whatever the message holds.
 fn print_error(message: &str) {
@@ -198,10 +140,10 @@ fn main() -> ExitCode {
     match runtime.block_on(commands::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            if let Some(message) = &failure.message {
+            if let Some(message) = failure.message() {
                 print_error(message);
             }
-            ExitCode::from(failure.code)
+            ExitCode::from(failure.code())
         }
     }
 }

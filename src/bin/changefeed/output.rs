@@ -7,7 +7,7 @@ use serde_json::Value;
 use tiberius::ColumnData;
 use ulid::Ulid;
 
-use crate::Failure;
+use crate::failure::Failure;
 use changefeed::json::column_json;
 
 /// How a column's cells line up.
@@ -234,6 +234,15 @@ impl Out {
                     Failure::run(format!("cannot write to standard output: {error}"))
                 }
             })
+    }
+}
+
+/// `1 row`, `2 rows`.
+pub fn plural(count: u64, one: &str, many: &str) -> String {
+    if count == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{count} {many}")
     }
 }
 

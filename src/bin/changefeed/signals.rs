@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::Failure;
+use crate::failure::Failure;
 use crate::follow::INTERRUPTED_STATUS;
 
 /// What the watcher does once a signal comes: set by [`Signals::watch`].

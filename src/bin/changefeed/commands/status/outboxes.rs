@@ -7,7 +7,7 @@ use changefeed::{Error, TableName};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::commands::query_rows;
+use crate::database::query_rows;
 use crate::output::{Align, Table, human_lag};
 
 /// One outbox as `status` shows it.

@@ -4,9 +4,9 @@
 //! Checks come in this order, each a one-line failure: the arguments, the brokers, then the
 //! database (one connection: reachable, the feed's `read_feed` exists, its shards).
 
-use crate::Failure;
 use crate::args::ExportArgs;
-use crate::commands::Connect;
+use crate::database::Connect;
+use crate::failure::Failure;
 
 /// In a build without Kafka `export` can only say how to get it.
 #[cfg(not(feature = "kafka"))]
@@ -24,7 +24,8 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
     use changefeed::pool::ConnectionManager;
     use changefeed::reader::FeedReaderOptions;
 
-    use crate::commands::{not_a_feed, procedure_exists, with_migrate_hint};
+    use crate::database::{require_feed, with_migrate_hint};
+    use crate::endpoints::{Endpoints, Freshness};
     use crate::progress::{export_line, print_stderr, with_progress};
     use crate::signals::Signals;
     use tracing::Instrument;
@@ -36,27 +37,20 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
         consumer,
         shards,
         from,
-        page_size,
+        page,
         producer,
         progress,
         metrics,
     } = args;
     // First: a busy or wrong address is a usage error before anything connects.
-    let endpoints = crate::relay::endpoints(
-        &metrics,
-        crate::endpoints::Freshness::LastRead,
-        progress.quiet,
-    )
-    .await?;
+    let endpoints = Endpoints::serve(&metrics, Freshness::LastRead, progress.quiet).await?;
     let settings = crate::kafka::settings(&brokers, &producer);
     let kafka = crate::kafka::checked_producer(&settings, &producer).await?;
     let shards = {
         // One plain connection first: a clear line for an unreachable server or an unknown
         // feed, instead of the reader's retries.
         let mut client = connect.open(Some(Duration::from_secs(30))).await?;
-        if !procedure_exists(&mut client, &feed.read_feed_procedure()).await? {
-            return Err(Failure::run(not_a_feed(&feed)));
-        }
+        require_feed(&mut client, &feed).await?;
         if shards.is_empty() {
             let found = shards_of(&mut client, &feed).await?;
             if found.is_empty() {
@@ -82,9 +76,9 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
     let manager = ConnectionManager::from_ado(&connect.url)?.connect_timeout(Some(connect.timeout));
     let pool =
         changefeed::Pool::from_builder(changefeed::Pool::builder().max_size(connections), manager);
-    let options = FeedReaderOptions::default().page_size(page_size);
+    let options = FeedReaderOptions::default().page_size(page.page_size);
     let reader = FeedReader::with_options(pool, feed.clone(), options)?;
-    let config = ExportConfig::new(topic.clone(), consumer.clone()).page_size(page_size);
+    let config = ExportConfig::new(topic.clone(), consumer.clone()).page_size(page.page_size);
     let exporter = FeedExporter::connect(&reader, kafka, config)
         .await
         .map_err(with_migrate_hint)?;
@@ -152,7 +146,7 @@ async fn shards_of(
 ) -> Result<Vec<i32>, Failure> {
     use changefeed::row::Column;
 
-    use crate::commands::query_rows;
+    use crate::database::query_rows;
 
     let rows = query_rows(
         client,
@@ -223,7 +217,7 @@ fn export_failure(error: changefeed::Error, consumer: &str) -> Failure {
             "{error} (the export gave up after retrying; run it again: it resumes after the \
              last saved cursor)"
         )),
-        _ => crate::commands::with_migrate_hint(error),
+        _ => crate::database::with_migrate_hint(error),
     }
 }
 

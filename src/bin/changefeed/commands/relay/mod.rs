@@ -17,21 +17,15 @@ use changefeed::relay::{JsonLines, Publisher, Relay, RelayConfig, RelayHandle};
 use changefeed::{Error, TableName};
 use tracing::Instrument;
 
-pub mod postgres;
+mod mysql;
+mod postgres;
 
-use crate::Failure;
 use crate::args::RelayArgs;
-use crate::commands::{Connect, not_an_outbox, procedure_exists};
+use crate::database::{Connect, is_mysql, is_postgres, require_outbox};
 use crate::endpoints::{Endpoints, Freshness};
+use crate::failure::Failure;
 use crate::progress::{RelayCounters, print_stderr, relay_line, with_progress};
 use crate::signals::Signals;
-
-/// Whether `url` is for MariaDB/MySQL.
-pub fn is_mysql(url: &str) -> bool {
-    url.trim_start()
-        .to_ascii_lowercase()
-        .starts_with("mysql://")
-}
 
 fn config(args: &RelayArgs) -> RelayConfig {
     RelayConfig::default().batch_size(args.batch_size)
@@ -102,6 +96,35 @@ impl Companion for () {
     async fn stop(self) {}
 }
 
+/// A waker's task beside the relay, and the sender that stops it.
+#[cfg_attr(not(any(feature = "mysql", feature = "postgres")), allow(dead_code))]
+struct Waker {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[cfg_attr(not(any(feature = "mysql", feature = "postgres")), allow(dead_code))]
+impl Waker {
+    /// Spawns the waker `run` makes, given what resolves when it is to stop.
+    fn spawn<F>(run: impl FnOnce(tokio::sync::oneshot::Receiver<()>) -> F) -> Self
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        Waker {
+            stop,
+            task: tokio::spawn(run(stopped)),
+        }
+    }
+}
+
+impl Companion for Waker {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
 /// Reads an outbox's backlog for the `changefeed_outbox_*` gauges (a store of its own,
 /// beside the relay's). Each store bounds its calls in time.
 pub trait Backlog: Send + 'static {
@@ -148,35 +171,16 @@ async fn poll_backlog(mut backlog: impl Backlog, outbox: String, every: Duration
     }
 }
 
-/// Starts the endpoints `--metrics-addr` asks for (none without it), naming the address
-/// on standard error unless `quiet`.
-pub async fn endpoints(
-    args: &crate::args::MetricsArgs,
-    freshness: Freshness,
-    quiet: bool,
-) -> Result<Option<Endpoints>, Failure> {
-    let Some(address) = args.metrics_addr else {
-        return Ok(None);
-    };
-    let endpoints = Endpoints::start(address, freshness, args.ready_within.value).await?;
-    if !quiet {
-        print_stderr(&format!(
-            "serving metrics on http://{0}/metrics (and /healthz, /readyz)",
-            endpoints.address()
-        ));
-    }
-    Ok(Some(endpoints))
-}
-
 /// Relays until SIGINT or SIGTERM, then finishes the batch in flight.
 pub async fn relay(connect: &Connect, args: RelayArgs) -> Result<(), Failure> {
     // First: a busy or wrong address is a usage error before anything connects, and the
     // probes get answers (not ready) while the checks run.
-    let endpoints = endpoints(&args.metrics, Freshness::LastClaim, args.progress.quiet).await?;
+    let endpoints =
+        Endpoints::serve(&args.metrics, Freshness::LastClaim, args.progress.quiet).await?;
     if is_mysql(&connect.url) {
-        return relay_mysql(connect, args, endpoints).await;
+        return mysql::relay(connect, args, endpoints).await;
     }
-    if postgres::is_postgres(&connect.url) {
+    if is_postgres(&connect.url) {
         return postgres::relay(connect, args, endpoints).await;
     }
     let table: TableName = args
@@ -188,10 +192,7 @@ pub async fn relay(connect: &Connect, args: RelayArgs) -> Result<(), Failure> {
         // One plain connection first: a clear line for an unreachable server or a missing
         // outbox, instead of the relay's endless retries.
         let mut client = connect.open(Some(Duration::from_secs(30))).await?;
-        let procedure = table.object("claim");
-        if !procedure_exists(&mut client, &procedure).await? {
-            return Err(Failure::run(not_an_outbox(&table, &procedure)));
-        }
+        require_outbox(&mut client, &table, "claim").await?;
     }
     let store = SqlClaimStore::new(OutboxStore::new(table.clone()), &connect.url);
     let backlog = SqlClaimStore::new(OutboxStore::new(table), &connect.url);
@@ -316,109 +317,4 @@ async fn drive<S: ClaimStore, P: Publisher, B: Backlog, C: Companion>(
         ));
     }
     Ok(())
-}
-
-#[cfg(feature = "mysql")]
-async fn relay_mysql(
-    connect: &Connect,
-    args: RelayArgs,
-    endpoints: Option<Endpoints>,
-) -> Result<(), Failure> {
-    use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, OutboxTable};
-    use mysql_async::prelude::Queryable;
-
-    /// The binlog waker's task and the sender that stops it.
-    struct Waker {
-        stop: tokio::sync::oneshot::Sender<()>,
-        task: tokio::task::JoinHandle<()>,
-    }
-
-    impl Companion for Waker {
-        async fn stop(self) {
-            let _ = self.stop.send(());
-            let _ = self.task.await;
-        }
-    }
-
-    let usage = |e: Error| Failure::usage(e.to_string());
-    let table: OutboxTable = args.outbox.parse().map_err(usage)?;
-    let opts = changefeed::mysql::opts(&connect.url).map_err(usage)?;
-    let target = target(&args).await?;
-    {
-        // As for SQL Server: one connection, and the table must be there.
-        let address = match opts.socket() {
-            Some(socket) => socket.to_owned(),
-            None => format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port()),
-        };
-        let mut conn = changefeed::mysql::connect_within(&opts, connect.timeout)
-            .await
-            .map_err(|error| {
-                Failure::connect(format!(
-                    "cannot connect to MariaDB/MySQL at {address}: {error}; check --url or \
-                     CHANGEFEED_URL (or raise --connect-timeout)"
-                ))
-            })?;
-        let found: Option<i64> = conn
-            .exec_first(
-                "select count(*) from information_schema.tables \
-                 where table_schema = database() and table_name = ?",
-                (table.name(),),
-            )
-            .await
-            .map_err(|error| Failure::run(Error::from(error).to_string()))?;
-        conn.disconnect().await.ok();
-        if found.unwrap_or(0) == 0 {
-            return Err(Failure::run(format!(
-                "{} is not a table of database {} on MariaDB/MySQL; create the outbox with \
-                 call changefeed_setup_outbox('{}') (or check the database in --url)",
-                table.name(),
-                opts.db_name().unwrap_or_default(),
-                table.name()
-            )));
-        }
-    }
-    let store = MysqlOutboxStore::new(table.clone(), opts.clone()).connect_timeout(connect.timeout);
-    let backlog =
-        MysqlOutboxStore::new(table.clone(), opts.clone()).connect_timeout(connect.timeout);
-    let monitor = Monitor::new(endpoints, backlog, &args);
-    // The binlog wakes the relay; its own poll is the safety net behind the waker's.
-    let config = config(&args).poll_interval(Duration::from_secs(5));
-    let start = |handle: RelayHandle| {
-        let waker_config = BinlogWakerConfig {
-            connect_timeout: connect.timeout,
-            ..BinlogWakerConfig::default()
-        };
-        let waker = BinlogWaker::new(opts, table, handle, waker_config);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(waker.run(async {
-            let _ = stopped.await;
-        }));
-        Waker { stop, task }
-    };
-    let how = " (woken by the binlog, polling when it cannot be followed)";
-    run(store, target, config, &args, how, monitor, start).await
-}
-
-#[cfg(not(feature = "mysql"))]
-async fn relay_mysql(
-    _connect: &Connect,
-    _args: RelayArgs,
-    _endpoints: Option<Endpoints>,
-) -> Result<(), Failure> {
-    Err(Failure::usage(
-        "this changefeed was built without MariaDB/MySQL support; build it with \
-         --features cli,mysql to relay from a mysql:// URL",
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_pick_the_database() {
-        assert!(is_mysql("mysql://relay@db/app"));
-        assert!(is_mysql(" MYSQL://relay@db/app"));
-        assert!(!is_mysql("server=tcp:db,1433;database=app"));
-    }
 }

@@ -1,0 +1,349 @@
+//! The command line: the global options, the list of subcommands, and where each
+//! subcommand's arguments are defined (one file each; `shared` holds the options `relay`
+//! and `export` have in common, `values` the parsers of their values, `start_at` the
+//! `--from` of `tail` and `export`). Every value is checked here, before any connection is
+//! opened.
+
+mod export;
+mod purge;
+mod purge_outbox;
+mod relay;
+mod setup_feed;
+mod setup_outbox;
+mod shared;
+mod start_at;
+mod status;
+mod tail;
+mod values;
+
+use changefeed::connection::URL_VARIABLE;
+use clap::{Parser, Subcommand};
+
+use crate::duration::CliDuration;
+
+pub use export::ExportArgs;
+pub use purge::PurgeArgs;
+pub use purge_outbox::PurgeOutboxArgs;
+pub use relay::RelayArgs;
+pub use setup_feed::SetupFeedArgs;
+pub use setup_outbox::SetupOutboxArgs;
+pub use shared::{MetricsArgs, ProducerArgs};
+pub use status::StatusArgs;
+pub use tail::TailArgs;
+
+use values::parse_timeout;
+
+/// Race-safe event feeds and transactional outboxes inside SQL Server: apply the bundle,
+/// set up feeds, follow them, watch them and trim them.
+#[derive(Debug, Parser)]
+#[command(name = "changefeed", version, propagate_version = true)]
+#[command(after_help = "The connection string is an ADO.NET string, e.g. \
+    CHANGEFEED_URL='server=tcp:localhost,1433;user=sa;password=...;database=app;\
+    TrustServerCertificate=true'. Exit status: 0 done (relay and export: stopped by \
+    SIGINT or SIGTERM after finishing their batch), 1 failed, 2 bad arguments or no usable \
+    connection (database or Kafka brokers), 130 tail stopped by Ctrl-C, or relay and export \
+    stopped at once by a second signal.")]
+pub struct Cli {
+    /// The ADO.NET connection string of the database
+    #[arg(
+        long,
+        global = true,
+        env = URL_VARIABLE,
+        hide_env_values = true,
+        value_name = "ADO"
+    )]
+    pub url: Option<String>,
+
+    /// How long to wait for SQL Server to accept a new connection
+    #[arg(
+        long,
+        global = true,
+        value_name = "DURATION",
+        default_value = "15s",
+        allow_hyphen_values = true,
+        value_parser = parse_timeout
+    )]
+    pub connect_timeout: CliDuration,
+
+    /// How relay and export write their lines on standard error: human (the progress
+    /// line) or json (one JSON object per line: timestamp, level, target, message and the
+    /// event's fields)
+    #[arg(long, global = true, value_name = "FORMAT", default_value = "human")]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+// Plain comments on the variants: doc comments would become a "Possible values:" block
+// in --help, which puts every option's text on a line of its own.
+pub enum LogFormat {
+    // Lines for people: the start line, the progress line, the last line.
+    Human,
+    // One JSON object per line, for a log pipeline.
+    Json,
+}
+
+/// What to do.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the changefeed SQL bundle: every migration the database does not have yet
+    Migrate,
+    /// Make an event table a feed (changefeed.setup_feed); the table must exist and have a
+    /// primary key
+    SetupFeed(SetupFeedArgs),
+    /// Print a feed shard's events as JSON lines and follow its head, like `tail -f`
+    #[command(
+        after_help = "One JSON object per line: {\"ulid\":\"<cursor>\",\"time\":\"<the \
+        ULID's time, RFC 3339>\",\"shard\":<n>,\"key\":{<key columns>}} or, with \
+        --with-event, \"event\":{<event columns>} (null for an event deleted since). Binary \
+        values are 0x… hex, decimals exact text, dates and times ISO 8601. Pass a printed \
+        ulid to --from to resume after it. Ctrl-C stops (exit status 130, like tail -f)."
+    )]
+    Tail(TailArgs),
+    /// Show every feed shard (changefeed.feed_status) as a table
+    Status(StatusArgs),
+    /// Delete a feed's rows older than a cutoff (outbox-mode feeds), never past a
+    /// registered consumer's cursor unless --force
+    Purge(PurgeArgs),
+    /// Delete a claim outbox's done messages older than a cutoff (dead ones are kept)
+    PurgeOutbox(PurgeOutboxArgs),
+    /// Create or complete a claim outbox table on PostgreSQL (changefeed.setup_outbox; a
+    /// postgres:// --url, needs the `postgres` feature)
+    SetupOutbox(SetupOutboxArgs),
+    /// Relay a claim outbox to Kafka (--brokers; needs the `kafka` feature) or to standard
+    /// output, one JSON line per message, until SIGINT or SIGTERM. --url may be an ADO.NET
+    /// string (SQL Server), a mysql:// URL (MariaDB/MySQL, with the binlog wake; needs
+    /// the `mysql` feature) or a postgres:// URL (PostgreSQL, with the LISTEN/NOTIFY wake;
+    /// needs the `postgres` feature)
+    #[command(after_help = relay::HELP)]
+    Relay(RelayArgs),
+    /// Export a feed's events to a Kafka topic, saving the consumer's cursor after every
+    /// acknowledged page, until SIGINT or SIGTERM (needs the `kafka` feature)
+    #[command(after_help = export::HELP)]
+    Export(ExportArgs),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::start_at::StartAt;
+    use clap::CommandFactory;
+    use std::time::Duration;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("changefeed").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn subcommands_parse_with_their_defaults() {
+        let cli = parse(&["--url", "server=x", "tail", "app.Event"]).unwrap();
+        assert_eq!(cli.url.as_deref(), Some("server=x"));
+        assert_eq!(cli.connect_timeout.value, Duration::from_secs(15));
+        match cli.command {
+            Command::Tail(tail) => {
+                assert_eq!(tail.shard, 0);
+                assert_eq!(tail.from, StartAt::Start);
+                assert!(!tail.with_event);
+                assert_eq!(tail.page.page_size, 1000);
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let cli = parse(&[
+            "purge",
+            "app.Event",
+            "--older-than",
+            "30d",
+            "--shard",
+            "2",
+            "--dry-run",
+            "--max-rows",
+            "10",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Purge(purge) => {
+                assert_eq!(purge.older_than.as_millis_i64(), 2_592_000_000);
+                assert_eq!(purge.shard, Some(2));
+                assert!(purge.dry_run && !purge.force);
+                assert_eq!(purge.batch_size, 5000);
+                assert_eq!(purge.max_rows, Some(10));
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let cli = parse(&["purge-outbox", "dbo.outbox", "--older-than", "7d"]).unwrap();
+        match cli.command {
+            Command::PurgeOutbox(purge) => {
+                assert_eq!(purge.older_than.value, Duration::from_secs(7 * 86_400));
+                assert_eq!(purge.batch_size, 1000);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The global options also go after the subcommand.
+        let cli = parse(&["status", "--consumers", "--url", "server=y"]).unwrap();
+        assert_eq!(cli.url.as_deref(), Some("server=y"));
+        assert!(matches!(
+            cli.command,
+            Command::Status(StatusArgs {
+                consumers: true,
+                json: false
+            })
+        ));
+    }
+
+    #[test]
+    fn relay_and_export_parse_with_their_kafka_defaults() {
+        let cli = parse(&["relay", "--outbox", "dbo.outbox"]).unwrap();
+        match cli.command {
+            Command::Relay(relay) => {
+                assert_eq!(relay.brokers, None);
+                assert_eq!(relay.topic_prefix, "");
+                assert_eq!(relay.dlq_suffix, ".dlq");
+                assert!(relay.producer.settings.is_empty());
+                assert_eq!(relay.producer.broker_timeout.value, Duration::from_secs(10));
+                assert_eq!(relay.progress.every(), Some(Duration::from_secs(5)));
+            }
+            other => panic!("{other:?}"),
+        }
+        let cli = parse(&[
+            "export",
+            "app.Order",
+            "--brokers",
+            "k1:9092,k2:9092",
+            "--topic",
+            "orders",
+            "--consumer",
+            "to-kafka",
+            "--shards",
+            "2,0,2",
+            "-X",
+            "compression.type=zstd",
+            "-X",
+            "sasl.password=a=b",
+            "--quiet",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Export(export) => {
+                assert_eq!(export.brokers, "k1:9092,k2:9092");
+                assert_eq!(export.shards, [2, 0, 2]);
+                assert_eq!(export.from, StartAt::Start);
+                assert_eq!(export.page.page_size, 1000);
+                assert_eq!(
+                    export.producer.settings,
+                    [
+                        ("compression.type".to_owned(), "zstd".to_owned()),
+                        ("sasl.password".to_owned(), "a=b".to_owned())
+                    ]
+                );
+                assert_eq!(export.progress.every(), None);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The Kafka-only relay options need --brokers; export needs all three names.
+        for bad in [
+            &["relay", "--outbox", "o", "--topic-prefix", "p."][..],
+            &["relay", "--outbox", "o", "--dlq-suffix", ".dead"],
+            &["export", "app.Order", "--brokers", "k:1", "--topic", "t"],
+            &["export", "app.Order", "--brokers", "k:1", "--consumer", "c"],
+            &["export", "app.Order", "--topic", "t", "--consumer", "c"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn setup_feed_takes_exactly_one_mode() {
+        let cli = parse(&["setup-feed", "app.Event", "--outbox"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::SetupFeed(SetupFeedArgs { outbox: true, .. })
+        ));
+        let cli = parse(&[
+            "setup-feed",
+            "app.Event",
+            "--serialize-writers",
+            "--shard-column",
+            "Shard",
+            "--ulid-column",
+            "ULID",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::SetupFeed(setup) => {
+                assert!(setup.serialize_writers && !setup.outbox);
+                assert_eq!(setup.shard_column.as_deref(), Some("Shard"));
+                assert_eq!(setup.ulid_column.as_deref(), Some("ULID"));
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            &["setup-feed", "app.Event"][..],
+            &["setup-feed", "app.Event", "--outbox", "--serialize-writers"],
+            &["setup-feed", "app.Event", "--serialize-writers"],
+            &[
+                "setup-feed",
+                "app.Event",
+                "--serialize-writers",
+                "--shard-column",
+                "S",
+            ],
+            &["setup-feed", "app.Event", "--outbox", "--shard-column", "S"],
+            &["setup-feed", "app.Event", "--outbox", "--ulid-column", "U"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn out_of_range_numbers_and_durations_are_refused() {
+        for bad in [
+            &["tail", "app.Event", "--page-size", "0"][..],
+            &["tail", "app.Event", "--page-size", "10001"],
+            &["tail", "app.Event", "--from", "tomorrow"],
+            &["purge", "app.Event"],
+            &["purge", "app.Event", "--older-than", "30"],
+            &["purge", "app.Event", "--older-than", "-5d"],
+            &["purge", "app.Event", "--older-than", "36526d"],
+            &[
+                "purge",
+                "app.Event",
+                "--older-than",
+                "30d",
+                "--batch-size",
+                "50001",
+            ],
+            &[
+                "purge",
+                "app.Event",
+                "--older-than",
+                "30d",
+                "--max-rows",
+                "0",
+            ],
+            &[
+                "purge-outbox",
+                "dbo.outbox",
+                "--older-than",
+                "7d",
+                "--batch-size",
+                "4001",
+            ],
+            &["purge-outbox", "dbo.x]", "--older-than", "7d"],
+            &["status", "--connect-timeout", "0s"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse(&["purge", "app.Event", "--older-than", "0s"]).is_ok());
+        assert!(parse(&["tail", "app.Event", "--shard", "-1"]).is_ok());
+    }
+}
