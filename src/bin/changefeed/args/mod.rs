@@ -27,7 +27,9 @@ pub use purge_outbox::PurgeOutboxArgs;
 pub use relay::RelayArgs;
 pub use setup_feed::SetupFeedArgs;
 pub use setup_outbox::SetupOutboxArgs;
-pub use shared::{MetricsArgs, ProducerArgs};
+pub use shared::MetricsArgs;
+#[cfg(feature = "kafka")]
+pub use shared::ProducerArgs;
 pub use status::StatusArgs;
 pub use tail::TailArgs;
 

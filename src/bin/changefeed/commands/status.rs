@@ -10,9 +10,7 @@ use changefeed::Error;
 use tiberius::{ColumnData, Row};
 
 use crate::args::StatusArgs;
-use crate::database::{
-    CHECK_URL, Connect, cell, is_mysql, is_postgres, query_rows, with_migrate_hint,
-};
+use crate::database::{Connect, cell, is_mysql, is_postgres, query_rows, with_migrate_hint};
 use crate::failure::Failure;
 use crate::output::{Align, Out, Table, human_lag, text_cell, ulid_cell, utc_cell, yes_no_cell};
 
@@ -175,6 +173,8 @@ pub async fn status(connect: &Connect, out: &mut Out, args: StatusArgs) -> Resul
 /// `status` with a `mysql://` URL: the database's outboxes (MariaDB/MySQL has no feeds).
 #[cfg(feature = "mysql")]
 async fn mysql_status(connect: &Connect, out: &mut Out, args: StatusArgs) -> Result<(), Failure> {
+    use crate::database::CHECK_URL;
+
     if args.consumers {
         return Err(Failure::usage(
             "--consumers shows feed consumers, which only SQL Server has",

@@ -1,6 +1,8 @@
 //! `changefeed relay`: a claim outbox to Kafka (`--brokers`, with the `kafka` feature) or
-//! to standard output as JSON lines, over SQL Server (an ADO.NET `--url`) or MariaDB/MySQL
-//! (a `mysql://` `--url`, woken by the binlog).
+//! to standard output as JSON lines, over SQL Server (an ADO.NET `--url`, here),
+//! MariaDB/MySQL (a `mysql://` `--url`, woken by the binlog: `mysql.rs`) or PostgreSQL (a
+//! `postgres://` `--url`, woken by LISTEN/NOTIFY: `postgres.rs`). The targets, the
+//! progress line, the signals and the metrics endpoint are written once here for all three.
 //!
 //! Checks come in this order, each a one-line failure: the outbox's name, the brokers,
 //! then the database (one connection: reachable, and the outbox exists). Only then does
@@ -27,6 +29,7 @@ use crate::failure::Failure;
 use crate::progress::{RelayCounters, print_stderr, relay_line, with_progress};
 use crate::signals::Signals;
 
+/// The relay's settings from the command line (each store adds its own poll interval).
 fn config(args: &RelayArgs) -> RelayConfig {
     RelayConfig::default().batch_size(args.batch_size)
 }
