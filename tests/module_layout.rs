@@ -643,6 +643,17 @@ fn loops_in(files: &[(&str, &str)]) -> Vec<String> {
     loops(&sibling_edges(&read_crate(&root, &read)))
 }
 
+/// The only loop of `found`, which goes round `circle`.
+fn the_one_loop<'f>(found: &'f [String], circle: &str) -> &'f str {
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(
+        found[0].starts_with(&format!("loop {circle}:")),
+        "{}",
+        found[0]
+    );
+    &found[0]
+}
+
 #[test]
 fn a_loop_between_siblings_is_named_with_where_it_is_written() {
     let found = loops_in(&[
@@ -658,14 +669,9 @@ fn a_loop_between_siblings_is_named_with_where_it_is_written() {
         ),
         ("bin/output.rs", "pub struct Out;\n"),
     ]);
-    assert_eq!(found.len(), 1, "{found:#?}");
-    assert!(
-        found[0].starts_with("loop commands -> export -> commands:"),
-        "{}",
-        found[0]
-    );
-    assert!(found[0].contains("bin/commands.rs:3"), "{}", found[0]);
-    assert!(found[0].contains("bin/export.rs:2"), "{}", found[0]);
+    let found = the_one_loop(&found, "commands -> export -> commands");
+    assert!(found.contains("bin/commands.rs:3"), "{found}");
+    assert!(found.contains("bin/export.rs:2"), "{found}");
 }
 
 #[test]
@@ -677,12 +683,7 @@ fn a_longer_loop_and_nested_modules_are_found() {
         ("b.rs", "use crate::c;\n"),
         ("c.rs", "mod tests {\n    use crate::a::inner::*;\n}\n"),
     ]);
-    assert_eq!(found.len(), 1, "{found:#?}");
-    assert!(
-        found[0].starts_with("loop a -> b -> c -> a:"),
-        "{}",
-        found[0]
-    );
+    the_one_loop(&found, "a -> b -> c -> a");
 }
 
 #[test]
