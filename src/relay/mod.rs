@@ -29,6 +29,7 @@
 mod config;
 mod hooks;
 mod json_lines;
+mod pace;
 mod policy;
 mod publisher;
 
@@ -39,14 +40,15 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use rand::rngs::StdRng;
 use tokio::sync::Notify;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tracing::Instrument;
 use tracing::field::Empty;
 
-pub use config::{MAX_BATCH_SIZE, MAX_CLAIM_TIMEOUT, RelayConfig};
+pub use config::{MAX_BATCH_SIZE, MAX_CLAIM_TIMEOUT, MAX_IN_FLIGHT, RelayConfig};
 pub use hooks::{Hooks, NoHooks};
 pub use json_lines::JsonLines;
 pub use policy::{MAX_RETRY_DELAY, RetryDecision, RetryPolicy};
@@ -58,6 +60,7 @@ pub use publisher::{
 use crate::error::{Error, Result};
 use crate::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage};
 use hooks::{guarded, panic_message};
+use pace::Pace;
 
 /// How long a claim already under way may still take once shutdown is asked for. A healthy
 /// claim answers in milliseconds and its rows are then published and acknowledged; one that
@@ -76,14 +79,20 @@ pub const MAX_STORE_RETRY_DELAY: Duration = Duration::from_secs(2);
 /// [module documentation](self) for the failure table).
 ///
 /// The loop, [`run`](Self::run):
-/// * a claim that returned messages is followed at once by the next claim (acknowledging
-///   an aggregate's head makes its next message claimable), unless nothing in the batch
-///   was published or marked dead (then it waits `poll_interval`, so a broker that fails
-///   everything is not hammered) or something met backpressure (then it waits
-///   `retry.initial`);
+/// * up to [`max_in_flight`](RelayConfig::max_in_flight) batches are between claim and
+///   acknowledgement at once: each claimed batch is published at once, the next claim
+///   starts while earlier batches are being delivered, and each batch is acknowledged as
+///   its outcomes arrive (store calls one at a time). Per-aggregate order holds because a
+///   claimed message stays claimed until acknowledged, and no claim takes a message
+///   while an earlier one of its aggregate is claimed (see ARCHITECTURE.md);
+/// * a claim that returned messages is followed at once by the next claim when there is
+///   room (acknowledging an aggregate's head makes its next message claimable); a batch
+///   in which nothing was published or marked dead holds the next claim back
+///   `poll_interval` (so a broker that fails everything is not hammered), one in which
+///   something met backpressure holds it back `retry.initial`, wakes or not;
 /// * a claim that found nothing waits `poll_interval`, or less when
-///   [`RelayHandle::wake`] is called; a wake that arrives while a batch is in flight is
-///   kept and ends the next wait at once;
+///   [`RelayHandle::wake`] is called or a batch in flight moves something; a wake that
+///   arrives while the relay claims or publishes is kept and ends the next wait at once;
 /// * a failing claim is reported to [`Hooks::on_loop_error`] and retried after a
 ///   back-off of at least `poll_interval` (or [`MAX_STORE_RETRY_DELAY`] if that is less)
 ///   and at most [`MAX_STORE_RETRY_DELAY`], cut short by a wake; the relay never gives up
@@ -94,9 +103,13 @@ pub const MAX_STORE_RETRY_DELAY: Duration = Duration::from_secs(2);
 ///   [transient](Error::is_transient), and given up at once when it is not (a missing
 ///   grant, a missing procedure): those messages are published again after the claim
 ///   timeout;
-/// * shutdown lets the in-flight batch finish (publish and acknowledge it) and returns; a
-///   claim under way when shutdown comes gets [`SHUTDOWN_CLAIM_GRACE`] to answer and is
-///   abandoned after that.
+/// * shutdown starts no claim and lets every batch in flight finish (publish and
+///   acknowledge it; they run side by side, so that takes as long as the slowest, not
+///   their sum) and returns; a claim under way when shutdown comes gets
+///   [`SHUTDOWN_CLAIM_GRACE`] to answer (its batch is then finished too) and is abandoned
+///   after that;
+/// * a [fatal](ErrorKind::Fatal) publish error likewise ends the claims, lets every batch
+///   in flight finish, and then ends `run` with the error.
 ///
 /// ```
 /// use std::time::Duration;
@@ -266,117 +279,25 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
         &self.config
     }
 
-    /// Runs the relay until `shutdown` completes, then finishes the batch in flight
+    /// Runs the relay until `shutdown` completes, then finishes every batch in flight
     /// (publishes and acknowledges it) and returns `Ok(())`.
     ///
     /// Returns an [`Error::Publisher`] when the publisher reports a
     /// [fatal](ErrorKind::Fatal) error, after handing the fatal messages back and
-    /// acknowledging the rest of the batch. Store errors never end it: they are reported
-    /// and retried.
-    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<()> {
-        let mut shutdown = pin!(shutdown);
-        let wake = Arc::clone(&self.wake);
-        let mut store_failures = 0u32;
-        // Set when shutdown completed while a claim was under way and the claim still
-        // answered: its batch is finished, then the loop ends (a completed future must not
-        // be polled again).
-        let mut stopping = false;
-        loop {
-            if stopping || shutdown.as_mut().now_or_never().is_some() {
-                tracing::info!("relay shutting down");
-                return Ok(());
-            }
-            // A wake stored before this claim starts is answered by the claim itself;
-            // dropping it saves a needless claim after this one.
-            let _ = wake.notified().now_or_never();
-
-            let claimed = {
-                let claim = self.claim();
-                let mut claim = pin!(claim);
-                tokio::select! {
-                    biased;
-                    result = claim.as_mut() => result,
-                    () = shutdown.as_mut() => {
-                        stopping = true;
-                        // Abandoning a claim that did commit leaves its rows claimed until
-                        // the timeout (and charged an attempt), so a claim that is merely
-                        // slow gets a grace period; a hanging one does not hold shutdown.
-                        match timeout(SHUTDOWN_CLAIM_GRACE, claim.as_mut()).await {
-                            Ok(result) => result,
-                            Err(_) => {
-                                tracing::warn!(
-                                    grace = ?SHUTDOWN_CLAIM_GRACE,
-                                    "relay shutting down: abandoned a claim that did not answer"
-                                );
-                                return Ok(());
-                            }
-                        }
-                    }
-                }
-            };
-            let batch = match claimed {
-                Ok(batch) => {
-                    store_failures = 0;
-                    batch
-                }
-                Err(error) => {
-                    store_failures = store_failures.saturating_add(1);
-                    self.loop_error(&error);
-                    if stopping {
-                        return Ok(());
-                    }
-                    // Capped low: an outage's back-off must not outlast the outage by
-                    // minutes. A wake (an enqueuer's, or the binlog waker's reconnect) says
-                    // the database may be back, so it ends the wait too.
-                    let delay = self
-                        .config
-                        .retry
-                        .backoff(store_failures, &mut self.rng)
-                        .max(self.config.poll_interval)
-                        .min(MAX_STORE_RETRY_DELAY);
-                    tokio::select! {
-                        biased;
-                        () = shutdown.as_mut() => return Ok(()),
-                        () = wake.notified() => {}
-                        () = sleep(delay) => {}
-                    }
-                    continue;
-                }
-            };
-
-            let idle = if batch.is_empty() {
-                true
-            } else {
-                let (report, fatal) = self.process(batch).await;
-                if let Some(error) = fatal {
-                    return Err(error);
-                }
-                if report.requeued > 0 && !stopping {
-                    // The broker asked us to slow down: a wake must not cut this short.
-                    tokio::select! {
-                        biased;
-                        () = shutdown.as_mut() => return Ok(()),
-                        () = sleep(self.config.retry.initial) => {}
-                    }
-                    false
-                } else {
-                    // Nothing moved (every message failed): claiming again at once would
-                    // only fail the next batch too.
-                    report.published + report.dead == 0
-                }
-            };
-            if stopping {
-                continue; // the loop's first check returns
-            }
-            if idle {
-                tokio::select! {
-                    biased;
-                    () = shutdown.as_mut() => return Ok(()),
-                    () = wake.notified() => {}
-                    () = sleep(self.config.poll_interval) => {}
-                }
-            }
-        }
+    /// acknowledging the rest of that batch and every other batch in flight. Store errors
+    /// never end it: they are reported and retried.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let Relay {
+            mut store,
+            publisher,
+            hooks,
+            config,
+            wake,
+            mut rng,
+        } = self;
+        Shared::new(&mut store, &publisher, &hooks, &config, &mut rng)
+            .run(&wake, shutdown)
+            .await
     }
 
     /// Claims one batch and publishes and acknowledges it, for callers that drive their
@@ -385,34 +306,202 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
     /// [fatal](ErrorKind::Fatal) publish error (the fatal messages are handed back and the
     /// rest of the batch acknowledged first).
     pub async fn run_once(&mut self) -> Result<BatchReport> {
-        let batch = self.claim().await.inspect_err(|e| self.loop_error(e))?;
+        let shared = Shared::new(
+            &mut self.store,
+            &self.publisher,
+            &self.hooks,
+            &self.config,
+            &mut self.rng,
+        );
+        let batch = shared.claim().await.inspect_err(|e| shared.loop_error(e))?;
         if batch.is_empty() {
             return Ok(BatchReport::default());
         }
-        match self.process(batch).await {
+        match shared.process(batch, Instant::now()).await {
             (_, Some(error)) => Err(error),
             (report, None) => Ok(report),
         }
     }
+}
 
-    async fn claim(&mut self) -> Result<Vec<Claimed>> {
+/// What the claim loop and every batch in flight share: the store (one call at a time:
+/// it is one connection), the publisher (called for several batches at once), the hooks,
+/// the settings and the random source of the back-offs.
+struct Shared<'a, S, P, H> {
+    store: tokio::sync::Mutex<&'a mut S>,
+    publisher: &'a P,
+    hooks: &'a H,
+    config: &'a RelayConfig,
+    rng: std::sync::Mutex<&'a mut StdRng>,
+}
+
+impl<'a, S: ClaimStore, P: Publisher, H: Hooks> Shared<'a, S, P, H> {
+    fn new(
+        store: &'a mut S,
+        publisher: &'a P,
+        hooks: &'a H,
+        config: &'a RelayConfig,
+        rng: &'a mut StdRng,
+    ) -> Self {
+        Shared {
+            store: tokio::sync::Mutex::new(store),
+            publisher,
+            hooks,
+            config,
+            rng: std::sync::Mutex::new(rng),
+        }
+    }
+
+    /// The random source, for one draw (never held across an await).
+    fn rng(&self) -> std::sync::MutexGuard<'_, &'a mut StdRng> {
+        self.rng
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The claim loop: up to `max_in_flight` batches between claim and acknowledgement,
+    /// each one future ([`process`](Self::process): publish, then acknowledge) polled
+    /// alongside the next claim; [`Pace`] says when that claim may start.
+    async fn run(&self, wake: &Notify, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let mut shutdown = pin!(shutdown);
+        let max_in_flight = self.config.max_in_flight as usize;
+        let mut in_flight = FuturesUnordered::new();
+        let mut pace = Pace::Now;
+        let mut store_failures = 0u32;
+        // Set when shutdown completed (a completed future must not be polled again): no
+        // claim starts after it, and the batches in flight are finished.
+        let mut stopping = false;
+        // The first fatal publish error: no claim starts after it either, and `run` returns
+        // it once the batches in flight are finished.
+        let mut fatal: Option<Error> = None;
+        loop {
+            if stopping || fatal.is_some() {
+                if stopping {
+                    tracing::info!(in_flight = in_flight.len(), "relay shutting down");
+                }
+                // Every batch in flight is published already (or being published): its
+                // outcomes are acknowledged, so none waits out the claim timeout.
+                while let Some((_, error)) = in_flight.next().await {
+                    if fatal.is_none() {
+                        fatal = error;
+                    }
+                }
+                return fatal.map_or(Ok(()), Err);
+            }
+
+            let room = in_flight.len() < max_in_flight;
+            if room && pace.claims_at(Instant::now()) {
+                // A wake stored before this claim starts is answered by the claim itself;
+                // dropping it saves a needless claim after this one.
+                let _ = wake.notified().now_or_never();
+                let claim = self.claim();
+                let mut claim = pin!(claim);
+                // Abandoning a claim that did commit leaves its rows claimed until the
+                // timeout (and charged an attempt), so a claim under way when shutdown
+                // comes gets a grace period; a hanging one does not hold shutdown.
+                let mut grace_ends = Instant::now();
+                let claimed = loop {
+                    tokio::select! {
+                        biased;
+                        result = claim.as_mut() => break Some(result),
+                        () = shutdown.as_mut(), if !stopping => {
+                            stopping = true;
+                            grace_ends = Instant::now() + SHUTDOWN_CLAIM_GRACE;
+                        }
+                        () = sleep_until(grace_ends), if stopping => {
+                            tracing::warn!(
+                                grace = ?SHUTDOWN_CLAIM_GRACE,
+                                "relay shutting down: abandoned a claim that did not answer"
+                            );
+                            break None;
+                        }
+                        Some(done) = in_flight.next() => self.settle(done, &mut pace, &mut fatal),
+                    }
+                };
+                let claimed_at = Instant::now();
+                match claimed {
+                    None => {}
+                    Some(Ok(batch)) if batch.is_empty() => {
+                        store_failures = 0;
+                        pace.idle(claimed_at + self.config.poll_interval);
+                    }
+                    Some(Ok(batch)) => {
+                        store_failures = 0;
+                        // Acknowledging an aggregate's head makes its next message
+                        // claimable, and other aggregates may have more: claim again.
+                        pace = Pace::Now;
+                        in_flight.push(self.process(batch, claimed_at));
+                    }
+                    Some(Err(error)) => {
+                        store_failures = store_failures.saturating_add(1);
+                        self.loop_error(&error);
+                        // Capped low: an outage's back-off must not outlast the outage by
+                        // minutes. A wake (an enqueuer's, or the binlog waker's reconnect)
+                        // says the database may be back, so it ends the wait too.
+                        let delay = self
+                            .config
+                            .retry
+                            .backoff(store_failures, &mut *self.rng())
+                            .max(self.config.poll_interval)
+                            .min(MAX_STORE_RETRY_DELAY);
+                        pace.store_failed(claimed_at + delay);
+                    }
+                }
+                continue;
+            }
+
+            let claim_at = pace.until();
+            tokio::select! {
+                biased;
+                () = shutdown.as_mut() => stopping = true,
+                Some(done) = in_flight.next() => self.settle(done, &mut pace, &mut fatal),
+                () = wake.notified(), if room && pace.wakeable() => pace = Pace::Now,
+                () = sleep_until(claim_at), if room => pace = Pace::Now,
+            }
+        }
+    }
+
+    /// Takes in what a finished batch came to: a fatal error ends the claims, the rest
+    /// sets the pace of the next claim.
+    fn settle(
+        &self,
+        (report, error): (BatchReport, Option<Error>),
+        pace: &mut Pace,
+        fatal: &mut Option<Error>,
+    ) {
+        match error {
+            Some(error) => {
+                fatal.get_or_insert(error);
+            }
+            None => pace.after_batch(&report, Instant::now(), self.config),
+        }
+    }
+
+    async fn claim(&self) -> Result<Vec<Claimed>> {
         let batch_size = self.config.batch_size;
         let claim_timeout = self.config.claim_timeout;
-        let batch = self
-            .store
-            .claim(batch_size, claim_timeout)
-            .instrument(tracing::debug_span!("relay.claim", batch_size))
-            .await?;
+        let batch = async {
+            self.store
+                .lock()
+                .await
+                .claim(batch_size, claim_timeout)
+                .await
+        }
+        .instrument(tracing::debug_span!("relay.claim", batch_size))
+        .await?;
         if !batch.is_empty() {
-            guarded(&self.hooks, "on_claimed", |h| h.on_claimed(batch.len()));
+            guarded(self.hooks, "on_claimed", |h| h.on_claimed(batch.len()));
         }
         Ok(batch)
     }
 
     /// Publishes and acknowledges one claimed batch inside its `relay.batch` span; the
     /// error is the one `run` must stop with (a fatal publish error).
-    async fn process(&mut self, batch: Vec<Claimed>) -> (BatchReport, Option<Error>) {
-        let started = Instant::now();
+    async fn process(
+        &self,
+        batch: Vec<Claimed>,
+        claimed_at: Instant,
+    ) -> (BatchReport, Option<Error>) {
         let span = tracing::info_span!(
             "relay.batch",
             size = batch.len(),
@@ -423,14 +512,14 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             duration_ms = Empty,
         );
         let (report, fatal) = self
-            .process_batch(batch, started)
+            .process_batch(batch, claimed_at)
             .instrument(span.clone())
             .await;
         span.record("published", report.published);
         span.record("failed", report.failed);
         span.record("requeued", report.requeued);
         span.record("dead", report.dead);
-        span.record("duration_ms", started.elapsed().as_millis() as u64);
+        span.record("duration_ms", claimed_at.elapsed().as_millis() as u64);
         span.in_scope(|| tracing::debug!(?report, "batch acknowledged"));
 
         let fatal = fatal.map(|(id, error)| {
@@ -449,7 +538,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
     }
 
     async fn process_batch(
-        &mut self,
+        &self,
         batch: Vec<Claimed>,
         claimed_at: Instant,
     ) -> (BatchReport, Option<(i64, PublishError)>) {
@@ -526,7 +615,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             match error.kind {
                 ErrorKind::Retriable => {
                     let attempts = attempts_of(message.attempts).saturating_add(1);
-                    match policy.next_delay(attempts, &mut self.rng) {
+                    match policy.next_delay(attempts, &mut *self.rng()) {
                         RetryDecision::RetryAfter(delay) => retries.push((message, delay, error)),
                         RetryDecision::Dead => dead.push((DeadLetter::Message(message), error)),
                     }
@@ -536,7 +625,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                     if fatal.is_none() {
                         fatal = Some((message.id, error.clone()));
                     }
-                    guarded(&self.hooks, "on_fatal", |h| h.on_fatal(message.id, &error));
+                    guarded(self.hooks, "on_fatal", |h| h.on_fatal(message.id, &error));
                     // The message is not at fault: the publisher is. Marking it dead (or
                     // counting an attempt) would punish it for a broken credential; it
                     // waits for a relay that can publish it.
@@ -552,7 +641,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                 .await;
         }
         if report.published > 0 {
-            guarded(&self.hooks, "on_published", |h| {
+            guarded(self.hooks, "on_published", |h| {
                 h.on_published(report.published)
             });
         }
@@ -569,7 +658,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             self.acknowledge(ack, deadline, &mut report).await;
             report.failed += 1;
             tracing::debug!(id = message.id, ?delay, %error, "message failed; will retry");
-            guarded(&self.hooks, "on_failed", |h| h.on_failed(message.id, error));
+            guarded(self.hooks, "on_failed", |h| h.on_failed(message.id, error));
         }
 
         let requeue_after = policy.initial;
@@ -581,7 +670,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             };
             self.acknowledge(ack, deadline, &mut report).await;
             report.requeued += 1;
-            guarded(&self.hooks, "on_requeued", |h| {
+            guarded(self.hooks, "on_requeued", |h| {
                 h.on_requeued(message.id, error)
             });
         }
@@ -610,7 +699,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             let headers = dead_letter_headers(*letter, attempts, error);
             if let Err(dl_error) = self.dead_letter(*letter, &headers).await {
                 tracing::warn!(id, error = %dl_error, "dead-letter publish failed");
-                guarded(&self.hooks, "on_dead_letter_failed", |h| {
+                guarded(self.hooks, "on_dead_letter_failed", |h| {
                     h.on_dead_letter_failed(id, &dl_error)
                 });
             }
@@ -625,7 +714,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             self.acknowledge(ack, deadline, &mut report).await;
             report.dead += 1;
             tracing::warn!(id, %error, "message dead");
-            guarded(&self.hooks, "on_dead", |h| h.on_dead(id, error));
+            guarded(self.hooks, "on_dead", |h| h.on_dead(id, error));
         }
 
         (report, fatal)
@@ -688,11 +777,15 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
 
     /// Runs one acknowledgement, retrying store errors with back-off until the claim's
     /// deadline, and counts fenced-off rows as lost claims.
-    async fn acknowledge(&mut self, ack: Ack<'_>, deadline: Instant, report: &mut BatchReport) {
+    async fn acknowledge(&self, ack: Ack<'_>, deadline: Instant, report: &mut BatchReport) {
         let mut failures = 0u32;
         loop {
+            // One store call at a time, the lock held only for the call: a claim or another
+            // batch's acknowledgement may go between two of this batch's calls, and a
+            // back-off below sleeps without holding up the others.
+            let mut store = self.store.lock().await;
             let result = match &ack {
-                Ack::Done(ids, token) => self.store.mark_done(ids, *token).await,
+                Ack::Done(ids, token) => store.mark_done(ids, *token).await,
                 Ack::Failed {
                     id,
                     token,
@@ -700,12 +793,13 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                     dead,
                     error,
                 } => {
-                    self.store
+                    store
                         .mark_failed(*id, *token, *retry_after, *dead, error)
                         .await
                 }
-                Ack::Requeue { id, token, after } => self.store.requeue(*id, *token, *after).await,
+                Ack::Requeue { id, token, after } => store.requeue(*id, *token, *after).await,
             };
+            drop(store);
             match result {
                 Ok(changed) => {
                     let lost = ack.expected().saturating_sub(changed);
@@ -717,7 +811,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                             "acknowledgement fenced off: the claim expired and another claim \
                              holds the message; it will be published again"
                         );
-                        guarded(&self.hooks, "on_claim_lost", |h| h.on_claim_lost(lost));
+                        guarded(self.hooks, "on_claim_lost", |h| h.on_claim_lost(lost));
                     }
                     return;
                 }
@@ -737,7 +831,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
                 Err(error) => {
                     self.loop_error(&error);
                     failures = failures.saturating_add(1);
-                    let delay = self.config.retry.backoff(failures, &mut self.rng);
+                    let delay = self.config.retry.backoff(failures, &mut *self.rng());
                     if Instant::now() + delay >= deadline {
                         tracing::warn!(
                             op = ack.name(),
@@ -755,7 +849,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
 
     fn loop_error(&self, error: &Error) {
         tracing::warn!(%error, transient = error.is_transient(), "relay loop error");
-        guarded(&self.hooks, "on_loop_error", |h| h.on_loop_error(error));
+        guarded(self.hooks, "on_loop_error", |h| h.on_loop_error(error));
     }
 }
 

@@ -31,7 +31,9 @@ fn is_mysql(url: &str) -> bool {
 }
 
 fn config(args: &RelayArgs) -> RelayConfig {
-    RelayConfig::default().batch_size(args.batch_size)
+    RelayConfig::default()
+        .batch_size(args.batch_size)
+        .max_in_flight(args.max_in_flight)
 }
 
 /// Where the messages go.
