@@ -475,14 +475,14 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0(max
     drop(cluster);
 }
 
-/// The first signal waits for the batch in flight; when that batch cannot finish (the
-/// broker went down under it), a second signal ends the process at once with 130.
 #[cfg(feature = "mysql")]
 in_flight_variants!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
     relay_from_mariadb_exits_130_at_once_on_a_second_signal
 );
+/// The first signal waits for the batch in flight; when that batch cannot finish (the
+/// broker went down under it), a second signal ends the process at once with 130.
 #[cfg(feature = "mysql")]
 async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal(max_in_flight: u32) {
     use changefeed::outbox::NewMessage;
@@ -549,14 +549,14 @@ async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal(max_in_flight: 
     drop(cluster);
 }
 
-/// Without --brokers the relay prints JSON lines, and stops the same way: SIGTERM, then
-/// exit 0 with its counts; a second signal during the wait is not needed.
 #[cfg(feature = "mysql")]
 in_flight_variants!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
     relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts
 );
+/// Without --brokers the relay prints JSON lines, and stops the same way: SIGTERM, then
+/// exit 0 with its counts; a second signal during the wait is not needed.
 #[cfg(feature = "mysql")]
 async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts(max_in_flight: u32) {
     use std::io::{BufRead, BufReader};

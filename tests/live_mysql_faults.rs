@@ -201,16 +201,16 @@ fn reopened(db: &TestDb) -> TestDb {
     }
 }
 
-/// A server frozen right after a batch was published (its `mark_done` meets the frozen
-/// server) and, later, while the relay idles (its claim meets it): the calls come back as
-/// errors while it is frozen instead of hanging, the relay resumes after it, every message
-/// is published, and only the batch whose acknowledgement never succeeded is published
-/// again.
 in_flight_variants!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it"]
     a_frozen_server_neither_hangs_the_relay_nor_loses_a_message
 );
+/// A server frozen right after a batch was published (its `mark_done` meets the frozen
+/// server) and, later, while the relay idles (its claim meets it): the calls come back as
+/// errors while it is frozen instead of hanging, the relay resumes after it, every message
+/// is published, and only the batch whose acknowledgement never succeeded is published
+/// again.
 async fn a_frozen_server_neither_hangs_the_relay_nor_loses_a_message(max_in_flight: u32) {
     let server = OwnedServer::start("frozen");
     let db = database_on("frozen", |d| server.url_for(d)).await;
@@ -281,13 +281,13 @@ async fn a_frozen_server_neither_hangs_the_relay_nor_loses_a_message(max_in_flig
     }
 }
 
-/// Shutdown while the server is frozen under an acknowledgement: `run` returns within the
-/// claim timeout (the bound of the hanging call), not when the server comes back.
 in_flight_variants!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it"]
     shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded
 );
+/// Shutdown while the server is frozen under an acknowledgement: `run` returns within the
+/// claim timeout (the bound of the hanging call), not when the server comes back.
 async fn shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded(max_in_flight: u32) {
     let server = OwnedServer::start("shutdown");
     let db = database_on("frozen_shutdown", |d| server.url_for(d)).await;
@@ -314,14 +314,14 @@ async fn shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded(max_in
     server.thaw();
 }
 
-/// `kill -9` of the server and a restart on the same data directory: nothing is lost, the
-/// binlog waker follows the new binlog file, and when its stream is cut again it follows
-/// again (from the file the server moved to, not the one before the restart).
 in_flight_variants!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it"]
     a_killed_and_restarted_server_loses_nothing_and_the_binlog_wake_comes_back
 );
+/// `kill -9` of the server and a restart on the same data directory: nothing is lost, the
+/// binlog waker follows the new binlog file, and when its stream is cut again it follows
+/// again (from the file the server moved to, not the one before the restart).
 async fn a_killed_and_restarted_server_loses_nothing_and_the_binlog_wake_comes_back(
     max_in_flight: u32,
 ) {
@@ -542,14 +542,14 @@ async fn wait_for_a_claim(db: &TestDb, outbox: &str) {
     .await;
 }
 
-/// A reader nobody drains: the relay's batch (100 messages, 200 KB of JSON lines) fills the pipe and its
-/// write blocks. The first SIGINT still ends it within --shutdown-grace; and a second
-/// SIGINT ends it at once whatever the grace.
 in_flight_variants!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it"]
     the_cli_relay_stops_while_its_standard_output_is_blocked
 );
+/// A reader nobody drains: the relay's batch (100 messages, 200 KB of JSON lines) fills the pipe and its
+/// write blocks. The first SIGINT still ends it within --shutdown-grace; and a second
+/// SIGINT ends it at once whatever the grace.
 async fn the_cli_relay_stops_while_its_standard_output_is_blocked(max_in_flight: u32) {
     let server = OwnedServer::start("pipe");
     let db = database_on("blocked_pipe", |d| server.url_for(d)).await;
@@ -590,13 +590,13 @@ async fn the_cli_relay_stops_while_its_standard_output_is_blocked(max_in_flight:
     }
 }
 
-/// The server freezes while the CLI relay writes a batch, so its `mark_done` meets a frozen
-/// server: the first SIGINT ends the process within --shutdown-grace.
 in_flight_variants!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it"]
     the_cli_relay_stops_within_its_grace_while_mark_done_hangs
 );
+/// The server freezes while the CLI relay writes a batch, so its `mark_done` meets a frozen
+/// server: the first SIGINT ends the process within --shutdown-grace.
 async fn the_cli_relay_stops_within_its_grace_while_mark_done_hangs(max_in_flight: u32) {
     use std::io::{BufRead, BufReader, Read};
 
