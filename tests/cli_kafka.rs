@@ -15,6 +15,9 @@ mod common_kafka;
 mod common_mysql;
 mod common_process;
 #[cfg(feature = "mysql")]
+#[macro_use]
+mod common_relay;
+#[cfg(feature = "mysql")]
 mod common_server;
 
 use std::process::{Child, Command, Output, Stdio};
@@ -367,11 +370,19 @@ fn consume(
         .collect()
 }
 
-/// `changefeed relay --outbox <outbox> --url <url> <extra…>` with stdin closed, stderr piped.
+/// `changefeed relay --outbox <outbox> --url <url> --max-in-flight <n> <extra…>` with stdin
+/// closed, stderr piped.
 #[cfg(feature = "mysql")]
-fn relay_child(url: &str, outbox: &str, extra: &[&str], stdout: Stdio) -> Child {
+fn relay_child(
+    url: &str,
+    outbox: &str,
+    max_in_flight: u32,
+    extra: &[&str],
+    stdout: Stdio,
+) -> Child {
     Command::new(env!("CARGO_BIN_EXE_changefeed"))
         .args(["relay", "--outbox", outbox, "--url", url])
+        .args(["--max-in-flight", &max_in_flight.to_string()])
         .args(extra)
         .stdin(Stdio::null())
         .stdout(stdout)
@@ -381,16 +392,20 @@ fn relay_child(url: &str, outbox: &str, extra: &[&str], stdout: Stdio) -> Child 
 }
 
 #[cfg(feature = "mysql")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
-async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0() {
+in_flight_variants!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+    relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0
+);
+#[cfg(feature = "mysql")]
+async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0(max_in_flight: u32) {
     use changefeed::outbox::NewMessage;
     use serde_json::json;
 
     let cluster = mock_cluster();
     cluster.create_topic("prod.orders", 1, 1).unwrap();
     let brokers = cluster.bootstrap_servers();
-    let db = common_mysql::database("cli_kafka_relay").await;
+    let db = common_mysql::database(&format!("cli_kafka_relay_{max_in_flight}")).await;
     db.outbox("outbox_kafka").await;
     let messages: Vec<NewMessage> = (0..5)
         .map(|n| {
@@ -403,6 +418,7 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0() {
     let child = relay_child(
         &db.url,
         "outbox_kafka",
+        max_in_flight,
         &[
             "--brokers",
             &brokers,
@@ -459,22 +475,27 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0() {
     drop(cluster);
 }
 
+#[cfg(feature = "mysql")]
+in_flight_variants!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+    relay_from_mariadb_exits_130_at_once_on_a_second_signal
+);
 /// The first signal waits for the batch in flight; when that batch cannot finish (the
 /// broker went down under it), a second signal ends the process at once with 130.
 #[cfg(feature = "mysql")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
-async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal() {
+async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal(max_in_flight: u32) {
     use changefeed::outbox::NewMessage;
 
     let cluster = mock_cluster();
     cluster.create_topic("orders", 1, 1).unwrap();
     let brokers = cluster.bootstrap_servers();
-    let db = common_mysql::database("cli_kafka_twice").await;
+    let db = common_mysql::database(&format!("cli_kafka_twice_{max_in_flight}")).await;
     db.outbox("outbox_twice").await;
     let mut child = relay_child(
         &db.url,
         "outbox_twice",
+        max_in_flight,
         &["--brokers", &brokers, "--progress-interval", "1h"],
         Stdio::null(),
     );
@@ -528,17 +549,21 @@ async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal() {
     drop(cluster);
 }
 
+#[cfg(feature = "mysql")]
+in_flight_variants!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+    relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts
+);
 /// Without --brokers the relay prints JSON lines, and stops the same way: SIGTERM, then
 /// exit 0 with its counts; a second signal during the wait is not needed.
 #[cfg(feature = "mysql")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
-async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts() {
+async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts(max_in_flight: u32) {
     use std::io::{BufRead, BufReader};
 
     use changefeed::outbox::NewMessage;
 
-    let db = common_mysql::database("cli_kafka_stdout").await;
+    let db = common_mysql::database(&format!("cli_kafka_stdout_{max_in_flight}")).await;
     db.outbox("outbox_stdout").await;
     let messages: Vec<NewMessage> = (0..3)
         .map(|n| NewMessage::new("orders", serde_json::json!({ "n": n })))
@@ -548,6 +573,7 @@ async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts() {
     let mut child = relay_child(
         &db.url,
         "outbox_stdout",
+        max_in_flight,
         &["--progress-interval", "500ms"],
         Stdio::piped(),
     );

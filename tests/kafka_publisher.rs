@@ -4,6 +4,8 @@
 //! outage that loses nothing.
 
 mod common_kafka;
+#[macro_use]
+mod common_relay;
 #[path = "../examples/support/memory_store.rs"]
 mod memory_store;
 
@@ -41,9 +43,10 @@ fn publisher(settings: ProducerSettings) -> KafkaPublisher {
     KafkaPublisher::new(KafkaPublisherConfig::new(settings)).expect("the producer")
 }
 
-fn relay_config(batch_size: u32) -> RelayConfig {
+fn relay_config(batch_size: u32, max_in_flight: u32) -> RelayConfig {
     RelayConfig::default()
         .batch_size(batch_size)
+        .max_in_flight(max_in_flight)
         .poll_interval(Duration::from_millis(10))
         .claim_timeout(Duration::from_secs(15))
         .retry(
@@ -106,8 +109,11 @@ fn message_ids(store: &MemoryStore, ids: impl IntoIterator<Item = i64>) -> Vec<S
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_relay_delivers_every_message_once_in_per_key_order() {
+in_flight_variants!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    the_relay_delivers_every_message_once_in_per_key_order
+);
+async fn the_relay_delivers_every_message_once_in_per_key_order(max_in_flight: u32) {
     let cluster = start_cluster(3);
     create_topic(&cluster, TOPIC, 4);
     let store = MemoryStore::new();
@@ -138,7 +144,7 @@ async fn the_relay_delivers_every_message_once_in_per_key_order() {
     run_until_drained(
         &store,
         publisher(producer(&cluster)),
-        relay_config(64),
+        relay_config(64, max_in_flight),
         Duration::from_secs(20),
     )
     .await
@@ -205,8 +211,13 @@ async fn the_relay_delivers_every_message_once_in_per_key_order() {
     assert_eq!(unkeyed.header("traceparent"), None);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leader_changes_and_timeouts_are_retried_inside_librdkafka_without_duplicates() {
+in_flight_variants!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    leader_changes_and_timeouts_are_retried_inside_librdkafka_without_duplicates
+);
+async fn leader_changes_and_timeouts_are_retried_inside_librdkafka_without_duplicates(
+    max_in_flight: u32,
+) {
     let cluster = start_cluster(3);
     create_topic(&cluster, TOPIC, 2);
     use RDKafkaRespErr::*;
@@ -230,7 +241,7 @@ async fn leader_changes_and_timeouts_are_retried_inside_librdkafka_without_dupli
     run_until_drained(
         &store,
         publisher(producer(&cluster)),
-        relay_config(50),
+        relay_config(50, max_in_flight),
         Duration::from_secs(20),
     )
     .await
@@ -247,8 +258,13 @@ async fn leader_changes_and_timeouts_are_retried_inside_librdkafka_without_dupli
     assert!(dead_letters.is_empty(), "{dead_letters:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivered() {
+in_flight_variants!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivered
+);
+async fn a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivered(
+    max_in_flight: u32,
+) {
     let cluster = start_cluster(1);
     create_topic(&cluster, TOPIC, 1);
     create_topic(&cluster, DLQ, 1);
@@ -270,7 +286,7 @@ async fn a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivere
     run_until_drained(
         &store,
         publisher(settings),
-        relay_config(100),
+        relay_config(100, max_in_flight),
         Duration::from_secs(20),
     )
     .await
@@ -305,8 +321,13 @@ async fn a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivere
     assert!(letter.header("x-value-omitted").is_some(), "{letter:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_payload() {
+in_flight_variants!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_payload
+);
+async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_payload(
+    max_in_flight: u32,
+) {
     let cluster = start_cluster(1);
     create_topic(&cluster, TOPIC, 1);
     create_topic(&cluster, DLQ, 1);
@@ -327,7 +348,7 @@ async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_pay
     run_until_drained(
         &store,
         publisher(producer(&cluster)),
-        relay_config(100),
+        relay_config(100, max_in_flight),
         Duration::from_secs(20),
     )
     .await
@@ -364,8 +385,13 @@ fn seqs_of(records: &[Consumed], aggregate: &str) -> Vec<i64> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_first() {
+in_flight_variants!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_first
+);
+async fn a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_first(
+    max_in_flight: u32,
+) {
     let cluster = start_cluster(1);
     create_topic(&cluster, TOPIC, 1);
     create_topic(&cluster, DLQ, 1);
@@ -386,7 +412,7 @@ async fn a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_f
     run_until_drained(
         &store,
         publisher(one_request(&cluster)),
-        relay_config(100),
+        relay_config(100, max_in_flight),
         Duration::from_secs(20),
     )
     .await
@@ -410,8 +436,11 @@ async fn a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_f
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_oversize_message_among_small_ones_is_the_only_one_dead() {
+in_flight_variants!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    an_oversize_message_among_small_ones_is_the_only_one_dead
+);
+async fn an_oversize_message_among_small_ones_is_the_only_one_dead(max_in_flight: u32) {
     let cluster = start_cluster(1);
     create_topic(&cluster, TOPIC, 1);
     create_topic(&cluster, DLQ, 1);
@@ -439,7 +468,7 @@ async fn an_oversize_message_among_small_ones_is_the_only_one_dead() {
     run_until_drained(
         &store,
         publisher(one_request(&cluster)),
-        relay_config(100),
+        relay_config(100, max_in_flight),
         Duration::from_secs(20),
     )
     .await
@@ -477,8 +506,13 @@ async fn an_oversize_message_among_small_ones_is_the_only_one_dead() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs_on() {
+in_flight_variants!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs_on
+);
+async fn one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs_on(
+    max_in_flight: u32,
+) {
     const SECRET: &str = "secret";
     let cluster = start_cluster(1);
     create_topic(&cluster, TOPIC, 2);
@@ -502,7 +536,7 @@ async fn one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs
     }
     let refused = ids[101];
     let max_attempts = 3;
-    let config = relay_config(50).retry(
+    let config = relay_config(50, max_in_flight).retry(
         RetryPolicy::default()
             .initial(Duration::from_millis(20))
             .max(Duration::from_millis(100))
@@ -555,7 +589,18 @@ async fn a_publisher_whose_publish_can_outlive_the_claim_is_refused_naming_both_
             _ => Some(Duration::MAX),
         };
         assert_eq!(publisher.longest_publish(), stated, "{timeout:?}");
-        let result = Relay::new(MemoryStore::new(), publisher, config.clone());
+        // Its bound counts from the call whatever else is in flight: batches in flight do
+        // not lengthen it, so eight of them fit the same claim.
+        assert_eq!(
+            publisher.longest_publish_in_flight(8),
+            stated,
+            "{timeout:?}"
+        );
+        let result = Relay::new(
+            MemoryStore::new(),
+            publisher,
+            config.clone().max_in_flight(8),
+        );
         match (result, fits) {
             (Ok(_), true) => {}
             (Err(Error::Config(text)), false) => {
@@ -578,8 +623,13 @@ async fn a_publisher_whose_publish_can_outlive_the_claim_is_refused_naming_both_
     .expect("fits a 60 s claim");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_batch_back() {
+in_flight_variants!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_batch_back
+);
+async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_batch_back(
+    max_in_flight: u32,
+) {
     let cluster = start_cluster(1);
     create_topic(&cluster, TOPIC, 1);
     let store = MemoryStore::new();
@@ -595,7 +645,7 @@ async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_bat
     let error = run_until_drained(
         &store,
         publisher(producer(&cluster)),
-        relay_config(100),
+        relay_config(100, max_in_flight),
         Duration::from_secs(20),
     )
     .await
@@ -627,8 +677,11 @@ async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_bat
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broker_outage_during_a_batch_loses_nothing() {
+in_flight_variants!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_broker_outage_during_a_batch_loses_nothing
+);
+async fn a_broker_outage_during_a_batch_loses_nothing(max_in_flight: u32) {
     let cluster = start_cluster(3);
     create_topic(&cluster, TOPIC, 3);
     let store = MemoryStore::new();
@@ -648,7 +701,7 @@ async fn a_broker_outage_during_a_batch_loses_nothing() {
             run_until_drained(
                 &store,
                 publisher(settings),
-                relay_config(100),
+                relay_config(100, max_in_flight),
                 Duration::from_secs(30),
             )
             .await

@@ -118,6 +118,9 @@ impl KafkaPublisherConfig {
 /// and its report awaited before the next, so its request holds nothing else): it is
 /// delivered, or refused on its own and then [`Poison`](crate::relay::ErrorKind::Poison).
 /// Until then it stays claimed, so no successor of its aggregate is published ahead of it.
+/// The relay's batches in flight at once (`max_in_flight`) are produced side by side, but
+/// never while a suspect is produced alone: the suspect waits for the reports of the
+/// batches already sent, and batches that would start wait for the suspect.
 /// librdkafka's own `message.max.bytes` check refuses one message at enqueue and is Poison
 /// at once.
 ///
@@ -129,7 +132,12 @@ impl KafkaPublisherConfig {
 /// and the relay stops. Every such error names its topic.
 ///
 /// A publish takes at most [`longest_publish`](Publisher::longest_publish): twice the
-/// message timeout (the batch, then its suspects alone) plus 1 s for librdkafka's timer;
+/// message timeout (the batch, then its suspects alone) plus 1 s for librdkafka's timer,
+/// counted from the call, whatever other batches are in flight: a batch that would wait for
+/// another batch's suspects past the last moment its reports could still come in time is
+/// not sent at all ([`Backpressure`](crate::relay::ErrorKind::Backpressure): handed back,
+/// no attempt counted), and a suspect that cannot get the producer to itself in time is
+/// retried, not judged;
 /// [`Relay::new`](crate::relay::Relay::new) refuses it when that is not comfortably inside
 /// the relay's `claim_timeout`, and `message.timeout.ms=0` (no limit) is always refused.
 /// Should the producer still hold messages past that bound, they are purged from its queue
@@ -162,6 +170,11 @@ pub struct KafkaPublisher {
     /// authorization failure from a producer-wide one (entries older than
     /// `TOPIC_EVIDENCE` are dropped).
     delivered_to: Mutex<HashMap<String, std::time::Instant>>,
+    /// Batches (and dead letters) are produced under its read side, side by side when the
+    /// relay has several batches in flight; a suspect is produced alone under its write
+    /// side, so no other message shares its request. Fair: once a suspect waits, later
+    /// batches wait behind it.
+    producing: tokio::sync::RwLock<()>,
 }
 
 impl KafkaPublisher {
@@ -179,9 +192,9 @@ impl KafkaPublisher {
     const TIMER_SLACK: Duration = Duration::from_secs(1);
 
     /// `linger.ms` when the settings give neither it nor `queue.buffering.max.ms`: 1 ms
-    /// instead of librdkafka's 5. The relay enqueues a whole batch at once and waits for
-    /// its delivery reports before it claims the next, so nothing more joins a batch while
-    /// librdkafka lingers; lingering only delays every batch's acknowledgement (measured by
+    /// instead of librdkafka's 5. The relay enqueues a whole batch at once, and the next
+    /// batch only after a claim, so little more joins a batch while librdkafka lingers;
+    /// lingering mostly delays every batch's acknowledgement (measured by
     /// `examples/bench_kafka.rs`).
     pub const DEFAULT_LINGER: Duration = Duration::from_millis(1);
 
@@ -213,6 +226,7 @@ impl KafkaPublisher {
             producer,
             message_timeout,
             delivered_to: Mutex::new(HashMap::new()),
+            producing: tokio::sync::RwLock::new(()),
         })
     }
 
@@ -266,6 +280,12 @@ impl Publisher for KafkaPublisher {
         let deadline = self
             .longest_publish_bound()
             .map(|bound| Instant::now() + bound);
+        let Some(producing) = self.producing_side_by_side(deadline).await else {
+            return batch
+                .iter()
+                .map(|message| Err(self.not_started(message)))
+                .collect();
+        };
         // Everything is enqueued before anything is awaited, so librdkafka sends the batch
         // in as few requests as it can instead of one round trip per message.
         let pending: Vec<_> = batch.iter().map(|message| self.enqueue(message)).collect();
@@ -314,19 +334,40 @@ impl Publisher for KafkaPublisher {
             };
             outcomes.push(outcome);
         }
+        drop(producing);
+        // Alone means no other batch's message in the producer either: the write side waits
+        // for the batches produced meanwhile to have their reports (and holds back those
+        // that would start), within this publish's bound.
+        let alone = match (suspects.is_empty() || timed_out, deadline) {
+            (true, _) => None,
+            (false, None) => Some(self.producing.write().await),
+            (false, Some(deadline)) => {
+                timeout_at(self.latest_start(deadline), self.producing.write())
+                    .await
+                    .ok()
+            }
+        };
         for (index, error) in suspects {
-            outcomes[index] = if timed_out {
+            outcomes[index] = if alone.is_none() {
                 Err(self.not_judged(&batch[index], &error))
             } else {
                 self.produce_alone(&batch[index], &error, deadline).await
             };
         }
+        drop(alone);
         self.judge_topic_refusals(batch, &topic_refusals, &mut outcomes);
         outcomes
     }
 
     fn longest_publish(&self) -> Option<Duration> {
         Some(self.longest_publish_bound().unwrap_or(Duration::MAX))
+    }
+
+    /// The same as alone: the bound counts from the call, and a call that waits (for
+    /// another batch's suspect produced alone) waits inside it, giving up what it cannot
+    /// start in time (see [`KafkaPublisher`]).
+    fn longest_publish_in_flight(&self, _in_flight: u32) -> Option<Duration> {
+        self.longest_publish()
     }
 
     async fn publish_dead_letter(
@@ -428,9 +469,7 @@ impl KafkaPublisher {
         batch_error: &KafkaError,
         deadline: Option<Instant>,
     ) -> PublishOutcome {
-        if deadline.is_some_and(|deadline| {
-            Instant::now() + self.message_timeout + Self::TIMER_SLACK > deadline
-        }) {
+        if deadline.is_some_and(|deadline| Instant::now() > self.latest_start(deadline)) {
             return Err(self.not_judged(message, batch_error));
         }
         let topic = self.topic(&message.topic);
@@ -449,6 +488,40 @@ impl KafkaPublisher {
                  ({batch_error}): no delivery report in time; purged ({error})"
             ))),
         }
+    }
+
+    /// The read side of `producing`, unless `deadline` leaves no time for a message's
+    /// report after it: a batch waits while another batch's suspect is produced alone, and
+    /// gives up (without producing anything) rather than send messages whose reports
+    /// could come after its bound.
+    async fn producing_side_by_side(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Option<tokio::sync::RwLockReadGuard<'_, ()>> {
+        match deadline {
+            None => Some(self.producing.read().await),
+            Some(deadline) => timeout_at(self.latest_start(deadline), self.producing.read())
+                .await
+                .ok(),
+        }
+    }
+
+    /// The latest a message may be enqueued and still have its report (within the message
+    /// timeout and librdkafka's timer) by `deadline`.
+    fn latest_start(&self, deadline: Instant) -> Instant {
+        deadline
+            .checked_sub(self.message_timeout + Self::TIMER_SLACK)
+            .unwrap_or(deadline)
+    }
+
+    /// A message of a batch that could not start in time: another batch's suspects held
+    /// the producer. Not at fault, so handed back without counting an attempt.
+    fn not_started(&self, message: &ClaimedMessage) -> PublishError {
+        PublishError::backpressure(format!(
+            "producing to {}: not sent; another batch's suspect messages were being produced \
+             alone for longer than this publish could wait, so it is handed back",
+            self.topic(&message.topic)
+        ))
     }
 
     /// A suspect there was no time left to produce alone: retried, never judged poison on
@@ -536,6 +609,8 @@ impl KafkaPublisher {
         if let Some(key) = key {
             record = record.key(key);
         }
+        // Side by side with batches, never inside a suspect's request.
+        let _producing = self.producing.read().await;
         let delivery = self
             .producer
             .send_result(record)

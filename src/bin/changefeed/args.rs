@@ -143,6 +143,14 @@ pub struct RelayArgs {
         value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_size: u32,
 
+    /// Batches between claim and acknowledgement at once: the next batch is claimed while
+    /// earlier ones are being delivered (per-aggregate order holds at any value; 1 claims,
+    /// publishes and acknowledges one batch at a time)
+    #[arg(long, value_name = "N",
+        default_value_t = changefeed::relay::RelayConfig::DEFAULT_MAX_IN_FLIGHT,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(changefeed::relay::MAX_IN_FLIGHT)))]
+    pub max_in_flight: u32,
+
     /// Publish to the Kafka cluster at these bootstrap brokers instead of printing JSON
     /// lines (needs the `kafka` feature)
     #[arg(long, value_name = "HOST:PORT,...", value_parser = parse_brokers)]
@@ -168,8 +176,8 @@ pub struct RelayArgs {
     )]
     pub dlq_suffix: String,
 
-    /// After the first SIGINT or SIGTERM, how long the batch in flight may take to finish
-    /// before the relay exits anyway (130; its messages are claimed again after the claim
+    /// After the first SIGINT or SIGTERM, how long the batches in flight may take to finish
+    /// before the relay exits anyway (130; their messages are claimed again after the claim
     /// timeout)
     #[arg(
         long,
@@ -950,6 +958,7 @@ mod tests {
                 assert_eq!(relay.brokers, None);
                 assert_eq!(relay.topic_prefix, "");
                 assert_eq!(relay.dlq_suffix, ".dlq");
+                assert_eq!(relay.max_in_flight, 4);
                 assert!(relay.producer.settings.is_empty());
                 assert_eq!(relay.producer.broker_timeout.value, Duration::from_secs(10));
                 assert_eq!(relay.progress.every(), Some(Duration::from_secs(5)));
@@ -1000,6 +1009,23 @@ mod tests {
             &["export", "app.Order", "--topic", "t", "--consumer", "c"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn max_in_flight_is_between_1_and_64() {
+        for (given, expected) in [("1", 1), ("8", 8), ("64", 64)] {
+            let cli = parse(&["relay", "--outbox", "o", "--max-in-flight", given]).unwrap();
+            match cli.command {
+                Command::Relay(relay) => assert_eq!(relay.max_in_flight, expected),
+                other => panic!("{other:?}"),
+            }
+        }
+        for bad in ["0", "65", "-1", "four"] {
+            let error = parse(&["relay", "--outbox", "o", "--max-in-flight", bad])
+                .expect_err(bad)
+                .to_string();
+            assert!(error.contains("--max-in-flight"), "{bad}: {error}");
         }
     }
 

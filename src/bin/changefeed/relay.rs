@@ -34,7 +34,9 @@ pub fn is_mysql(url: &str) -> bool {
 }
 
 fn config(args: &RelayArgs) -> RelayConfig {
-    RelayConfig::default().batch_size(args.batch_size)
+    RelayConfig::default()
+        .batch_size(args.batch_size)
+        .max_in_flight(args.max_in_flight)
 }
 
 /// Where the messages go.
