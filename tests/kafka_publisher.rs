@@ -97,6 +97,20 @@ async fn read_back(cluster: &Cluster, topic: &str, expected: usize) -> Vec<Consu
     .unwrap()
 }
 
+/// A mock cluster of `brokers` with the orders topic (`partitions`) and its dead-letter
+/// topic (one partition).
+fn orders_cluster(brokers: i32, partitions: i32) -> Cluster {
+    let cluster = start_cluster(brokers);
+    create_topic(&cluster, TOPIC, partitions);
+    create_topic(&cluster, DLQ, 1);
+    cluster
+}
+
+async fn assert_no_dead_letter(cluster: &Cluster) {
+    let dead_letters = read_back(cluster, DLQ, 0).await;
+    assert!(dead_letters.is_empty(), "no dead letter: {dead_letters:?}");
+}
+
 fn assert_once_each(records: &[Consumed], expected: impl IntoIterator<Item = String>) {
     let counts = count_by_message_id(records);
     let expected: BTreeMap<String, usize> = expected.into_iter().map(|id| (id, 1)).collect();
@@ -114,8 +128,7 @@ in_flight_variants!(
     the_relay_delivers_every_message_once_in_per_key_order
 );
 async fn the_relay_delivers_every_message_once_in_per_key_order(max_in_flight: u32) {
-    let cluster = start_cluster(3);
-    create_topic(&cluster, TOPIC, 4);
+    let cluster = orders_cluster(3, 4);
     let store = MemoryStore::new();
     let (aggregates, per_aggregate) = (40, 6);
     // Interleaved, so each claim holds one message of many aggregates.
@@ -218,8 +231,7 @@ in_flight_variants!(
 async fn leader_changes_and_timeouts_are_retried_inside_librdkafka_without_duplicates(
     max_in_flight: u32,
 ) {
-    let cluster = start_cluster(3);
-    create_topic(&cluster, TOPIC, 2);
+    let cluster = orders_cluster(3, 2);
     use RDKafkaRespErr::*;
     cluster.request_errors(
         RDKafkaApiKey::Produce,
@@ -254,8 +266,7 @@ async fn leader_changes_and_timeouts_are_retried_inside_librdkafka_without_dupli
     );
     let records = read_back(&cluster, TOPIC, total).await;
     assert_once_each(&records, message_ids(&store, 1..=total as i64));
-    let dead_letters = read_back(&cluster, DLQ, 0).await;
-    assert!(dead_letters.is_empty(), "{dead_letters:?}");
+    assert_no_dead_letter(&cluster).await;
 }
 
 in_flight_variants!(
@@ -265,9 +276,7 @@ in_flight_variants!(
 async fn a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivered(
     max_in_flight: u32,
 ) {
-    let cluster = start_cluster(1);
-    create_topic(&cluster, TOPIC, 1);
-    create_topic(&cluster, DLQ, 1);
+    let cluster = orders_cluster(1, 1);
     let store = MemoryStore::new();
     let mut ids = Vec::new();
     for i in 0..10 {
@@ -328,9 +337,7 @@ in_flight_variants!(
 async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_payload(
     max_in_flight: u32,
 ) {
-    let cluster = start_cluster(1);
-    create_topic(&cluster, TOPIC, 1);
-    create_topic(&cluster, DLQ, 1);
+    let cluster = orders_cluster(1, 1);
     let store = MemoryStore::new();
     // One aggregate: the first claim holds its head alone, so the refused produce request
     // carries that message only; it is refused again when produced alone, which makes it
@@ -392,9 +399,7 @@ in_flight_variants!(
 async fn a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_first(
     max_in_flight: u32,
 ) {
-    let cluster = start_cluster(1);
-    create_topic(&cluster, TOPIC, 1);
-    create_topic(&cluster, DLQ, 1);
+    let cluster = orders_cluster(1, 1);
     let store = MemoryStore::new();
     let aggregates: Vec<String> = (0..5).map(|a| format!("order-{a}")).collect();
     for seq in 0..2 {
@@ -430,10 +435,7 @@ async fn a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_f
     for aggregate in &aggregates {
         assert_eq!(seqs_of(&records, aggregate), vec![0, 1], "{aggregate}");
     }
-    assert!(
-        read_back(&cluster, DLQ, 0).await.is_empty(),
-        "no dead letter"
-    );
+    assert_no_dead_letter(&cluster).await;
 }
 
 in_flight_variants!(
@@ -441,9 +443,7 @@ in_flight_variants!(
     an_oversize_message_among_small_ones_is_the_only_one_dead
 );
 async fn an_oversize_message_among_small_ones_is_the_only_one_dead(max_in_flight: u32) {
-    let cluster = start_cluster(1);
-    create_topic(&cluster, TOPIC, 1);
-    create_topic(&cluster, DLQ, 1);
+    let cluster = orders_cluster(1, 1);
     let store = MemoryStore::new();
     let ids: Vec<i64> = (0..5)
         .map(|a| store.enqueue(message(&format!("order-{a}"), 0)))
@@ -514,8 +514,7 @@ async fn one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs
     max_in_flight: u32,
 ) {
     const SECRET: &str = "secret";
-    let cluster = start_cluster(1);
-    create_topic(&cluster, TOPIC, 2);
+    let cluster = orders_cluster(1, 2);
     create_topic(&cluster, SECRET, 1);
     create_topic(&cluster, "secret.dlq", 1);
     // Kafka with ACLs answers a topic the producer may not write to like this.
@@ -630,8 +629,7 @@ in_flight_variants!(
 async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_batch_back(
     max_in_flight: u32,
 ) {
-    let cluster = start_cluster(1);
-    create_topic(&cluster, TOPIC, 1);
+    let cluster = orders_cluster(1, 1);
     let store = MemoryStore::new();
     let ids: Vec<i64> = (0..5)
         .map(|i| store.enqueue(message(&format!("order-{i}"), 0)))
@@ -671,10 +669,7 @@ async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_bat
         .collect();
     assert_eq!(reclaimed, ids.iter().map(|id| (*id, 0)).collect::<Vec<_>>());
     cluster.clear_request_errors(RDKafkaApiKey::Produce);
-    assert!(
-        read_back(&cluster, DLQ, 0).await.is_empty(),
-        "no dead letter"
-    );
+    assert_no_dead_letter(&cluster).await;
 }
 
 in_flight_variants!(
@@ -682,8 +677,7 @@ in_flight_variants!(
     a_broker_outage_during_a_batch_loses_nothing
 );
 async fn a_broker_outage_during_a_batch_loses_nothing(max_in_flight: u32) {
-    let cluster = start_cluster(3);
-    create_topic(&cluster, TOPIC, 3);
+    let cluster = orders_cluster(3, 3);
     let store = MemoryStore::new();
     let total = 600;
     for i in 0..total {
@@ -804,8 +798,7 @@ fn claimed(id: i64, aggregate: &str) -> ClaimedMessage {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_local_queue_is_backpressure_for_the_messages_that_do_not_fit() {
-    let cluster = start_cluster(1);
-    create_topic(&cluster, TOPIC, 1);
+    let cluster = orders_cluster(1, 1);
     // Room for three messages until their deliveries are reported.
     let settings = producer(&cluster).set("queue.buffering.max.messages", "3");
     let publisher = publisher(settings);

@@ -2092,20 +2092,32 @@ async fn the_claim_timeout_covers_the_wait_behind_other_batches() {
 
 // ---------------------------------------------------------------- a store whose claim waits
 
+/// Runs a relay over an empty outbox whose claim waits `claim_wait` on the server, with
+/// `poll_interval`, for `run_for`; returns the gaps between its claims' starts.
+async fn gaps_between_waiting_claims(
+    claim_wait: Duration,
+    poll_interval: Duration,
+    run_for: Duration,
+) -> Vec<Duration> {
+    let (store, publisher, hooks) = fakes();
+    store.state().claim_wait = Some(claim_wait);
+    let relay = start(
+        &store,
+        &publisher,
+        &hooks,
+        config().poll_interval(poll_interval),
+    );
+    sleep(run_for).await;
+    relay.stop().await.unwrap();
+    let claims = store.claim_times();
+    assert!(claims.len() >= 3, "{claims:?}");
+    claims.windows(2).map(|pair| pair[1] - pair[0]).collect()
+}
+
 relay_test! {
     async fn an_empty_claim_that_waited_on_the_server_is_followed_at_once() {
-        let (store, publisher, hooks) = fakes();
-        store.state().claim_wait = Some(ms(300));
-        let config = config().poll_interval(ms(100));
-        let relay = start(&store, &publisher, &hooks, config);
-        sleep(ms(1000)).await;
-        relay.stop().await.unwrap();
-
         // The poll interval counts from the claim's start, and the claim's own wait is longer.
-        let claims = store.claim_times();
-        assert!(claims.len() >= 3, "{claims:?}");
-        for pair in claims.windows(2) {
-            let gap = pair[1] - pair[0];
+        for gap in gaps_between_waiting_claims(ms(300), ms(100), ms(1000)).await {
             assert!(gap >= ms(300) && gap < ms(302), "{gap:?}");
         }
     }
@@ -2113,17 +2125,7 @@ relay_test! {
 
 relay_test! {
     async fn a_short_server_wait_still_keeps_the_poll_interval_between_claims() {
-        let (store, publisher, hooks) = fakes();
-        store.state().claim_wait = Some(ms(30));
-        let config = config().poll_interval(ms(100));
-        let relay = start(&store, &publisher, &hooks, config);
-        sleep(ms(450)).await;
-        relay.stop().await.unwrap();
-
-        let claims = store.claim_times();
-        assert!(claims.len() >= 3, "{claims:?}");
-        for pair in claims.windows(2) {
-            let gap = pair[1] - pair[0];
+        for gap in gaps_between_waiting_claims(ms(30), ms(100), ms(450)).await {
             assert!(gap >= ms(100) && gap < ms(102), "{gap:?}");
         }
     }
