@@ -393,7 +393,6 @@ fn relay_child(
 
 #[cfg(feature = "mysql")]
 in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
     relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0
 );
@@ -477,7 +476,6 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0(max
 
 #[cfg(feature = "mysql")]
 in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
     relay_from_mariadb_exits_130_at_once_on_a_second_signal
 );
@@ -551,7 +549,6 @@ async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal(max_in_flight: 
 
 #[cfg(feature = "mysql")]
 in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
     relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts
 );

@@ -123,10 +123,7 @@ fn message_ids(store: &MemoryStore, ids: impl IntoIterator<Item = i64>) -> Vec<S
         .collect()
 }
 
-in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    the_relay_delivers_every_message_once_in_per_key_order
-);
+in_flight_variants!(the_relay_delivers_every_message_once_in_per_key_order);
 async fn the_relay_delivers_every_message_once_in_per_key_order(max_in_flight: u32) {
     let cluster = orders_cluster(3, 4);
     let store = MemoryStore::new();
@@ -224,10 +221,7 @@ async fn the_relay_delivers_every_message_once_in_per_key_order(max_in_flight: u
     assert_eq!(unkeyed.header("traceparent"), None);
 }
 
-in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    leader_changes_and_timeouts_are_retried_inside_librdkafka_without_duplicates
-);
+in_flight_variants!(leader_changes_and_timeouts_are_retried_inside_librdkafka_without_duplicates);
 async fn leader_changes_and_timeouts_are_retried_inside_librdkafka_without_duplicates(
     max_in_flight: u32,
 ) {
@@ -269,10 +263,7 @@ async fn leader_changes_and_timeouts_are_retried_inside_librdkafka_without_dupli
     assert_no_dead_letter(&cluster).await;
 }
 
-in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivered
-);
+in_flight_variants!(a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivered);
 async fn a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivered(
     max_in_flight: u32,
 ) {
@@ -330,10 +321,7 @@ async fn a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivere
     assert!(letter.header("x-value-omitted").is_some(), "{letter:?}");
 }
 
-in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_payload
-);
+in_flight_variants!(a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_payload);
 async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_payload(
     max_in_flight: u32,
 ) {
@@ -392,10 +380,7 @@ fn seqs_of(records: &[Consumed], aggregate: &str) -> Vec<i64> {
         .collect()
 }
 
-in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_first
-);
+in_flight_variants!(a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_first);
 async fn a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_first(
     max_in_flight: u32,
 ) {
@@ -438,10 +423,7 @@ async fn a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_f
     assert_no_dead_letter(&cluster).await;
 }
 
-in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    an_oversize_message_among_small_ones_is_the_only_one_dead
-);
+in_flight_variants!(an_oversize_message_among_small_ones_is_the_only_one_dead);
 async fn an_oversize_message_among_small_ones_is_the_only_one_dead(max_in_flight: u32) {
     let cluster = orders_cluster(1, 1);
     let store = MemoryStore::new();
@@ -506,10 +488,7 @@ async fn an_oversize_message_among_small_ones_is_the_only_one_dead(max_in_flight
     );
 }
 
-in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs_on
-);
+in_flight_variants!(one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs_on);
 async fn one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs_on(
     max_in_flight: u32,
 ) {
@@ -622,10 +601,7 @@ async fn a_publisher_whose_publish_can_outlive_the_claim_is_refused_naming_both_
     .expect("fits a 60 s claim");
 }
 
-in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_batch_back
-);
+in_flight_variants!(a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_batch_back);
 async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_batch_back(
     max_in_flight: u32,
 ) {
@@ -672,10 +648,7 @@ async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_bat
     assert_no_dead_letter(&cluster).await;
 }
 
-in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    a_broker_outage_during_a_batch_loses_nothing
-);
+in_flight_variants!(a_broker_outage_during_a_batch_loses_nothing);
 async fn a_broker_outage_during_a_batch_loses_nothing(max_in_flight: u32) {
     let cluster = orders_cluster(3, 3);
     let store = MemoryStore::new();

@@ -202,7 +202,6 @@ fn reopened(db: &TestDb) -> TestDb {
 }
 
 in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it"]
     a_frozen_server_neither_hangs_the_relay_nor_loses_a_message
 );
@@ -282,7 +281,6 @@ async fn a_frozen_server_neither_hangs_the_relay_nor_loses_a_message(max_in_flig
 }
 
 in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it"]
     shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded
 );
@@ -315,7 +313,6 @@ async fn shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded(max_in
 }
 
 in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it"]
     a_killed_and_restarted_server_loses_nothing_and_the_binlog_wake_comes_back
 );
@@ -543,7 +540,6 @@ async fn wait_for_a_claim(db: &TestDb, outbox: &str) {
 }
 
 in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it"]
     the_cli_relay_stops_while_its_standard_output_is_blocked
 );
@@ -591,7 +587,6 @@ async fn the_cli_relay_stops_while_its_standard_output_is_blocked(max_in_flight:
 }
 
 in_flight_variants!(
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "needs MariaDB: .ci/run installs it"]
     the_cli_relay_stops_within_its_grace_while_mark_done_hangs
 );

@@ -663,10 +663,15 @@ struct Running {
 impl Running {
     /// Signals shutdown and waits for `run` to return.
     async fn stop(self) -> changefeed::Result<()> {
+        self.signal_stop();
+        self.finish().await
+    }
+
+    /// Signals shutdown without waiting for `run` to return.
+    fn signal_stop(&self) {
         if let Some(tx) = self.shutdown.lock().unwrap().take() {
             let _ = tx.send(());
         }
-        self.finish().await
     }
 
     /// Waits for `run` to return by itself.
@@ -1669,6 +1674,23 @@ relay_test! {
 
 // ---------------------------------------------------------------- shutdown during a claim
 
+/// Starts a relay, signals shutdown while its first claim is under way, lets the claim
+/// answer `after` that, and waits for `run` to return.
+async fn stop_during_a_claim_that_answers_after(
+    store: &FakeStore,
+    publisher: &Arc<FakePublisher>,
+    hooks: &Arc<Recorder>,
+    after: Duration,
+) {
+    let gate = store.gate_next_claim();
+    let relay = start(store, publisher, hooks, config());
+    gate.started.notified().await;
+    relay.signal_stop();
+    sleep(after).await;
+    gate.release.notify_one();
+    relay.finish().await.unwrap();
+}
+
 relay_test! {
     async fn shutdown_does_not_wait_for_a_claim_that_never_answers() {
         let (store, publisher, hooks) = fakes();
@@ -1678,7 +1700,7 @@ relay_test! {
         sleep(ms(50)).await;
 
         let stopped = Instant::now();
-        let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
+        relay.signal_stop();
         let returned = timeout(SHUTDOWN_CLAIM_GRACE * 2, relay.task)
             .await
             .expect("shutdown waited for a hanging claim")
@@ -1693,14 +1715,7 @@ relay_test! {
     async fn a_claim_that_answers_within_the_grace_is_finished_on_shutdown() {
         let (store, publisher, hooks) = fakes();
         let id = store.enqueue(None);
-        let gate = store.gate_next_claim();
-        let relay = start(&store, &publisher, &hooks, config());
-        gate.started.notified().await;
-        let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
-        sleep(ms(500)).await;
-        gate.release.notify_one();
-
-        relay.finish().await.unwrap();
+        stop_during_a_claim_that_answers_after(&store, &publisher, &hooks, ms(500)).await;
         assert_eq!(store.status(id), Status::Done);
         assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
     }
@@ -1709,14 +1724,7 @@ relay_test! {
 relay_test! {
     async fn an_empty_claim_that_answers_within_the_grace_ends_the_run() {
         let (store, publisher, hooks) = fakes();
-        let gate = store.gate_next_claim();
-        let relay = start(&store, &publisher, &hooks, config());
-        gate.started.notified().await;
-        let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
-        sleep(ms(500)).await;
-        gate.release.notify_one();
-
-        relay.finish().await.unwrap();
+        stop_during_a_claim_that_answers_after(&store, &publisher, &hooks, ms(500)).await;
         assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
     }
 }
@@ -2139,7 +2147,7 @@ relay_test! {
         eventually("the claim is waiting", || store.claim_times().len() == 1).await;
 
         let stopped = Instant::now();
-        let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
+        relay.signal_stop();
         relay.finish().await.unwrap();
         assert!(stopped.elapsed() < ms(1), "{:?}", stopped.elapsed());
         assert_eq!(store.state().cancelled_claims, 1);
@@ -2150,14 +2158,7 @@ relay_test! {
 relay_test! {
     async fn a_claim_that_does_not_wait_is_not_cancelled_on_shutdown() {
         let (store, publisher, hooks) = fakes();
-        let gate = store.gate_next_claim();
-        let relay = start(&store, &publisher, &hooks, config());
-        gate.started.notified().await;
-        let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
-        sleep(ms(500)).await;
-        gate.release.notify_one();
-
-        relay.finish().await.unwrap();
+        stop_during_a_claim_that_answers_after(&store, &publisher, &hooks, ms(500)).await;
         assert_eq!(store.state().cancelled_claims, 0);
     }
 }
