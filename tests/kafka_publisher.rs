@@ -57,6 +57,9 @@ fn relay_config(batch_size: u32, max_in_flight: u32) -> RelayConfig {
         )
 }
 
+/// How long a test relay may take to drain its outbox.
+const DRAIN_LIMIT: Duration = Duration::from_secs(20);
+
 /// Runs the relay until the store has no open row left or `limit` passes.
 async fn run_until_drained(
     store: &MemoryStore,
@@ -73,6 +76,18 @@ async fn run_until_drained(
         }
     };
     relay.run(shutdown).await
+}
+
+/// [`run_until_drained`] with [`KafkaPublisher`] over `settings` and the tests' relay
+/// settings, for [`DRAIN_LIMIT`].
+async fn drain(
+    store: &MemoryStore,
+    settings: ProducerSettings,
+    batch_size: u32,
+    max_in_flight: u32,
+) -> changefeed::Result<()> {
+    let config = relay_config(batch_size, max_in_flight);
+    run_until_drained(store, publisher(settings), config, DRAIN_LIMIT).await
 }
 
 fn message(aggregate: &str, seq: usize) -> NewMessage {
@@ -151,14 +166,9 @@ async fn the_relay_delivers_every_message_once_in_per_key_order(max_in_flight: u
     });
     let total = aggregates * per_aggregate + 2;
 
-    run_until_drained(
-        &store,
-        publisher(producer(&cluster)),
-        relay_config(64, max_in_flight),
-        Duration::from_secs(20),
-    )
-    .await
-    .expect("the relay stops cleanly");
+    drain(&store, producer(&cluster), 64, max_in_flight)
+        .await
+        .expect("the relay stops cleanly");
     assert_eq!(store.count(Status::Done), total, "every row acknowledged");
 
     let records = read_back(&cluster, TOPIC, total).await;
@@ -244,14 +254,9 @@ async fn leader_changes_and_timeouts_are_retried_inside_librdkafka_without_dupli
         store.enqueue(message(&format!("order-{}", i % 30), i));
     }
 
-    run_until_drained(
-        &store,
-        publisher(producer(&cluster)),
-        relay_config(50, max_in_flight),
-        Duration::from_secs(20),
-    )
-    .await
-    .unwrap();
+    drain(&store, producer(&cluster), 50, max_in_flight)
+        .await
+        .unwrap();
 
     assert_eq!(store.count(Status::Done), total);
     assert!(
@@ -283,14 +288,7 @@ async fn a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivere
     let big = ids[4];
     let settings = producer(&cluster).set("message.max.bytes", "10000");
 
-    run_until_drained(
-        &store,
-        publisher(settings),
-        relay_config(100, max_in_flight),
-        Duration::from_secs(20),
-    )
-    .await
-    .unwrap();
+    drain(&store, settings, 100, max_in_flight).await.unwrap();
 
     assert_eq!(store.row(big).status, Status::Dead);
     assert_eq!(store.row(big).attempts, 1);
@@ -340,14 +338,9 @@ async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_pay
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE; 2],
     );
 
-    run_until_drained(
-        &store,
-        publisher(producer(&cluster)),
-        relay_config(100, max_in_flight),
-        Duration::from_secs(20),
-    )
-    .await
-    .unwrap();
+    drain(&store, producer(&cluster), 100, max_in_flight)
+        .await
+        .unwrap();
 
     assert_eq!(store.row(refused).status, Status::Dead);
     assert!(rest.iter().all(|id| store.row(*id).status == Status::Done));
@@ -399,14 +392,9 @@ async fn a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_f
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_RECORD],
     );
 
-    run_until_drained(
-        &store,
-        publisher(one_request(&cluster)),
-        relay_config(100, max_in_flight),
-        Duration::from_secs(20),
-    )
-    .await
-    .unwrap();
+    drain(&store, one_request(&cluster), 100, max_in_flight)
+        .await
+        .unwrap();
 
     assert_eq!(store.count(Status::Dead), 0, "{:?}", store.rows());
     assert_eq!(store.count(Status::Done), 10);
@@ -447,14 +435,9 @@ async fn an_oversize_message_among_small_ones_is_the_only_one_dead(max_in_flight
         ],
     );
 
-    run_until_drained(
-        &store,
-        publisher(one_request(&cluster)),
-        relay_config(100, max_in_flight),
-        Duration::from_secs(20),
-    )
-    .await
-    .unwrap();
+    drain(&store, one_request(&cluster), 100, max_in_flight)
+        .await
+        .unwrap();
 
     let dead: Vec<i64> = (1..=store.rows().len() as i64)
         .filter(|id| store.row(*id).status == Status::Dead)
@@ -616,14 +599,9 @@ async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_bat
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 8],
     );
 
-    let error = run_until_drained(
-        &store,
-        publisher(producer(&cluster)),
-        relay_config(100, max_in_flight),
-        Duration::from_secs(20),
-    )
-    .await
-    .expect_err("a fatal error stops the relay");
+    let error = drain(&store, producer(&cluster), 100, max_in_flight)
+        .await
+        .expect_err("a fatal error stops the relay");
     match &error {
         Error::Publisher(text) => {
             assert!(text.contains("TopicAuthorizationFailed"), "{text}");
