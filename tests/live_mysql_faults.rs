@@ -201,6 +201,29 @@ fn reopened(db: &TestDb) -> TestDb {
     }
 }
 
+/// A private server (`name`) with `outbox` holding `count` messages, and a relay on it
+/// (100 ms poll, no waker) whose publisher freezes the server (SIGSTOP) after its first
+/// batch; returns once that batch was published, so its acknowledgement meets the frozen
+/// server.
+async fn frozen_after_the_first_batch(
+    name: &str,
+    outbox: &str,
+    count: usize,
+    max_in_flight: u32,
+) -> (OwnedServer, TestDb, Running) {
+    let server = OwnedServer::start(name);
+    let db = database_on(name, |d| server.url_for(d)).await;
+    db.outbox(outbox).await;
+    db.enqueue_committed(outbox, &messages(count, 10, 5)).await;
+    let running = start(&db, outbox, Duration::from_millis(100), None, max_in_flight);
+    *running.publisher.freeze.lock().unwrap() = Some(server.pid());
+    wait_until("the first batch", secs(30), async || {
+        !running.publisher.batches().is_empty()
+    })
+    .await;
+    (server, db, running)
+}
+
 in_flight_variants!(
     #[ignore = "needs MariaDB: .ci/run installs it"]
     a_frozen_server_neither_hangs_the_relay_nor_loses_a_message
@@ -211,25 +234,9 @@ in_flight_variants!(
 /// is published, and only the batch whose acknowledgement never succeeded is published
 /// again.
 async fn a_frozen_server_neither_hangs_the_relay_nor_loses_a_message(max_in_flight: u32) {
-    let server = OwnedServer::start("frozen");
-    let db = database_on("frozen", |d| server.url_for(d)).await;
-    db.outbox("outbox_frozen").await;
-    db.enqueue_committed("outbox_frozen", &messages(20, 10, 5))
-        .await;
-    let running = start(
-        &db,
-        "outbox_frozen",
-        Duration::from_millis(100),
-        None,
-        max_in_flight,
-    );
-    *running.publisher.freeze.lock().unwrap() = Some(server.pid());
-
     // Mid-acknowledgement: the first batch froze the server.
-    wait_until("the first batch", secs(30), async || {
-        !running.publisher.batches().is_empty()
-    })
-    .await;
+    let (server, db, running) =
+        frozen_after_the_first_batch("frozen", "outbox_frozen", 20, max_in_flight).await;
     let frozen_at = Instant::now();
     // Its mark_done gives up at the claim timeout, the next claim's connect at the connect
     // timeout: errors, not a hang.
@@ -287,23 +294,8 @@ in_flight_variants!(
 /// Shutdown while the server is frozen under an acknowledgement: `run` returns within the
 /// claim timeout (the bound of the hanging call), not when the server comes back.
 async fn shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded(max_in_flight: u32) {
-    let server = OwnedServer::start("shutdown");
-    let db = database_on("frozen_shutdown", |d| server.url_for(d)).await;
-    db.outbox("outbox_shutdown").await;
-    db.enqueue_committed("outbox_shutdown", &messages(3, 10, 5))
-        .await;
-    let running = start(
-        &db,
-        "outbox_shutdown",
-        Duration::from_millis(100),
-        None,
-        max_in_flight,
-    );
-    *running.publisher.freeze.lock().unwrap() = Some(server.pid());
-    wait_until("the first batch", secs(30), async || {
-        !running.publisher.batches().is_empty()
-    })
-    .await;
+    let (server, _db, running) =
+        frozen_after_the_first_batch("frozen_shutdown", "outbox_shutdown", 3, max_in_flight).await;
     let took = running.stop(FROZEN).await;
     assert!(
         took < CLAIM_TIMEOUT + secs(5),
