@@ -69,6 +69,14 @@ fn mock_cluster() -> MockCluster<'static, DefaultProducerContext> {
     MockCluster::new(1).expect("rdkafka's mock cluster starts")
 }
 
+/// A mock cluster with `topic` (one partition), and its bootstrap servers.
+fn cluster_with_topic(topic: &str) -> (MockCluster<'static, DefaultProducerContext>, String) {
+    let cluster = mock_cluster();
+    cluster.create_topic(topic, 1, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    (cluster, brokers)
+}
+
 /// The `relay` arguments for `brokers`, and `extra`.
 fn relay_args<'a>(brokers: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec!["relay", "--outbox", "dbo.outbox", "--brokers", brokers];
@@ -391,6 +399,15 @@ fn relay_child(
         .expect("the changefeed binary runs")
 }
 
+/// A MariaDB database with `outbox`, named `name_<max_in_flight>` so that the in-flight
+/// variants of a test do not share one.
+#[cfg(feature = "mysql")]
+async fn mariadb_outbox(name: &str, outbox: &str, max_in_flight: u32) -> common_mysql::TestDb {
+    let db = common_mysql::database(&format!("{name}_{max_in_flight}")).await;
+    db.outbox(outbox).await;
+    db
+}
+
 #[cfg(feature = "mysql")]
 in_flight_variants!(
     #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
@@ -401,11 +418,8 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0(max
     use changefeed::outbox::NewMessage;
     use serde_json::json;
 
-    let cluster = mock_cluster();
-    cluster.create_topic("prod.orders", 1, 1).unwrap();
-    let brokers = cluster.bootstrap_servers();
-    let db = common_mysql::database(&format!("cli_kafka_relay_{max_in_flight}")).await;
-    db.outbox("outbox_kafka").await;
+    let (cluster, brokers) = cluster_with_topic("prod.orders");
+    let db = mariadb_outbox("cli_kafka_relay", "outbox_kafka", max_in_flight).await;
     let messages: Vec<NewMessage> = (0..5)
         .map(|n| {
             NewMessage::new("orders", json!({ "n": n }))
@@ -485,11 +499,8 @@ in_flight_variants!(
 async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal(max_in_flight: u32) {
     use changefeed::outbox::NewMessage;
 
-    let cluster = mock_cluster();
-    cluster.create_topic("orders", 1, 1).unwrap();
-    let brokers = cluster.bootstrap_servers();
-    let db = common_mysql::database(&format!("cli_kafka_twice_{max_in_flight}")).await;
-    db.outbox("outbox_twice").await;
+    let (cluster, brokers) = cluster_with_topic("orders");
+    let db = mariadb_outbox("cli_kafka_twice", "outbox_twice", max_in_flight).await;
     let mut child = relay_child(
         &db.url,
         "outbox_twice",
@@ -560,8 +571,7 @@ async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts(max
 
     use changefeed::outbox::NewMessage;
 
-    let db = common_mysql::database(&format!("cli_kafka_stdout_{max_in_flight}")).await;
-    db.outbox("outbox_stdout").await;
+    let db = mariadb_outbox("cli_kafka_stdout", "outbox_stdout", max_in_flight).await;
     let messages: Vec<NewMessage> = (0..3)
         .map(|n| NewMessage::new("orders", serde_json::json!({ "n": n })))
         .collect();
@@ -628,9 +638,7 @@ async fn export_sends_a_feed_stops_on_sigint_with_0_and_resumes_after_a_restart(
     use common::events::{create_feed, write_ok};
     use common::{Isolation, TestDb, scalar_i64};
 
-    let cluster = mock_cluster();
-    cluster.create_topic("order-events", 1, 1).unwrap();
-    let brokers = cluster.bootstrap_servers();
+    let (cluster, brokers) = cluster_with_topic("order-events");
     let db = TestDb::create("cli_export", Isolation::ReadCommittedSnapshot).await;
     let mut client = db.client().await;
     let feed = create_feed(&mut client, "ExportedOrder").await;
