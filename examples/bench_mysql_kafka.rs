@@ -76,6 +76,12 @@ impl<P: Publisher> Publisher for Delivered<P> {
     fn longest_publish(&self) -> Option<Duration> {
         self.inner.longest_publish()
     }
+
+    // A wrapper must forward this too: the default would assume the inner publisher's
+    // calls queue behind each other, and refuse KafkaPublisher at 4 batches in flight.
+    fn longest_publish_in_flight(&self, in_flight: u32) -> Option<Duration> {
+        self.inner.longest_publish_in_flight(in_flight)
+    }
 }
 
 fn settings(bootstrap: &str) -> ProducerSettings {

@@ -15,6 +15,9 @@ mod common_kafka;
 mod common_mysql;
 mod common_process;
 #[cfg(feature = "mysql")]
+#[macro_use]
+mod common_relay;
+#[cfg(feature = "mysql")]
 mod common_server;
 
 use std::process::{Child, Command, Output, Stdio};
@@ -64,6 +67,14 @@ fn closed_port() -> String {
 /// A one-broker mock cluster.
 fn mock_cluster() -> MockCluster<'static, DefaultProducerContext> {
     MockCluster::new(1).expect("rdkafka's mock cluster starts")
+}
+
+/// A mock cluster with `topic` (one partition), and its bootstrap servers.
+fn cluster_with_topic(topic: &str) -> (MockCluster<'static, DefaultProducerContext>, String) {
+    let cluster = mock_cluster();
+    cluster.create_topic(topic, 1, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    (cluster, brokers)
 }
 
 /// The `relay` arguments for `brokers`, and `extra`.
@@ -367,11 +378,19 @@ fn consume(
         .collect()
 }
 
-/// `changefeed relay --outbox <outbox> --url <url> <extra…>` with stdin closed, stderr piped.
+/// `changefeed relay --outbox <outbox> --url <url> --max-in-flight <n> <extra…>` with stdin
+/// closed, stderr piped.
 #[cfg(feature = "mysql")]
-fn relay_child(url: &str, outbox: &str, extra: &[&str], stdout: Stdio) -> Child {
+fn relay_child(
+    url: &str,
+    outbox: &str,
+    max_in_flight: u32,
+    extra: &[&str],
+    stdout: Stdio,
+) -> Child {
     Command::new(env!("CARGO_BIN_EXE_changefeed"))
         .args(["relay", "--outbox", outbox, "--url", url])
+        .args(["--max-in-flight", &max_in_flight.to_string()])
         .args(extra)
         .stdin(Stdio::null())
         .stdout(stdout)
@@ -380,18 +399,27 @@ fn relay_child(url: &str, outbox: &str, extra: &[&str], stdout: Stdio) -> Child 
         .expect("the changefeed binary runs")
 }
 
+/// A MariaDB database with `outbox`, named `name_<max_in_flight>` so that the in-flight
+/// variants of a test do not share one.
 #[cfg(feature = "mysql")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
-async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0() {
+async fn mariadb_outbox(name: &str, outbox: &str, max_in_flight: u32) -> common_mysql::TestDb {
+    let db = common_mysql::database(&format!("{name}_{max_in_flight}")).await;
+    db.outbox(outbox).await;
+    db
+}
+
+#[cfg(feature = "mysql")]
+in_flight_variants!(
+    #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+    relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0
+);
+#[cfg(feature = "mysql")]
+async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0(max_in_flight: u32) {
     use changefeed::outbox::NewMessage;
     use serde_json::json;
 
-    let cluster = mock_cluster();
-    cluster.create_topic("prod.orders", 1, 1).unwrap();
-    let brokers = cluster.bootstrap_servers();
-    let db = common_mysql::database("cli_kafka_relay").await;
-    db.outbox("outbox_kafka").await;
+    let (cluster, brokers) = cluster_with_topic("prod.orders");
+    let db = mariadb_outbox("cli_kafka_relay", "outbox_kafka", max_in_flight).await;
     let messages: Vec<NewMessage> = (0..5)
         .map(|n| {
             NewMessage::new("orders", json!({ "n": n }))
@@ -403,6 +431,7 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0() {
     let child = relay_child(
         &db.url,
         "outbox_kafka",
+        max_in_flight,
         &[
             "--brokers",
             &brokers,
@@ -459,22 +488,23 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0() {
     drop(cluster);
 }
 
+#[cfg(feature = "mysql")]
+in_flight_variants!(
+    #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+    relay_from_mariadb_exits_130_at_once_on_a_second_signal
+);
 /// The first signal waits for the batch in flight; when that batch cannot finish (the
 /// broker went down under it), a second signal ends the process at once with 130.
 #[cfg(feature = "mysql")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
-async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal() {
+async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal(max_in_flight: u32) {
     use changefeed::outbox::NewMessage;
 
-    let cluster = mock_cluster();
-    cluster.create_topic("orders", 1, 1).unwrap();
-    let brokers = cluster.bootstrap_servers();
-    let db = common_mysql::database("cli_kafka_twice").await;
-    db.outbox("outbox_twice").await;
+    let (cluster, brokers) = cluster_with_topic("orders");
+    let db = mariadb_outbox("cli_kafka_twice", "outbox_twice", max_in_flight).await;
     let mut child = relay_child(
         &db.url,
         "outbox_twice",
+        max_in_flight,
         &["--brokers", &brokers, "--progress-interval", "1h"],
         Stdio::null(),
     );
@@ -528,18 +558,20 @@ async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal() {
     drop(cluster);
 }
 
+#[cfg(feature = "mysql")]
+in_flight_variants!(
+    #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+    relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts
+);
 /// Without --brokers the relay prints JSON lines, and stops the same way: SIGTERM, then
 /// exit 0 with its counts; a second signal during the wait is not needed.
 #[cfg(feature = "mysql")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
-async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts() {
+async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts(max_in_flight: u32) {
     use std::io::{BufRead, BufReader};
 
     use changefeed::outbox::NewMessage;
 
-    let db = common_mysql::database("cli_kafka_stdout").await;
-    db.outbox("outbox_stdout").await;
+    let db = mariadb_outbox("cli_kafka_stdout", "outbox_stdout", max_in_flight).await;
     let messages: Vec<NewMessage> = (0..3)
         .map(|n| NewMessage::new("orders", serde_json::json!({ "n": n })))
         .collect();
@@ -548,6 +580,7 @@ async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts() {
     let mut child = relay_child(
         &db.url,
         "outbox_stdout",
+        max_in_flight,
         &["--progress-interval", "500ms"],
         Stdio::piped(),
     );
@@ -605,9 +638,7 @@ async fn export_sends_a_feed_stops_on_sigint_with_0_and_resumes_after_a_restart(
     use common::events::{create_feed, write_ok};
     use common::{Isolation, TestDb, scalar_i64};
 
-    let cluster = mock_cluster();
-    cluster.create_topic("order-events", 1, 1).unwrap();
-    let brokers = cluster.bootstrap_servers();
+    let (cluster, brokers) = cluster_with_topic("order-events");
     let db = TestDb::create("cli_export", Isolation::ReadCommittedSnapshot).await;
     let mut client = db.client().await;
     let feed = create_feed(&mut client, "ExportedOrder").await;

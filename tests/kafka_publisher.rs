@@ -4,6 +4,8 @@
 //! outage that loses nothing.
 
 mod common_kafka;
+#[macro_use]
+mod common_relay;
 #[path = "../examples/support/memory_store.rs"]
 mod memory_store;
 
@@ -41,9 +43,10 @@ fn publisher(settings: ProducerSettings) -> KafkaPublisher {
     KafkaPublisher::new(KafkaPublisherConfig::new(settings)).expect("the producer")
 }
 
-fn relay_config(batch_size: u32) -> RelayConfig {
+fn relay_config(batch_size: u32, max_in_flight: u32) -> RelayConfig {
     RelayConfig::default()
         .batch_size(batch_size)
+        .max_in_flight(max_in_flight)
         .poll_interval(Duration::from_millis(10))
         .claim_timeout(Duration::from_secs(15))
         .retry(
@@ -53,6 +56,9 @@ fn relay_config(batch_size: u32) -> RelayConfig {
                 .max_attempts(50),
         )
 }
+
+/// How long a test relay may take to drain its outbox.
+const DRAIN_LIMIT: Duration = Duration::from_secs(20);
 
 /// Runs the relay until the store has no open row left or `limit` passes.
 async fn run_until_drained(
@@ -70,6 +76,18 @@ async fn run_until_drained(
         }
     };
     relay.run(shutdown).await
+}
+
+/// [`run_until_drained`] with [`KafkaPublisher`] over `settings` and the tests' relay
+/// settings, for [`DRAIN_LIMIT`].
+async fn drain(
+    store: &MemoryStore,
+    settings: ProducerSettings,
+    batch_size: u32,
+    max_in_flight: u32,
+) -> changefeed::Result<()> {
+    let config = relay_config(batch_size, max_in_flight);
+    run_until_drained(store, publisher(settings), config, DRAIN_LIMIT).await
 }
 
 fn message(aggregate: &str, seq: usize) -> NewMessage {
@@ -94,6 +112,20 @@ async fn read_back(cluster: &Cluster, topic: &str, expected: usize) -> Vec<Consu
     .unwrap()
 }
 
+/// A mock cluster of `brokers` with the orders topic (`partitions`) and its dead-letter
+/// topic (one partition).
+fn orders_cluster(brokers: i32, partitions: i32) -> Cluster {
+    let cluster = start_cluster(brokers);
+    create_topic(&cluster, TOPIC, partitions);
+    create_topic(&cluster, DLQ, 1);
+    cluster
+}
+
+async fn assert_no_dead_letter(cluster: &Cluster) {
+    let dead_letters = read_back(cluster, DLQ, 0).await;
+    assert!(dead_letters.is_empty(), "no dead letter: {dead_letters:?}");
+}
+
 fn assert_once_each(records: &[Consumed], expected: impl IntoIterator<Item = String>) {
     let counts = count_by_message_id(records);
     let expected: BTreeMap<String, usize> = expected.into_iter().map(|id| (id, 1)).collect();
@@ -106,10 +138,9 @@ fn message_ids(store: &MemoryStore, ids: impl IntoIterator<Item = i64>) -> Vec<S
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_relay_delivers_every_message_once_in_per_key_order() {
-    let cluster = start_cluster(3);
-    create_topic(&cluster, TOPIC, 4);
+in_flight_variants!(the_relay_delivers_every_message_once_in_per_key_order);
+async fn the_relay_delivers_every_message_once_in_per_key_order(max_in_flight: u32) {
+    let cluster = orders_cluster(3, 4);
     let store = MemoryStore::new();
     let (aggregates, per_aggregate) = (40, 6);
     // Interleaved, so each claim holds one message of many aggregates.
@@ -135,14 +166,9 @@ async fn the_relay_delivers_every_message_once_in_per_key_order() {
     });
     let total = aggregates * per_aggregate + 2;
 
-    run_until_drained(
-        &store,
-        publisher(producer(&cluster)),
-        relay_config(64),
-        Duration::from_secs(20),
-    )
-    .await
-    .expect("the relay stops cleanly");
+    drain(&store, producer(&cluster), 64, max_in_flight)
+        .await
+        .expect("the relay stops cleanly");
     assert_eq!(store.count(Status::Done), total, "every row acknowledged");
 
     let records = read_back(&cluster, TOPIC, total).await;
@@ -205,10 +231,11 @@ async fn the_relay_delivers_every_message_once_in_per_key_order() {
     assert_eq!(unkeyed.header("traceparent"), None);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leader_changes_and_timeouts_are_retried_inside_librdkafka_without_duplicates() {
-    let cluster = start_cluster(3);
-    create_topic(&cluster, TOPIC, 2);
+in_flight_variants!(leader_changes_and_timeouts_are_retried_inside_librdkafka_without_duplicates);
+async fn leader_changes_and_timeouts_are_retried_inside_librdkafka_without_duplicates(
+    max_in_flight: u32,
+) {
+    let cluster = orders_cluster(3, 2);
     use RDKafkaRespErr::*;
     cluster.request_errors(
         RDKafkaApiKey::Produce,
@@ -227,14 +254,9 @@ async fn leader_changes_and_timeouts_are_retried_inside_librdkafka_without_dupli
         store.enqueue(message(&format!("order-{}", i % 30), i));
     }
 
-    run_until_drained(
-        &store,
-        publisher(producer(&cluster)),
-        relay_config(50),
-        Duration::from_secs(20),
-    )
-    .await
-    .unwrap();
+    drain(&store, producer(&cluster), 50, max_in_flight)
+        .await
+        .unwrap();
 
     assert_eq!(store.count(Status::Done), total);
     assert!(
@@ -243,15 +265,14 @@ async fn leader_changes_and_timeouts_are_retried_inside_librdkafka_without_dupli
     );
     let records = read_back(&cluster, TOPIC, total).await;
     assert_once_each(&records, message_ids(&store, 1..=total as i64));
-    let dead_letters = read_back(&cluster, DLQ, 0).await;
-    assert!(dead_letters.is_empty(), "{dead_letters:?}");
+    assert_no_dead_letter(&cluster).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivered() {
-    let cluster = start_cluster(1);
-    create_topic(&cluster, TOPIC, 1);
-    create_topic(&cluster, DLQ, 1);
+in_flight_variants!(a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivered);
+async fn a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivered(
+    max_in_flight: u32,
+) {
+    let cluster = orders_cluster(1, 1);
     let store = MemoryStore::new();
     let mut ids = Vec::new();
     for i in 0..10 {
@@ -267,14 +288,7 @@ async fn a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivere
     let big = ids[4];
     let settings = producer(&cluster).set("message.max.bytes", "10000");
 
-    run_until_drained(
-        &store,
-        publisher(settings),
-        relay_config(100),
-        Duration::from_secs(20),
-    )
-    .await
-    .unwrap();
+    drain(&store, settings, 100, max_in_flight).await.unwrap();
 
     assert_eq!(store.row(big).status, Status::Dead);
     assert_eq!(store.row(big).attempts, 1);
@@ -305,11 +319,11 @@ async fn a_message_over_message_max_bytes_is_dead_lettered_and_the_rest_delivere
     assert!(letter.header("x-value-omitted").is_some(), "{letter:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_payload() {
-    let cluster = start_cluster(1);
-    create_topic(&cluster, TOPIC, 1);
-    create_topic(&cluster, DLQ, 1);
+in_flight_variants!(a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_payload);
+async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_payload(
+    max_in_flight: u32,
+) {
+    let cluster = orders_cluster(1, 1);
     let store = MemoryStore::new();
     // One aggregate: the first claim holds its head alone, so the refused produce request
     // carries that message only; it is refused again when produced alone, which makes it
@@ -324,14 +338,9 @@ async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_pay
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE; 2],
     );
 
-    run_until_drained(
-        &store,
-        publisher(producer(&cluster)),
-        relay_config(100),
-        Duration::from_secs(20),
-    )
-    .await
-    .unwrap();
+    drain(&store, producer(&cluster), 100, max_in_flight)
+        .await
+        .unwrap();
 
     assert_eq!(store.row(refused).status, Status::Dead);
     assert!(rest.iter().all(|id| store.row(*id).status == Status::Done));
@@ -364,11 +373,11 @@ fn seqs_of(records: &[Consumed], aggregate: &str) -> Vec<i64> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_first() {
-    let cluster = start_cluster(1);
-    create_topic(&cluster, TOPIC, 1);
-    create_topic(&cluster, DLQ, 1);
+in_flight_variants!(a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_first);
+async fn a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_first(
+    max_in_flight: u32,
+) {
+    let cluster = orders_cluster(1, 1);
     let store = MemoryStore::new();
     let aggregates: Vec<String> = (0..5).map(|a| format!("order-{a}")).collect();
     for seq in 0..2 {
@@ -383,14 +392,9 @@ async fn a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_f
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_RECORD],
     );
 
-    run_until_drained(
-        &store,
-        publisher(one_request(&cluster)),
-        relay_config(100),
-        Duration::from_secs(20),
-    )
-    .await
-    .unwrap();
+    drain(&store, one_request(&cluster), 100, max_in_flight)
+        .await
+        .unwrap();
 
     assert_eq!(store.count(Status::Dead), 0, "{:?}", store.rows());
     assert_eq!(store.count(Status::Done), 10);
@@ -404,17 +408,12 @@ async fn a_refused_request_of_five_aggregates_kills_none_and_lets_no_successor_f
     for aggregate in &aggregates {
         assert_eq!(seqs_of(&records, aggregate), vec![0, 1], "{aggregate}");
     }
-    assert!(
-        read_back(&cluster, DLQ, 0).await.is_empty(),
-        "no dead letter"
-    );
+    assert_no_dead_letter(&cluster).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_oversize_message_among_small_ones_is_the_only_one_dead() {
-    let cluster = start_cluster(1);
-    create_topic(&cluster, TOPIC, 1);
-    create_topic(&cluster, DLQ, 1);
+in_flight_variants!(an_oversize_message_among_small_ones_is_the_only_one_dead);
+async fn an_oversize_message_among_small_ones_is_the_only_one_dead(max_in_flight: u32) {
+    let cluster = orders_cluster(1, 1);
     let store = MemoryStore::new();
     let ids: Vec<i64> = (0..5)
         .map(|a| store.enqueue(message(&format!("order-{a}"), 0)))
@@ -436,14 +435,9 @@ async fn an_oversize_message_among_small_ones_is_the_only_one_dead() {
         ],
     );
 
-    run_until_drained(
-        &store,
-        publisher(one_request(&cluster)),
-        relay_config(100),
-        Duration::from_secs(20),
-    )
-    .await
-    .unwrap();
+    drain(&store, one_request(&cluster), 100, max_in_flight)
+        .await
+        .unwrap();
 
     let dead: Vec<i64> = (1..=store.rows().len() as i64)
         .filter(|id| store.row(*id).status == Status::Dead)
@@ -477,11 +471,12 @@ async fn an_oversize_message_among_small_ones_is_the_only_one_dead() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs_on() {
+in_flight_variants!(one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs_on);
+async fn one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs_on(
+    max_in_flight: u32,
+) {
     const SECRET: &str = "secret";
-    let cluster = start_cluster(1);
-    create_topic(&cluster, TOPIC, 2);
+    let cluster = orders_cluster(1, 2);
     create_topic(&cluster, SECRET, 1);
     create_topic(&cluster, "secret.dlq", 1);
     // Kafka with ACLs answers a topic the producer may not write to like this.
@@ -502,7 +497,7 @@ async fn one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs
     }
     let refused = ids[101];
     let max_attempts = 3;
-    let config = relay_config(50).retry(
+    let config = relay_config(50, max_in_flight).retry(
         RetryPolicy::default()
             .initial(Duration::from_millis(20))
             .max(Duration::from_millis(100))
@@ -555,7 +550,18 @@ async fn a_publisher_whose_publish_can_outlive_the_claim_is_refused_naming_both_
             _ => Some(Duration::MAX),
         };
         assert_eq!(publisher.longest_publish(), stated, "{timeout:?}");
-        let result = Relay::new(MemoryStore::new(), publisher, config.clone());
+        // Its bound counts from the call whatever else is in flight: batches in flight do
+        // not lengthen it, so eight of them fit the same claim.
+        assert_eq!(
+            publisher.longest_publish_in_flight(8),
+            stated,
+            "{timeout:?}"
+        );
+        let result = Relay::new(
+            MemoryStore::new(),
+            publisher,
+            config.clone().max_in_flight(8),
+        );
         match (result, fits) {
             (Ok(_), true) => {}
             (Err(Error::Config(text)), false) => {
@@ -578,10 +584,11 @@ async fn a_publisher_whose_publish_can_outlive_the_claim_is_refused_naming_both_
     .expect("fits a 60 s claim");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_batch_back() {
-    let cluster = start_cluster(1);
-    create_topic(&cluster, TOPIC, 1);
+in_flight_variants!(a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_batch_back);
+async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_batch_back(
+    max_in_flight: u32,
+) {
+    let cluster = orders_cluster(1, 1);
     let store = MemoryStore::new();
     let ids: Vec<i64> = (0..5)
         .map(|i| store.enqueue(message(&format!("order-{i}"), 0)))
@@ -592,14 +599,9 @@ async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_bat
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 8],
     );
 
-    let error = run_until_drained(
-        &store,
-        publisher(producer(&cluster)),
-        relay_config(100),
-        Duration::from_secs(20),
-    )
-    .await
-    .expect_err("a fatal error stops the relay");
+    let error = drain(&store, producer(&cluster), 100, max_in_flight)
+        .await
+        .expect_err("a fatal error stops the relay");
     match &error {
         Error::Publisher(text) => {
             assert!(text.contains("TopicAuthorizationFailed"), "{text}");
@@ -621,16 +623,12 @@ async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_bat
         .collect();
     assert_eq!(reclaimed, ids.iter().map(|id| (*id, 0)).collect::<Vec<_>>());
     cluster.clear_request_errors(RDKafkaApiKey::Produce);
-    assert!(
-        read_back(&cluster, DLQ, 0).await.is_empty(),
-        "no dead letter"
-    );
+    assert_no_dead_letter(&cluster).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broker_outage_during_a_batch_loses_nothing() {
-    let cluster = start_cluster(3);
-    create_topic(&cluster, TOPIC, 3);
+in_flight_variants!(a_broker_outage_during_a_batch_loses_nothing);
+async fn a_broker_outage_during_a_batch_loses_nothing(max_in_flight: u32) {
+    let cluster = orders_cluster(3, 3);
     let store = MemoryStore::new();
     let total = 600;
     for i in 0..total {
@@ -648,7 +646,7 @@ async fn a_broker_outage_during_a_batch_loses_nothing() {
             run_until_drained(
                 &store,
                 publisher(settings),
-                relay_config(100),
+                relay_config(100, max_in_flight),
                 Duration::from_secs(30),
             )
             .await
@@ -751,8 +749,7 @@ fn claimed(id: i64, aggregate: &str) -> ClaimedMessage {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_local_queue_is_backpressure_for_the_messages_that_do_not_fit() {
-    let cluster = start_cluster(1);
-    create_topic(&cluster, TOPIC, 1);
+    let cluster = orders_cluster(1, 1);
     // Room for three messages until their deliveries are reported.
     let settings = producer(&cluster).set("queue.buffering.max.messages", "3");
     let publisher = publisher(settings);

@@ -11,6 +11,8 @@
 
 mod common_mysql;
 mod common_process;
+#[macro_use]
+mod common_relay;
 mod common_server;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -128,11 +130,18 @@ fn waker_config() -> BinlogWakerConfig {
     }
 }
 
-fn start(db: &TestDb, outbox: &str, poll: Duration, waker: Option<BinlogWakerConfig>) -> Running {
+fn start(
+    db: &TestDb,
+    outbox: &str,
+    poll: Duration,
+    waker: Option<BinlogWakerConfig>,
+    max_in_flight: u32,
+) -> Running {
     let publisher = Arc::new(Recording::default());
     let errors = Arc::new(Errors::default());
     let config = RelayConfig::default()
         .batch_size(10)
+        .max_in_flight(max_in_flight)
         .poll_interval(poll)
         .claim_timeout(CLAIM_TIMEOUT);
     let store = db.store(outbox).connect_timeout(CONNECT_TIMEOUT);
@@ -192,27 +201,42 @@ fn reopened(db: &TestDb) -> TestDb {
     }
 }
 
+/// A private server (`name`) with `outbox` holding `count` messages, and a relay on it
+/// (100 ms poll, no waker) whose publisher freezes the server (SIGSTOP) after its first
+/// batch; returns once that batch was published, so its acknowledgement meets the frozen
+/// server.
+async fn frozen_after_the_first_batch(
+    name: &str,
+    outbox: &str,
+    count: usize,
+    max_in_flight: u32,
+) -> (OwnedServer, TestDb, Running) {
+    let server = OwnedServer::start(name);
+    let db = database_on(name, |d| server.url_for(d)).await;
+    db.outbox(outbox).await;
+    db.enqueue_committed(outbox, &messages(count, 10, 5)).await;
+    let running = start(&db, outbox, Duration::from_millis(100), None, max_in_flight);
+    *running.publisher.freeze.lock().unwrap() = Some(server.pid());
+    wait_until("the first batch", secs(30), async || {
+        !running.publisher.batches().is_empty()
+    })
+    .await;
+    (server, db, running)
+}
+
+in_flight_variants!(
+    #[ignore = "needs MariaDB: .ci/run installs it"]
+    a_frozen_server_neither_hangs_the_relay_nor_loses_a_message
+);
 /// A server frozen right after a batch was published (its `mark_done` meets the frozen
 /// server) and, later, while the relay idles (its claim meets it): the calls come back as
 /// errors while it is frozen instead of hanging, the relay resumes after it, every message
 /// is published, and only the batch whose acknowledgement never succeeded is published
 /// again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs MariaDB: .ci/run installs it"]
-async fn a_frozen_server_neither_hangs_the_relay_nor_loses_a_message() {
-    let server = OwnedServer::start("frozen");
-    let db = database_on("frozen", |d| server.url_for(d)).await;
-    db.outbox("outbox_frozen").await;
-    db.enqueue_committed("outbox_frozen", &messages(20, 10, 5))
-        .await;
-    let running = start(&db, "outbox_frozen", Duration::from_millis(100), None);
-    *running.publisher.freeze.lock().unwrap() = Some(server.pid());
-
+async fn a_frozen_server_neither_hangs_the_relay_nor_loses_a_message(max_in_flight: u32) {
     // Mid-acknowledgement: the first batch froze the server.
-    wait_until("the first batch", secs(30), async || {
-        !running.publisher.batches().is_empty()
-    })
-    .await;
+    let (server, db, running) =
+        frozen_after_the_first_batch("frozen", "outbox_frozen", 20, max_in_flight).await;
     let frozen_at = Instant::now();
     // Its mark_done gives up at the claim timeout, the next claim's connect at the connect
     // timeout: errors, not a hang.
@@ -263,22 +287,15 @@ async fn a_frozen_server_neither_hangs_the_relay_nor_loses_a_message() {
     }
 }
 
+in_flight_variants!(
+    #[ignore = "needs MariaDB: .ci/run installs it"]
+    shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded
+);
 /// Shutdown while the server is frozen under an acknowledgement: `run` returns within the
 /// claim timeout (the bound of the hanging call), not when the server comes back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs MariaDB: .ci/run installs it"]
-async fn shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded() {
-    let server = OwnedServer::start("shutdown");
-    let db = database_on("frozen_shutdown", |d| server.url_for(d)).await;
-    db.outbox("outbox_shutdown").await;
-    db.enqueue_committed("outbox_shutdown", &messages(3, 10, 5))
-        .await;
-    let running = start(&db, "outbox_shutdown", Duration::from_millis(100), None);
-    *running.publisher.freeze.lock().unwrap() = Some(server.pid());
-    wait_until("the first batch", secs(30), async || {
-        !running.publisher.batches().is_empty()
-    })
-    .await;
+async fn shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded(max_in_flight: u32) {
+    let (server, _db, running) =
+        frozen_after_the_first_batch("frozen_shutdown", "outbox_shutdown", 3, max_in_flight).await;
     let took = running.stop(FROZEN).await;
     assert!(
         took < CLAIM_TIMEOUT + secs(5),
@@ -287,17 +304,27 @@ async fn shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded() {
     server.thaw();
 }
 
+in_flight_variants!(
+    #[ignore = "needs MariaDB: .ci/run installs it"]
+    a_killed_and_restarted_server_loses_nothing_and_the_binlog_wake_comes_back
+);
 /// `kill -9` of the server and a restart on the same data directory: nothing is lost, the
 /// binlog waker follows the new binlog file, and when its stream is cut again it follows
 /// again (from the file the server moved to, not the one before the restart).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs MariaDB: .ci/run installs it"]
-async fn a_killed_and_restarted_server_loses_nothing_and_the_binlog_wake_comes_back() {
+async fn a_killed_and_restarted_server_loses_nothing_and_the_binlog_wake_comes_back(
+    max_in_flight: u32,
+) {
     let mut server = OwnedServer::start("restart");
     let db = database_on("restart", |d| server.url_for(d)).await;
     db.outbox("outbox_restart").await;
     // The relay's own poll is a minute: only the waker moves it quickly.
-    let running = start(&db, "outbox_restart", secs(60), Some(waker_config()));
+    let running = start(
+        &db,
+        "outbox_restart",
+        secs(60),
+        Some(waker_config()),
+        max_in_flight,
+    );
     let mut state = running.waker.clone().expect("a waker");
     let following = |s: &WakerState| matches!(s, WakerState::Following { .. });
     tokio::time::timeout(secs(30), state.wait_for(following))
@@ -393,7 +420,7 @@ async fn a_purged_resume_file_falls_back_to_the_current_position() {
         reconnect_delay: secs(5),
         ..waker_config()
     };
-    let running = start(&db, "outbox_purged", secs(60), Some(config));
+    let running = start(&db, "outbox_purged", secs(60), Some(config), 1);
     let mut state = running.waker.clone().expect("a waker");
     let following = |s: &WakerState| matches!(s, WakerState::Following { .. });
     tokio::time::timeout(secs(30), state.wait_for(following))
@@ -450,7 +477,7 @@ async fn compressed_binlog_events_still_wake_the_relay() {
     db.outbox("outbox_compressed").await;
     db.sql("set global log_bin_compress = on, global log_bin_compress_min_len = 10")
         .await;
-    let running = start(&db, "outbox_compressed", secs(60), Some(waker_config()));
+    let running = start(&db, "outbox_compressed", secs(60), Some(waker_config()), 1);
     let mut state = running.waker.clone().expect("a waker");
     tokio::time::timeout(
         secs(30),
@@ -483,9 +510,10 @@ async fn compressed_binlog_events_still_wake_the_relay() {
 // ------------------------------------------------------------------------------------------
 
 /// `changefeed relay` (JSON lines) over `outbox`, stdout and stderr piped.
-fn relay_child(url: &str, outbox: &str, extra: &[&str]) -> Child {
+fn relay_child(url: &str, outbox: &str, max_in_flight: u32, extra: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_changefeed"))
         .args(["relay", "--outbox", outbox, "--url", url])
+        .args(["--max-in-flight", &max_in_flight.to_string()])
         .args(["--progress-interval", "1h"])
         .args(extra)
         .stdin(Stdio::null())
@@ -503,19 +531,21 @@ async fn wait_for_a_claim(db: &TestDb, outbox: &str) {
     .await;
 }
 
+in_flight_variants!(
+    #[ignore = "needs MariaDB: .ci/run installs it"]
+    the_cli_relay_stops_while_its_standard_output_is_blocked
+);
 /// A reader nobody drains: the relay's batch (100 messages, 200 KB of JSON lines) fills the pipe and its
 /// write blocks. The first SIGINT still ends it within --shutdown-grace; and a second
 /// SIGINT ends it at once whatever the grace.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs MariaDB: .ci/run installs it"]
-async fn the_cli_relay_stops_while_its_standard_output_is_blocked() {
+async fn the_cli_relay_stops_while_its_standard_output_is_blocked(max_in_flight: u32) {
     let server = OwnedServer::start("pipe");
     let db = database_on("blocked_pipe", |d| server.url_for(d)).await;
     for (outbox, grace, signals) in [("outbox_grace", "2s", 1), ("outbox_twice", "1h", 2)] {
         db.outbox(outbox).await;
         db.enqueue_committed(outbox, &messages(100, 2000, 100))
             .await;
-        let mut child = relay_child(&db.url, outbox, &["--shutdown-grace", grace]);
+        let mut child = relay_child(&db.url, outbox, max_in_flight, &["--shutdown-grace", grace]);
         let stderr = stderr_lines(&mut child);
         wait_for_a_claim(&db, outbox).await;
         // Past the first 64 KiB the write blocks.
@@ -548,11 +578,13 @@ async fn the_cli_relay_stops_while_its_standard_output_is_blocked() {
     }
 }
 
+in_flight_variants!(
+    #[ignore = "needs MariaDB: .ci/run installs it"]
+    the_cli_relay_stops_within_its_grace_while_mark_done_hangs
+);
 /// The server freezes while the CLI relay writes a batch, so its `mark_done` meets a frozen
 /// server: the first SIGINT ends the process within --shutdown-grace.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs MariaDB: .ci/run installs it"]
-async fn the_cli_relay_stops_within_its_grace_while_mark_done_hangs() {
+async fn the_cli_relay_stops_within_its_grace_while_mark_done_hangs(max_in_flight: u32) {
     use std::io::{BufRead, BufReader, Read};
 
     let server = OwnedServer::start("cli_frozen");
@@ -560,7 +592,12 @@ async fn the_cli_relay_stops_within_its_grace_while_mark_done_hangs() {
     db.outbox("outbox_cli_frozen").await;
     db.enqueue_committed("outbox_cli_frozen", &messages(100, 2000, 100))
         .await;
-    let mut child = relay_child(&db.url, "outbox_cli_frozen", &["--shutdown-grace", "3s"]);
+    let mut child = relay_child(
+        &db.url,
+        "outbox_cli_frozen",
+        max_in_flight,
+        &["--shutdown-grace", "3s"],
+    );
     let _stderr = stderr_lines(&mut child);
     // The batch (200 KB) cannot be written before the reader drains it: read one line,
     // freeze the server, then drain, so the acknowledgement comes after the freeze.

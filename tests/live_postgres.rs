@@ -160,6 +160,7 @@ contract!(
     unicode_and_one_megabyte_payloads_round_trip,
     an_open_enqueue_delays_only_its_aggregate,
     a_relay_killed_mid_batch_loses_nothing,
+    a_relay_killed_with_batches_in_flight_loses_nothing,
 );
 
 // ------------------------------------------------------------------------------------------

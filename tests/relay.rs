@@ -6,6 +6,7 @@
 //! and then straight to the next timer, so delays are exact and a 60 s wait costs nothing.
 //! Waits that must *not* happen are made 60 s long while a test gives up after 5 s.
 
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,6 +16,10 @@ use changefeed::Error;
 use changefeed::outbox::{
     ClaimStore, ClaimToken, Claimed, ClaimedMessage, Headers, UndecodableMessage,
 };
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
 use changefeed::relay::{
     BatchReport, DeadLetter, ErrorKind, Hooks, MAX_STORE_RETRY_DELAY, PublishError, PublishOutcome,
     Publisher, Relay, RelayConfig, RelayHandle, RetryPolicy, SHUTDOWN_CLAIM_GRACE,
@@ -596,6 +601,35 @@ impl Hooks for Recorder {
 
 // ---------------------------------------------------------------- harness
 
+thread_local! {
+    /// The `max_in_flight` of [`config`]: each test runs at 1 and at 4 (`relay_test!`), on
+    /// a current-thread runtime, so the relay task it spawns sees its own value.
+    static MAX_IN_FLIGHT: Cell<u32> = const { Cell::new(1) };
+}
+
+/// A test that runs twice, with one batch in flight and with four: the failure table,
+/// waking, shutdown and the faults behave the same either way.
+macro_rules! relay_test {
+    ($(#[$doc:meta])* async fn $name:ident() $body:block) => {
+        $(#[$doc])*
+        mod $name {
+            use super::*;
+
+            #[tokio::test(start_paused = true)]
+            async fn one_batch_in_flight() {
+                MAX_IN_FLIGHT.set(1);
+                $body
+            }
+
+            #[tokio::test(start_paused = true)]
+            async fn four_batches_in_flight() {
+                MAX_IN_FLIGHT.set(4);
+                $body
+            }
+        }
+    };
+}
+
 const LONG: Duration = Duration::from_secs(60);
 const PATIENCE: Duration = Duration::from_secs(5);
 
@@ -617,6 +651,7 @@ fn config() -> RelayConfig {
                 .max_attempts(5)
                 .jitter(false),
         )
+        .max_in_flight(MAX_IN_FLIGHT.get())
 }
 
 struct Running {
@@ -628,10 +663,15 @@ struct Running {
 impl Running {
     /// Signals shutdown and waits for `run` to return.
     async fn stop(self) -> changefeed::Result<()> {
+        self.signal_stop();
+        self.finish().await
+    }
+
+    /// Signals shutdown without waiting for `run` to return.
+    fn signal_stop(&self) {
         if let Some(tx) = self.shutdown.lock().unwrap().take() {
             let _ = tx.send(());
         }
-        self.finish().await
     }
 
     /// Waits for `run` to return by itself.
@@ -684,1011 +724,1498 @@ async fn eventually(what: &str, condition: impl Fn() -> bool) {
 
 // ---------------------------------------------------------------- the failure table
 
-#[tokio::test(start_paused = true)]
-async fn ok_messages_are_marked_done_in_one_call() {
-    let (store, publisher, hooks) = fakes();
-    for _ in 0..3 {
-        store.enqueue(None);
-    }
-    let relay = start(&store, &publisher, &hooks, config());
-    eventually("all done", || {
-        (1..=3).all(|id| store.status(id) == Status::Done)
-    })
-    .await;
-    relay.stop().await.unwrap();
-
-    assert_eq!(
-        store.acks(),
-        [Call::Done {
-            ids: vec![1, 2, 3],
-            changed: 3
-        }]
-    );
-    let events = hooks.events();
-    assert!(events.contains(&Event::Claimed(3)), "{events:?}");
-    assert!(events.contains(&Event::Published(3)), "{events:?}");
-}
-
-#[tokio::test(start_paused = true)]
-async fn retriable_failure_marks_failed_with_the_policy_delay() {
-    let (store, publisher, hooks) = fakes();
-    let id = store.enqueue(None);
-    publisher.script(id, [Err(PublishError::retriable("broker down")), Ok(())]);
-    let relay = start(&store, &publisher, &hooks, config());
-    eventually("retried and done", || store.status(id) == Status::Done).await;
-    relay.stop().await.unwrap();
-
-    assert_eq!(
-        store.acks(),
-        [
-            Call::Failed {
-                id,
-                retry_after: Some(ms(10)),
-                dead: false,
-                error: "retriable: broker down".to_owned(),
-                changed: 1
-            },
-            Call::Done {
-                ids: vec![id],
-                changed: 1
-            }
-        ]
-    );
-    assert_eq!(store.row(id).attempts, 1);
-    assert_eq!(publisher.publishes_of(id), 2);
-    assert!(
-        hooks
-            .events()
-            .contains(&Event::Failed(id, ErrorKind::Retriable))
-    );
-    assert!(publisher.dead_letters().is_empty());
-}
-
-#[tokio::test(start_paused = true)]
-async fn retriable_delays_grow_until_max_attempts_then_dead() {
-    let (store, publisher, hooks) = fakes();
-    let id = store.enqueue(None);
-    publisher.always_fail(PublishError::retriable("broker down"));
-    let mut config = config();
-    config.retry.max_attempts = 4;
-    let relay = start(&store, &publisher, &hooks, config);
-    eventually("dead", || store.status(id) == Status::Dead).await;
-    relay.stop().await.unwrap();
-
-    let plan: Vec<_> = store
-        .acks()
-        .into_iter()
-        .map(|call| match call {
-            Call::Failed {
-                retry_after, dead, ..
-            } => (retry_after, dead),
-            other => panic!("unexpected {other:?}"),
-        })
-        .collect();
-    assert_eq!(
-        plan,
-        [
-            (Some(ms(10)), false),
-            (Some(ms(20)), false),
-            (Some(ms(40)), false),
-            (None, true)
-        ]
-    );
-    assert_eq!(store.row(id).attempts, 4);
-    assert_eq!(publisher.publishes_of(id), 4);
-    let dead_letters = publisher.dead_letters();
-    assert_eq!(dead_letters.len(), 1);
-    assert_eq!(dead_letters[0].1["x-attempts"], "4");
-    assert_eq!(dead_letters[0].1["x-error-kind"], "retriable");
-    let events = hooks.events();
-    assert_eq!(
-        events
-            .iter()
-            .filter(|e| matches!(e, Event::Failed(..)))
-            .count(),
-        3
-    );
-    assert!(events.contains(&Event::Dead(id, ErrorKind::Retriable)));
-}
-
-#[tokio::test(start_paused = true)]
-async fn poison_is_dead_at_once_with_a_dead_letter() {
-    let (store, publisher, hooks) = fakes();
-    let poison = store.enqueue(None);
-    let fine = store.enqueue(None);
-    publisher.script(poison, [Err(PublishError::poison("cannot serialize"))]);
-    let relay = start(&store, &publisher, &hooks, config());
-    eventually("settled", || {
-        store.status(poison) == Status::Dead && store.status(fine) == Status::Done
-    })
-    .await;
-    relay.stop().await.unwrap();
-
-    assert_eq!(publisher.publishes_of(poison), 1);
-    assert_eq!(store.row(poison).attempts, 1);
-    assert_eq!(
-        store.row(poison).last_error.as_deref(),
-        Some("poison: cannot serialize")
-    );
-    assert!(store.acks().contains(&Call::Failed {
-        id: poison,
-        retry_after: None,
-        dead: true,
-        error: "poison: cannot serialize".to_owned(),
-        changed: 1
-    }));
-    assert_eq!(publisher.dead_letters().len(), 1);
-    let events = hooks.events();
-    assert!(events.contains(&Event::Dead(poison, ErrorKind::Poison)));
-    assert!(!events.iter().any(|e| matches!(e, Event::Fatal(_))));
-}
-
-#[tokio::test(start_paused = true)]
-async fn fatal_hands_the_message_back_and_stops_the_relay_after_acknowledging_its_batch() {
-    let (store, publisher, hooks) = fakes();
-    let ok = store.enqueue(None);
-    let fatal = store.enqueue(None);
-    let retriable = store.enqueue(None);
-    let later = store.enqueue(None);
-    publisher.script(fatal, [Err(PublishError::fatal("bad credentials"))]);
-    publisher.script(retriable, [Err(PublishError::retriable("timeout"))]);
-    let config = config().batch_size(3);
-    let relay = start(&store, &publisher, &hooks, config);
-
-    let error = relay
-        .finish()
-        .await
-        .expect_err("a fatal error stops the relay");
-    match &error {
-        Error::Publisher(message) => {
-            assert!(message.contains("fatal"), "{message}");
-            assert!(message.contains("message 2"), "{message}");
-            assert!(message.contains("bad credentials"), "{message}");
-            assert!(message.contains("handed the message back"), "{message}");
+relay_test! {
+    async fn ok_messages_are_marked_done_in_one_call() {
+        let (store, publisher, hooks) = fakes();
+        for _ in 0..3 {
+            store.enqueue(None);
         }
-        other => panic!("expected a publisher error, got {other:?}"),
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("all done", || {
+            (1..=3).all(|id| store.status(id) == Status::Done)
+        })
+        .await;
+        relay.stop().await.unwrap();
+
+        assert_eq!(
+            store.acks(),
+            [Call::Done {
+                ids: vec![1, 2, 3],
+                changed: 3
+            }]
+        );
+        let events = hooks.events();
+        assert!(events.contains(&Event::Claimed(3)), "{events:?}");
+        assert!(events.contains(&Event::Published(3)), "{events:?}");
     }
-    // The rest of the batch was acknowledged by its outcomes; nothing was claimed after it.
-    assert_eq!(store.status(ok), Status::Done);
-    assert_eq!(store.status(retriable), Status::Failed);
-    assert_eq!(store.status(later), Status::Pending);
-    assert_eq!(store.claim_times().len(), 1);
-    // The fatal message is handed back, due at once, its attempts unchanged: not dead,
-    // not dead-lettered.
-    let row = store.row(fatal);
-    assert_eq!(row.status, Status::Failed);
-    assert_eq!(row.attempts, 0);
-    assert!(store.acks().contains(&Call::Requeue {
-        id: fatal,
-        after: Duration::ZERO,
-        changed: 1
-    }));
-    assert!(publisher.dead_letters().is_empty());
-    let events = hooks.events();
-    assert!(events.contains(&Event::Fatal(fatal)), "{events:?}");
-    assert!(
-        !events.iter().any(|e| matches!(e, Event::Dead(..))),
-        "{events:?}"
-    );
-    assert!(
-        !events.contains(&Event::Requeued(fatal)),
-        "not backpressure: {events:?}"
-    );
-    assert!(events.contains(&Event::Failed(retriable, ErrorKind::Retriable)));
-    assert!(hooks.loop_errors().iter().any(|m| m.contains("fatal")));
 }
 
-#[tokio::test(start_paused = true)]
-async fn backpressure_requeues_without_counting_an_attempt_and_slows_polling() {
-    let (store, publisher, hooks) = fakes();
-    let id = store.enqueue(None);
-    publisher.script(id, [Err(PublishError::backpressure("slow down")), Ok(())]);
-    let mut config = config();
-    config.retry.initial = ms(200);
-    let relay = start(&store, &publisher, &hooks, config);
-    eventually("done", || store.status(id) == Status::Done).await;
-    relay.stop().await.unwrap();
+relay_test! {
+    async fn retriable_failure_marks_failed_with_the_policy_delay() {
+        let (store, publisher, hooks) = fakes();
+        let id = store.enqueue(None);
+        publisher.script(id, [Err(PublishError::retriable("broker down")), Ok(())]);
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("retried and done", || store.status(id) == Status::Done).await;
+        relay.stop().await.unwrap();
 
-    assert_eq!(
-        store.acks(),
-        [
-            Call::Requeue {
-                id,
-                after: ms(200),
-                changed: 1
-            },
-            Call::Done {
-                ids: vec![id],
-                changed: 1
+        assert_eq!(
+            store.acks(),
+            [
+                Call::Failed {
+                    id,
+                    retry_after: Some(ms(10)),
+                    dead: false,
+                    error: "retriable: broker down".to_owned(),
+                    changed: 1
+                },
+                Call::Done {
+                    ids: vec![id],
+                    changed: 1
+                }
+            ]
+        );
+        assert_eq!(store.row(id).attempts, 1);
+        assert_eq!(publisher.publishes_of(id), 2);
+        assert!(
+            hooks
+                .events()
+                .contains(&Event::Failed(id, ErrorKind::Retriable))
+        );
+        assert!(publisher.dead_letters().is_empty());
+    }
+}
+
+relay_test! {
+    async fn retriable_delays_grow_until_max_attempts_then_dead() {
+        let (store, publisher, hooks) = fakes();
+        let id = store.enqueue(None);
+        publisher.always_fail(PublishError::retriable("broker down"));
+        let mut config = config();
+        config.retry.max_attempts = 4;
+        let relay = start(&store, &publisher, &hooks, config);
+        eventually("dead", || store.status(id) == Status::Dead).await;
+        relay.stop().await.unwrap();
+
+        let plan: Vec<_> = store
+            .acks()
+            .into_iter()
+            .map(|call| match call {
+                Call::Failed {
+                    retry_after, dead, ..
+                } => (retry_after, dead),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            plan,
+            [
+                (Some(ms(10)), false),
+                (Some(ms(20)), false),
+                (Some(ms(40)), false),
+                (None, true)
+            ]
+        );
+        assert_eq!(store.row(id).attempts, 4);
+        assert_eq!(publisher.publishes_of(id), 4);
+        let dead_letters = publisher.dead_letters();
+        assert_eq!(dead_letters.len(), 1);
+        assert_eq!(dead_letters[0].1["x-attempts"], "4");
+        assert_eq!(dead_letters[0].1["x-error-kind"], "retriable");
+        let events = hooks.events();
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| matches!(e, Event::Failed(..)))
+                .count(),
+            3
+        );
+        assert!(events.contains(&Event::Dead(id, ErrorKind::Retriable)));
+    }
+}
+
+relay_test! {
+    async fn poison_is_dead_at_once_with_a_dead_letter() {
+        let (store, publisher, hooks) = fakes();
+        let poison = store.enqueue(None);
+        let fine = store.enqueue(None);
+        publisher.script(poison, [Err(PublishError::poison("cannot serialize"))]);
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("settled", || {
+            store.status(poison) == Status::Dead && store.status(fine) == Status::Done
+        })
+        .await;
+        relay.stop().await.unwrap();
+
+        assert_eq!(publisher.publishes_of(poison), 1);
+        assert_eq!(store.row(poison).attempts, 1);
+        assert_eq!(
+            store.row(poison).last_error.as_deref(),
+            Some("poison: cannot serialize")
+        );
+        assert!(store.acks().contains(&Call::Failed {
+            id: poison,
+            retry_after: None,
+            dead: true,
+            error: "poison: cannot serialize".to_owned(),
+            changed: 1
+        }));
+        assert_eq!(publisher.dead_letters().len(), 1);
+        let events = hooks.events();
+        assert!(events.contains(&Event::Dead(poison, ErrorKind::Poison)));
+        assert!(!events.iter().any(|e| matches!(e, Event::Fatal(_))));
+    }
+}
+
+relay_test! {
+    async fn fatal_hands_the_message_back_and_stops_the_relay_after_acknowledging_its_batch() {
+        let (store, publisher, hooks) = fakes();
+        let ok = store.enqueue(None);
+        let fatal = store.enqueue(None);
+        let retriable = store.enqueue(None);
+        let later = store.enqueue(None);
+        publisher.script(fatal, [Err(PublishError::fatal("bad credentials"))]);
+        publisher.script(retriable, [Err(PublishError::retriable("timeout"))]);
+        let config = config().batch_size(3);
+        let relay = start(&store, &publisher, &hooks, config);
+
+        let error = relay
+            .finish()
+            .await
+            .expect_err("a fatal error stops the relay");
+        match &error {
+            Error::Publisher(message) => {
+                assert!(message.contains("fatal"), "{message}");
+                assert!(message.contains("message 2"), "{message}");
+                assert!(message.contains("bad credentials"), "{message}");
+                assert!(message.contains("handed the message back"), "{message}");
             }
-        ]
-    );
-    assert_eq!(store.row(id).attempts, 0, "backpressure is not an attempt");
-    // Without backpressure a batch that moved nothing waits poll_interval (20 ms); with
-    // it, the relay waits retry.initial before the next claim.
-    let claims = store.claim_times();
-    let gap = claims[1] - claims[0];
-    assert!(gap >= ms(200) && gap < ms(202), "{gap:?}");
-    assert!(hooks.events().contains(&Event::Requeued(id)));
-}
-
-#[tokio::test(start_paused = true)]
-async fn partial_batch_is_handled_per_message() {
-    let (store, publisher, hooks) = fakes();
-    let ids: Vec<i64> = (0..5).map(|_| store.enqueue(None)).collect();
-    publisher.script(ids[1], [Err(PublishError::retriable("timeout"))]);
-    publisher.script(ids[2], [Err(PublishError::poison("too large"))]);
-    publisher.script(ids[3], [Err(PublishError::backpressure("throttled"))]);
-    let mut config = config();
-    config.retry.initial = Duration::from_secs(1); // nothing comes due during the test
-    let relay = start(&store, &publisher, &hooks, config);
-    eventually("first batch acknowledged", || store.acks().len() == 4).await;
-    relay.stop().await.unwrap();
-
-    assert_eq!(
-        store.acks(),
-        [
-            Call::Done {
-                ids: vec![ids[0], ids[4]],
-                changed: 2
-            },
-            Call::Failed {
-                id: ids[1],
-                retry_after: Some(Duration::from_secs(1)),
-                dead: false,
-                error: "retriable: timeout".to_owned(),
-                changed: 1
-            },
-            Call::Requeue {
-                id: ids[3],
-                after: Duration::from_secs(1),
-                changed: 1
-            },
-            Call::Failed {
-                id: ids[2],
-                retry_after: None,
-                dead: true,
-                error: "poison: too large".to_owned(),
-                changed: 1
-            },
-        ]
-    );
-    assert_eq!(publisher.batches()[0], ids);
-    let events = hooks.events();
-    assert!(events.contains(&Event::Published(2)));
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_failing_message_does_not_stall_other_aggregates_and_its_own_waits() {
-    let (store, publisher, hooks) = fakes();
-    let a1 = store.enqueue(Some("a"));
-    let b1 = store.enqueue(Some("b"));
-    let a2 = store.enqueue(Some("a"));
-    let b2 = store.enqueue(Some("b"));
-    publisher.script(a1, [Err(PublishError::retriable("flaky")), Ok(())]);
-    let mut config = config();
-    config.retry.initial = ms(100);
-    let relay = start(&store, &publisher, &hooks, config);
-    eventually("all done", || {
-        [a1, b1, a2, b2]
+            other => panic!("expected a publisher error, got {other:?}"),
+        }
+        // The rest of the batch was acknowledged by its outcomes; nothing was claimed after it.
+        // With batches in flight, `later` was claimed (in a batch of its own) before the
+        // fatal outcome came, and that batch was finished before the relay stopped.
+        assert_eq!(store.status(ok), Status::Done);
+        assert_eq!(store.status(retriable), Status::Failed);
+        let calls = store.calls();
+        let handed_back = calls
             .iter()
-            .all(|id| store.status(*id) == Status::Done)
-    })
-    .await;
-    relay.stop().await.unwrap();
-
-    let batches = publisher.batches();
-    // Head of aggregate: a1 and b1 first; then b2 at once while a1 waits out its retry;
-    // a2 only after a1 went through.
-    assert_eq!(batches[0], [a1, b1]);
-    assert_eq!(batches[1], [b2]);
-    let a1_ok = batches.iter().rposition(|b| b.contains(&a1)).unwrap();
-    let a2_first = batches.iter().position(|b| b.contains(&a2)).unwrap();
-    assert!(a1_ok < a2_first, "{batches:?}");
-    assert_eq!(publisher.publishes_of(a2), 1);
+            .position(|call| matches!(call, Call::Requeue { id, .. } if *id == fatal))
+            .expect("the fatal message handed back");
+        assert!(!calls[handed_back..].contains(&Call::Claim), "{calls:?}");
+        if MAX_IN_FLIGHT.get() == 1 {
+            assert_eq!(store.status(later), Status::Pending);
+            assert_eq!(store.claim_times().len(), 1);
+        } else {
+            assert_eq!(store.status(later), Status::Done);
+        }
+        // The fatal message is handed back, due at once, its attempts unchanged: not dead,
+        // not dead-lettered.
+        let row = store.row(fatal);
+        assert_eq!(row.status, Status::Failed);
+        assert_eq!(row.attempts, 0);
+        assert!(store.acks().contains(&Call::Requeue {
+            id: fatal,
+            after: Duration::ZERO,
+            changed: 1
+        }));
+        assert!(publisher.dead_letters().is_empty());
+        let events = hooks.events();
+        assert!(events.contains(&Event::Fatal(fatal)), "{events:?}");
+        assert!(
+            !events.iter().any(|e| matches!(e, Event::Dead(..))),
+            "{events:?}"
+        );
+        assert!(
+            !events.contains(&Event::Requeued(fatal)),
+            "not backpressure: {events:?}"
+        );
+        assert!(events.contains(&Event::Failed(retriable, ErrorKind::Retriable)));
+        assert!(hooks.loop_errors().iter().any(|m| m.contains("fatal")));
+    }
 }
 
-#[tokio::test(start_paused = true)]
-async fn dead_letter_headers_name_the_topic_attempts_and_error() {
-    let (store, publisher, hooks) = fakes();
-    let id = store.enqueue_with(|row| {
-        row.topic = "billing.invoices".to_owned();
-        row.attempts = 2;
-        row.headers
-            .insert("traceparent".to_owned(), "00-abc".to_owned());
-    });
-    publisher.script(id, [Err(PublishError::poison("schema rejected"))]);
-    let relay = start(&store, &publisher, &hooks, config());
-    eventually("dead", || store.status(id) == Status::Dead).await;
-    relay.stop().await.unwrap();
+relay_test! {
+    async fn backpressure_requeues_without_counting_an_attempt_and_slows_polling() {
+        let (store, publisher, hooks) = fakes();
+        let id = store.enqueue(None);
+        publisher.script(id, [Err(PublishError::backpressure("slow down")), Ok(())]);
+        let mut config = config();
+        config.retry.initial = ms(200);
+        let relay = start(&store, &publisher, &hooks, config);
+        eventually("done", || store.status(id) == Status::Done).await;
+        relay.stop().await.unwrap();
 
-    let expected: Headers = [
-        ("traceparent", "00-abc"),
-        ("x-original-topic", "billing.invoices"),
-        ("x-attempts", "3"),
-        ("x-error", "schema rejected"),
-        ("x-error-kind", "poison"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
-    assert_eq!(publisher.dead_letters(), [(id, expected)]);
-    assert_eq!(store.row(id).attempts, 3);
+        assert_eq!(
+            store.acks(),
+            [
+                Call::Requeue {
+                    id,
+                    after: ms(200),
+                    changed: 1
+                },
+                Call::Done {
+                    ids: vec![id],
+                    changed: 1
+                }
+            ]
+        );
+        assert_eq!(store.row(id).attempts, 0, "backpressure is not an attempt");
+        // Without backpressure a batch that moved nothing waits poll_interval (20 ms); with
+        // it, the relay waits retry.initial before the next claim. (With batches in flight,
+        // a claim may also come at once, while the batch is still being published.)
+        let claims = store.claim_times();
+        let next = claims.iter().find(|t| **t > claims[0]).expect("a later claim");
+        let gap = *next - claims[0];
+        assert!(gap >= ms(200) && gap < ms(202), "{gap:?}");
+        assert!(hooks.events().contains(&Event::Requeued(id)));
+    }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_failed_dead_letter_still_marks_dead_and_is_reported() {
-    let (store, publisher, hooks) = fakes();
-    let id = store.enqueue(None);
-    publisher.script(id, [Err(PublishError::poison("bad payload"))]);
-    *publisher.dead_letter_error.lock().unwrap() = Some(PublishError::retriable("dlq down"));
-    let relay = start(&store, &publisher, &hooks, config());
-    eventually("dead", || store.status(id) == Status::Dead).await;
-    relay.stop().await.unwrap();
+relay_test! {
+    async fn partial_batch_is_handled_per_message() {
+        let (store, publisher, hooks) = fakes();
+        let ids: Vec<i64> = (0..5).map(|_| store.enqueue(None)).collect();
+        publisher.script(ids[1], [Err(PublishError::retriable("timeout"))]);
+        publisher.script(ids[2], [Err(PublishError::poison("too large"))]);
+        publisher.script(ids[3], [Err(PublishError::backpressure("throttled"))]);
+        let mut config = config();
+        config.retry.initial = Duration::from_secs(1); // nothing comes due during the test
+        let relay = start(&store, &publisher, &hooks, config);
+        eventually("first batch acknowledged", || store.acks().len() == 4).await;
+        relay.stop().await.unwrap();
 
-    let events = hooks.events();
-    let reported = events
-        .iter()
-        .position(|e| *e == Event::DeadLetterFailed(id));
-    let dead = events
-        .iter()
-        .position(|e| *e == Event::Dead(id, ErrorKind::Poison));
-    assert!(
-        reported.is_some() && reported < dead,
-        "dead-letter failure reported, then dead: {events:?}"
-    );
-    assert_eq!(
-        publisher.publishes_of(id),
-        1,
-        "a dead message is not retried"
-    );
+        assert_eq!(
+            store.acks(),
+            [
+                Call::Done {
+                    ids: vec![ids[0], ids[4]],
+                    changed: 2
+                },
+                Call::Failed {
+                    id: ids[1],
+                    retry_after: Some(Duration::from_secs(1)),
+                    dead: false,
+                    error: "retriable: timeout".to_owned(),
+                    changed: 1
+                },
+                Call::Requeue {
+                    id: ids[3],
+                    after: Duration::from_secs(1),
+                    changed: 1
+                },
+                Call::Failed {
+                    id: ids[2],
+                    retry_after: None,
+                    dead: true,
+                    error: "poison: too large".to_owned(),
+                    changed: 1
+                },
+            ]
+        );
+        assert_eq!(publisher.batches()[0], ids);
+        let events = hooks.events();
+        assert!(events.contains(&Event::Published(2)));
+    }
 }
 
-#[tokio::test(start_paused = true)]
-async fn messages_whose_claims_expired_too_often_go_dead_without_publishing() {
-    let (store, publisher, hooks) = fakes();
-    // Five expired claims (e.g. publishing it crashed the process five times).
-    let id = store.enqueue_with(|row| row.attempts = 5);
-    let fine = store.enqueue(None);
-    let relay = start(&store, &publisher, &hooks, config());
-    eventually("settled", || {
-        store.status(id) == Status::Dead && store.status(fine) == Status::Done
-    })
-    .await;
-    relay.stop().await.unwrap();
+relay_test! {
+    async fn a_failing_message_does_not_stall_other_aggregates_and_its_own_waits() {
+        let (store, publisher, hooks) = fakes();
+        let a1 = store.enqueue(Some("a"));
+        let b1 = store.enqueue(Some("b"));
+        let a2 = store.enqueue(Some("a"));
+        let b2 = store.enqueue(Some("b"));
+        publisher.script(a1, [Err(PublishError::retriable("flaky")), Ok(())]);
+        let mut config = config();
+        config.retry.initial = ms(100);
+        let relay = start(&store, &publisher, &hooks, config);
+        eventually("all done", || {
+            [a1, b1, a2, b2]
+                .iter()
+                .all(|id| store.status(*id) == Status::Done)
+        })
+        .await;
+        relay.stop().await.unwrap();
 
-    assert_eq!(publisher.publishes_of(id), 0);
-    assert_eq!(publisher.dead_letters().len(), 1);
-    assert!(hooks.events().contains(&Event::Dead(id, ErrorKind::Poison)));
+        let batches = publisher.batches();
+        // Head of aggregate: a1 and b1 first; then b2 at once while a1 waits out its retry;
+        // a2 only after a1 went through.
+        assert_eq!(batches[0], [a1, b1]);
+        assert_eq!(batches[1], [b2]);
+        let a1_ok = batches.iter().rposition(|b| b.contains(&a1)).unwrap();
+        let a2_first = batches.iter().position(|b| b.contains(&a2)).unwrap();
+        assert!(a1_ok < a2_first, "{batches:?}");
+        assert_eq!(publisher.publishes_of(a2), 1);
+    }
+}
+
+relay_test! {
+    async fn dead_letter_headers_name_the_topic_attempts_and_error() {
+        let (store, publisher, hooks) = fakes();
+        let id = store.enqueue_with(|row| {
+            row.topic = "billing.invoices".to_owned();
+            row.attempts = 2;
+            row.headers
+                .insert("traceparent".to_owned(), "00-abc".to_owned());
+        });
+        publisher.script(id, [Err(PublishError::poison("schema rejected"))]);
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("dead", || store.status(id) == Status::Dead).await;
+        relay.stop().await.unwrap();
+
+        let expected: Headers = [
+            ("traceparent", "00-abc"),
+            ("x-original-topic", "billing.invoices"),
+            ("x-attempts", "3"),
+            ("x-error", "schema rejected"),
+            ("x-error-kind", "poison"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        assert_eq!(publisher.dead_letters(), [(id, expected)]);
+        assert_eq!(store.row(id).attempts, 3);
+    }
+}
+
+relay_test! {
+    async fn a_failed_dead_letter_still_marks_dead_and_is_reported() {
+        let (store, publisher, hooks) = fakes();
+        let id = store.enqueue(None);
+        publisher.script(id, [Err(PublishError::poison("bad payload"))]);
+        *publisher.dead_letter_error.lock().unwrap() = Some(PublishError::retriable("dlq down"));
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("dead", || store.status(id) == Status::Dead).await;
+        relay.stop().await.unwrap();
+
+        let events = hooks.events();
+        let reported = events
+            .iter()
+            .position(|e| *e == Event::DeadLetterFailed(id));
+        let dead = events
+            .iter()
+            .position(|e| *e == Event::Dead(id, ErrorKind::Poison));
+        assert!(
+            reported.is_some() && reported < dead,
+            "dead-letter failure reported, then dead: {events:?}"
+        );
+        assert_eq!(
+            publisher.publishes_of(id),
+            1,
+            "a dead message is not retried"
+        );
+    }
+}
+
+relay_test! {
+    async fn messages_whose_claims_expired_too_often_go_dead_without_publishing() {
+        let (store, publisher, hooks) = fakes();
+        // Five expired claims (e.g. publishing it crashed the process five times).
+        let id = store.enqueue_with(|row| row.attempts = 5);
+        let fine = store.enqueue(None);
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("settled", || {
+            store.status(id) == Status::Dead && store.status(fine) == Status::Done
+        })
+        .await;
+        relay.stop().await.unwrap();
+
+        assert_eq!(publisher.publishes_of(id), 0);
+        assert_eq!(publisher.dead_letters().len(), 1);
+        assert!(hooks.events().contains(&Event::Dead(id, ErrorKind::Poison)));
+    }
 }
 
 // ---------------------------------------------------------------- publisher faults
 
-#[tokio::test(start_paused = true)]
-async fn wrong_number_of_outcomes_retries_the_whole_batch_and_reports_it() {
-    let (store, publisher, hooks) = fakes();
-    let ids: Vec<i64> = (0..3).map(|_| store.enqueue(None)).collect();
-    *publisher.outcome_count_once.lock().unwrap() = Some(2);
-    let relay = start(&store, &publisher, &hooks, config());
-    eventually("all done", || {
-        ids.iter().all(|id| store.status(*id) == Status::Done)
-    })
-    .await;
-    relay.stop().await.unwrap();
+relay_test! {
+    async fn wrong_number_of_outcomes_retries_the_whole_batch_and_reports_it() {
+        let (store, publisher, hooks) = fakes();
+        let ids: Vec<i64> = (0..3).map(|_| store.enqueue(None)).collect();
+        *publisher.outcome_count_once.lock().unwrap() = Some(2);
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("all done", || {
+            ids.iter().all(|id| store.status(*id) == Status::Done)
+        })
+        .await;
+        relay.stop().await.unwrap();
 
-    let acks = store.acks();
-    for (i, id) in ids.iter().enumerate() {
+        let acks = store.acks();
+        for (i, id) in ids.iter().enumerate() {
+            assert!(
+                matches!(&acks[i], Call::Failed { id: f, dead: false, .. } if f == id),
+                "{acks:?}"
+            );
+        }
+        assert_eq!(
+            acks[3],
+            Call::Done {
+                ids: ids.clone(),
+                changed: 3
+            }
+        );
         assert!(
-            matches!(&acks[i], Call::Failed { id: f, dead: false, .. } if f == id),
-            "{acks:?}"
+            hooks
+                .loop_errors()
+                .iter()
+                .any(|m| m.contains("returned 2 outcomes for a batch of 3")),
+            "{:?}",
+            hooks.events()
         );
     }
-    assert_eq!(
-        acks[3],
-        Call::Done {
-            ids: ids.clone(),
-            changed: 3
-        }
-    );
-    assert!(
-        hooks
-            .loop_errors()
-            .iter()
-            .any(|m| m.contains("returned 2 outcomes for a batch of 3")),
-        "{:?}",
-        hooks.events()
-    );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_panicking_publisher_does_not_kill_the_relay() {
-    let (store, publisher, hooks) = fakes();
-    let id = store.enqueue(None);
-    publisher.panics.store(1, Ordering::SeqCst);
-    let relay = start(&store, &publisher, &hooks, config());
-    eventually("done", || store.status(id) == Status::Done).await;
-    relay.stop().await.unwrap();
+relay_test! {
+    async fn a_panicking_publisher_does_not_kill_the_relay() {
+        let (store, publisher, hooks) = fakes();
+        let id = store.enqueue(None);
+        publisher.panics.store(1, Ordering::SeqCst);
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("done", || store.status(id) == Status::Done).await;
+        relay.stop().await.unwrap();
 
-    assert_eq!(
-        store.row(id).attempts,
-        1,
-        "the panic counted as a retriable failure"
-    );
-    assert!(
-        hooks
-            .loop_errors()
-            .iter()
-            .any(|m| m.contains("panicked") && m.contains("publisher exploded"))
-    );
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_hung_publisher_is_cut_off_at_the_claim_timeout() {
-    let (store, publisher, hooks) = fakes();
-    let id = store.enqueue(None);
-    *publisher.slow_once.lock().unwrap() = Some(LONG);
-    let config = config().claim_timeout(ms(100));
-    let relay = start(&store, &publisher, &hooks, config);
-    eventually("done", || store.status(id) == Status::Done).await;
-    relay.stop().await.unwrap();
-
-    assert_eq!(store.row(id).attempts, 1);
-    assert!(
-        hooks
-            .loop_errors()
-            .iter()
-            .any(|m| m.contains("claim timeout"))
-    );
-}
-
-#[tokio::test(start_paused = true)]
-async fn panicking_hooks_do_not_kill_the_relay() {
-    let store = FakeStore::default();
-    let publisher = Arc::new(FakePublisher::default());
-    let hooks = Arc::new(Recorder::panicking());
-    let ok = store.enqueue(None);
-    let retried = store.enqueue(None);
-    let poison = store.enqueue(None);
-    publisher.script(retried, [Err(PublishError::retriable("x")), Ok(())]);
-    publisher.script(poison, [Err(PublishError::poison("x"))]);
-    store.state().claim_errors.push_back(server_error(1205));
-    let relay = start(&store, &publisher, &hooks, config());
-    eventually("settled", || {
-        store.status(ok) == Status::Done
-            && store.status(retried) == Status::Done
-            && store.status(poison) == Status::Dead
-    })
-    .await;
-    relay.stop().await.unwrap();
-
-    let events = hooks.events();
-    for expected in [
-        Event::Claimed(3),
-        Event::Published(1),
-        Event::Failed(retried, ErrorKind::Retriable),
-        Event::Dead(poison, ErrorKind::Poison),
-    ] {
-        assert!(events.contains(&expected), "{expected:?} in {events:?}");
+        assert_eq!(
+            store.row(id).attempts,
+            1,
+            "the panic counted as a retriable failure"
+        );
+        assert!(
+            hooks
+                .loop_errors()
+                .iter()
+                .any(|m| m.contains("panicked") && m.contains("publisher exploded"))
+        );
     }
-    assert!(matches!(events[0], Event::LoopError(_)));
+}
+
+relay_test! {
+    async fn a_hung_publisher_is_cut_off_at_the_claim_timeout() {
+        let (store, publisher, hooks) = fakes();
+        let id = store.enqueue(None);
+        *publisher.slow_once.lock().unwrap() = Some(LONG);
+        let config = config().claim_timeout(ms(100));
+        let relay = start(&store, &publisher, &hooks, config);
+        eventually("done", || store.status(id) == Status::Done).await;
+        relay.stop().await.unwrap();
+
+        assert_eq!(store.row(id).attempts, 1);
+        assert!(
+            hooks
+                .loop_errors()
+                .iter()
+                .any(|m| m.contains("claim timeout"))
+        );
+    }
+}
+
+relay_test! {
+    async fn panicking_hooks_do_not_kill_the_relay() {
+        let store = FakeStore::default();
+        let publisher = Arc::new(FakePublisher::default());
+        let hooks = Arc::new(Recorder::panicking());
+        let ok = store.enqueue(None);
+        let retried = store.enqueue(None);
+        let poison = store.enqueue(None);
+        publisher.script(retried, [Err(PublishError::retriable("x")), Ok(())]);
+        publisher.script(poison, [Err(PublishError::poison("x"))]);
+        store.state().claim_errors.push_back(server_error(1205));
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("settled", || {
+            store.status(ok) == Status::Done
+                && store.status(retried) == Status::Done
+                && store.status(poison) == Status::Dead
+        })
+        .await;
+        relay.stop().await.unwrap();
+
+        let events = hooks.events();
+        for expected in [
+            Event::Claimed(3),
+            Event::Published(1),
+            Event::Failed(retried, ErrorKind::Retriable),
+            Event::Dead(poison, ErrorKind::Poison),
+        ] {
+            assert!(events.contains(&expected), "{expected:?} in {events:?}");
+        }
+        assert!(matches!(events[0], Event::LoopError(_)));
+    }
 }
 
 // ---------------------------------------------------------------- store faults
 
-#[tokio::test(start_paused = true)]
-async fn a_transient_claim_error_is_reported_and_retried() {
-    let (store, publisher, hooks) = fakes();
-    let id = store.enqueue(None);
-    {
-        let mut state = store.state();
-        state.claim_errors.push_back(server_error(1205));
-        state
-            .claim_errors
-            .push_back(Error::Connection("connection reset".into()));
-    }
-    let relay = start(&store, &publisher, &hooks, config());
-    eventually("done", || store.status(id) == Status::Done).await;
-    relay.stop().await.unwrap();
-
-    let errors = hooks.loop_errors();
-    assert_eq!(errors.len(), 2, "{errors:?}");
-    assert!(errors[0].contains("1205"));
-    assert!(errors[1].contains("connection reset"));
-    let calls = store.calls();
-    assert_eq!(
-        calls[..3],
-        [Call::Error("claim"), Call::Error("claim"), Call::Claim]
-    );
-}
-
-/// An outage of twelve failed claims under the default policy (1 s doubling up to 5 min):
-/// no wait between two claims exceeds `MAX_STORE_RETRY_DELAY`, so the relay resumes within
-/// it of the store's return.
-#[tokio::test(start_paused = true)]
-async fn an_outage_backs_off_at_most_max_store_retry_delay() {
-    let (store, publisher, hooks) = fakes();
-    {
-        let mut state = store.state();
-        for _ in 0..12 {
+relay_test! {
+    async fn a_transient_claim_error_is_reported_and_retried() {
+        let (store, publisher, hooks) = fakes();
+        let id = store.enqueue(None);
+        {
+            let mut state = store.state();
+            state.claim_errors.push_back(server_error(1205));
             state
                 .claim_errors
-                .push_back(Error::Connection("connection refused".into()));
+                .push_back(Error::Connection("connection reset".into()));
         }
-    }
-    let id = store.enqueue(None);
-    let config = config().retry(RetryPolicy::default().jitter(false));
-    let relay = start(&store, &publisher, &hooks, config);
-    timeout(LONG, async {
-        while store.status(id) != Status::Done {
-            sleep(ms(10)).await;
-        }
-    })
-    .await
-    .expect("the relay resumes after the outage");
-    relay.stop().await.unwrap();
-    let times = store.claim_times();
-    assert!(times.len() >= 13, "{}", times.len());
-    for pair in times[..13].windows(2) {
-        let gap = pair[1] - pair[0];
-        assert!(gap <= MAX_STORE_RETRY_DELAY, "a wait of {gap:?}");
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("done", || store.status(id) == Status::Done).await;
+        relay.stop().await.unwrap();
+
+        let errors = hooks.loop_errors();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].contains("1205"));
+        assert!(errors[1].contains("connection reset"));
+        let calls = store.calls();
+        assert_eq!(
+            calls[..3],
+            [Call::Error("claim"), Call::Error("claim"), Call::Claim]
+        );
     }
 }
 
-/// A wake (an enqueuer's, the binlog waker's reconnect) ends the wait after a failed claim.
-#[tokio::test(start_paused = true)]
-async fn a_wake_ends_the_wait_after_a_failed_claim() {
-    let (store, publisher, hooks) = fakes();
-    store
-        .state()
-        .claim_errors
-        .push_back(Error::Connection("connection refused".into()));
-    let id = store.enqueue(None);
-    let relay = start(&store, &publisher, &hooks, config().poll_interval(LONG));
-    eventually("the failed claim", || !store.claim_times().is_empty()).await;
-    sleep(ms(100)).await;
-    relay.handle.wake();
-    eventually("done", || store.status(id) == Status::Done).await;
-    let times = store.claim_times();
-    // Woken at about 100 ms; without the wake it would be MAX_STORE_RETRY_DELAY (2 s).
-    assert!(times[1] - times[0] < ms(500), "{:?}", times[1] - times[0]);
-    relay.stop().await.unwrap();
+relay_test! {
+    /// An outage of twelve failed claims under the default policy (1 s doubling up to 5 min):
+    /// no wait between two claims exceeds `MAX_STORE_RETRY_DELAY`, so the relay resumes within
+    /// it of the store's return.
+    async fn an_outage_backs_off_at_most_max_store_retry_delay() {
+        let (store, publisher, hooks) = fakes();
+        {
+            let mut state = store.state();
+            for _ in 0..12 {
+                state
+                    .claim_errors
+                    .push_back(Error::Connection("connection refused".into()));
+            }
+        }
+        let id = store.enqueue(None);
+        let config = config().retry(RetryPolicy::default().jitter(false));
+        let relay = start(&store, &publisher, &hooks, config);
+        timeout(LONG, async {
+            while store.status(id) != Status::Done {
+                sleep(ms(10)).await;
+            }
+        })
+        .await
+        .expect("the relay resumes after the outage");
+        relay.stop().await.unwrap();
+        let times = store.claim_times();
+        assert!(times.len() >= 13, "{}", times.len());
+        for pair in times[..13].windows(2) {
+            let gap = pair[1] - pair[0];
+            assert!(gap <= MAX_STORE_RETRY_DELAY, "a wait of {gap:?}");
+        }
+    }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_store_error_on_acknowledgement_is_retried() {
-    let (store, publisher, hooks) = fakes();
-    let id = store.enqueue(None);
-    store.state().done_errors.push_back(server_error(1205));
-    let relay = start(&store, &publisher, &hooks, config());
-    eventually("done", || store.status(id) == Status::Done).await;
-    relay.stop().await.unwrap();
+relay_test! {
+    /// A wake (an enqueuer's, the binlog waker's reconnect) ends the wait after a failed claim.
+    async fn a_wake_ends_the_wait_after_a_failed_claim() {
+        let (store, publisher, hooks) = fakes();
+        store
+            .state()
+            .claim_errors
+            .push_back(Error::Connection("connection refused".into()));
+        let id = store.enqueue(None);
+        let relay = start(&store, &publisher, &hooks, config().poll_interval(LONG));
+        eventually("the failed claim", || !store.claim_times().is_empty()).await;
+        sleep(ms(100)).await;
+        relay.handle.wake();
+        eventually("done", || store.status(id) == Status::Done).await;
+        let times = store.claim_times();
+        // Woken at about 100 ms; without the wake it would be MAX_STORE_RETRY_DELAY (2 s).
+        assert!(times[1] - times[0] < ms(500), "{:?}", times[1] - times[0]);
+        relay.stop().await.unwrap();
+    }
+}
 
-    assert_eq!(
-        store.calls()[..3],
-        [
-            Call::Claim,
-            Call::Error("mark_done"),
+relay_test! {
+    async fn a_store_error_on_acknowledgement_is_retried() {
+        let (store, publisher, hooks) = fakes();
+        let id = store.enqueue(None);
+        store.state().done_errors.push_back(server_error(1205));
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("done", || store.status(id) == Status::Done).await;
+        relay.stop().await.unwrap();
+
+        // Claims may go between (the next batch is claimed while this one is in flight).
+        let calls: Vec<Call> = store
+            .calls()
+            .into_iter()
+            .filter(|call| *call != Call::Claim)
+            .collect();
+        assert_eq!(
+            calls[..2],
+            [
+                Call::Error("mark_done"),
+                Call::Done {
+                    ids: vec![id],
+                    changed: 1
+                }
+            ]
+        );
+        assert_eq!(publisher.publishes_of(id), 1, "not published twice");
+        assert_eq!(hooks.loop_errors().len(), 1);
+    }
+}
+
+relay_test! {
+    async fn a_lost_claim_is_reported() {
+        let (store, publisher, hooks) = fakes();
+        let id = store.enqueue(None);
+        let thief = store.clone();
+        // Another relay re-claims the message while this one is publishing it.
+        publisher.during_publish(move || thief.steal(id));
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("acknowledged", || !store.acks().is_empty()).await;
+        relay.stop().await.unwrap();
+
+        assert_eq!(
+            store.acks()[0],
             Call::Done {
                 ids: vec![id],
-                changed: 1
+                changed: 0
             }
-        ]
-    );
-    assert_eq!(publisher.publishes_of(id), 1, "not published twice");
-    assert_eq!(hooks.loop_errors().len(), 1);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_lost_claim_is_reported() {
-    let (store, publisher, hooks) = fakes();
-    let id = store.enqueue(None);
-    let thief = store.clone();
-    // Another relay re-claims the message while this one is publishing it.
-    publisher.during_publish(move || thief.steal(id));
-    let relay = start(&store, &publisher, &hooks, config());
-    eventually("acknowledged", || !store.acks().is_empty()).await;
-    relay.stop().await.unwrap();
-
-    assert_eq!(
-        store.acks()[0],
-        Call::Done {
-            ids: vec![id],
-            changed: 0
-        }
-    );
-    assert_eq!(
-        store.status(id),
-        Status::Processing,
-        "the other claim keeps it"
-    );
-    assert!(hooks.events().contains(&Event::ClaimLost(1)));
+        );
+        assert_eq!(
+            store.status(id),
+            Status::Processing,
+            "the other claim keeps it"
+        );
+        assert!(hooks.events().contains(&Event::ClaimLost(1)));
+    }
 }
 
 // ---------------------------------------------------------------- polling and waking
 
-#[tokio::test(start_paused = true)]
-async fn an_empty_claim_waits_the_poll_interval() {
-    let (store, publisher, hooks) = fakes();
-    let config = config().poll_interval(ms(100));
-    let relay = start(&store, &publisher, &hooks, config);
-    sleep(ms(350)).await;
-    relay.stop().await.unwrap();
+relay_test! {
+    async fn an_empty_claim_waits_the_poll_interval() {
+        let (store, publisher, hooks) = fakes();
+        let config = config().poll_interval(ms(100));
+        let relay = start(&store, &publisher, &hooks, config);
+        sleep(ms(350)).await;
+        relay.stop().await.unwrap();
 
-    let claims = store.claim_times();
-    assert!(claims.len() >= 2, "{claims:?}");
-    for pair in claims.windows(2) {
-        let gap = pair[1] - pair[0];
-        assert!(gap >= ms(100) && gap < ms(102), "{gap:?}");
+        let claims = store.claim_times();
+        assert!(claims.len() >= 2, "{claims:?}");
+        for pair in claims.windows(2) {
+            let gap = pair[1] - pair[0];
+            assert!(gap >= ms(100) && gap < ms(102), "{gap:?}");
+        }
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_full_batch_is_followed_by_an_immediate_claim() {
-    let (store, publisher, hooks) = fakes();
-    let ids: Vec<i64> = (0..5).map(|_| store.enqueue(None)).collect();
-    let config = config().batch_size(2).poll_interval(LONG);
-    let relay = start(&store, &publisher, &hooks, config);
-    eventually("all done without a poll wait", || {
-        ids.iter().all(|id| store.status(*id) == Status::Done)
-    })
-    .await;
-    relay.stop().await.unwrap();
-    assert_eq!(publisher.batches(), [vec![1, 2], vec![3, 4], vec![5]]);
+relay_test! {
+    async fn a_full_batch_is_followed_by_an_immediate_claim() {
+        let (store, publisher, hooks) = fakes();
+        let ids: Vec<i64> = (0..5).map(|_| store.enqueue(None)).collect();
+        let config = config().batch_size(2).poll_interval(LONG);
+        let relay = start(&store, &publisher, &hooks, config);
+        eventually("all done without a poll wait", || {
+            ids.iter().all(|id| store.status(*id) == Status::Done)
+        })
+        .await;
+        relay.stop().await.unwrap();
+        assert_eq!(publisher.batches(), [vec![1, 2], vec![3, 4], vec![5]]);
+    }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_wake_ends_an_idle_wait() {
-    let (store, publisher, hooks) = fakes();
-    let config = config().poll_interval(LONG);
-    let relay = start(&store, &publisher, &hooks, config);
-    eventually("first claim", || !store.claim_times().is_empty()).await;
-    let id = store.enqueue(None);
-    relay.handle.wake();
-    eventually("woken and done", || store.status(id) == Status::Done).await;
-    relay.stop().await.unwrap();
+relay_test! {
+    async fn a_wake_ends_an_idle_wait() {
+        let (store, publisher, hooks) = fakes();
+        let config = config().poll_interval(LONG);
+        let relay = start(&store, &publisher, &hooks, config);
+        eventually("first claim", || !store.claim_times().is_empty()).await;
+        let id = store.enqueue(None);
+        relay.handle.wake();
+        eventually("woken and done", || store.status(id) == Status::Done).await;
+        relay.stop().await.unwrap();
+    }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_wake_during_a_batch_is_not_lost() {
-    let (store, publisher, hooks) = fakes();
-    let mut config = config();
-    config.poll_interval = LONG;
-    config.retry.initial = LONG; // the failed message is not due again during the test
-    config.retry.max = LONG;
-    let relay = start(&store, &publisher, &hooks, config);
-    eventually("first (empty) claim", || !store.claim_times().is_empty()).await;
+relay_test! {
+    async fn a_wake_during_a_batch_is_not_lost() {
+        let (store, publisher, hooks) = fakes();
+        let mut config = config();
+        config.poll_interval = LONG;
+        config.retry.initial = LONG; // the failed message is not due again during the test
+        config.retry.max = LONG;
+        let relay = start(&store, &publisher, &hooks, config);
+        eventually("first (empty) claim", || !store.claim_times().is_empty()).await;
 
-    // The first message fails, so the relay would go on to sleep poll_interval; while it
-    // is being published a second message is enqueued and the relay woken.
-    let first = store.enqueue(None);
-    publisher.script(first, [Err(PublishError::retriable("flaky"))]);
-    let (enqueuer, handle) = (store.clone(), relay.handle.clone());
-    publisher.during_publish(move || {
-        enqueuer.enqueue(None);
-        handle.wake();
-    });
-    relay.handle.wake();
-    eventually("the second message, without waiting 60 s", || {
-        store.state().rows.len() == 2 && store.status(2) == Status::Done
-    })
-    .await;
-    relay.stop().await.unwrap();
-    assert_eq!(store.status(first), Status::Failed);
-    let times = publisher.batches.lock().unwrap().clone();
-    assert_eq!(times[1].1, [2]);
-    assert_eq!(
-        times[1].0 - times[0].0,
-        Duration::ZERO,
-        "claimed again at once, not after a timer"
-    );
+        // The first message fails, so the relay would go on to sleep poll_interval; while it
+        // is being published a second message is enqueued and the relay woken.
+        let first = store.enqueue(None);
+        publisher.script(first, [Err(PublishError::retriable("flaky"))]);
+        let (enqueuer, handle) = (store.clone(), relay.handle.clone());
+        publisher.during_publish(move || {
+            enqueuer.enqueue(None);
+            handle.wake();
+        });
+        relay.handle.wake();
+        eventually("the second message, without waiting 60 s", || {
+            store.state().rows.len() == 2 && store.status(2) == Status::Done
+        })
+        .await;
+        relay.stop().await.unwrap();
+        assert_eq!(store.status(first), Status::Failed);
+        let times = publisher.batches.lock().unwrap().clone();
+        assert_eq!(times[1].1, [2]);
+        assert_eq!(
+            times[1].0 - times[0].0,
+            Duration::ZERO,
+            "claimed again at once, not after a timer"
+        );
+    }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_wake_during_a_claim_is_not_lost() {
-    let (store, publisher, hooks) = fakes();
-    let gate = store.gate_next_claim();
-    let config = config().poll_interval(LONG);
-    let relay = start(&store, &publisher, &hooks, config);
-    // The claim has looked at the table (and found nothing) but not returned yet.
-    timeout(PATIENCE, gate.started.notified()).await.unwrap();
-    let id = store.enqueue(None);
-    relay.handle.wake();
-    gate.release.notify_one();
-    eventually("claimed again at once", || store.status(id) == Status::Done).await;
-    relay.stop().await.unwrap();
+relay_test! {
+    async fn a_wake_during_a_claim_is_not_lost() {
+        let (store, publisher, hooks) = fakes();
+        let gate = store.gate_next_claim();
+        let config = config().poll_interval(LONG);
+        let relay = start(&store, &publisher, &hooks, config);
+        // The claim has looked at the table (and found nothing) but not returned yet.
+        timeout(PATIENCE, gate.started.notified()).await.unwrap();
+        let id = store.enqueue(None);
+        relay.handle.wake();
+        gate.release.notify_one();
+        eventually("claimed again at once", || store.status(id) == Status::Done).await;
+        relay.stop().await.unwrap();
+    }
 }
 
 // ---------------------------------------------------------------- shutdown
 
-#[tokio::test(start_paused = true)]
-async fn shutdown_drains_the_in_flight_batch() {
-    let (store, publisher, hooks) = fakes();
-    let ids: Vec<i64> = (0..2).map(|_| store.enqueue(None)).collect();
-    let slot = Arc::new(Mutex::new(None::<oneshot::Sender<()>>));
-    let during = Arc::clone(&slot);
-    let enqueuer = store.clone();
-    *publisher.slow_once.lock().unwrap() = Some(ms(200));
-    publisher.during_publish(move || {
-        // Shutdown arrives mid-publish, along with a message that must wait for the next
-        // relay.
-        enqueuer.enqueue(None);
-        let _ = during.lock().unwrap().take().unwrap().send(());
-    });
-    let relay = start(&store, &publisher, &hooks, config());
-    *slot.lock().unwrap() = relay.shutdown.lock().unwrap().take();
+relay_test! {
+    async fn shutdown_drains_the_in_flight_batch() {
+        let (store, publisher, hooks) = fakes();
+        let ids: Vec<i64> = (0..2).map(|_| store.enqueue(None)).collect();
+        let slot = Arc::new(Mutex::new(None::<oneshot::Sender<()>>));
+        let during = Arc::clone(&slot);
+        let enqueuer = store.clone();
+        let claims_at_shutdown = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&claims_at_shutdown);
+        *publisher.slow_once.lock().unwrap() = Some(ms(200));
+        publisher.during_publish(move || {
+            // Shutdown arrives mid-publish, along with a message that must wait for the next
+            // relay.
+            enqueuer.enqueue(None);
+            counted.store(enqueuer.claim_times().len(), Ordering::SeqCst);
+            let _ = during.lock().unwrap().take().unwrap().send(());
+        });
+        let relay = start(&store, &publisher, &hooks, config());
+        *slot.lock().unwrap() = relay.shutdown.lock().unwrap().take();
 
-    relay.finish().await.unwrap();
-    assert!(ids.iter().all(|id| store.status(*id) == Status::Done));
-    assert_eq!(store.status(3), Status::Pending);
-    assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
+        relay.finish().await.unwrap();
+        assert!(ids.iter().all(|id| store.status(*id) == Status::Done));
+        assert_eq!(store.status(3), Status::Pending);
+        assert_eq!(
+            store.claim_times().len(),
+            claims_at_shutdown.load(Ordering::SeqCst),
+            "no claim after shutdown"
+        );
+    }
 }
 
-#[tokio::test(start_paused = true)]
-async fn shutdown_while_idle_returns_promptly() {
-    let (store, publisher, hooks) = fakes();
-    let config = config().poll_interval(LONG);
-    let relay = start(&store, &publisher, &hooks, config);
-    eventually("idle", || !store.claim_times().is_empty()).await;
-    relay.stop().await.unwrap();
+relay_test! {
+    async fn shutdown_while_idle_returns_promptly() {
+        let (store, publisher, hooks) = fakes();
+        let config = config().poll_interval(LONG);
+        let relay = start(&store, &publisher, &hooks, config);
+        eventually("idle", || !store.claim_times().is_empty()).await;
+        relay.stop().await.unwrap();
+    }
 }
 
 // ---------------------------------------------------------------- run_once and config
 
-#[tokio::test(start_paused = true)]
-async fn run_once_processes_one_batch_and_reports_it() {
-    let (store, publisher, hooks) = fakes();
-    let ids: Vec<i64> = (0..4).map(|_| store.enqueue(None)).collect();
-    publisher.script(ids[1], [Err(PublishError::retriable("x"))]);
-    publisher.script(ids[2], [Err(PublishError::poison("x"))]);
-    publisher.script(ids[3], [Err(PublishError::backpressure("x"))]);
-    let mut relay = Relay::new(store.clone(), Arc::clone(&publisher), config())
-        .unwrap()
-        .with_hooks(Arc::clone(&hooks));
+relay_test! {
+    async fn run_once_processes_one_batch_and_reports_it() {
+        let (store, publisher, hooks) = fakes();
+        let ids: Vec<i64> = (0..4).map(|_| store.enqueue(None)).collect();
+        publisher.script(ids[1], [Err(PublishError::retriable("x"))]);
+        publisher.script(ids[2], [Err(PublishError::poison("x"))]);
+        publisher.script(ids[3], [Err(PublishError::backpressure("x"))]);
+        let mut relay = Relay::new(store.clone(), Arc::clone(&publisher), config())
+            .unwrap()
+            .with_hooks(Arc::clone(&hooks));
 
-    let report: BatchReport = relay.run_once().await.unwrap();
-    assert_eq!(
-        (
-            report.claimed,
-            report.published,
-            report.failed,
-            report.dead,
-            report.requeued
-        ),
-        (4, 1, 1, 1, 1)
-    );
-    assert_eq!(report.claim_lost, 0);
-    assert_eq!(report.unacknowledged, 0);
+        let report: BatchReport = relay.run_once().await.unwrap();
+        assert_eq!(
+            (
+                report.claimed,
+                report.published,
+                report.failed,
+                report.dead,
+                report.requeued
+            ),
+            (4, 1, 1, 1, 1)
+        );
+        assert_eq!(report.claim_lost, 0);
+        assert_eq!(report.unacknowledged, 0);
 
-    let empty = relay.run_once().await.unwrap();
-    assert_eq!(empty, BatchReport::default());
+        let empty = relay.run_once().await.unwrap();
+        assert_eq!(empty, BatchReport::default());
 
-    let fatal = store.enqueue(None);
-    publisher.script(fatal, [Err(PublishError::fatal("revoked")), Ok(())]);
-    assert!(matches!(relay.run_once().await, Err(Error::Publisher(_))));
-    assert_eq!(store.status(fatal), Status::Failed);
-    // Handed back due at once: the next claim takes it again, with no attempt counted.
-    let report = relay.run_once().await.unwrap();
-    assert_eq!((report.claimed, report.published), (1, 1));
-    assert_eq!(store.row(fatal).attempts, 0);
-    assert_eq!(store.status(fatal), Status::Done);
+        let fatal = store.enqueue(None);
+        publisher.script(fatal, [Err(PublishError::fatal("revoked")), Ok(())]);
+        assert!(matches!(relay.run_once().await, Err(Error::Publisher(_))));
+        assert_eq!(store.status(fatal), Status::Failed);
+        // Handed back due at once: the next claim takes it again, with no attempt counted.
+        let report = relay.run_once().await.unwrap();
+        assert_eq!((report.claimed, report.published), (1, 1));
+        assert_eq!(store.row(fatal).attempts, 0);
+        assert_eq!(store.status(fatal), Status::Done);
+    }
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_invalid_config_is_refused() {
-    let (store, publisher, _) = fakes();
-    let config = config().batch_size(0);
-    match Relay::new(store, publisher, config) {
-        Err(Error::Config(message)) => assert!(message.contains("batch_size"), "{message}"),
-        Err(other) => panic!("expected a config error, got {other:?}"),
-        Ok(_) => panic!("batch_size 0 was accepted"),
+relay_test! {
+    async fn an_invalid_config_is_refused() {
+        let (store, publisher, _) = fakes();
+        let config = config().batch_size(0);
+        match Relay::new(store, publisher, config) {
+            Err(Error::Config(message)) => assert!(message.contains("batch_size"), "{message}"),
+            Err(other) => panic!("expected a config error, got {other:?}"),
+            Ok(_) => panic!("batch_size 0 was accepted"),
+        }
     }
 }
 
 // ---------------------------------------------------------------- undecodable rows
 
-#[tokio::test(start_paused = true)]
-async fn an_undecodable_row_goes_dead_with_its_raw_text_and_the_batch_goes_on() {
-    let (store, publisher, hooks) = fakes();
-    let first = store.enqueue(Some("order-1"));
-    let bad = store.enqueue_with(|row| {
-        row.aggregate_id = Some("order-2".to_owned());
-        row.attempts = 1;
-        row.undecodable_payload = Some("[1e400]".to_owned());
-    });
-    let behind_bad = store.enqueue(Some("order-2"));
-    let last = store.enqueue(None);
-    let relay = start(&store, &publisher, &hooks, config());
-    eventually("everything acknowledged", || {
-        [first, behind_bad, last]
-            .iter()
-            .all(|id| store.status(*id) == Status::Done)
-    })
-    .await;
-    relay.stop().await.unwrap();
+relay_test! {
+    async fn an_undecodable_row_goes_dead_with_its_raw_text_and_the_batch_goes_on() {
+        let (store, publisher, hooks) = fakes();
+        let first = store.enqueue(Some("order-1"));
+        let bad = store.enqueue_with(|row| {
+            row.aggregate_id = Some("order-2".to_owned());
+            row.attempts = 1;
+            row.undecodable_payload = Some("[1e400]".to_owned());
+        });
+        let behind_bad = store.enqueue(Some("order-2"));
+        let last = store.enqueue(None);
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("everything acknowledged", || {
+            [first, behind_bad, last]
+                .iter()
+                .all(|id| store.status(*id) == Status::Done)
+        })
+        .await;
+        relay.stop().await.unwrap();
 
-    // Dead at once, never published, with an attempt counted and its reason kept.
-    assert_eq!(store.status(bad), Status::Dead);
-    assert_eq!(publisher.publishes_of(bad), 0);
-    let row = store.row(bad);
-    assert_eq!(row.attempts, 2);
-    let error = row.last_error.unwrap();
-    assert!(error.starts_with("poison:"), "{error}");
-    assert!(error.contains("cannot be decoded"), "{error}");
-    // The dead letter carries the raw text.
-    assert_eq!(
-        *publisher.dead_letter_payloads.lock().unwrap(),
-        [(bad, Some("[1e400]".to_owned()))]
-    );
-    let (id, headers) = &publisher.dead_letters()[0];
-    assert_eq!(*id, bad);
-    assert_eq!(headers["x-error-kind"], "poison");
-    assert_eq!(headers["x-original-topic"], "orders");
-    assert_eq!(headers["x-attempts"], "2");
-    assert!(
-        hooks
-            .events()
-            .contains(&Event::Dead(bad, ErrorKind::Poison))
-    );
-    // The bad row's aggregate was not blocked: its next message went out after it.
-    assert_eq!(publisher.publishes_of(behind_bad), 1);
+        // Dead at once, never published, with an attempt counted and its reason kept.
+        assert_eq!(store.status(bad), Status::Dead);
+        assert_eq!(publisher.publishes_of(bad), 0);
+        let row = store.row(bad);
+        assert_eq!(row.attempts, 2);
+        let error = row.last_error.unwrap();
+        assert!(error.starts_with("poison:"), "{error}");
+        assert!(error.contains("cannot be decoded"), "{error}");
+        // The dead letter carries the raw text.
+        assert_eq!(
+            *publisher.dead_letter_payloads.lock().unwrap(),
+            [(bad, Some("[1e400]".to_owned()))]
+        );
+        let (id, headers) = &publisher.dead_letters()[0];
+        assert_eq!(*id, bad);
+        assert_eq!(headers["x-error-kind"], "poison");
+        assert_eq!(headers["x-original-topic"], "orders");
+        assert_eq!(headers["x-attempts"], "2");
+        assert!(
+            hooks
+                .events()
+                .contains(&Event::Dead(bad, ErrorKind::Poison))
+        );
+        // The bad row's aggregate was not blocked: its next message went out after it.
+        assert_eq!(publisher.publishes_of(behind_bad), 1);
+    }
 }
 
-#[tokio::test(start_paused = true)]
-async fn run_once_counts_an_undecodable_row_as_dead() {
-    let (store, publisher, hooks) = fakes();
-    store.enqueue(None);
-    store.enqueue_with(|row| row.undecodable_payload = Some(r#"{"s":"\ud800"}"#.to_owned()));
-    let mut relay = Relay::new(store.clone(), Arc::clone(&publisher), config())
-        .unwrap()
-        .with_hooks(Arc::clone(&hooks));
-    let report = relay.run_once().await.unwrap();
-    assert_eq!((report.claimed, report.published, report.dead), (2, 1, 1));
-    assert_eq!(publisher.batches(), [vec![1]]);
+relay_test! {
+    async fn run_once_counts_an_undecodable_row_as_dead() {
+        let (store, publisher, hooks) = fakes();
+        store.enqueue(None);
+        store.enqueue_with(|row| row.undecodable_payload = Some(r#"{"s":"\ud800"}"#.to_owned()));
+        let mut relay = Relay::new(store.clone(), Arc::clone(&publisher), config())
+            .unwrap()
+            .with_hooks(Arc::clone(&hooks));
+        let report = relay.run_once().await.unwrap();
+        assert_eq!((report.claimed, report.published, report.dead), (2, 1, 1));
+        assert_eq!(publisher.batches(), [vec![1]]);
+    }
 }
 
 // ---------------------------------------------------------------- permanent store errors
 
-#[tokio::test(start_paused = true)]
-async fn a_permanent_store_error_on_acknowledgement_is_not_retried() {
-    for number in [229, 2812] {
-        let (store, publisher, hooks) = fakes();
-        let id = store.enqueue(None);
-        for _ in 0..50 {
-            store.state().done_errors.push_back(server_error(number));
-        }
-        let mut relay = Relay::new(store.clone(), Arc::clone(&publisher), config())
-            .unwrap()
-            .with_hooks(Arc::clone(&hooks));
-        let started = Instant::now();
-        let report = relay.run_once().await.unwrap();
+relay_test! {
+    async fn a_permanent_store_error_on_acknowledgement_is_not_retried() {
+        for number in [229, 2812] {
+            let (store, publisher, hooks) = fakes();
+            let id = store.enqueue(None);
+            for _ in 0..50 {
+                store.state().done_errors.push_back(server_error(number));
+            }
+            let mut relay = Relay::new(store.clone(), Arc::clone(&publisher), config())
+                .unwrap()
+                .with_hooks(Arc::clone(&hooks));
+            let started = Instant::now();
+            let report = relay.run_once().await.unwrap();
 
-        assert_eq!(report.unacknowledged, 1, "{number}");
-        assert_eq!(
-            store.calls(),
-            [Call::Claim, Call::Error("mark_done")],
-            "{number}: one attempt, no retries"
-        );
-        assert_eq!(started.elapsed(), Duration::ZERO, "{number}: no back-off");
-        assert_eq!(hooks.loop_errors().len(), 1, "{number}");
-        assert_eq!(store.status(id), Status::Processing, "{number}");
+            assert_eq!(report.unacknowledged, 1, "{number}");
+            assert_eq!(
+                store.calls(),
+                [Call::Claim, Call::Error("mark_done")],
+                "{number}: one attempt, no retries"
+            );
+            assert_eq!(started.elapsed(), Duration::ZERO, "{number}: no back-off");
+            assert_eq!(hooks.loop_errors().len(), 1, "{number}");
+            assert_eq!(store.status(id), Status::Processing, "{number}");
+        }
     }
 }
 
 // ---------------------------------------------------------------- shutdown during a claim
 
-#[tokio::test(start_paused = true)]
-async fn shutdown_does_not_wait_for_a_claim_that_never_answers() {
-    let (store, publisher, hooks) = fakes();
-    store.enqueue(None);
-    store.state().claims_hang = true;
-    let relay = start(&store, &publisher, &hooks, config());
-    sleep(ms(50)).await;
+/// Starts a relay, signals shutdown while its first claim is under way, lets the claim
+/// answer `after` that, and waits for `run` to return.
+async fn stop_during_a_claim_that_answers_after(
+    store: &FakeStore,
+    publisher: &Arc<FakePublisher>,
+    hooks: &Arc<Recorder>,
+    after: Duration,
+) {
+    let gate = store.gate_next_claim();
+    let relay = start(store, publisher, hooks, config());
+    gate.started.notified().await;
+    relay.signal_stop();
+    sleep(after).await;
+    gate.release.notify_one();
+    relay.finish().await.unwrap();
+}
 
-    let stopped = Instant::now();
-    let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
-    let returned = timeout(SHUTDOWN_CLAIM_GRACE * 2, relay.task)
+relay_test! {
+    async fn shutdown_does_not_wait_for_a_claim_that_never_answers() {
+        let (store, publisher, hooks) = fakes();
+        store.enqueue(None);
+        store.state().claims_hang = true;
+        let relay = start(&store, &publisher, &hooks, config());
+        sleep(ms(50)).await;
+
+        let stopped = Instant::now();
+        relay.signal_stop();
+        let returned = timeout(SHUTDOWN_CLAIM_GRACE * 2, relay.task)
+            .await
+            .expect("shutdown waited for a hanging claim")
+            .unwrap();
+        returned.unwrap();
+        assert_eq!(stopped.elapsed(), SHUTDOWN_CLAIM_GRACE);
+        assert!(publisher.batches().is_empty());
+    }
+}
+
+relay_test! {
+    async fn a_claim_that_answers_within_the_grace_is_finished_on_shutdown() {
+        let (store, publisher, hooks) = fakes();
+        let id = store.enqueue(None);
+        stop_during_a_claim_that_answers_after(&store, &publisher, &hooks, ms(500)).await;
+        assert_eq!(store.status(id), Status::Done);
+        assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
+    }
+}
+
+relay_test! {
+    async fn an_empty_claim_that_answers_within_the_grace_ends_the_run() {
+        let (store, publisher, hooks) = fakes();
+        stop_during_a_claim_that_answers_after(&store, &publisher, &hooks, ms(500)).await;
+        assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
+    }
+}
+
+// ---------------------------------------------------------------- batches in flight
+
+/// Delivers each message of a batch after a delay of its own (drawn from a seeded source),
+/// some as retriable failures, and checks at each delivery that every earlier message of
+/// the aggregate is already acknowledged (done or dead) in the store.
+struct DelayPublisher {
+    store: FakeStore,
+    rng: Mutex<StdRng>,
+    /// Delays are drawn from 0..=this.
+    max_delay: Duration,
+    /// Percent of deliveries that fail (retriable).
+    fail_percent: u32,
+    /// Every message delivered (an `Ok` outcome), in delivery order.
+    delivered: Mutex<Vec<i64>>,
+    /// (delivered message, its earlier message of the aggregate not yet acknowledged).
+    overtaken: Mutex<Vec<(i64, i64)>>,
+    calls: AtomicUsize,
+    most_calls: AtomicUsize,
+}
+
+impl DelayPublisher {
+    fn new(store: &FakeStore, seed: u64, max_delay: Duration, fail_percent: u32) -> Self {
+        DelayPublisher {
+            store: store.clone(),
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            max_delay,
+            fail_percent,
+            delivered: Mutex::new(Vec::new()),
+            overtaken: Mutex::new(Vec::new()),
+            calls: AtomicUsize::new(0),
+            most_calls: AtomicUsize::new(0),
+        }
+    }
+
+    fn deliver(&self, message: &ClaimedMessage) {
+        let state = self.store.state();
+        let waiting = state.rows.iter().find(|row| {
+            row.id < message.id
+                && row.aggregate_id.is_some()
+                && row.aggregate_id == message.aggregate_id
+                && !matches!(row.status, Status::Done | Status::Dead)
+        });
+        if let Some(row) = waiting {
+            self.overtaken.lock().unwrap().push((message.id, row.id));
+        }
+        drop(state);
+        self.delivered.lock().unwrap().push(message.id);
+    }
+}
+
+impl Publisher for DelayPublisher {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        let calls = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_calls.fetch_max(calls, Ordering::SeqCst);
+        let started = Instant::now();
+        let mut plan: Vec<(Duration, usize, bool)> = {
+            let mut rng = self.rng.lock().unwrap();
+            let max = self.max_delay.as_millis() as u64;
+            (0..batch.len())
+                .map(|index| {
+                    let delay = ms(rng.random_range(0..=max));
+                    (delay, index, rng.random_range(0..100) >= self.fail_percent)
+                })
+                .collect()
+        };
+        plan.sort();
+        let mut outcomes = vec![Ok(()); batch.len()];
+        for (delay, index, ok) in plan {
+            tokio::time::sleep_until(started + delay).await;
+            if ok {
+                self.deliver(&batch[index]);
+            } else {
+                outcomes[index] = Err(PublishError::retriable("the broker timed out"));
+            }
+        }
+        self.calls.fetch_sub(1, Ordering::SeqCst);
+        outcomes
+    }
+}
+
+/// One case of the property below: `messages` messages over `aggregates` aggregates
+/// (drawn from `seed`), relayed with `max_in_flight` batches of `batch_size` in flight.
+async fn in_flight_case(
+    seed: u64,
+    aggregates: usize,
+    messages: usize,
+    max_in_flight: u32,
+    batch_size: u32,
+) {
+    let store = FakeStore::default();
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    for _ in 0..messages {
+        let aggregate = format!("a{}", rng.random_range(0..aggregates));
+        store.enqueue(Some(&aggregate));
+    }
+    let publisher = Arc::new(DelayPublisher::new(&store, seed, ms(40), 10));
+    // Plenty of attempts: a message failing ten times in a row is not the point here.
+    let config = config()
+        .max_in_flight(max_in_flight)
+        .batch_size(batch_size)
+        .retry(
+            RetryPolicy::default()
+                .initial(ms(10))
+                .max(ms(100))
+                .max_attempts(20)
+                .jitter(false),
+        );
+    let relay = Relay::new(store.clone(), Arc::clone(&publisher), config).unwrap();
+    let watched = store.clone();
+    let all_acknowledged = async move {
+        while !watched
+            .state()
+            .rows
+            .iter()
+            .all(|row| matches!(row.status, Status::Done | Status::Dead))
+        {
+            sleep(ms(5)).await;
+        }
+    };
+    timeout(Duration::from_secs(3600), relay.run(all_acknowledged))
         .await
-        .expect("shutdown waited for a hanging claim")
+        .expect("the relay did not deliver every message")
         .unwrap();
-    returned.unwrap();
-    assert_eq!(stopped.elapsed(), SHUTDOWN_CLAIM_GRACE);
-    assert!(publisher.batches().is_empty());
+
+    let overtaken = publisher.overtaken.lock().unwrap().clone();
+    assert!(
+        overtaken.is_empty(),
+        "successors delivered before their predecessor was acknowledged: {overtaken:?}"
+    );
+    let mut final_acks: HashMap<i64, usize> = HashMap::new();
+    for call in store.calls() {
+        match call {
+            Call::Done { ids, changed } => {
+                assert_eq!(changed, ids.len() as u64, "a done was fenced off: {ids:?}");
+                for id in ids {
+                    *final_acks.entry(id).or_default() += 1;
+                }
+            }
+            Call::Failed {
+                id, dead, changed, ..
+            } => {
+                assert_eq!(changed, 1, "a failure of {id} was fenced off");
+                if dead {
+                    *final_acks.entry(id).or_default() += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut delivered: HashMap<i64, usize> = HashMap::new();
+    for id in publisher.delivered.lock().unwrap().iter() {
+        *delivered.entry(*id).or_default() += 1;
+    }
+    for id in 1..=messages as i64 {
+        assert_eq!(
+            final_acks.get(&id),
+            Some(&1),
+            "message {id}: {final_acks:?}"
+        );
+        let expected = usize::from(store.status(id) == Status::Done);
+        assert_eq!(
+            delivered.get(&id).copied().unwrap_or(0),
+            expected,
+            "message {id}"
+        );
+    }
+    assert!(publisher.most_calls.load(Ordering::SeqCst) <= max_in_flight as usize);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_claim_that_answers_within_the_grace_is_finished_on_shutdown() {
-    let (store, publisher, hooks) = fakes();
-    let id = store.enqueue(None);
-    let gate = store.gate_next_claim();
-    let relay = start(&store, &publisher, &hooks, config());
-    gate.started.notified().await;
-    let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
-    sleep(ms(500)).await;
-    gate.release.notify_one();
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
 
-    relay.finish().await.unwrap();
-    assert_eq!(store.status(id), Status::Done);
-    assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
+    /// Many aggregates, random delivery delays and failures, up to eight batches in flight:
+    /// no message is delivered before every earlier message of its aggregate is
+    /// acknowledged, and every message is acknowledged (done, or dead) exactly once.
+    #[test]
+    fn batches_in_flight_never_deliver_a_successor_before_its_predecessor_is_acknowledged(
+        seed in any::<u64>(),
+        aggregates in 1usize..60,
+        messages in 1usize..400,
+        max_in_flight in 1u32..=8,
+        batch_size in 1u32..40,
+    ) {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(in_flight_case(seed, aggregates, messages, max_in_flight, batch_size));
+    }
 }
 
+/// The cases above do overlap: with several batches in flight, the publisher is called
+/// for the next batch before the earlier ones are delivered.
 #[tokio::test(start_paused = true)]
-async fn an_empty_claim_that_answers_within_the_grace_ends_the_run() {
-    let (store, publisher, hooks) = fakes();
-    let gate = store.gate_next_claim();
-    let relay = start(&store, &publisher, &hooks, config());
-    gate.started.notified().await;
-    let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
-    sleep(ms(500)).await;
-    gate.release.notify_one();
+async fn batches_overlap_up_to_max_in_flight() {
+    let (store, _, hooks) = fakes();
+    for n in 0..40 {
+        store.enqueue(Some(&format!("a{n}")));
+    }
+    let publisher = Arc::new(DelayPublisher::new(&store, 1, ms(100), 0));
+    let config = config().batch_size(5).max_in_flight(3);
+    let relay = Relay::new(store.clone(), Arc::clone(&publisher), config)
+        .unwrap()
+        .with_hooks(Arc::clone(&hooks));
+    let watched = store.clone();
+    relay
+        .run(async move {
+            while !(1..=40).all(|id| watched.status(id) == Status::Done) {
+                sleep(ms(5)).await;
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(publisher.most_calls.load(Ordering::SeqCst), 3);
+}
 
-    relay.finish().await.unwrap();
-    assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
+/// Shutdown with four batches in flight: no claim starts after it, and all four are
+/// delivered and acknowledged side by side, in the time of one, well inside a grace
+/// period that four batches one after another would not fit in.
+#[tokio::test(start_paused = true)]
+async fn shutdown_drains_every_batch_in_flight_within_the_grace() {
+    let (store, _, hooks) = fakes();
+    for n in 0..40 {
+        store.enqueue(Some(&format!("a{n}")));
+    }
+    // Every message is delivered 2 s after its batch's publish starts.
+    struct TwoSeconds(Arc<DelayPublisher>);
+    impl Publisher for TwoSeconds {
+        async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+            let calls = self.0.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            self.0.most_calls.fetch_max(calls, Ordering::SeqCst);
+            sleep(Duration::from_secs(2)).await;
+            batch.iter().for_each(|m| self.0.deliver(m));
+            self.0.calls.fetch_sub(1, Ordering::SeqCst);
+            vec![Ok(()); batch.len()]
+        }
+    }
+    let delays = Arc::new(DelayPublisher::new(&store, 1, ms(0), 0));
+    let grace = Duration::from_secs(5);
+    let config = config().batch_size(5).max_in_flight(4);
+    let relay = Relay::new(store.clone(), TwoSeconds(Arc::clone(&delays)), config)
+        .unwrap()
+        .with_hooks(Arc::clone(&hooks));
+    let started = Instant::now();
+    let stop_at = started + Duration::from_secs(1);
+    timeout(
+        grace + Duration::from_secs(1),
+        relay.run(tokio::time::sleep_until(stop_at)),
+    )
+    .await
+    .expect("the relay did not stop")
+    .unwrap();
+    let stopped = Instant::now();
+    assert!(
+        stopped - stop_at < grace,
+        "draining took {:?}",
+        stopped - stop_at
+    );
+    assert_eq!(delays.most_calls.load(Ordering::SeqCst), 4);
+    assert_eq!(store.claim_times().len(), 4, "no claim after shutdown");
+    let done = (1..=40)
+        .filter(|id| store.status(*id) == Status::Done)
+        .count();
+    assert_eq!(done, 20, "the four batches in flight, and nothing else");
+    assert!(delays.overtaken.lock().unwrap().is_empty());
+}
+
+/// A publisher stating its longest publish and whether its calls wait for each other.
+struct Bounded {
+    longest: Duration,
+    side_by_side: bool,
+}
+
+impl Publisher for Bounded {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        vec![Ok(()); batch.len()]
+    }
+
+    fn longest_publish(&self) -> Option<Duration> {
+        Some(self.longest)
+    }
+
+    fn longest_publish_in_flight(&self, in_flight: u32) -> Option<Duration> {
+        if self.side_by_side {
+            Some(self.longest)
+        } else {
+            Some(self.longest * in_flight)
+        }
+    }
+}
+
+/// The claim must outlast a publish that waits behind the other batches in flight: 10 s
+/// publishes that queue behind each other fit a 30 s claim (three quarters: 22.5 s) at two
+/// in flight, not at three; side by side they fit at any number.
+#[tokio::test]
+async fn the_claim_timeout_covers_the_wait_behind_other_batches() {
+    let config = RelayConfig::default().claim_timeout(Duration::from_secs(30));
+    let queued = Bounded {
+        longest: Duration::from_secs(10),
+        side_by_side: false,
+    };
+    config
+        .clone()
+        .max_in_flight(1)
+        .check_publisher(&queued)
+        .unwrap();
+    config
+        .clone()
+        .max_in_flight(2)
+        .check_publisher(&queued)
+        .unwrap();
+    let error = config
+        .clone()
+        .max_in_flight(3)
+        .check_publisher(&queued)
+        .expect_err("30 s of publish in a 30 s claim");
+    let message = error.to_string();
+    for part in [
+        "30s with 3 batches in flight",
+        "lower max_in_flight",
+        "22.5s",
+    ] {
+        assert!(message.contains(part), "{part}: {message}");
+    }
+    assert!(matches!(
+        Relay::new(
+            FakeStore::default(),
+            queued,
+            config.clone().max_in_flight(3)
+        ),
+        Err(Error::Config(_))
+    ));
+
+    // The trait's default: calls may queue, so each one in flight adds a whole publish.
+    struct Default10s;
+    impl Publisher for Default10s {
+        async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+            vec![Ok(()); batch.len()]
+        }
+        fn longest_publish(&self) -> Option<Duration> {
+            Some(Duration::from_secs(10))
+        }
+    }
+    assert_eq!(
+        Default10s.longest_publish_in_flight(4),
+        Some(Duration::from_secs(40))
+    );
+    config
+        .clone()
+        .max_in_flight(2)
+        .check_publisher(&Default10s)
+        .unwrap();
+    config
+        .clone()
+        .max_in_flight(3)
+        .check_publisher(&Default10s)
+        .unwrap_err();
+
+    let side_by_side = Bounded {
+        longest: Duration::from_secs(20),
+        side_by_side: true,
+    };
+    config
+        .max_in_flight(64)
+        .check_publisher(&side_by_side)
+        .unwrap();
 }
 
 // ---------------------------------------------------------------- a store whose claim waits
 
-#[tokio::test(start_paused = true)]
-async fn an_empty_claim_that_waited_on_the_server_is_followed_at_once() {
+/// Runs a relay over an empty outbox whose claim waits `claim_wait` on the server, with
+/// `poll_interval`, for `run_for`; returns the gaps between its claims' starts.
+async fn gaps_between_waiting_claims(
+    claim_wait: Duration,
+    poll_interval: Duration,
+    run_for: Duration,
+) -> Vec<Duration> {
     let (store, publisher, hooks) = fakes();
-    store.state().claim_wait = Some(ms(300));
-    let config = config().poll_interval(ms(100));
-    let relay = start(&store, &publisher, &hooks, config);
-    sleep(ms(1000)).await;
+    store.state().claim_wait = Some(claim_wait);
+    let relay = start(
+        &store,
+        &publisher,
+        &hooks,
+        config().poll_interval(poll_interval),
+    );
+    sleep(run_for).await;
     relay.stop().await.unwrap();
-
-    // The poll interval counts from the claim's start, and the claim's own wait is longer.
     let claims = store.claim_times();
     assert!(claims.len() >= 3, "{claims:?}");
-    for pair in claims.windows(2) {
-        let gap = pair[1] - pair[0];
-        assert!(gap >= ms(300) && gap < ms(302), "{gap:?}");
+    claims.windows(2).map(|pair| pair[1] - pair[0]).collect()
+}
+
+relay_test! {
+    async fn an_empty_claim_that_waited_on_the_server_is_followed_at_once() {
+        // The poll interval counts from the claim's start, and the claim's own wait is longer.
+        for gap in gaps_between_waiting_claims(ms(300), ms(100), ms(1000)).await {
+            assert!(gap >= ms(300) && gap < ms(302), "{gap:?}");
+        }
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_short_server_wait_still_keeps_the_poll_interval_between_claims() {
-    let (store, publisher, hooks) = fakes();
-    store.state().claim_wait = Some(ms(30));
-    let config = config().poll_interval(ms(100));
-    let relay = start(&store, &publisher, &hooks, config);
-    sleep(ms(450)).await;
-    relay.stop().await.unwrap();
-
-    let claims = store.claim_times();
-    assert!(claims.len() >= 3, "{claims:?}");
-    for pair in claims.windows(2) {
-        let gap = pair[1] - pair[0];
-        assert!(gap >= ms(100) && gap < ms(102), "{gap:?}");
+relay_test! {
+    async fn a_short_server_wait_still_keeps_the_poll_interval_between_claims() {
+        for gap in gaps_between_waiting_claims(ms(30), ms(100), ms(450)).await {
+            assert!(gap >= ms(100) && gap < ms(102), "{gap:?}");
+        }
     }
 }
 
+relay_test! {
+    async fn shutdown_cancels_a_waiting_claim_at_once() {
+        let (store, publisher, hooks) = fakes();
+        store.state().claim_wait = Some(LONG);
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("the claim is waiting", || store.claim_times().len() == 1).await;
+
+        let stopped = Instant::now();
+        relay.signal_stop();
+        relay.finish().await.unwrap();
+        assert!(stopped.elapsed() < ms(1), "{:?}", stopped.elapsed());
+        assert_eq!(store.state().cancelled_claims, 1);
+        assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
+    }
+}
+
+relay_test! {
+    async fn a_claim_that_does_not_wait_is_not_cancelled_on_shutdown() {
+        let (store, publisher, hooks) = fakes();
+        stop_during_a_claim_that_answers_after(&store, &publisher, &hooks, ms(500)).await;
+        assert_eq!(store.state().cancelled_claims, 0);
+    }
+}
+
+/// A claim that waits on the server holds the store's one connection. Beside a batch in
+/// flight it would hold up that batch's acknowledgement for its whole wait (and with it
+/// the aggregates' next messages): the acknowledgement stops the waiting claim, which is
+/// cancelled on the server, and goes first.
 #[tokio::test(start_paused = true)]
-async fn shutdown_cancels_a_waiting_claim_at_once() {
+async fn a_batch_in_flight_stops_a_waiting_claim_to_acknowledge() {
     let (store, publisher, hooks) = fakes();
     store.state().claim_wait = Some(LONG);
-    let relay = start(&store, &publisher, &hooks, config());
-    eventually("the claim is waiting", || store.claim_times().len() == 1).await;
-
-    let stopped = Instant::now();
-    let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
-    relay.finish().await.unwrap();
-    assert!(stopped.elapsed() < ms(1), "{:?}", stopped.elapsed());
+    for n in 0..5 {
+        store.enqueue(Some(&format!("a{n}")));
+    }
+    *publisher.slow_once.lock().unwrap() = Some(ms(200));
+    // A full batch: more may be due, so the next claim starts beside it (and waits).
+    let relay = start(
+        &store,
+        &publisher,
+        &hooks,
+        config().batch_size(5).max_in_flight(4),
+    );
+    let started = Instant::now();
+    eventually("the batch is acknowledged", || {
+        (1..=5).all(|id| store.status(id) == Status::Done)
+    })
+    .await;
+    assert!(started.elapsed() < ms(250), "{:?}", started.elapsed());
     assert_eq!(store.state().cancelled_claims, 1);
-    assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
+    assert!(
+        store.claim_times().len() >= 2,
+        "a claim ran beside the batch"
+    );
+    relay.stop().await.unwrap();
 }
 
+/// After a batch that was not full, nothing more is probably due: a store whose claim waits
+/// claims again only once the batch is acknowledged, so no claim is started only to be
+/// cancelled (SQL Server's cancel closes the connection).
 #[tokio::test(start_paused = true)]
-async fn a_claim_that_does_not_wait_is_not_cancelled_on_shutdown() {
+async fn a_waiting_claim_does_not_run_beside_a_batch_that_was_not_full() {
     let (store, publisher, hooks) = fakes();
-    let gate = store.gate_next_claim();
-    let relay = start(&store, &publisher, &hooks, config());
-    gate.started.notified().await;
-    let _ = relay.shutdown.lock().unwrap().take().unwrap().send(());
-    sleep(ms(500)).await;
-    gate.release.notify_one();
-
-    relay.finish().await.unwrap();
+    store.state().claim_wait = Some(LONG);
+    store.enqueue(Some("a"));
+    *publisher.slow_once.lock().unwrap() = Some(ms(200));
+    let relay = start(&store, &publisher, &hooks, config().max_in_flight(4));
+    sleep(ms(100)).await;
+    assert_eq!(store.claim_times().len(), 1, "no claim beside the batch");
+    eventually("the message is acknowledged", || {
+        store.status(1) == Status::Done
+    })
+    .await;
+    eventually("the next claim waits", || store.claim_times().len() == 2).await;
     assert_eq!(store.state().cancelled_claims, 0);
+    relay.stop().await.unwrap();
+    assert_eq!(store.state().cancelled_claims, 1, "the shutdown's");
 }
 
 // ---------------------------------------------------------------- metrics

@@ -66,18 +66,21 @@ pub fn classify(error: &KafkaError) -> ErrorKind {
 /// librdkafka's own `message.max.bytes` check refuses one message at enqueue instead, as
 /// an error of `send_result`, never through a delivery report.
 pub(crate) fn refuses_whole_request(error: &KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            C::MessageSizeTooLarge
-                | C::InvalidMessageSize
-                | C::MessageBatchTooLarge
-                | C::InvalidMessage
-                | C::InvalidRecord
-                | C::InvalidTimestamp
-        )
-    )
+    error
+        .rdkafka_error_code()
+        .is_some_and(|code| WHOLE_REQUEST_REFUSALS.contains(&code))
 }
+
+/// The poison codes a broker answers for a whole produce request (see
+/// [`refuses_whole_request`]); the table's other poison codes come with one message.
+const WHOLE_REQUEST_REFUSALS: [C; 6] = [
+    C::MessageSizeTooLarge,
+    C::InvalidMessageSize,
+    C::MessageBatchTooLarge,
+    C::InvalidMessage,
+    C::InvalidRecord,
+    C::InvalidTimestamp,
+];
 
 /// Whether the error is a topic's authorization failure.
 pub(crate) fn topic_refused(error: &KafkaError) -> bool {
@@ -86,6 +89,9 @@ pub(crate) fn topic_refused(error: &KafkaError) -> bool {
 
 /// The table's rows, by error code.
 fn classify_code(code: C) -> ErrorKind {
+    if WHOLE_REQUEST_REFUSALS.contains(&code) {
+        return ErrorKind::Poison;
+    }
     match code {
         // Retried inside librdkafka; only a timed-out message would bring one here.
         C::NotLeaderForPartition
@@ -133,13 +139,8 @@ fn classify_code(code: C) -> ErrorKind {
         // Purged unsent (after a fatal producer error, or by our own time-out purge).
         C::PurgeQueue | C::PurgeInflight => ErrorKind::Backpressure,
 
-        C::MessageSizeTooLarge
-        | C::InvalidMessageSize
-        | C::MessageBatchTooLarge
-        | C::InvalidMessage
-        | C::InvalidRecord
-        | C::InvalidTimestamp
-        | C::BadMessage
+        // And WHOLE_REQUEST_REFUSALS, above.
+        C::BadMessage
         | C::BadCompression
         | C::InvalidTopic
         | C::PolicyViolation

@@ -18,18 +18,13 @@ use crate::relay::{DeadLetter, ErrorKind, PublishError, PublishOutcome, Publishe
 use super::classify::{classify, refuses_whole_request, topic_refused};
 use super::producer::ProducerSettings;
 
-/// Header carrying the outbox message's idempotency key, for consumers to drop duplicates.
-pub const HEADER_MESSAGE_ID: &str = "message-id";
-/// Header carrying the message's failed attempts before this publish (`0` the first time).
-pub const HEADER_PUBLISH_ATTEMPTS: &str = "attempts";
-/// Header carrying the row's trace id when it is a W3C `traceparent`.
-pub const HEADER_TRACEPARENT: &str = "traceparent";
-/// Header carrying the row's trace id when it is anything else (passed as it is).
-pub const HEADER_TRACE_ID: &str = "trace-id";
-/// Dead-letter header: present when the dead letter goes without its value because the
-/// dead-letter topic refused it too (a message too large for the producer or the broker);
-/// says why. The dead outbox row keeps the payload.
-pub const HEADER_VALUE_OMITTED: &str = "x-value-omitted";
+mod record;
+
+pub use record::{
+    HEADER_MESSAGE_ID, HEADER_PUBLISH_ATTEMPTS, HEADER_TRACE_ID, HEADER_TRACEPARENT,
+    HEADER_VALUE_OMITTED,
+};
+use record::{message_key, record_headers};
 
 /// Where the publisher sends messages: the topic is the outbox row's topic with
 /// `topic_prefix` before it; dead letters go to that topic with `dlq_suffix` after it.
@@ -118,6 +113,9 @@ impl KafkaPublisherConfig {
 /// and its report awaited before the next, so its request holds nothing else): it is
 /// delivered, or refused on its own and then [`Poison`](crate::relay::ErrorKind::Poison).
 /// Until then it stays claimed, so no successor of its aggregate is published ahead of it.
+/// The relay's batches in flight at once (`max_in_flight`) are produced side by side, but
+/// never while a suspect is produced alone: the suspect waits for the reports of the
+/// batches already sent, and batches that would start wait for the suspect.
 /// librdkafka's own `message.max.bytes` check refuses one message at enqueue and is Poison
 /// at once.
 ///
@@ -129,7 +127,12 @@ impl KafkaPublisherConfig {
 /// and the relay stops. Every such error names its topic.
 ///
 /// A publish takes at most [`longest_publish`](Publisher::longest_publish): twice the
-/// message timeout (the batch, then its suspects alone) plus 1 s for librdkafka's timer;
+/// message timeout (the batch, then its suspects alone) plus 1 s for librdkafka's timer,
+/// counted from the call, whatever other batches are in flight: a batch that would wait for
+/// another batch's suspects past the last moment its reports could still come in time is
+/// not sent at all ([`Backpressure`](crate::relay::ErrorKind::Backpressure): handed back,
+/// no attempt counted), and a suspect that cannot get the producer to itself in time is
+/// retried, not judged;
 /// [`Relay::new`](crate::relay::Relay::new) refuses it when that is not comfortably inside
 /// the relay's `claim_timeout`, and `message.timeout.ms=0` (no limit) is always refused.
 /// Should the producer still hold messages past that bound, they are purged from its queue
@@ -162,6 +165,11 @@ pub struct KafkaPublisher {
     /// authorization failure from a producer-wide one (entries older than
     /// `TOPIC_EVIDENCE` are dropped).
     delivered_to: Mutex<HashMap<String, std::time::Instant>>,
+    /// Batches (and dead letters) are produced under its read side, side by side when the
+    /// relay has several batches in flight; a suspect is produced alone under its write
+    /// side, so no other message shares its request. Fair: once a suspect waits, later
+    /// batches wait behind it.
+    producing: tokio::sync::RwLock<()>,
 }
 
 impl KafkaPublisher {
@@ -179,9 +187,9 @@ impl KafkaPublisher {
     const TIMER_SLACK: Duration = Duration::from_secs(1);
 
     /// `linger.ms` when the settings give neither it nor `queue.buffering.max.ms`: 1 ms
-    /// instead of librdkafka's 5. The relay enqueues a whole batch at once and waits for
-    /// its delivery reports before it claims the next, so nothing more joins a batch while
-    /// librdkafka lingers; lingering only delays every batch's acknowledgement (measured by
+    /// instead of librdkafka's 5. The relay enqueues a whole batch at once, and the next
+    /// batch only after a claim, so little more joins a batch while librdkafka lingers;
+    /// lingering mostly delays every batch's acknowledgement (measured by
     /// `examples/bench_kafka.rs`).
     pub const DEFAULT_LINGER: Duration = Duration::from_millis(1);
 
@@ -213,6 +221,7 @@ impl KafkaPublisher {
             producer,
             message_timeout,
             delivered_to: Mutex::new(HashMap::new()),
+            producing: tokio::sync::RwLock::new(()),
         })
     }
 
@@ -266,6 +275,12 @@ impl Publisher for KafkaPublisher {
         let deadline = self
             .longest_publish_bound()
             .map(|bound| Instant::now() + bound);
+        let Some(producing) = self.producing_side_by_side(deadline).await else {
+            return batch
+                .iter()
+                .map(|message| Err(self.not_started(message)))
+                .collect();
+        };
         // Everything is enqueued before anything is awaited, so librdkafka sends the batch
         // in as few requests as it can instead of one round trip per message.
         let pending: Vec<_> = batch.iter().map(|message| self.enqueue(message)).collect();
@@ -314,19 +329,40 @@ impl Publisher for KafkaPublisher {
             };
             outcomes.push(outcome);
         }
+        drop(producing);
+        // Alone means no other batch's message in the producer either: the write side waits
+        // for the batches produced meanwhile to have their reports (and holds back those
+        // that would start), within this publish's bound.
+        let alone = match (suspects.is_empty() || timed_out, deadline) {
+            (true, _) => None,
+            (false, None) => Some(self.producing.write().await),
+            (false, Some(deadline)) => {
+                timeout_at(self.latest_start(deadline), self.producing.write())
+                    .await
+                    .ok()
+            }
+        };
         for (index, error) in suspects {
-            outcomes[index] = if timed_out {
+            outcomes[index] = if alone.is_none() {
                 Err(self.not_judged(&batch[index], &error))
             } else {
                 self.produce_alone(&batch[index], &error, deadline).await
             };
         }
+        drop(alone);
         self.judge_topic_refusals(batch, &topic_refusals, &mut outcomes);
         outcomes
     }
 
     fn longest_publish(&self) -> Option<Duration> {
         Some(self.longest_publish_bound().unwrap_or(Duration::MAX))
+    }
+
+    /// The same as alone: the bound counts from the call, and a call that waits (for
+    /// another batch's suspect produced alone) waits inside it, giving up what it cannot
+    /// start in time (see [`KafkaPublisher`]).
+    fn longest_publish_in_flight(&self, _in_flight: u32) -> Option<Duration> {
+        self.longest_publish()
     }
 
     async fn publish_dead_letter(
@@ -428,9 +464,7 @@ impl KafkaPublisher {
         batch_error: &KafkaError,
         deadline: Option<Instant>,
     ) -> PublishOutcome {
-        if deadline.is_some_and(|deadline| {
-            Instant::now() + self.message_timeout + Self::TIMER_SLACK > deadline
-        }) {
+        if deadline.is_some_and(|deadline| Instant::now() > self.latest_start(deadline)) {
             return Err(self.not_judged(message, batch_error));
         }
         let topic = self.topic(&message.topic);
@@ -449,6 +483,40 @@ impl KafkaPublisher {
                  ({batch_error}): no delivery report in time; purged ({error})"
             ))),
         }
+    }
+
+    /// The read side of `producing`, unless `deadline` leaves no time for a message's
+    /// report after it: a batch waits while another batch's suspect is produced alone, and
+    /// gives up (without producing anything) rather than send messages whose reports
+    /// could come after its bound.
+    async fn producing_side_by_side(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Option<tokio::sync::RwLockReadGuard<'_, ()>> {
+        match deadline {
+            None => Some(self.producing.read().await),
+            Some(deadline) => timeout_at(self.latest_start(deadline), self.producing.read())
+                .await
+                .ok(),
+        }
+    }
+
+    /// The latest a message may be enqueued and still have its report (within the message
+    /// timeout and librdkafka's timer) by `deadline`.
+    fn latest_start(&self, deadline: Instant) -> Instant {
+        deadline
+            .checked_sub(self.message_timeout + Self::TIMER_SLACK)
+            .unwrap_or(deadline)
+    }
+
+    /// A message of a batch that could not start in time: another batch's suspects held
+    /// the producer. Not at fault, so handed back without counting an attempt.
+    fn not_started(&self, message: &ClaimedMessage) -> PublishError {
+        PublishError::backpressure(format!(
+            "producing to {}: not sent; another batch's suspect messages were being produced \
+             alone for longer than this publish could wait, so it is handed back",
+            self.topic(&message.topic)
+        ))
     }
 
     /// A suspect there was no time left to produce alone: retried, never judged poison on
@@ -536,20 +604,14 @@ impl KafkaPublisher {
         if let Some(key) = key {
             record = record.key(key);
         }
+        // Side by side with batches, never inside a suspect's request.
+        let _producing = self.producing.read().await;
         let delivery = self
             .producer
             .send_result(record)
             .map_err(|(error, _)| publish_error(&error, topic))?;
         delivered(delivery.await).map_err(|error| publish_error(&error, topic))
     }
-}
-
-/// The record key: the partition key, else the aggregate id.
-fn message_key(message: &ClaimedMessage) -> Option<&str> {
-    message
-        .partition_key
-        .as_deref()
-        .or(message.aggregate_id.as_deref())
 }
 
 /// A delivery report's error, if it has one.
@@ -565,154 +627,4 @@ fn delivered<E>(report: std::result::Result<OwnedDeliveryResult, E>) -> Result<(
 /// A librdkafka error as the relay's error, judged by the classify table.
 fn publish_error(error: &KafkaError, topic: &str) -> PublishError {
     PublishError::new(classify(error), format!("producing to {topic}: {error}"))
-}
-
-/// The record's headers: `base` without the names set here, then the idempotency key, the
-/// attempts and the trace header.
-fn record_headers(
-    base: &Headers,
-    message_id: Option<&str>,
-    attempts: Option<i32>,
-    trace_id: Option<&str>,
-) -> OwnedHeaders {
-    let trace = trace_id.map(|id| {
-        let name = if is_traceparent(id) {
-            HEADER_TRACEPARENT
-        } else {
-            HEADER_TRACE_ID
-        };
-        (name, id)
-    });
-    let ours = |name: &str| {
-        (message_id.is_some() && name == HEADER_MESSAGE_ID)
-            || (attempts.is_some() && name == HEADER_PUBLISH_ATTEMPTS)
-            || trace.is_some_and(|(trace_name, _)| name == trace_name)
-    };
-    let mut headers = OwnedHeaders::new_with_capacity(base.len() + 3);
-    for (key, value) in base.iter().filter(|(key, _)| !ours(key)) {
-        headers = headers.insert(Header {
-            key,
-            value: Some(value.as_str()),
-        });
-    }
-    if let Some(id) = message_id {
-        headers = headers.insert(Header {
-            key: HEADER_MESSAGE_ID,
-            value: Some(id),
-        });
-    }
-    if let Some(attempts) = attempts {
-        let text = attempts.to_string();
-        headers = headers.insert(Header {
-            key: HEADER_PUBLISH_ATTEMPTS,
-            value: Some(text.as_str()),
-        });
-    }
-    if let Some((name, id)) = trace {
-        headers = headers.insert(Header {
-            key: name,
-            value: Some(id),
-        });
-    }
-    headers
-}
-
-/// Whether `value` is a W3C trace context `traceparent`: `version-trace_id-parent_id-flags`
-/// in lower-case hex (2, 32, 16 and 2 digits), version not `ff`, ids not all zeros.
-fn is_traceparent(value: &str) -> bool {
-    // Exactly four fields, read off the split without collecting them: this runs for
-    // every published message.
-    let mut parts = value.split('-');
-    let (Some(version), Some(trace_id), Some(parent_id), Some(flags), None) = (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) else {
-        return false;
-    };
-    let hex = |s: &str, len: usize| {
-        s.len() == len
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
-    hex(version, 2)
-        && version != "ff"
-        // Version 00 has exactly these four fields; later versions may append more, which
-        // the split above already refused, so only 00's shape is accepted.
-        && hex(trace_id, 32)
-        && nonzero(trace_id)
-        && hex(parent_id, 16)
-        && nonzero(parent_id)
-        && hex(flags, 2)
-}
-
-#[cfg(test)]
-mod tests {
-    use rdkafka::message::Headers as _;
-
-    use super::*;
-
-    fn header_map(headers: &OwnedHeaders) -> Vec<(String, String)> {
-        headers
-            .iter()
-            .map(|h| {
-                let value = h.value.map(|v| String::from_utf8_lossy(v).into_owned());
-                (h.key.to_owned(), value.unwrap_or_default())
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_w3c_traceparent_is_recognised() {
-        assert!(is_traceparent(
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-        ));
-        for not in [
-            "4bf92f3577b34da6a3ce929d0e0e4736",
-            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
-            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
-            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",
-            "",
-        ] {
-            assert!(!is_traceparent(not), "{not}");
-        }
-    }
-
-    #[test]
-    fn record_headers_add_ours_once_after_the_rows() {
-        let mut base = Headers::new();
-        base.insert("content-type".into(), "application/json".into());
-        base.insert("message-id".into(), "spoofed".into());
-        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let headers = header_map(&record_headers(
-            &base,
-            Some("m-1"),
-            Some(2),
-            Some(traceparent),
-        ));
-        assert_eq!(
-            headers,
-            vec![
-                ("content-type".into(), "application/json".into()),
-                ("message-id".into(), "m-1".into()),
-                ("attempts".into(), "2".into()),
-                ("traceparent".into(), traceparent.into()),
-            ]
-        );
-        let headers = header_map(&record_headers(&base, None, None, Some("abc")));
-        assert_eq!(
-            headers,
-            vec![
-                ("content-type".into(), "application/json".into()),
-                ("message-id".into(), "spoofed".into()),
-                ("trace-id".into(), "abc".into()),
-            ]
-        );
-    }
 }

@@ -12,6 +12,9 @@ pub const MAX_BATCH_SIZE: u32 = 10_000;
 /// The longest claim timeout (and poll interval) the relay accepts: 24 hours.
 pub const MAX_CLAIM_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// The most batches the relay keeps between claim and acknowledgement at once.
+pub const MAX_IN_FLIGHT: u32 = 64;
+
 /// How a [`Relay`](super::Relay) claims, waits and retries.
 ///
 /// ```
@@ -41,6 +44,13 @@ pub struct RelayConfig {
     pub claim_timeout: Duration,
     /// Back-off and the limit on failures. Default: [`RetryPolicy::default`].
     pub retry: RetryPolicy,
+    /// How many batches may be between claim and acknowledgement at once, 1..=64: the
+    /// relay claims the next batch while earlier ones are being delivered, and
+    /// acknowledges each as its outcomes arrive. Per-aggregate order does not depend on it
+    /// (a claimed message's successors are not claimable until it is acknowledged). 1 is
+    /// the strict claim, publish, acknowledge, claim rhythm. Default: 4 (measured by
+    /// `examples/bench_kafka.rs`'s latency figure: see README's Performance section).
+    pub max_in_flight: u32,
 }
 
 impl RelayConfig {
@@ -50,6 +60,8 @@ impl RelayConfig {
     pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
     /// The default claim timeout, 30 s.
     pub const DEFAULT_CLAIM_TIMEOUT: Duration = Duration::from_secs(30);
+    /// The default number of batches in flight, 4.
+    pub const DEFAULT_MAX_IN_FLIGHT: u32 = 4;
 
     setters! {
         /// Sets `batch_size`, messages per claim (1..=10000).
@@ -60,6 +72,9 @@ impl RelayConfig {
         claim_timeout: Duration;
         /// Sets `retry`, the back-off and the limit on failures.
         retry: RetryPolicy;
+        /// Sets `max_in_flight`, the batches between claim and acknowledgement at once
+        /// (1..=64).
+        max_in_flight: u32;
     }
 
     /// Checks every setting; the [`Error::Config`] names the field, the value and the
@@ -71,6 +86,13 @@ impl RelayConfig {
                 self.batch_size
             )));
         }
+        if !(1..=MAX_IN_FLIGHT).contains(&self.max_in_flight) {
+            return Err(Error::Config(format!(
+                "relay max_in_flight is {}; it must be between 1 and {MAX_IN_FLIGHT} (1 \
+                 publishes one batch at a time)",
+                self.max_in_flight
+            )));
+        }
         check_duration("poll_interval", self.poll_interval)?;
         check_duration("claim_timeout", self.claim_timeout)?;
         self.retry.validate()
@@ -78,12 +100,14 @@ impl RelayConfig {
 }
 
 impl RelayConfig {
-    /// Checks that `publisher`'s [longest publish](Publisher::longest_publish) is
-    /// comfortably inside `claim_timeout`: at most three quarters of it, the last quarter
-    /// left for the acknowledgement. [`Relay::new`](super::Relay::new) calls it; call it
-    /// yourself to refuse settings before anything connects.
+    /// Checks that a batch's publish is comfortably inside `claim_timeout`: `publisher`'s
+    /// [longest publish with `max_in_flight` batches in flight](Publisher::longest_publish_in_flight)
+    /// (the time a call can wait behind the other batches' calls included) is at most three
+    /// quarters of it, the last quarter left for the acknowledgement.
+    /// [`Relay::new`](super::Relay::new) calls it; call it yourself to refuse settings
+    /// before anything connects.
     pub fn check_publisher(&self, publisher: &impl Publisher) -> Result<()> {
-        let Some(longest) = publisher.longest_publish() else {
+        let Some(longest) = publisher.longest_publish_in_flight(self.max_in_flight) else {
             return Ok(());
         };
         let claim_timeout = self.claim_timeout;
@@ -93,16 +117,28 @@ impl RelayConfig {
         }
         let longest = if longest == Duration::MAX {
             "has no time limit".to_owned()
+        } else if self.max_in_flight > 1 && publisher.longest_publish() != Some(longest) {
+            format!(
+                "can take up to {longest:?} with {} batches in flight (its calls may wait for \
+                 each other)",
+                self.max_in_flight
+            )
         } else {
             format!("can take up to {longest:?}")
+        };
+        let in_flight = if self.max_in_flight > 1 {
+            ", or lower max_in_flight"
+        } else {
+            ""
         };
         Err(Error::Config(format!(
             "the publisher's publish {longest}, more than three quarters of the relay's \
              claim_timeout ({claim_timeout:?}): a publish still running when its claim expires \
              lets another relay publish the same messages and their successors first, and the \
-             late copy lands out of order. Raise claim_timeout, or shorten the publisher's \
-             time-out so a publish fits in {limit:?} (KafkaPublisher: -X message.timeout.ms, \
-             or its alias delivery.timeout.ms, not 0; a publish takes up to twice it plus 1 s)"
+             late copy lands out of order. Raise claim_timeout{in_flight}, or shorten the \
+             publisher's time-out so a publish fits in {limit:?} (KafkaPublisher: -X \
+             message.timeout.ms, or its alias delivery.timeout.ms, not 0; a publish takes up \
+             to twice it plus 1 s)"
         )))
     }
 }
@@ -123,6 +159,7 @@ impl Default for RelayConfig {
             poll_interval: Self::DEFAULT_POLL_INTERVAL,
             claim_timeout: Self::DEFAULT_CLAIM_TIMEOUT,
             retry: RetryPolicy::default(),
+            max_in_flight: Self::DEFAULT_MAX_IN_FLIGHT,
         }
     }
 }
@@ -145,7 +182,20 @@ mod tests {
         assert_eq!(c.poll_interval, Duration::from_millis(500));
         assert_eq!(c.claim_timeout, Duration::from_secs(30));
         assert_eq!(c.retry, RetryPolicy::default());
+        assert_eq!(c.max_in_flight, 4);
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn max_in_flight_bounds() {
+        for ok in [1, 4, MAX_IN_FLIGHT] {
+            RelayConfig::default().max_in_flight(ok).validate().unwrap();
+        }
+        for bad in [0, MAX_IN_FLIGHT + 1] {
+            let message = config_error(RelayConfig::default().max_in_flight(bad));
+            assert!(message.contains("max_in_flight"), "{message}");
+            assert!(message.contains("between 1 and 64"), "{message}");
+        }
     }
 
     #[test]

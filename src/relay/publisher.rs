@@ -216,6 +216,24 @@ pub trait Publisher: Send + Sync {
         None
     }
 
+    /// The longest one [`publish`](Self::publish) call can take, counted from the call,
+    /// while up to `in_flight` calls (this one included) are under way at once: the relay
+    /// with [`max_in_flight`](super::RelayConfig::max_in_flight) above 1 publishes the next
+    /// batch before the earlier ones are delivered. `None` when
+    /// [`longest_publish`](Self::longest_publish) is.
+    ///
+    /// The default assumes the calls may queue behind each other (one connection behind a
+    /// lock, say), so a call can wait for every other one first: `in_flight` ×
+    /// `longest_publish`. A publisher whose calls run side by side, or whose bound already
+    /// counts its waits from the call's start, says so by returning `longest_publish`
+    /// (the Kafka publisher does).
+    /// [`RelayConfig::check_publisher`](super::RelayConfig::check_publisher) holds this to
+    /// three quarters of the claim timeout.
+    fn longest_publish_in_flight(&self, in_flight: u32) -> Option<std::time::Duration> {
+        self.longest_publish()
+            .map(|longest| longest.saturating_mul(in_flight.max(1)))
+    }
+
     /// Hands a message that just went dead to a dead-letter destination. `headers` are
     /// the message's own headers plus [`HEADER_ORIGINAL_TOPIC`], [`HEADER_ATTEMPTS`],
     /// [`HEADER_ERROR`] and [`HEADER_ERROR_KIND`].
@@ -250,6 +268,10 @@ impl<P: Publisher> Publisher for Arc<P> {
 
     fn longest_publish(&self) -> Option<std::time::Duration> {
         (**self).longest_publish()
+    }
+
+    fn longest_publish_in_flight(&self, in_flight: u32) -> Option<std::time::Duration> {
+        (**self).longest_publish_in_flight(in_flight)
     }
 
     fn publish_dead_letter(

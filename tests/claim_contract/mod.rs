@@ -1089,6 +1089,15 @@ pub async fn an_open_enqueue_delays_only_its_aggregate<D: ContractDb>(db: &D) {
 /// A relay killed mid-batch leaves its claim; another relay publishes everything, the
 /// killed batch after its claim timeout, with one attempt counted.
 pub async fn a_relay_killed_mid_batch_loses_nothing<D: ContractDb>(db: &D) {
+    relay_killed_mid_batch(db, 1).await;
+}
+
+/// The same with four batches in flight in each relay.
+pub async fn a_relay_killed_with_batches_in_flight_loses_nothing<D: ContractDb>(db: &D) {
+    relay_killed_mid_batch(db, 4).await;
+}
+
+async fn relay_killed_mid_batch<D: ContractDb>(db: &D, max_in_flight: u32) {
     let messages: Vec<NewMessage> = (0..40)
         .map(|i| message_of(&format!("k-{}", i % 8), i))
         .collect();
@@ -1098,6 +1107,7 @@ pub async fn a_relay_killed_mid_batch_loses_nothing<D: ContractDb>(db: &D) {
     *slow.delay.lock().unwrap() = Duration::from_secs(30);
     let config = RelayConfig::default()
         .batch_size(10)
+        .max_in_flight(max_in_flight)
         .claim_timeout(Duration::from_secs(1))
         .poll_interval(Duration::from_millis(50));
     let killed = Relay::new(db.store(), Arc::clone(&slow), config.clone()).unwrap();

@@ -210,6 +210,7 @@ mod tests {
                 assert_eq!(relay.brokers, None);
                 assert_eq!(relay.topic_prefix, "");
                 assert_eq!(relay.dlq_suffix, ".dlq");
+                assert_eq!(relay.max_in_flight, 4);
                 assert!(relay.producer.settings.is_empty());
                 assert_eq!(relay.producer.broker_timeout.value, Duration::from_secs(10));
                 assert_eq!(relay.progress.every(), Some(Duration::from_secs(5)));
@@ -347,5 +348,22 @@ mod tests {
         }
         assert!(parse(&["purge", "app.Event", "--older-than", "0s"]).is_ok());
         assert!(parse(&["tail", "app.Event", "--shard", "-1"]).is_ok());
+    }
+
+    #[test]
+    fn max_in_flight_is_between_1_and_64() {
+        for (given, expected) in [("1", 1), ("8", 8), ("64", 64)] {
+            let cli = parse(&["relay", "--outbox", "o", "--max-in-flight", given]).unwrap();
+            match cli.command {
+                Command::Relay(relay) => assert_eq!(relay.max_in_flight, expected),
+                other => panic!("{other:?}"),
+            }
+        }
+        for bad in ["0", "65", "-1", "four"] {
+            let error = parse(&["relay", "--outbox", "o", "--max-in-flight", bad])
+                .expect_err(bad)
+                .to_string();
+            assert!(error.contains("--max-in-flight"), "{bad}: {error}");
+        }
     }
 }

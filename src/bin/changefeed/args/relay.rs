@@ -32,6 +32,14 @@ pub struct RelayArgs {
         value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_size: u32,
 
+    /// Batches between claim and acknowledgement at once: the next batch is claimed while
+    /// earlier ones are being delivered (per-aggregate order holds at any value; 1 claims,
+    /// publishes and acknowledges one batch at a time)
+    #[arg(long, value_name = "N",
+        default_value_t = changefeed::relay::RelayConfig::DEFAULT_MAX_IN_FLIGHT,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(changefeed::relay::MAX_IN_FLIGHT)))]
+    pub max_in_flight: u32,
+
     /// Publish to the Kafka cluster at these bootstrap brokers instead of printing JSON
     /// lines (needs the `kafka` feature)
     #[arg(long, value_name = "HOST:PORT,...", value_parser = parse_brokers)]
@@ -57,8 +65,8 @@ pub struct RelayArgs {
     )]
     pub dlq_suffix: String,
 
-    /// After the first SIGINT or SIGTERM, how long the batch in flight may take to finish
-    /// before the relay exits anyway (130; its messages are claimed again after the claim
+    /// After the first SIGINT or SIGTERM, how long the batches in flight may take to finish
+    /// before the relay exits anyway (130; their messages are claimed again after the claim
     /// timeout)
     #[arg(
         long,

@@ -31,7 +31,9 @@ use crate::signals::Signals;
 
 /// The relay's settings from the command line (each store adds its own poll interval).
 fn config(args: &RelayArgs) -> RelayConfig {
-    RelayConfig::default().batch_size(args.batch_size)
+    RelayConfig::default()
+        .batch_size(args.batch_size)
+        .max_in_flight(args.max_in_flight)
 }
 
 /// Where the messages go.
