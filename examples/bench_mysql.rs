@@ -17,6 +17,9 @@ mod common_server;
 #[path = "support/mysql_bench.rs"]
 #[allow(dead_code)]
 mod mysql_bench;
+#[path = "support/relay_bench.rs"]
+#[allow(dead_code)]
+mod relay_bench;
 #[path = "../tests/common_mysql/server.rs"]
 mod server;
 #[path = "bench/stats.rs"]
@@ -24,78 +27,26 @@ mod server;
 mod stats;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, enqueue};
-use changefeed::outbox::{ClaimedMessage, NewMessage};
-use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
-use mysql_bench::{AGGREGATES, BATCH, BenchDb, fail};
+use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore};
+use changefeed::outbox::NewMessage;
+use changefeed::relay::{Relay, RelayConfig};
+use mysql_bench::BenchDb;
+use relay_bench::{AGGREGATES, BATCH, Clock, LATENCY_SAMPLES, fail};
 use stats::Summary;
-use tokio::sync::Mutex;
 
-/// Commits per latency run, spaced `LATENCY_GAP` apart.
-const LATENCY_SAMPLES: usize = 200;
-const LATENCY_GAP: Duration = Duration::from_millis(15);
 /// The polling relay's interval in the latency comparison.
 const POLL: Duration = Duration::from_millis(100);
 
-/// Counts messages and does nothing else.
-#[derive(Default)]
-struct NoOp(AtomicU64);
-
-impl Publisher for NoOp {
-    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
-        self.0.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        vec![Ok(()); batch.len()]
-    }
-}
-
-/// Records when each message id was published.
-#[derive(Default)]
-struct Clock(Mutex<Vec<(i64, Instant)>>);
-
-impl Publisher for Clock {
-    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
-        let now = Instant::now();
-        self.0
-            .lock()
-            .await
-            .extend(batch.iter().map(|m| (m.id, now)));
-        vec![Ok(()); batch.len()]
-    }
-}
-
 /// Messages per second through `relays` relays with a no-op publisher.
 async fn relay_throughput(db: &BenchDb, messages: usize, relays: usize) -> f64 {
-    let (opts, table) = (&db.opts, &db.table);
     db.reset().await;
     db.fill(messages).await;
-    let published = Arc::new(NoOp::default());
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..relays {
-        let config = RelayConfig::default()
-            .batch_size(BATCH)
-            .poll_interval(Duration::from_millis(5));
-        let store = MysqlOutboxStore::new(table.clone(), opts.clone());
-        let relay =
-            Relay::new(store, Arc::clone(&published), config).unwrap_or_else(|e| fail("relay", e));
-        let mut stopped = stopped.clone();
-        tasks.push(tokio::spawn(relay.run(async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        })));
-    }
-    while published.0.load(Ordering::Relaxed) < messages as u64 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let elapsed = started.elapsed();
-    let _ = stop.send(true);
-    for task in tasks {
-        let _ = task.await;
-    }
-    stats::throughput(messages as u64, elapsed).unwrap_or(0.0)
+    relay_bench::relay_throughput(messages, relays, || {
+        MysqlOutboxStore::new(db.table.clone(), db.opts.clone())
+    })
+    .await
 }
 
 /// Commit-to-publish latencies (ms) of single-message commits, woken by the binlog or by
@@ -138,23 +89,18 @@ async fn latency(db: &BenchDb, binlog: bool) -> Option<Summary> {
         let _ = relay_stopped.wait_for(|s| *s).await;
     }));
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut conn = pool.get_conn().await.unwrap_or_else(|e| fail("connect", e));
-    let mut commits = Vec::new();
-    for n in 0..LATENCY_SAMPLES {
-        let mut tx = conn
-            .start_transaction(Default::default())
-            .await
-            .unwrap_or_else(|e| fail("begin", e));
-        let message = NewMessage::new("latency", serde_json::json!({ "n": n }));
-        let e = enqueue(&mut tx, table, &message)
-            .await
-            .unwrap_or_else(|e| fail("enqueue", e));
-        tx.commit().await.unwrap_or_else(|e| fail("commit", e));
-        commits.push((e.id, Instant::now()));
-        // A jittered gap, so commits do not fall into step with the poll.
-        let jitter = Duration::from_micros(rand::random_range(0..10_000));
-        tokio::time::sleep(LATENCY_GAP + jitter).await;
-    }
+    // Every commit on one connection, as before; the mutex only lends it to each commit.
+    let conn = pool.get_conn().await.unwrap_or_else(|e| fail("connect", e));
+    let conn = Arc::new(tokio::sync::Mutex::new(conn));
+    let commits = relay_bench::spaced_commits(LATENCY_SAMPLES, |n| {
+        let conn = Arc::clone(&conn);
+        async move {
+            let mut conn = conn.lock().await;
+            let message = NewMessage::new("latency", serde_json::json!({ "n": n }));
+            db.commit_one(&mut conn, &message).await
+        }
+    })
+    .await;
     tokio::time::sleep(POLL * 3).await;
     let _ = stop.send(true);
     let _ = relay_task.await;
@@ -162,24 +108,14 @@ async fn latency(db: &BenchDb, binlog: bool) -> Option<Summary> {
         let _ = task.await;
     }
     let published = clock.0.lock().await.clone();
-    let latencies: Vec<Duration> = commits
-        .iter()
-        .filter_map(|(id, committed)| {
-            published
-                .iter()
-                .find(|(p, _)| p == id)
-                .map(|(_, at)| at.saturating_duration_since(*committed))
-        })
-        .collect();
-    Summary::of_durations(&latencies)
+    relay_bench::commit_to_publish(&commits, |id| {
+        published.iter().find(|(p, _)| *p == id).map(|(_, at)| *at)
+    })
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let messages: usize = std::env::args()
-        .nth(1)
-        .map(|n| n.parse().unwrap_or_else(|e| fail("the message count", e)))
-        .unwrap_or(20_000);
+    let messages = relay_bench::message_count_arg();
     let server = server::server();
     let db = BenchDb::create(|database| server.url_for(database)).await;
     let version = &db.version;
@@ -198,13 +134,8 @@ async fn main() {
         println!("| ratio relay / bare, {relays} | {ratio:.2} |");
     }
     for (name, binlog) in [("binlog wake", true), ("polling every 100 ms", false)] {
-        match latency(&db, binlog).await {
-            Some(s) => println!(
-                "| commit to publish, {name} | p50 {:.2} ms, p99 {:.2} ms (n = {}) |",
-                s.p50, s.p99, s.count
-            ),
-            None => println!("| commit to publish, {name} | nothing published |"),
-        }
+        let cell = relay_bench::latency_cell(latency(&db, binlog).await, "nothing published");
+        println!("| commit to publish, {name} | {cell} |");
     }
     db.drop_database().await;
 }

@@ -27,6 +27,9 @@ mod common_server;
 mod kafka_bench;
 #[path = "support/mysql_bench.rs"]
 mod mysql_bench;
+#[path = "support/relay_bench.rs"]
+#[allow(dead_code)]
+mod relay_bench;
 #[path = "../tests/common_mysql/server.rs"]
 mod server;
 #[path = "bench/stats.rs"]
@@ -40,10 +43,11 @@ use std::time::{Duration, Instant};
 use changefeed::kafka::rdkafka::mocking::MockCluster;
 use changefeed::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use changefeed::kafka::{KafkaPublisher, KafkaPublisherConfig, ProducerSettings};
-use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, WakerState, enqueue};
+use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, WakerState};
 use changefeed::outbox::{ClaimedMessage, NewMessage};
 use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
-use mysql_bench::{AGGREGATES, BATCH, BenchDb, fail};
+use mysql_bench::BenchDb;
+use relay_bench::{AGGREGATES, BATCH, fail};
 use stats::Summary;
 use tokio::sync::watch;
 
@@ -51,7 +55,6 @@ use tokio::sync::watch;
 const TOPIC: &str = "bench";
 /// The bare producer's topic.
 const RAW_TOPIC: &str = "bench-raw";
-const LATENCY_GAP: Duration = Duration::from_millis(15);
 
 /// Wraps the relay's publisher and notes when each message's publish returned (every
 /// delivery report of its batch in), by outbox id.
@@ -185,38 +188,26 @@ async fn relay_throughput(db: &BenchDb, bootstrap: &str, messages: usize, relays
 async fn latency(db: &BenchDb, bootstrap: &str, relays: usize, samples: usize) -> Option<Summary> {
     db.reset().await;
     let fleet = Fleet::start(db, bootstrap, relays).await;
-    let mut conn = db
+    // Every commit on one connection; the mutex only lends it to each commit.
+    let conn = db
         .pool
         .get_conn()
         .await
         .unwrap_or_else(|e| fail("connect", e));
-    let mut commits = Vec::with_capacity(samples);
-    for n in 0..samples {
-        let mut tx = conn
-            .start_transaction(Default::default())
-            .await
-            .unwrap_or_else(|e| fail("begin", e));
-        let message = NewMessage::new(TOPIC, serde_json::json!({ "n": n }))
-            .aggregate("bench", format!("a{}", n % AGGREGATES));
-        let enqueued = enqueue(&mut tx, &db.table, &message)
-            .await
-            .unwrap_or_else(|e| fail("enqueue", e));
-        tx.commit().await.unwrap_or_else(|e| fail("commit", e));
-        commits.push((enqueued.id, Instant::now()));
-        let jitter = Duration::from_micros(rand::random_range(0..10_000));
-        tokio::time::sleep(LATENCY_GAP + jitter).await;
-    }
+    let conn = Arc::new(tokio::sync::Mutex::new(conn));
+    let commits = relay_bench::spaced_commits(samples, |n| {
+        let conn = Arc::clone(&conn);
+        async move {
+            let mut conn = conn.lock().await;
+            let message = NewMessage::new(TOPIC, serde_json::json!({ "n": n }))
+                .aggregate("bench", format!("a{}", n % AGGREGATES));
+            db.commit_one(&mut conn, &message).await
+        }
+    })
+    .await;
     mysql_bench::until_drained(db).await;
     let delivered = fleet.stop().await;
-    let latencies: Vec<Duration> = commits
-        .iter()
-        .filter_map(|(id, committed)| {
-            delivered
-                .get(id)
-                .map(|at| at.saturating_duration_since(*committed))
-        })
-        .collect();
-    Summary::of_durations(&latencies)
+    relay_bench::commit_to_publish(&commits, |id| delivered.get(&id).copied())
 }
 
 /// The bare producer: `messages` records of the outbox's shape (payload `{"n": n}`, key the
@@ -251,13 +242,6 @@ async fn producer_throughput(bootstrap: &str, messages: usize) -> f64 {
         kafka_bench::check(delivery.await).unwrap_or_else(|e| fail("delivery", e));
     }
     messages as f64 / started.elapsed().as_secs_f64()
-}
-
-fn summary(s: Option<Summary>) -> String {
-    match s {
-        Some(s) => format!("p50 {:.2} ms, p99 {:.2} ms (n = {})", s.p50, s.p99, s.count),
-        None => "nothing delivered".to_owned(),
-    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -302,7 +286,10 @@ async fn main() {
     for relays in [1, 4] {
         relay.push(relay_throughput(&db, &bootstrap, messages, relays).await);
         bare.push(db.bare_throughput(messages, relays).await);
-        latencies.push(summary(latency(&db, &bootstrap, relays, samples).await));
+        latencies.push(relay_bench::latency_cell(
+            latency(&db, &bootstrap, relays, samples).await,
+            "nothing delivered",
+        ));
     }
     let producer = producer_throughput(&bootstrap, messages).await;
     println!(

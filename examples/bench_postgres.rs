@@ -14,6 +14,9 @@
 
 #[path = "../tests/common_server/mod.rs"]
 mod common_server;
+#[path = "support/relay_bench.rs"]
+#[allow(dead_code)]
+mod relay_bench;
 #[path = "../tests/common_postgres/server.rs"]
 mod server;
 #[path = "bench/stats.rs"]
@@ -21,61 +24,22 @@ mod server;
 mod stats;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use changefeed::outbox::{ClaimedMessage, NewMessage};
+use changefeed::outbox::NewMessage;
 use changefeed::postgres::{
     OutboxTable, PostgresOutboxStore, PostgresWaker, PostgresWakerConfig, WakerState, connect,
     enqueue, migrate, setup_outbox,
 };
-use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
+use changefeed::relay::{Relay, RelayConfig};
+use relay_bench::{AGGREGATES, BATCH, Clock, LATENCY_SAMPLES, fail};
 use stats::Summary;
-use tokio::sync::Mutex;
 use tokio_postgres::{Client, Config};
 
-/// Aggregates the messages are spread over (each message waits for its aggregate's
-/// previous one, as in production).
-const AGGREGATES: usize = 1000;
-const BATCH: u32 = 100;
 /// The outbox, in the database of the run.
 const TABLE: &str = "public.bench_outbox";
-/// Commits per latency run, spaced `LATENCY_GAP` apart (plus jitter).
-const LATENCY_SAMPLES: usize = 200;
-const LATENCY_GAP: Duration = Duration::from_millis(15);
 /// The polling relay's interval in the latency comparison: the relay's default.
 const POLL: Duration = RelayConfig::DEFAULT_POLL_INTERVAL;
-
-/// Counts messages and does nothing else.
-#[derive(Default)]
-struct NoOp(AtomicU64);
-
-impl Publisher for NoOp {
-    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
-        self.0.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        vec![Ok(()); batch.len()]
-    }
-}
-
-/// Records when each message id was published.
-#[derive(Default)]
-struct Clock(Mutex<Vec<(i64, Instant)>>);
-
-impl Publisher for Clock {
-    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
-        let now = Instant::now();
-        self.0
-            .lock()
-            .await
-            .extend(batch.iter().map(|m| (m.id, now)));
-        vec![Ok(()); batch.len()]
-    }
-}
-
-fn fail(what: &str, error: impl std::fmt::Display) -> ! {
-    eprintln!("bench_postgres: {what}: {error}");
-    std::process::exit(1)
-}
 
 async fn client(config: &Config) -> Client {
     connect(config).await.unwrap_or_else(|e| fail("connect", e))
@@ -127,31 +91,10 @@ async fn relay_throughput(
     reset(config, table).await;
     fill(config, table, messages).await;
     analyze(config, table).await;
-    let published = Arc::new(NoOp::default());
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..relays {
-        let relay_config = RelayConfig::default()
-            .batch_size(BATCH)
-            .poll_interval(Duration::from_millis(5));
-        let store = PostgresOutboxStore::new(table.clone(), config.clone());
-        let relay = Relay::new(store, Arc::clone(&published), relay_config)
-            .unwrap_or_else(|e| fail("relay", e));
-        let mut stopped = stopped.clone();
-        tasks.push(tokio::spawn(relay.run(async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        })));
-    }
-    while published.0.load(Ordering::Relaxed) < messages as u64 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let elapsed = started.elapsed();
-    let _ = stop.send(true);
-    for task in tasks {
-        let _ = task.await;
-    }
-    stats::throughput(messages as u64, elapsed).unwrap_or(0.0)
+    relay_bench::relay_throughput(messages, relays, || {
+        PostgresOutboxStore::new(table.clone(), config.clone())
+    })
+    .await
 }
 
 /// Messages per second through one loop of the store's own calls (`claim_batch`, then
@@ -301,23 +244,25 @@ async fn latency(config: &Config, table: &OutboxTable, notify: bool) -> Option<S
         let _ = relay_stopped.wait_for(|s| *s).await;
     }));
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut writer = client(config).await;
-    let mut commits = Vec::new();
-    for n in 0..LATENCY_SAMPLES {
-        let tx = writer
-            .transaction()
-            .await
-            .unwrap_or_else(|e| fail("begin", e));
-        let message = NewMessage::new("latency", serde_json::json!({ "n": n }));
-        let e = enqueue(&tx, table, &message)
-            .await
-            .unwrap_or_else(|e| fail("enqueue", e));
-        tx.commit().await.unwrap_or_else(|e| fail("commit", e));
-        commits.push((e.id, Instant::now()));
-        // A jittered gap, so commits do not fall into step with the poll.
-        let jitter = Duration::from_micros(rand::random_range(0..10_000));
-        tokio::time::sleep(LATENCY_GAP + jitter).await;
-    }
+    // Every commit on one connection, as before; the mutex only lends it to each commit.
+    let writer = Arc::new(tokio::sync::Mutex::new(client(config).await));
+    let commits = relay_bench::spaced_commits(LATENCY_SAMPLES, |n| {
+        let writer = Arc::clone(&writer);
+        async move {
+            let mut writer = writer.lock().await;
+            let tx = writer
+                .transaction()
+                .await
+                .unwrap_or_else(|e| fail("begin", e));
+            let message = NewMessage::new("latency", serde_json::json!({ "n": n }));
+            let e = enqueue(&tx, table, &message)
+                .await
+                .unwrap_or_else(|e| fail("enqueue", e));
+            tx.commit().await.unwrap_or_else(|e| fail("commit", e));
+            e.id
+        }
+    })
+    .await;
     tokio::time::sleep(POLL * 3).await;
     let _ = stop.send(true);
     let _ = relay_task.await;
@@ -325,24 +270,14 @@ async fn latency(config: &Config, table: &OutboxTable, notify: bool) -> Option<S
         let _ = task.await;
     }
     let published = clock.0.lock().await.clone();
-    let latencies: Vec<Duration> = commits
-        .iter()
-        .filter_map(|(id, committed)| {
-            published
-                .iter()
-                .find(|(p, _)| p == id)
-                .map(|(_, at)| at.saturating_duration_since(*committed))
-        })
-        .collect();
-    Summary::of_durations(&latencies)
+    relay_bench::commit_to_publish(&commits, |id| {
+        published.iter().find(|(p, _)| *p == id).map(|(_, at)| *at)
+    })
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let messages: usize = std::env::args()
-        .nth(1)
-        .map(|n| n.parse().unwrap_or_else(|e| fail("the message count", e)))
-        .unwrap_or(20_000);
+    let messages = relay_bench::message_count_arg();
     let server = server::server();
     let database = format!("cf_bench_{}", std::process::id());
     let admin_config = changefeed::postgres::config(&server.url_for("postgres"))
@@ -393,13 +328,9 @@ async fn main() {
     }
     let polling = format!("polling every {} ms (default)", POLL.as_millis());
     for (name, notify) in [("NOTIFY wake", true), (polling.as_str(), false)] {
-        match latency(&config, &table, notify).await {
-            Some(s) => println!(
-                "| commit to publish, {name} | p50 {:.2} ms, p99 {:.2} ms (n = {}) |",
-                s.p50, s.p99, s.count
-            ),
-            None => println!("| commit to publish, {name} | nothing published |"),
-        }
+        let cell =
+            relay_bench::latency_cell(latency(&config, &table, notify).await, "nothing published");
+        println!("| commit to publish, {name} | {cell} |");
     }
     let _ = admin
         .batch_execute(&format!("drop database {database} with (force)"))

@@ -9,17 +9,7 @@ use changefeed::outbox::NewMessage;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Opts, Pool};
 
-/// Aggregates the messages are spread over (each message waits for its aggregate's
-/// previous one, as in production).
-pub const AGGREGATES: usize = 1000;
-/// Messages per claim, of the relays and of the bare loop.
-pub const BATCH: u32 = 100;
-
-/// Prints `error` with what failed and exits with status 1.
-pub fn fail(what: &str, error: impl std::fmt::Display) -> ! {
-    eprintln!("bench: {what}: {error}");
-    std::process::exit(1)
-}
+use crate::relay_bench::{AGGREGATES, fail};
 
 /// A benchmark's database: `cf_bench_<pid>` with the bundle, the outbox `bench_outbox` and
 /// the bare loop's procedure.
@@ -102,6 +92,20 @@ impl BenchDb {
             }
             tx.commit().await.unwrap_or_else(|e| fail("commit", e));
         }
+    }
+
+    /// Enqueues `message` alone in a transaction of its own on `conn` and commits it;
+    /// returns the message's id.
+    pub async fn commit_one(&self, conn: &mut mysql_async::Conn, message: &NewMessage) -> i64 {
+        let mut tx = conn
+            .start_transaction(Default::default())
+            .await
+            .unwrap_or_else(|e| fail("begin", e));
+        let enqueued = enqueue(&mut tx, &self.table, message)
+            .await
+            .unwrap_or_else(|e| fail("enqueue", e));
+        tx.commit().await.unwrap_or_else(|e| fail("commit", e));
+        enqueued.id
     }
 
     /// Empties the outbox.

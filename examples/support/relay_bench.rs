@@ -1,0 +1,138 @@
+//! What the database relay benchmarks (bench_mysql, bench_postgres, bench_mysql_kafka) share:
+//! the outbox's shape, the do-nothing and the clocking publishers, a fleet of relays run to
+//! the end of a filled outbox, single-message commits spaced like real traffic, and the
+//! commit-to-publish summary. The store and the database are each benchmark's own.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use changefeed::outbox::{ClaimStore, ClaimedMessage};
+use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
+use tokio::sync::Mutex;
+
+use crate::stats::{self, Summary};
+
+/// Aggregates the messages are spread over (each message waits for its aggregate's
+/// previous one, as in production).
+pub const AGGREGATES: usize = 1000;
+/// Messages per claim, of the relays and of the bare loop.
+pub const BATCH: u32 = 100;
+/// Commits per latency run, spaced `LATENCY_GAP` apart (plus up to 10 ms of jitter).
+pub const LATENCY_SAMPLES: usize = 200;
+const LATENCY_GAP: Duration = Duration::from_millis(15);
+
+/// Prints `error` with what failed and exits with status 1.
+pub fn fail(what: &str, error: impl std::fmt::Display) -> ! {
+    eprintln!("bench: {what}: {error}");
+    std::process::exit(1)
+}
+
+/// The message count from the first argument, else 20,000.
+pub fn message_count_arg() -> usize {
+    std::env::args()
+        .nth(1)
+        .map(|n| n.parse().unwrap_or_else(|e| fail("the message count", e)))
+        .unwrap_or(20_000)
+}
+
+/// Counts messages and does nothing else.
+#[derive(Default)]
+pub struct NoOp(pub AtomicU64);
+
+impl Publisher for NoOp {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        self.0.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        vec![Ok(()); batch.len()]
+    }
+}
+
+/// Records when each message id was published.
+#[derive(Default)]
+pub struct Clock(pub Mutex<Vec<(i64, Instant)>>);
+
+impl Publisher for Clock {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        let now = Instant::now();
+        self.0
+            .lock()
+            .await
+            .extend(batch.iter().map(|m| (m.id, now)));
+        vec![Ok(()); batch.len()]
+    }
+}
+
+/// Messages per second through `relays` relays (batch [`BATCH`], poll 5 ms) with a no-op
+/// publisher, each on a store `store()` makes, until `messages` were published. The outbox
+/// must already hold them.
+pub async fn relay_throughput<S>(messages: usize, relays: usize, store: impl Fn() -> S) -> f64
+where
+    S: ClaimStore + Send + Sync + 'static,
+{
+    let published = Arc::new(NoOp::default());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..relays {
+        let config = RelayConfig::default()
+            .batch_size(BATCH)
+            .poll_interval(Duration::from_millis(5));
+        let relay = Relay::new(store(), Arc::clone(&published), config)
+            .unwrap_or_else(|e| fail("relay", e));
+        let mut stopped = stopped.clone();
+        tasks.push(tokio::spawn(relay.run(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        })));
+    }
+    while published.0.load(Ordering::Relaxed) < messages as u64 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let elapsed = started.elapsed();
+    let _ = stop.send(true);
+    for task in tasks {
+        let _ = task.await;
+    }
+    stats::throughput(messages as u64, elapsed).unwrap_or(0.0)
+}
+
+/// Commits `samples` single messages through `commit(n)` (which returns the message's id
+/// once committed), each followed by a jittered gap so commits do not fall into step with a
+/// poll; returns each id with the instant its commit returned.
+pub async fn spaced_commits<F, Fut>(samples: usize, mut commit: F) -> Vec<(i64, Instant)>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = i64>,
+{
+    let mut commits = Vec::with_capacity(samples);
+    for n in 0..samples {
+        let id = commit(n).await;
+        commits.push((id, Instant::now()));
+        let jitter = Duration::from_micros(rand::random_range(0..10_000));
+        tokio::time::sleep(LATENCY_GAP + jitter).await;
+    }
+    commits
+}
+
+/// The commit-to-publish summary: for each commit whose id `published_at` knows, the time
+/// from the commit to its publication; `None` when nothing was published.
+pub fn commit_to_publish(
+    commits: &[(i64, Instant)],
+    published_at: impl Fn(i64) -> Option<Instant>,
+) -> Option<Summary> {
+    let latencies: Vec<Duration> = commits
+        .iter()
+        .filter_map(|(id, committed)| {
+            published_at(*id).map(|at| at.saturating_duration_since(*committed))
+        })
+        .collect();
+    Summary::of_durations(&latencies)
+}
+
+/// One table cell for a latency summary.
+pub fn latency_cell(summary: Option<Summary>, nothing: &str) -> String {
+    match summary {
+        Some(s) => format!("p50 {:.2} ms, p99 {:.2} ms (n = {})", s.p50, s.p99, s.count),
+        None => nothing.to_owned(),
+    }
+}
