@@ -13,7 +13,6 @@ use super::{
     RELAY_LAST_CLAIM, RELAY_LOOP_ERRORS, RELAY_PUBLISH_SECONDS, RELAY_PUBLISHED, RELAY_REQUEUED,
     Timer, unix_now,
 };
-use crate::relay::ErrorKind;
 
 /// What happened to a message, for the per-topic counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -140,26 +139,30 @@ impl RelayMetrics {
 
     /// `count` messages of `topic` were published.
     pub(crate) fn published(&self, topic: &str, count: u64) {
-        self.count(Outcome::Published, topic, None, count);
+        self.count(Outcome::Published, topic, "", count);
     }
 
-    /// A message of `topic` was marked failed with an error of `kind`.
-    pub(crate) fn failed(&self, topic: &str, kind: ErrorKind) {
-        self.count(Outcome::Failed, topic, Some(kind), 1);
+    // The error class arrives as its label (`ErrorKind::as_str`), not as the relay's type:
+    // the relay imports these metrics, so they must not import the relay.
+
+    /// A message of `topic` was marked failed with an error of class `class`.
+    pub(crate) fn failed(&self, topic: &str, class: &'static str) {
+        self.count(Outcome::Failed, topic, class, 1);
     }
 
-    /// A message of `topic` (`None`: unreadable) was marked dead with an error of `kind`.
-    pub(crate) fn dead(&self, topic: Option<&str>, kind: ErrorKind) {
-        self.count(Outcome::Dead, topic.unwrap_or(OTHER_TOPIC), Some(kind), 1);
+    /// A message of `topic` (`None`: unreadable) was marked dead with an error of class
+    /// `class`.
+    pub(crate) fn dead(&self, topic: Option<&str>, class: &'static str) {
+        self.count(Outcome::Dead, topic.unwrap_or(OTHER_TOPIC), class, 1);
     }
 
-    /// A message of `topic` was handed back after an error of `kind`.
-    pub(crate) fn requeued(&self, topic: &str, kind: ErrorKind) {
-        self.count(Outcome::Requeued, topic, Some(kind), 1);
+    /// A message of `topic` was handed back after an error of class `class`.
+    pub(crate) fn requeued(&self, topic: &str, class: &'static str) {
+        self.count(Outcome::Requeued, topic, class, 1);
     }
 
-    fn count(&self, outcome: Outcome, topic: &str, kind: Option<ErrorKind>, count: u64) {
-        let class = kind.map_or("", ErrorKind::as_str);
+    /// `class` is "" for an outcome without an error (and then no `error_class` label).
+    fn count(&self, outcome: Outcome, topic: &str, class: &'static str, count: u64) {
         let mut cache = self
             .0
             .by_topic
@@ -182,11 +185,12 @@ impl RelayMetrics {
         }
         let outbox = self.0.outbox.clone();
         let label = topic.to_owned();
-        let counter = match kind {
-            None => ::metrics::counter!(outcome.name(), "outbox" => outbox, "topic" => label),
-            Some(_) => ::metrics::counter!(
+        let counter = if class.is_empty() {
+            ::metrics::counter!(outcome.name(), "outbox" => outbox, "topic" => label)
+        } else {
+            ::metrics::counter!(
                 outcome.name(), "outbox" => outbox, "topic" => label, "error_class" => class
-            ),
+            )
         };
         counter.increment(count);
         counters.insert(topic.to_owned(), counter);

@@ -187,7 +187,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
             };
             self.acknowledge(ack, deadline, &mut report).await;
             report.failed += 1;
-            self.metrics.failed(&message.topic, error.kind);
+            self.metrics.failed(&message.topic, error.kind.as_str());
             tracing::debug!(id = message.id, topic = %message.topic, error_class = error.kind.as_str(), ?delay, %error, "message failed; will retry");
             guarded(self.hooks, "on_failed", |h| h.on_failed(message.id, error));
         }
@@ -201,7 +201,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
             };
             self.acknowledge(ack, deadline, &mut report).await;
             report.requeued += 1;
-            self.metrics.requeued(&message.topic, error.kind);
+            self.metrics.requeued(&message.topic, error.kind.as_str());
             guarded(self.hooks, "on_requeued", |h| {
                 h.on_requeued(message.id, error)
             });
@@ -217,7 +217,8 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
             };
             self.acknowledge(ack, deadline, &mut report).await;
             report.requeued += 1;
-            self.metrics.requeued(&message.topic, ErrorKind::Fatal);
+            self.metrics
+                .requeued(&message.topic, ErrorKind::Fatal.as_str());
             tracing::warn!(
                 id = message.id,
                 "message handed back after a fatal publish error"
@@ -246,7 +247,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
             };
             self.acknowledge(ack, deadline, &mut report).await;
             report.dead += 1;
-            self.metrics.dead(letter.topic(), error.kind);
+            self.metrics.dead(letter.topic(), error.kind.as_str());
             tracing::warn!(id, topic = letter.topic().unwrap_or(""), error_class = error.kind.as_str(), %error, "message dead");
             guarded(self.hooks, "on_dead", |h| h.on_dead(id, error));
         }
