@@ -15,13 +15,15 @@ use tokio_postgres::{Client, Config, GenericClient, Row};
 use super::connection::{CALL_TIMEOUT, bounded, connect};
 use super::table::OutboxTable;
 use crate::claim_limits::{
-    MAX_CLAIM_TIMEOUT, MAX_PURGE_WINDOW, MAX_RETRY, check_claim, check_purge, micros,
+    MAX_CLAIM_TIMEOUT, MAX_PURGE_WINDOW, MAX_RETRY, check_claim, check_purge, failure_retry_us,
+    micros,
 };
-use crate::error::{Error, Result, decode_error};
+use crate::error::{Result, decode_error};
 use crate::outbox::{
     ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers, NewMessage,
     UndecodableMessage,
 };
+use crate::outbox_backend::{forget_if_broken, headers_json, message_id, purge_batch};
 use crate::outbox_store::{check_payload, parse_headers};
 
 /// The columns a claim returns, in the order [`claimed`] reads them.
@@ -60,15 +62,8 @@ pub async fn enqueue(
 ) -> Result<Enqueued> {
     check_payload(&message.payload)?;
     let payload = message.payload.to_string();
-    let headers = if message.headers.is_empty() {
-        None
-    } else {
-        Some(serde_json::to_string(&message.headers).map_err(|e| decode_error("headers", e))?)
-    };
-    let message_id = message
-        .message_id
-        .clone()
-        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let headers = headers_json(message)?;
+    let message_id = message_id(message);
     let t = table.quoted();
     // ON CONFLICT waits for a concurrent enqueue of the same key and then does nothing;
     // the existing row is read by a second statement, whose fresh snapshot (READ
@@ -173,9 +168,7 @@ impl PostgresOutboxStore {
         let client = self.client.as_ref().expect("connected above");
         let table = self.table.quoted();
         let result = bounded(CALL_TIMEOUT, what, call(&table, client)).await;
-        if let Err(Error::Connection(_)) = &result {
-            self.client = None;
-        }
+        forget_if_broken(&mut self.client, &result);
         result
     }
 
@@ -301,9 +294,7 @@ impl PostgresOutboxStore {
             .await?;
         let mut deleted = 0u64;
         loop {
-            let take = max_rows.map_or(u64::from(batch_size), |max| {
-                (max - deleted).min(u64::from(batch_size))
-            });
+            let take = purge_batch(batch_size, max_rows, deleted);
             if take == 0 {
                 break;
             }
@@ -362,17 +353,7 @@ impl ClaimStore for PostgresOutboxStore {
         dead: bool,
         error: &str,
     ) -> Result<u64> {
-        let retry_us = match (dead, retry_after) {
-            (true, _) => 0,
-            (false, Some(after)) => micros("mark_failed retry_after", after, MAX_RETRY)?,
-            (false, None) => {
-                return Err(Error::Config(
-                    "mark_failed: a failed message needs retry_after (when to try again), or \
-                     dead = true to give up on it"
-                        .to_owned(),
-                ));
-            }
-        };
+        let retry_us = failure_retry_us(retry_after, dead)?;
         // PostgreSQL text cannot hold NUL; the column holds 2000 characters.
         let error: String = error.replace('\0', "\u{fffd}").chars().take(2000).collect();
         self.with_client("mark_failed", async |t, client| {
