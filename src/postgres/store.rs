@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, GenericClient, Row};
 
 use super::connection::{CALL_TIMEOUT, bounded, connect};
@@ -172,6 +173,20 @@ impl PostgresOutboxStore {
         result
     }
 
+    /// Runs the statement `sql` makes of the quoted table name, with `params`, through
+    /// [`Self::with_client`]; returns how many rows it changed.
+    async fn execute(
+        &mut self,
+        what: &str,
+        sql: impl FnOnce(&str) -> String,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64> {
+        self.with_client(what, async |t, client| {
+            Ok(client.execute(&sql(t), params).await?)
+        })
+        .await
+    }
+
     /// Claims up to `batch_size` due messages (1..=10000) for `claim_timeout`
     /// (1 ms..=24 h), head of aggregate only, ordered by id, in one statement:
     ///
@@ -251,18 +266,17 @@ impl PostgresOutboxStore {
     /// message was dead or failed, else 0.
     pub async fn redrive(&mut self, id: i64, after: Duration) -> Result<u64> {
         let after_us = micros("after", after, MAX_RETRY)?;
-        self.with_client("redrive", async |t, client| {
-            Ok(client
-                .execute(
-                    &format!(
-                        "update {t} set status = 3, \
-                         next_retry_at = now() + $1::bigint * interval '1 microsecond', \
-                         processed_at = null where id = $2 and status in (3, 4)"
-                    ),
-                    &[&after_us, &id],
+        self.execute(
+            "redrive",
+            |t| {
+                format!(
+                    "update {t} set status = 3, \
+                     next_retry_at = now() + $1::bigint * interval '1 microsecond', \
+                     processed_at = null where id = $2 and status in (3, 4)"
                 )
-                .await?)
-        })
+            },
+            &[&after_us, &id],
+        )
         .await
     }
 
@@ -300,18 +314,17 @@ impl PostgresOutboxStore {
             }
             let limit = i64::try_from(take).unwrap_or(i64::MAX);
             let count = self
-                .with_client("a purge batch", async |t, client| {
-                    Ok(client
-                        .execute(
-                            &format!(
-                                "delete from {t} where id in (select id from {t} \
-                                 where status = 2 and processed_at < $1::text::timestamptz \
-                                 limit $2)"
-                            ),
-                            &[&cutoff, &limit],
+                .execute(
+                    "a purge batch",
+                    |t| {
+                        format!(
+                            "delete from {t} where id in (select id from {t} \
+                             where status = 2 and processed_at < $1::text::timestamptz \
+                             limit $2)"
                         )
-                        .await?)
-                })
+                    },
+                    &[&cutoff, &limit],
+                )
                 .await?;
             deleted += count;
             if count < take {
@@ -331,17 +344,16 @@ impl ClaimStore for PostgresOutboxStore {
         if ids.is_empty() {
             return Ok(0);
         }
-        self.with_client("mark_done", async |t, client| {
-            Ok(client
-                .execute(
-                    &format!(
-                        "update {t} set status = 2, processed_at = now(), last_error = null \
-                         where id = any($1) and status = 1 and claim_token = $2"
-                    ),
-                    &[&ids, token.as_uuid()],
+        self.execute(
+            "mark_done",
+            |t| {
+                format!(
+                    "update {t} set status = 2, processed_at = now(), last_error = null \
+                     where id = any($1) and status = 1 and claim_token = $2"
                 )
-                .await?)
-        })
+            },
+            &[&ids, token.as_uuid()],
+        )
         .await
     }
 
@@ -356,39 +368,37 @@ impl ClaimStore for PostgresOutboxStore {
         let retry_us = failure_retry_us(retry_after, dead)?;
         // PostgreSQL text cannot hold NUL; the column holds 2000 characters.
         let error: String = error.replace('\0', "\u{fffd}").chars().take(2000).collect();
-        self.with_client("mark_failed", async |t, client| {
-            Ok(client
-                .execute(
-                    &format!(
-                        "update {t} set status = case when $1 then 4 else 3 end, \
-                         attempts = attempts + 1, \
-                         next_retry_at = case when $1 then null \
-                         else now() + $2::bigint * interval '1 microsecond' end, \
-                         processed_at = case when $1 then now() end, last_error = $3 \
-                         where id = $4 and status = 1 and claim_token = $5"
-                    ),
-                    &[&dead, &retry_us, &error, &id, token.as_uuid()],
+        self.execute(
+            "mark_failed",
+            |t| {
+                format!(
+                    "update {t} set status = case when $1 then 4 else 3 end, \
+                     attempts = attempts + 1, \
+                     next_retry_at = case when $1 then null \
+                     else now() + $2::bigint * interval '1 microsecond' end, \
+                     processed_at = case when $1 then now() end, last_error = $3 \
+                     where id = $4 and status = 1 and claim_token = $5"
                 )
-                .await?)
-        })
+            },
+            &[&dead, &retry_us, &error, &id, token.as_uuid()],
+        )
         .await
     }
 
     async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
         let after_us = micros("requeue after", after, MAX_RETRY)?;
-        self.with_client("requeue", async |t, client| {
-            Ok(client
-                .execute(
-                    &format!(
-                        "update {t} set status = 3, \
-                         next_retry_at = now() + $1::bigint * interval '1 microsecond', \
-                         processed_at = null \
-                         where id = $2 and status = 1 and claim_token = $3"
-                    ),
-                    &[&after_us, &id, token.as_uuid()],
+        self.execute(
+            "requeue",
+            |t| {
+                format!(
+                    "update {t} set status = 3, \
+                     next_retry_at = now() + $1::bigint * interval '1 microsecond', \
+                     processed_at = null \
+                     where id = $2 and status = 1 and claim_token = $3"
                 )
-                .await?)
-        })
+            },
+            &[&after_us, &id, token.as_uuid()],
+        )
         .await
     }
 
