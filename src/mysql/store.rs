@@ -115,9 +115,9 @@ impl MysqlOutboxStore {
     ///    expiry (`claim_expires_at`, set by the claimer from its timeout; for a row claimed
     ///    before the bundle's V4, `claimed_at` plus this claim's timeout).
     /// 2. That probe cannot see an *uncommitted* earlier row of the same aggregate. Rows
-    ///    [`enqueue`] writes cannot be in that state (it takes the aggregate's lock before
-    ///    the row gets its id, so a later row of the aggregate commits after it), but rows
-    ///    written by other means can, so for the candidates with an aggregate a second
+    ///    [`enqueue`](super::enqueue) writes cannot be in that state (it takes the
+    ///    aggregate's lock before the row gets its id, so a later row of the aggregate
+    ///    commits after it), but rows written by other means can, so for the candidates with an aggregate a second
     ///    probe `SELECT … FORCE INDEX (head_of_aggregate) WHERE (aggregate_id = ? AND
     ///    is_open = 1 AND id < <candidate>) OR … FOR UPDATE NOWAIT` drops a candidate whose
     ///    range holds a row or a lock (NOWAIT refuses at once instead of waiting). Each range

@@ -138,7 +138,7 @@ impl ClaimStore for SqlClaimStore {
     /// Sends the server an attention for the claim a relay abandoned (its future dropped
     /// half-way, which left the connection marked broken): SQL Server stops the procedure,
     /// rolling back a try in progress (`xact_abort`), so the claim neither keeps waiting nor
-    /// takes rows for a relay that is gone. Bounded by [`CANCEL_BOUND`]; the connection is
+    /// takes rows for a relay that is gone. Bounded by `CANCEL_BOUND` (2 s); the connection is
     /// closed either way. A try that had committed just before the attention loses its rows
     /// to the claim timeout, as any abandoned claim does.
     async fn cancel_claim(&mut self) {
