@@ -117,12 +117,12 @@ impl MysqlOutboxStore {
     /// 2. That probe cannot see an *uncommitted* earlier row of the same aggregate. Rows
     ///    [`enqueue`](super::enqueue) writes cannot be in that state (it takes the
     ///    aggregate's lock before the row gets its id, so a later row of the aggregate
-    ///    commits after it), but rows written by other means can, so for the candidates with an aggregate a second
-    ///    probe `SELECT … FORCE INDEX (head_of_aggregate) WHERE (aggregate_id = ? AND
-    ///    is_open = 1 AND id < <candidate>) OR … FOR UPDATE NOWAIT` drops a candidate whose
-    ///    range holds a row or a lock (NOWAIT refuses at once instead of waiting). Each range
-    ///    ends at the candidate's own index entry, which this transaction already holds, so
-    ///    rows of other aggregates are never touched.
+    ///    commits after it), but rows written by other means can, so for the candidates
+    ///    with an aggregate a second probe `SELECT … FORCE INDEX (head_of_aggregate) WHERE
+    ///    (aggregate_id = ? AND is_open = 1 AND id < <candidate>) OR … FOR UPDATE NOWAIT`
+    ///    drops a candidate whose range holds a row or a lock (NOWAIT refuses at once
+    ///    instead of waiting). Each range ends at the candidate's own index entry, which
+    ///    this transaction already holds, so rows of other aggregates are never touched.
     /// 3. Steps 1 and 2 repeat after the last candidate seen, up to 8 rounds each scanning
     ///    twice as far as the one before (up to 10 000 rows), until the batch is full or the
     ///    scan runs out: candidates dropped in step 2 do not use up the batch, so an open
