@@ -464,6 +464,7 @@ pub(crate) fn parse_headers(text: &str) -> Result<Headers> {
         })
         .collect())
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -182,11 +182,7 @@ impl FeedReader {
         K: FromRow + Send + 'static,
         I: IntoIterator<Item = (i32, Cursor)>,
     {
-        let streams: Vec<_> = cursors
-            .into_iter()
-            .map(|(shard, cursor)| (shard, self.stream::<K>(shard, cursor)))
-            .collect();
-        merge_shards(streams)
+        self.merged::<FeedRow<K>, I>(cursors)
     }
 
     /// The streams of whole events of several shards, merged (see [`merge_shards`]); like
@@ -199,13 +195,31 @@ impl FeedReader {
         E: FromRow + Send + 'static,
         I: IntoIterator<Item = (i32, Cursor)>,
     {
+        self.merged::<FeedEvent<E>, I>(cursors)
+    }
+
+    /// The streams of `T` of the shards of `cursors`, each from its cursor, merged: what
+    /// [`stream_shards`](Self::stream_shards) and
+    /// [`event_stream_shards`](Self::event_stream_shards) return.
+    fn merged<T, I>(
+        &self,
+        cursors: I,
+    ) -> impl Stream<Item = (i32, Result<Page<T>>)> + Send + 'static + use<T, I>
+    where
+        T: FeedItem + Send + 'static,
+        I: IntoIterator<Item = (i32, Cursor)>,
+    {
         let streams: Vec<_> = cursors
             .into_iter()
-            .map(|(shard, cursor)| (shard, self.event_stream::<E>(shard, cursor)))
+            .map(|(shard, cursor)| {
+                let source = self.source::<T>();
+                (shard, page_stream(source, shard, cursor, self.options))
+            })
             .collect();
         merge_shards(streams)
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

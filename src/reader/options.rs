@@ -259,6 +259,7 @@ impl FeedReaderOptions {
         Ok(())
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -182,6 +182,7 @@ impl<T: FeedItem + Send + 'static> PageSource for PoolSource<T> {
         self.discard();
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
