@@ -266,18 +266,8 @@ impl PostgresOutboxStore {
     /// message was dead or failed, else 0.
     pub async fn redrive(&mut self, id: i64, after: Duration) -> Result<u64> {
         let after_us = micros("after", after, MAX_RETRY)?;
-        self.execute(
-            "redrive",
-            |t| {
-                format!(
-                    "update {t} set status = 3, \
-                     next_retry_at = now() + $1::bigint * interval '1 microsecond', \
-                     processed_at = null where id = $2 and status in (3, 4)"
-                )
-            },
-            &[&after_us, &id],
-        )
-        .await
+        let sql = |t: &str| hand_back(t, "status in (3, 4)");
+        self.execute("redrive", sql, &[&after_us, &id]).await
     }
 
     /// Deletes done messages processed more than `older_than` ago (cutoff on the server's
@@ -387,24 +377,24 @@ impl ClaimStore for PostgresOutboxStore {
 
     async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
         let after_us = micros("requeue after", after, MAX_RETRY)?;
-        self.execute(
-            "requeue",
-            |t| {
-                format!(
-                    "update {t} set status = 3, \
-                     next_retry_at = now() + $1::bigint * interval '1 microsecond', \
-                     processed_at = null \
-                     where id = $2 and status = 1 and claim_token = $3"
-                )
-            },
-            &[&after_us, &id, token.as_uuid()],
-        )
-        .await
+        let sql = |t: &str| hand_back(t, "status = 1 and claim_token = $3");
+        self.execute("requeue", sql, &[&after_us, &id, token.as_uuid()])
+            .await
     }
 
     fn outbox_name(&self) -> String {
         self.table.name().to_owned()
     }
+}
+
+/// The statement that hands message `$2` of `t` back as failed, due `$1` microseconds from
+/// now (server clock), attempts unchanged, if `condition` holds: a redrive or a requeue.
+fn hand_back(t: &str, condition: &str) -> String {
+    format!(
+        "update {t} set status = 3, \
+         next_retry_at = now() + $1::bigint * interval '1 microsecond', \
+         processed_at = null where id = $2 and {condition}"
+    )
 }
 
 /// A column of a row, decoded; the error names the column.
