@@ -61,6 +61,20 @@ pub(crate) fn micros(what: &str, duration: Duration, max: Duration) -> Result<i6
         .map_err(|_| Error::Config(format!("{what} of {duration:?} is too long")))
 }
 
+/// The retry delay of `mark_failed` in microseconds: 0 for a message going dead (its
+/// `retry_after` is ignored), else `retry_after`, which a failed message must have.
+pub(crate) fn failure_retry_us(retry_after: Option<Duration>, dead: bool) -> Result<i64> {
+    match (dead, retry_after) {
+        (true, _) => Ok(0),
+        (false, Some(after)) => micros("mark_failed retry_after", after, MAX_RETRY),
+        (false, None) => Err(Error::Config(
+            "mark_failed: a failed message needs retry_after (when to try again), or dead = \
+             true to give up on it"
+                .to_owned(),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,5 +105,14 @@ mod tests {
         assert!(micros("x", MAX_RETRY + Duration::from_secs(1), MAX_RETRY).is_err());
         // 100 years in microseconds is far inside a bigint.
         assert!(micros("x", MAX_PURGE_WINDOW, MAX_PURGE_WINDOW).is_ok());
+        assert_eq!(failure_retry_us(None, true).unwrap(), 0);
+        assert_eq!(failure_retry_us(Some(MAX_RETRY * 2), true).unwrap(), 0);
+        assert_eq!(
+            failure_retry_us(Some(Duration::from_millis(2)), false).unwrap(),
+            2000
+        );
+        let error = failure_retry_us(None, false).unwrap_err().to_string();
+        assert!(error.contains("needs retry_after"), "{error}");
+        assert!(failure_retry_us(Some(MAX_RETRY * 2), false).is_err());
     }
 }

@@ -366,6 +366,32 @@ pub(crate) fn decode_error(column: impl fmt::Display, reason: impl fmt::Display)
     }
 }
 
+/// An [`Error::InvalidName`]: `name` refused for `reason`.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) fn invalid_name(name: &str, reason: &str) -> Error {
+    Error::InvalidName {
+        name: name.to_owned(),
+        reason: reason.to_owned(),
+    }
+}
+
+/// The first of the causes of `error` (its source, the source's source, …) that `pick`
+/// takes: how a migration error keeps the server error that refinery wrapped.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) fn find_cause<'e, T>(
+    error: &'e (dyn std::error::Error + 'static),
+    pick: impl Fn(&'e (dyn std::error::Error + 'static)) -> Option<T>,
+) -> Option<T> {
+    let mut source = error.source();
+    while let Some(cause) = source {
+        if let Some(picked) = pick(cause) {
+            return Some(picked);
+        }
+        source = cause.source();
+    }
+    None
+}
+
 /// " of row <ulid>" in an [`Error::Decode`] message when the row is known.
 struct RowSuffix<'a>(Option<&'a Ulid>);
 

@@ -50,6 +50,8 @@ pub mod migrations;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 pub mod outbox;
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+mod outbox_backend;
 pub mod outbox_store;
 pub mod pool;
 #[cfg(feature = "postgres")]

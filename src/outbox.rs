@@ -3,7 +3,7 @@
 //! fenced token.
 //!
 //! This module holds the message types and [`ClaimStore`], the operations a relay needs.
-//! [`crate::outbox_store::OutboxStore`] implements it over the SQL procedures;
+//! [`crate::outbox_store::SqlClaimStore`] implements it over the SQL Server procedures;
 //! [`crate::relay::Relay`] drives it.
 
 use std::collections::BTreeMap;

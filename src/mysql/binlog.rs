@@ -36,6 +36,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 use super::connection::{DEFAULT_CONNECT_TIMEOUT, bounded, with_keepalive};
 use super::table::OutboxTable;
 use crate::error::Error;
+use crate::outbox_backend::poll_until_reconnect;
 use crate::relay::RelayHandle;
 
 /// The server refused to send the binlog from the position asked for
@@ -192,20 +193,9 @@ impl BinlogWaker {
             tracing::warn!(%reason, "binlog waker: polling until the binlog can be followed again");
             self.state.send_replace(WakerState::Polling { reason });
             crate::metrics::wake_following(self.table.name(), "binlog", false);
-            // Rows may have been committed while the stream was down.
-            self.handle.wake();
-            let retry_at = Instant::now() + self.config.reconnect_delay;
-            loop {
-                let next_poll = (Instant::now() + self.config.fallback_poll).min(retry_at);
-                tokio::select! {
-                    biased;
-                    () = shutdown.as_mut() => return,
-                    () = sleep_until(next_poll) => {}
-                }
-                if Instant::now() >= retry_at {
-                    break;
-                }
-                self.handle.wake();
+            let (poll, delay) = (self.config.fallback_poll, self.config.reconnect_delay);
+            if !poll_until_reconnect(&self.handle, poll, delay, shutdown.as_mut()).await {
+                return;
             }
         }
     }

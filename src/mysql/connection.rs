@@ -86,13 +86,13 @@ pub(crate) async fn bounded<T>(
     what: &str,
     call: impl Future<Output = Result<T>>,
 ) -> Result<T> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result,
-        Err(_) => Err(Error::Connection(format!(
+    crate::outbox_backend::within(limit, call, || {
+        format!(
             "MariaDB/MySQL: {what} did not answer within {limit:?} (server stopped, \
              overloaded or unreachable); the connection was dropped"
-        ))),
-    }
+        )
+    })
+    .await
 }
 
 /// The server's version line, e.g. `10.11.6-MariaDB-0+deb12u1`.

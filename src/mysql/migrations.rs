@@ -16,7 +16,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool};
 
 use super::table::OutboxTable;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, find_cause};
 
 mod embedded {
     refinery::embed_migrations!("mysql");
@@ -60,19 +60,18 @@ pub async fn setup_outbox(conn: &mut Conn, table: &OutboxTable) -> Result<()> {
 
 /// Keeps the server's error (code, message) when refinery wraps one.
 fn from_refinery(error: refinery::Error) -> Error {
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        if let Some(mysql_async::Error::Server(server)) = cause.downcast_ref::<mysql_async::Error>()
-        {
-            return Error::Mysql {
-                code: server.code,
-                state: server.state.clone(),
-                message: format!("{} (while applying: {error})", server.message),
-            };
-        }
-        source = cause.source();
+    let server = find_cause(&error, |cause| match cause.downcast_ref() {
+        Some(mysql_async::Error::Server(server)) => Some(server),
+        _ => None,
+    });
+    match server {
+        Some(server) => Error::Mysql {
+            code: server.code,
+            state: server.state.clone(),
+            message: format!("{} (while applying: {error})", server.message),
+        },
+        None => Error::Migration(error.to_string()),
     }
-    Error::Migration(error.to_string())
 }
 
 #[cfg(test)]

@@ -17,7 +17,9 @@
 //! [`Relay`]: crate::relay::Relay
 
 mod binlog;
+mod claim;
 mod connection;
+mod enqueue;
 mod migrations;
 mod store;
 mod table;
@@ -26,6 +28,7 @@ pub use binlog::{BinlogWaker, BinlogWakerConfig, WakerState};
 pub use connection::{
     DEFAULT_CONNECT_TIMEOUT, TCP_KEEPALIVE, connect, connect_within, opts, server_version,
 };
+pub use enqueue::enqueue;
 pub use migrations::{HISTORY_TABLE, bundle, migrate, runner, setup_outbox};
-pub use store::{MysqlOutboxStore, backlog_query, enqueue};
+pub use store::{MysqlOutboxStore, backlog_query};
 pub use table::{MAX_TABLE_NAME, OutboxTable};

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, invalid_name};
 
 /// The longest outbox table name: MySQL identifiers have 64 characters, and 48 leaves room
 /// for names derived from it.
@@ -44,10 +44,7 @@ impl FromStr for OutboxTable {
     type Err = Error;
 
     fn from_str(name: &str) -> Result<Self> {
-        let invalid = |reason: &str| Error::InvalidName {
-            name: name.to_owned(),
-            reason: reason.to_owned(),
-        };
+        let invalid = |reason: &str| invalid_name(name, reason);
         let length = name.chars().count();
         if length == 0 || length > MAX_TABLE_NAME {
             return Err(invalid(

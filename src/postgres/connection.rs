@@ -92,12 +92,10 @@ pub(crate) async fn bounded<T>(
     what: &str,
     call: impl Future<Output = Result<T>>,
 ) -> Result<T> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result,
-        Err(_) => Err(Error::Connection(format!(
-            "PostgreSQL did not answer {what} within {limit:?}"
-        ))),
-    }
+    crate::outbox_backend::within(limit, call, || {
+        format!("PostgreSQL did not answer {what} within {limit:?}")
+    })
+    .await
 }
 
 /// The server's version, e.g. `15.8 (Debian 15.8-0+deb12u1)`.

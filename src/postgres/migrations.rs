@@ -15,7 +15,7 @@ use tokio_postgres::Client;
 
 use super::connection::{CALL_TIMEOUT, bounded};
 use super::table::OutboxTable;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, find_cause};
 
 mod embedded {
     refinery::embed_migrations!("postgres");
@@ -59,23 +59,19 @@ pub async fn setup_outbox(client: &Client, table: &OutboxTable) -> Result<()> {
 
 /// Keeps the server's error (SQLSTATE, message) when refinery wraps one.
 fn from_refinery(error: refinery::Error) -> Error {
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        if let Some(db) = cause
+    let db = find_cause(&error, |cause| {
+        cause
             .downcast_ref::<tokio_postgres::Error>()
             .and_then(tokio_postgres::Error::as_db_error)
-        {
-            return match Error::from_postgres(db) {
-                Error::Postgres { state, message } => Error::Postgres {
-                    state,
-                    message: format!("{message} (while applying: {error})"),
-                },
-                other => other,
-            };
-        }
-        source = cause.source();
+    });
+    match db.map(Error::from_postgres) {
+        Some(Error::Postgres { state, message }) => Error::Postgres {
+            state,
+            message: format!("{message} (while applying: {error})"),
+        },
+        Some(other) => other,
+        None => Error::Migration(error.to_string()),
     }
-    Error::Migration(error.to_string())
 }
 
 #[cfg(test)]

@@ -10,18 +10,21 @@
 
 use std::time::Duration;
 
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, GenericClient, Row};
 
 use super::connection::{CALL_TIMEOUT, bounded, connect};
 use super::table::OutboxTable;
 use crate::claim_limits::{
-    MAX_CLAIM_TIMEOUT, MAX_PURGE_WINDOW, MAX_RETRY, check_claim, check_purge, micros,
+    MAX_CLAIM_TIMEOUT, MAX_PURGE_WINDOW, MAX_RETRY, check_claim, check_purge, failure_retry_us,
+    micros,
 };
-use crate::error::{Error, Result, decode_error};
+use crate::error::{Result, decode_error};
 use crate::outbox::{
     ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers, NewMessage,
     UndecodableMessage,
 };
+use crate::outbox_backend::{forget_if_broken, headers_json, message_id, purge_batch};
 use crate::outbox_store::{check_payload, parse_headers};
 
 /// The columns a claim returns, in the order [`claimed`] reads them.
@@ -60,15 +63,8 @@ pub async fn enqueue(
 ) -> Result<Enqueued> {
     check_payload(&message.payload)?;
     let payload = message.payload.to_string();
-    let headers = if message.headers.is_empty() {
-        None
-    } else {
-        Some(serde_json::to_string(&message.headers).map_err(|e| decode_error("headers", e))?)
-    };
-    let message_id = message
-        .message_id
-        .clone()
-        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let headers = headers_json(message)?;
+    let message_id = message_id(message);
     let t = table.quoted();
     // ON CONFLICT waits for a concurrent enqueue of the same key and then does nothing;
     // the existing row is read by a second statement, whose fresh snapshot (READ
@@ -173,10 +169,22 @@ impl PostgresOutboxStore {
         let client = self.client.as_ref().expect("connected above");
         let table = self.table.quoted();
         let result = bounded(CALL_TIMEOUT, what, call(&table, client)).await;
-        if let Err(Error::Connection(_)) = &result {
-            self.client = None;
-        }
+        forget_if_broken(&mut self.client, &result);
         result
+    }
+
+    /// Runs the statement `sql` makes of the quoted table name, with `params`, through
+    /// [`Self::with_client`]; returns how many rows it changed.
+    async fn execute(
+        &mut self,
+        what: &str,
+        sql: impl FnOnce(&str) -> String,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64> {
+        self.with_client(what, async |t, client| {
+            Ok(client.execute(&sql(t), params).await?)
+        })
+        .await
     }
 
     /// Claims up to `batch_size` due messages (1..=10000) for `claim_timeout`
@@ -258,19 +266,8 @@ impl PostgresOutboxStore {
     /// message was dead or failed, else 0.
     pub async fn redrive(&mut self, id: i64, after: Duration) -> Result<u64> {
         let after_us = micros("after", after, MAX_RETRY)?;
-        self.with_client("redrive", async |t, client| {
-            Ok(client
-                .execute(
-                    &format!(
-                        "update {t} set status = 3, \
-                         next_retry_at = now() + $1::bigint * interval '1 microsecond', \
-                         processed_at = null where id = $2 and status in (3, 4)"
-                    ),
-                    &[&after_us, &id],
-                )
-                .await?)
-        })
-        .await
+        let sql = |t: &str| hand_back(t, "status in (3, 4)");
+        self.execute("redrive", sql, &[&after_us, &id]).await
     }
 
     /// Deletes done messages processed more than `older_than` ago (cutoff on the server's
@@ -301,26 +298,23 @@ impl PostgresOutboxStore {
             .await?;
         let mut deleted = 0u64;
         loop {
-            let take = max_rows.map_or(u64::from(batch_size), |max| {
-                (max - deleted).min(u64::from(batch_size))
-            });
+            let take = purge_batch(batch_size, max_rows, deleted);
             if take == 0 {
                 break;
             }
             let limit = i64::try_from(take).unwrap_or(i64::MAX);
             let count = self
-                .with_client("a purge batch", async |t, client| {
-                    Ok(client
-                        .execute(
-                            &format!(
-                                "delete from {t} where id in (select id from {t} \
-                                 where status = 2 and processed_at < $1::text::timestamptz \
-                                 limit $2)"
-                            ),
-                            &[&cutoff, &limit],
+                .execute(
+                    "a purge batch",
+                    |t| {
+                        format!(
+                            "delete from {t} where id in (select id from {t} \
+                             where status = 2 and processed_at < $1::text::timestamptz \
+                             limit $2)"
                         )
-                        .await?)
-                })
+                    },
+                    &[&cutoff, &limit],
+                )
                 .await?;
             deleted += count;
             if count < take {
@@ -340,17 +334,16 @@ impl ClaimStore for PostgresOutboxStore {
         if ids.is_empty() {
             return Ok(0);
         }
-        self.with_client("mark_done", async |t, client| {
-            Ok(client
-                .execute(
-                    &format!(
-                        "update {t} set status = 2, processed_at = now(), last_error = null \
-                         where id = any($1) and status = 1 and claim_token = $2"
-                    ),
-                    &[&ids, token.as_uuid()],
+        self.execute(
+            "mark_done",
+            |t| {
+                format!(
+                    "update {t} set status = 2, processed_at = now(), last_error = null \
+                     where id = any($1) and status = 1 and claim_token = $2"
                 )
-                .await?)
-        })
+            },
+            &[&ids, token.as_uuid()],
+        )
         .await
     }
 
@@ -362,58 +355,46 @@ impl ClaimStore for PostgresOutboxStore {
         dead: bool,
         error: &str,
     ) -> Result<u64> {
-        let retry_us = match (dead, retry_after) {
-            (true, _) => 0,
-            (false, Some(after)) => micros("mark_failed retry_after", after, MAX_RETRY)?,
-            (false, None) => {
-                return Err(Error::Config(
-                    "mark_failed: a failed message needs retry_after (when to try again), or \
-                     dead = true to give up on it"
-                        .to_owned(),
-                ));
-            }
-        };
+        let retry_us = failure_retry_us(retry_after, dead)?;
         // PostgreSQL text cannot hold NUL; the column holds 2000 characters.
         let error: String = error.replace('\0', "\u{fffd}").chars().take(2000).collect();
-        self.with_client("mark_failed", async |t, client| {
-            Ok(client
-                .execute(
-                    &format!(
-                        "update {t} set status = case when $1 then 4 else 3 end, \
-                         attempts = attempts + 1, \
-                         next_retry_at = case when $1 then null \
-                         else now() + $2::bigint * interval '1 microsecond' end, \
-                         processed_at = case when $1 then now() end, last_error = $3 \
-                         where id = $4 and status = 1 and claim_token = $5"
-                    ),
-                    &[&dead, &retry_us, &error, &id, token.as_uuid()],
+        self.execute(
+            "mark_failed",
+            |t| {
+                format!(
+                    "update {t} set status = case when $1 then 4 else 3 end, \
+                     attempts = attempts + 1, \
+                     next_retry_at = case when $1 then null \
+                     else now() + $2::bigint * interval '1 microsecond' end, \
+                     processed_at = case when $1 then now() end, last_error = $3 \
+                     where id = $4 and status = 1 and claim_token = $5"
                 )
-                .await?)
-        })
+            },
+            &[&dead, &retry_us, &error, &id, token.as_uuid()],
+        )
         .await
     }
 
     async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
         let after_us = micros("requeue after", after, MAX_RETRY)?;
-        self.with_client("requeue", async |t, client| {
-            Ok(client
-                .execute(
-                    &format!(
-                        "update {t} set status = 3, \
-                         next_retry_at = now() + $1::bigint * interval '1 microsecond', \
-                         processed_at = null \
-                         where id = $2 and status = 1 and claim_token = $3"
-                    ),
-                    &[&after_us, &id, token.as_uuid()],
-                )
-                .await?)
-        })
-        .await
+        let sql = |t: &str| hand_back(t, "status = 1 and claim_token = $3");
+        self.execute("requeue", sql, &[&after_us, &id, token.as_uuid()])
+            .await
     }
 
     fn outbox_name(&self) -> String {
         self.table.name().to_owned()
     }
+}
+
+/// The statement that hands message `$2` of `t` back as failed, due `$1` microseconds from
+/// now (server clock), attempts unchanged, if `condition` holds: a redrive or a requeue.
+fn hand_back(t: &str, condition: &str) -> String {
+    format!(
+        "update {t} set status = 3, \
+         next_retry_at = now() + $1::bigint * interval '1 microsecond', \
+         processed_at = null where id = $2 and {condition}"
+    )
 }
 
 /// A column of a row, decoded; the error names the column.

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, invalid_name};
 
 /// The longest table part: index names add up to 12 characters and must fit PostgreSQL's
 /// 63-byte identifiers.
@@ -78,10 +78,7 @@ impl FromStr for OutboxTable {
     type Err = Error;
 
     fn from_str(name: &str) -> Result<Self> {
-        let invalid = |reason: &str| Error::InvalidName {
-            name: name.to_owned(),
-            reason: reason.to_owned(),
-        };
+        let invalid = |reason: &str| invalid_name(name, reason);
         let Some((schema, table)) = name.split_once('.') else {
             return Err(invalid(
                 "a PostgreSQL outbox is named schema.table, e.g. public.outbox",

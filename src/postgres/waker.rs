@@ -20,6 +20,7 @@ use tokio_postgres::{AsyncMessage, Config, NoTls};
 use super::connection::DEFAULT_CONNECT_TIMEOUT;
 use super::table::OutboxTable;
 use crate::error::Error;
+use crate::outbox_backend::poll_until_reconnect;
 use crate::relay::RelayHandle;
 
 /// How the waker behaves; [`Default`] suits most deployments.
@@ -138,19 +139,9 @@ impl PostgresWaker {
             tracing::warn!(%reason, "PostgreSQL waker: polling until it can listen again");
             self.state.send_replace(WakerState::Polling { reason });
             crate::metrics::wake_following(self.table.name(), "notify", false);
-            self.handle.wake();
-            let retry_at = Instant::now() + self.settings.reconnect_delay;
-            loop {
-                let next_poll = (Instant::now() + self.settings.fallback_poll).min(retry_at);
-                tokio::select! {
-                    biased;
-                    () = shutdown.as_mut() => return,
-                    () = sleep_until(next_poll) => {}
-                }
-                if Instant::now() >= retry_at {
-                    break;
-                }
-                self.handle.wake();
+            let (poll, delay) = (self.settings.fallback_poll, self.settings.reconnect_delay);
+            if !poll_until_reconnect(&self.handle, poll, delay, shutdown.as_mut()).await {
+                return;
             }
         }
     }

@@ -1,0 +1,454 @@
+//! The claim's steps over MariaDB/MySQL ([`claim_in`]), as
+//! [`MysqlOutboxStore::claim_batch`](super::MysqlOutboxStore::claim_batch) explains them:
+//! the candidate scan, the head-of-aggregate probe, the update, the read-back, and the
+//! decoding of what was claimed. Also the SQL literals the store's statements embed.
+
+use std::fmt::Write as _;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Row, Value};
+
+use super::table::OutboxTable;
+use crate::claim_limits::MAX_BATCH;
+use crate::error::{Error, Result, decode_error};
+use crate::outbox::{ClaimToken, Claimed, ClaimedMessage, Headers, UndecodableMessage};
+use crate::outbox_store::parse_headers;
+
+/// MariaDB answers a refused `NOWAIT` with 1205 (lock wait timeout), MySQL with 3572.
+const NOWAIT_REFUSED: [u16; 2] = [1205, 3572];
+/// Integers for an `IN (…)` list: digits and commas only, safe inside SQL text.
+pub(super) fn id_list(ids: &[i64]) -> String {
+    let mut list = String::with_capacity(ids.len() * 8);
+    for (n, id) in ids.iter().enumerate() {
+        if n > 0 {
+            list.push_str(", ");
+        }
+        let _ = write!(list, "{id}");
+    }
+    list
+}
+
+/// The token as a hex literal, `x'…'`: hex digits only, safe inside SQL text.
+pub(super) fn token_literal(token: ClaimToken) -> String {
+    let mut text = String::with_capacity(35);
+    text.push_str("x'");
+    for byte in token.as_bytes() {
+        let _ = write!(text, "{byte:02x}");
+    }
+    text.push('\'');
+    text
+}
+
+/// How many times one claim scans on after its last candidate before it settles for a
+/// smaller batch (step 3 of [`MysqlOutboxStore::claim_batch`]).
+const MAX_ROUNDS: usize = 8;
+/// The largest packet MariaDB/MySQL allow (1 GiB): the limit when the URL sets none (the
+/// server's `max_allowed_packet` then decides, in SQL).
+pub(super) const MAX_PACKET: usize = 1 << 30;
+/// Room left in a packet, when deciding whether a row's payload and headers can be fetched,
+/// for the rest of the row step 5 reads (id, attempts, two sizes) and its framing.
+const ROW_HEADROOM: usize = 1024;
+/// MariaDB's "CONSTRAINT … failed" on a row that breaks a CHECK, MySQL's "Check constraint
+/// … is violated".
+const CHECK_FAILED: [u16; 2] = [4025, 3819];
+
+/// The claim's "due" condition on the row alias `t`: pending; failed and due again; or
+/// processing past its claim's expiry (for a claim made before the bundle's V4, which has
+/// none stored, `claimed_at` plus this claim's timeout).
+fn due(t: &str, timeout_us: u128) -> String {
+    format!(
+        "({t}.status = 0 \
+         or ({t}.status = 3 and {t}.next_retry_at <= utc_timestamp(3)) \
+         or ({t}.status = 1 and coalesce({t}.claim_expires_at, \
+         {t}.claimed_at + interval {timeout_us} microsecond) <= utc_timestamp(3)))"
+    )
+}
+
+/// A candidate row of step 1, as locked: the columns other than payload and headers.
+struct Candidate {
+    row: Row,
+    id: i64,
+    /// The aggregate, or why it does not decode (the row is then handed over undecodable
+    /// and takes no part in the head probe).
+    aggregate_id: std::result::Result<Option<String>, String>,
+}
+
+/// The claim's steps (see [`MysqlOutboxStore::claim_batch`]) on `conn`.
+pub(super) async fn claim_in(
+    conn: &mut Conn,
+    table: &OutboxTable,
+    batch_size: u32,
+    timeout_us: u128,
+    packet_limit: usize,
+) -> Result<Vec<Claimed>> {
+    let t = table.quoted();
+    let wanted = batch_size as usize;
+    conn.query_drop("start transaction").await?;
+    let mut kept: Vec<Candidate> = Vec::with_capacity(wanted);
+    let mut after: Option<i64> = None;
+    for round in 0..MAX_ROUNDS {
+        // Each round scans twice as far as the one before (a run of blocked candidates
+        // longer than the batch is passed in a few rounds); what a round finds beyond the
+        // batch is left unclaimed, unlocked at the commit.
+        let limit = (wanted - kept.len())
+            .max(wanted.saturating_mul(1 << round))
+            .min(MAX_BATCH as usize);
+        let candidates = candidates(conn, &t, after, limit, timeout_us).await?;
+        let scanned = candidates.len();
+        if let Some(last) = candidates.last() {
+            after = Some(last.id);
+        }
+        kept.extend(keep_heads(conn, &t, candidates).await?);
+        if scanned < limit || kept.len() >= wanted {
+            kept.truncate(wanted);
+            break;
+        }
+    }
+    if kept.is_empty() {
+        conn.query_drop("commit").await?;
+        return Ok(Vec::new());
+    }
+    let token = ClaimToken::new(uuid::Uuid::new_v4());
+    take(conn, &t, &kept, token, timeout_us).await?;
+    let held: std::collections::HashMap<i64, Fetched> =
+        read_back(conn, &t, &kept, token, packet_limit)
+            .await?
+            .into_iter()
+            .map(|row| (row.id, row))
+            .collect();
+    conn.query_drop("commit").await?;
+    Ok(kept
+        .into_iter()
+        .filter_map(|candidate| {
+            let fetched = held.get(&candidate.id)?;
+            Some(claimed(candidate, fetched, token))
+        })
+        .collect())
+}
+
+/// Step 1: up to `limit` due heads after id `after`, locked, without payload and headers.
+async fn candidates(
+    conn: &mut Conn,
+    t: &str,
+    after: Option<i64>,
+    limit: usize,
+    timeout_us: u128,
+) -> Result<Vec<Candidate>> {
+    let rows: Vec<Row> = conn
+        .query(format!(
+            "select t.id, t.message_id, t.topic, t.aggregate_type, t.aggregate_id, \
+             coalesce(t.partition_key, t.aggregate_id), t.trace_id \
+             from {t} as t force index (open_messages) \
+             where t.is_open = 1 {after} and {due} \
+             and not exists (select 1 from {t} as e force index (head_of_aggregate) \
+             where e.aggregate_id = t.aggregate_id and e.is_open = 1 and e.id < t.id) \
+             order by t.id limit {limit} \
+             for update skip locked",
+            due = due("t", timeout_us),
+            after = after.map_or(String::new(), |id| format!("and t.id > {id}"))
+        ))
+        .await?;
+    rows.into_iter()
+        .map(|row| {
+            Ok(Candidate {
+                id: column(&row, 0, "id")?,
+                aggregate_id: column::<Option<String>>(&row, 4, "aggregate_id")
+                    .map_err(|error| error.to_string()),
+                row,
+            })
+        })
+        .collect()
+}
+
+/// Step 4: the guarded update of `kept` to this claim; a row whose update breaks a CHECK
+/// constraint is isolated and marked dead, so that the others are claimed.
+async fn take(
+    conn: &mut Conn,
+    t: &str,
+    kept: &[Candidate],
+    token: ClaimToken,
+    timeout_us: u128,
+) -> Result<()> {
+    let ids: Vec<i64> = kept.iter().map(|c| c.id).collect();
+    let update = |ids: &[i64]| {
+        format!(
+            "update {t} as t set t.attempts = t.attempts + (t.status = 1), t.status = 1, \
+             t.claimed_at = utc_timestamp(3), \
+             t.claim_expires_at = utc_timestamp(3) + interval {timeout_us} microsecond, \
+             t.claim_token = {} where t.id in ({}) and {}",
+            token_literal(token),
+            id_list(ids),
+            due("t", timeout_us)
+        )
+    };
+    match conn.query_drop(update(&ids)).await.map_err(Error::from) {
+        Err(Error::Mysql { code, .. }) if CHECK_FAILED.contains(&code) => {}
+        other => return other,
+    }
+    // One row at a time, to find the rows that cannot be written.
+    for id in ids {
+        match conn.query_drop(update(&[id])).await.map_err(Error::from) {
+            Err(Error::Mysql { code, message, .. }) if CHECK_FAILED.contains(&code) => {
+                mark_unwritable_dead(conn, t, id, code, &message, timeout_us).await?;
+            }
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
+/// Marks dead a due row that no UPDATE can write because it breaks a CHECK constraint of
+/// the table (on MariaDB, a payload that is not JSON, inserted with the checks off). Only
+/// the status columns change; the row's checks are suspended for this one statement
+/// (MariaDB's `check_constraint_checks`), as they were when the row was written. The
+/// error says how to fix it; [`MysqlOutboxStore::redrive`] works again once it is fixed.
+async fn mark_unwritable_dead(
+    conn: &mut Conn,
+    t: &str,
+    id: i64,
+    code: u16,
+    message: &str,
+    timeout_us: u128,
+) -> Result<()> {
+    let error: String = format!(
+        "the row breaks a CHECK constraint of the outbox table, so it cannot be claimed \
+         (error {code}: {message}); marked dead by the claim. Correct the row (a payload and \
+         headers of valid JSON), then redrive it"
+    )
+    .chars()
+    .take(2000)
+    .collect();
+    let set_statement = if code == 4025 {
+        "set statement check_constraint_checks = 0 for "
+    } else {
+        ""
+    };
+    let params: Vec<Value> = vec![error.as_str().into(), id.into()];
+    conn.exec_drop(
+        format!(
+            "{set_statement}update {t} as t set t.attempts = t.attempts + 1, t.status = 4, \
+             t.processed_at = utc_timestamp(3), t.next_retry_at = null, t.last_error = ? \
+             where t.id = ? and {}",
+            due("t", timeout_us)
+        ),
+        params,
+    )
+    .await?;
+    Ok(())
+}
+
+/// A row as step 5 reads it back: held by this claim.
+struct Fetched {
+    id: i64,
+    attempts: std::result::Result<i32, String>,
+    payload: Option<Vec<u8>>,
+    headers: Option<Vec<u8>>,
+    /// Bytes of payload and headers when they were too large to fetch.
+    too_large: Option<u64>,
+    limit: i64,
+}
+
+/// Step 5: the rows this claim holds (the update's guard may have passed some over), with
+/// payload and headers unless they would not fit in a packet of this connection.
+async fn read_back(
+    conn: &mut Conn,
+    t: &str,
+    kept: &[Candidate],
+    token: ClaimToken,
+    packet_limit: usize,
+) -> Result<Vec<Fetched>> {
+    let ids: Vec<i64> = kept.iter().map(|c| c.id).collect();
+    let size = "(octet_length(t.payload) + coalesce(octet_length(t.headers), 0))";
+    let limit = format!("(least(@@max_allowed_packet, {packet_limit}) - {ROW_HEADROOM})");
+    let rows: Vec<Row> = conn
+        .query(format!(
+            "select t.id, t.attempts, if({size} > {limit}, null, t.payload), \
+             if({size} > {limit}, null, t.headers), if({size} > {limit}, {size}, null), \
+             {limit} from {t} as t where t.id in ({}) and t.claim_token = {}",
+            id_list(&ids),
+            token_literal(token)
+        ))
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(Fetched {
+                id: column(row, 0, "id")?,
+                attempts: column(row, 1, "attempts").map_err(|e| e.to_string()),
+                payload: column(row, 2, "payload").unwrap_or(None),
+                headers: column(row, 3, "headers").unwrap_or(None),
+                too_large: column(row, 4, "size").unwrap_or(None),
+                limit: column(row, 5, "limit").unwrap_or(0),
+            })
+        })
+        .collect()
+}
+
+/// Step 2: drops the candidates that have an earlier open row of their aggregate which the
+/// consistent read of step 1 could not see (uncommitted), without ever waiting for a lock.
+async fn keep_heads(
+    conn: &mut Conn,
+    t: &str,
+    candidates: Vec<Candidate>,
+) -> Result<Vec<Candidate>> {
+    let probed: Vec<(&str, i64)> = candidates
+        .iter()
+        .filter_map(|c| match &c.aggregate_id {
+            Ok(Some(aggregate)) => Some((aggregate.as_str(), c.id)),
+            _ => None,
+        })
+        .collect();
+    if probed.is_empty() {
+        return Ok(candidates);
+    }
+    let blocked: Vec<String> = match probe(conn, t, &probed).await {
+        Ok(found) => found,
+        // Someone holds a row in one of the ranges; find out which, one range at a time.
+        // (With innodb_rollback_on_timeout=ON the refusal has rolled the transaction back;
+        // step 4's guard keeps the claim correct all the same.)
+        Err(Error::Mysql { code, .. }) if NOWAIT_REFUSED.contains(&code) => {
+            let mut blocked = Vec::new();
+            for (aggregate, id) in &probed {
+                match probe(conn, t, &[(*aggregate, *id)]).await {
+                    Ok(found) => blocked.extend(found),
+                    Err(Error::Mysql { code, .. }) if NOWAIT_REFUSED.contains(&code) => {
+                        blocked.push((*aggregate).to_owned());
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+            blocked
+        }
+        Err(error) => return Err(error),
+    };
+    drop(probed);
+    if blocked.is_empty() {
+        return Ok(candidates);
+    }
+    Ok(candidates
+        .into_iter()
+        .filter(|c| match &c.aggregate_id {
+            Ok(Some(aggregate)) => !blocked.contains(aggregate),
+            _ => true,
+        })
+        .collect())
+}
+
+/// One `FOR UPDATE NOWAIT` probe over the ranges `(aggregate, is_open = 1, id < candidate)`;
+/// returns the aggregates that have an earlier open row. The number of ranges is padded to
+/// a power of two (repeating the last) so that the prepared statements stay few.
+async fn probe(conn: &mut Conn, t: &str, ranges: &[(&str, i64)]) -> Result<Vec<String>> {
+    let slots = ranges.len().next_power_of_two();
+    let mut sql =
+        format!("select e.aggregate_id from {t} as e force index (head_of_aggregate) where ");
+    let mut params: Vec<Value> = Vec::with_capacity(slots * 2);
+    for slot in 0..slots {
+        if slot > 0 {
+            sql.push_str(" or ");
+        }
+        sql.push_str("(e.aggregate_id = ? and e.is_open = 1 and e.id < ?)");
+        let (aggregate, id) = ranges[slot.min(ranges.len() - 1)];
+        params.push(aggregate.into());
+        params.push(id.into());
+    }
+    sql.push_str(" for update nowait");
+    let rows: Vec<Row> = conn.exec(sql, params).await?;
+    rows.iter()
+        .map(|row| column::<String>(row, 0, "aggregate_id"))
+        .collect()
+}
+
+/// A column of a row, decoded; the error names the column.
+fn column<T: mysql_async::prelude::FromValue>(row: &Row, index: usize, name: &str) -> Result<T> {
+    match row.get_opt::<T, usize>(index) {
+        Some(Ok(value)) => Ok(value),
+        Some(Err(error)) => Err(decode_error(name, error)),
+        None => Err(decode_error(name, "missing from the row")),
+    }
+}
+
+/// A claimed row as the relay gets it: decoded, or as [`Claimed::Undecodable`] (with the
+/// reason) when any of its columns does not decode or its payload was too large to fetch.
+/// Never an error: a row that failed the whole claim would be claimed again and again.
+fn claimed(candidate: Candidate, fetched: &Fetched, token: ClaimToken) -> Claimed {
+    let row = &candidate.row;
+    let text = |bytes: &Option<Vec<u8>>, name: &str| -> Result<Option<String>> {
+        bytes
+            .as_ref()
+            .map(|b| String::from_utf8(b.clone()).map_err(|_| decode_error(name, "not UTF-8")))
+            .transpose()
+    };
+    let payload_text = text(&fetched.payload, "payload");
+    let headers_text = text(&fetched.headers, "headers");
+    let decoded = (|| -> Result<ClaimedMessage> {
+        if let Some(size) = fetched.too_large {
+            return Err(decode_error(
+                "payload",
+                format!(
+                    "payload and headers are {size} bytes, more than this connection can \
+                     fetch ({} bytes: its max_allowed_packet less 1 KiB for the rest of the \
+                     row); raise max_allowed_packet on the server (and in the relay's URL \
+                     if it sets one), then redrive the row",
+                    fetched.limit
+                ),
+            ));
+        }
+        let payload = payload_text
+            .as_ref()
+            .map_err(|e| decode_error("payload", e))?
+            .as_deref()
+            .ok_or_else(|| decode_error("payload", "NULL"))?;
+        let payload = serde_json::from_str::<serde_json::Value>(payload)
+            .map_err(|e| decode_error("payload", e))?;
+        let headers = match headers_text
+            .as_ref()
+            .map_err(|e| decode_error("headers", e))?
+        {
+            Some(text) => parse_headers(text)?,
+            None => Headers::new(),
+        };
+        Ok(ClaimedMessage {
+            id: candidate.id,
+            message_id: column(row, 1, "message_id")?,
+            topic: column(row, 2, "topic")?,
+            aggregate_type: column(row, 3, "aggregate_type")?,
+            aggregate_id: candidate
+                .aggregate_id
+                .clone()
+                .map_err(|e| decode_error("aggregate_id", e))?,
+            partition_key: column(row, 5, "partition_key")?,
+            payload,
+            headers,
+            trace_id: column(row, 6, "trace_id")?,
+            attempts: fetched
+                .attempts
+                .clone()
+                .map_err(|e| decode_error("attempts", e))?,
+            claim_token: token,
+        })
+    })();
+    match decoded {
+        Ok(message) => Claimed::Message(message),
+        Err(error) => Claimed::Undecodable(UndecodableMessage {
+            id: candidate.id,
+            message_id: column(row, 1, "message_id").ok(),
+            topic: column(row, 2, "topic").ok(),
+            payload: payload_text.ok().flatten(),
+            headers: headers_text.ok().flatten(),
+            attempts: fetched.attempts.clone().unwrap_or(0),
+            claim_token: token,
+            error: error.to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_hold_only_digits_and_hex() {
+        assert_eq!(id_list(&[1, -2, 30]), "1, -2, 30");
+        let token = ClaimToken::from_bytes([0xab; 16]);
+        assert_eq!(token_literal(token), format!("x'{}'", "ab".repeat(16)));
+    }
+}
