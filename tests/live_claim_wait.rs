@@ -66,11 +66,7 @@ async fn session_id(client: &mut Client) -> i64 {
 
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL"]
-async fn a_waiting_claim_returns_as_soon_as_a_row_is_committed() {
-    common::under_both_isolations("claim_wait_returns", returns_on_commit_in).await;
-}
+common::live_test!(a_waiting_claim_returns_as_soon_as_a_row_is_committed: "claim_wait_returns" => returns_on_commit_in);
 
 async fn returns_on_commit_in(db: &TestDb) {
     const TABLE: &str = "dbo.wait_returns";
@@ -121,11 +117,7 @@ async fn returns_on_commit_in(db: &TestDb) {
 
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL"]
-async fn a_waiting_claim_holds_no_transaction_and_never_blocks_enqueue() {
-    common::under_both_isolations("claim_wait_no_lock", holds_nothing_in).await;
-}
+common::live_test!(a_waiting_claim_holds_no_transaction_and_never_blocks_enqueue: "claim_wait_no_lock" => holds_nothing_in);
 
 async fn holds_nothing_in(db: &TestDb) {
     const TABLE: &str = "dbo.wait_no_lock";
@@ -218,11 +210,7 @@ async fn holds_nothing_in(db: &TestDb) {
 
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL"]
-async fn a_wait_is_refused_inside_a_transaction_and_out_of_range() {
-    common::under_both_isolations("claim_wait_refused", refused_in).await;
-}
+common::live_test!(a_wait_is_refused_inside_a_transaction_and_out_of_range: "claim_wait_refused" => refused_in);
 
 async fn refused_in(db: &TestDb) {
     const TABLE: &str = "dbo.wait_refused";
@@ -284,11 +272,7 @@ impl Publisher for Arrivals {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL"]
-async fn commit_to_publish_p99_is_under_50_ms_with_the_default_settings() {
-    common::under_both_isolations("claim_wait_latency", latency_in).await;
-}
+common::live_test!(commit_to_publish_p99_is_under_50_ms_with_the_default_settings: "claim_wait_latency" => latency_in);
 
 async fn latency_in(db: &TestDb) {
     const TABLE: &str = "dbo.wait_latency";
@@ -351,11 +335,7 @@ async fn latency_in(db: &TestDb) {
 
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL"]
-async fn a_relay_stops_at_once_while_its_claim_waits_and_the_claim_ends_with_it() {
-    common::under_both_isolations("claim_wait_stop", stops_in).await;
-}
+common::live_test!(a_relay_stops_at_once_while_its_claim_waits_and_the_claim_ends_with_it: "claim_wait_stop" => stops_in);
 
 async fn stops_in(db: &TestDb) {
     const TABLE: &str = "dbo.wait_stop";

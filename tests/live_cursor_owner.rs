@@ -322,11 +322,7 @@ async fn cursor_rows(admin: &mut Client, feed: &Feed) -> i64 {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn save_cursor_and_teardown_feed_never_leave_a_cursor_of_a_dropped_feed() {
-    common::under_both_isolations("cursor_teardown", teardown_scenario).await;
-}
+common::live_test!(save_cursor_and_teardown_feed_never_leave_a_cursor_of_a_dropped_feed: "cursor_teardown" => teardown_scenario);
 
 async fn teardown_scenario(db: &TestDb) {
     let mut admin = db.client().await;
@@ -430,11 +426,7 @@ async fn teardown_scenario(db: &TestDb) {
 // 3. consumer names from SQL (items 8, 9)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn save_cursor_from_sql_refuses_names_it_would_cut_or_merge() {
-    common::under_both_isolations("cursor_names", names_scenario).await;
-}
+common::live_test!(save_cursor_from_sql_refuses_names_it_would_cut_or_merge: "cursor_names" => names_scenario);
 
 async fn names_scenario(db: &TestDb) {
     let mut admin = db.client().await;

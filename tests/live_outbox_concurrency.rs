@@ -118,11 +118,7 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
 // 2. A slow writer does not delay the readers of its shard
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn slow_uncommitted_writer_does_not_delay_readers_of_its_shard() {
-    common::under_both_isolations("slow_writer", slow_writer_scenario).await;
-}
+common::live_test!(slow_uncommitted_writer_does_not_delay_readers_of_its_shard: "slow_writer" => slow_writer_scenario);
 
 async fn slow_writer_scenario(db: &TestDb) {
     const SHARD: i32 = 1;
@@ -261,11 +257,7 @@ async fn slow_writer_scenario(db: &TestDb) {
 // 3. An abandoned writer never blocks readers and leaves no trace
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn abandoned_writer_never_blocks_readers_and_leaves_no_trace() {
-    common::under_both_isolations("abandoned", abandoned_writer_scenario).await;
-}
+common::live_test!(abandoned_writer_never_blocks_readers_and_leaves_no_trace: "abandoned" => abandoned_writer_scenario);
 
 async fn abandoned_writer_scenario(db: &TestDb) {
     const SHARD: i32 = 0;
@@ -411,11 +403,7 @@ async fn abandoned_writer_scenario(db: &TestDb) {
 // 4. Two readers racing at the head both get the rows
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn readers_racing_at_the_head_both_return_the_rows() {
-    common::under_both_isolations("head_race", head_race_scenario).await;
-}
+common::live_test!(readers_racing_at_the_head_both_return_the_rows: "head_race" => head_race_scenario);
 
 async fn head_race_scenario(db: &TestDb) {
     const ROUNDS: i32 = 20;
@@ -958,11 +946,7 @@ async fn shard_lock_scenario(db: &TestDb, reader_login: &Login) {
 // 6. Concurrent setup_feed
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn concurrent_setup_feed_creates_exactly_one_feed() {
-    common::under_both_isolations("setup_race", setup_race_scenario).await;
-}
+common::live_test!(concurrent_setup_feed_creates_exactly_one_feed: "setup_race" => setup_race_scenario);
 
 async fn setup_race_scenario(db: &TestDb) {
     const ROUNDS: usize = 4;
@@ -1150,18 +1134,14 @@ async fn check_one_feed(admin: &mut Client, feed: &Feed) {
     );
 }
 
+common::live_test!(concurrent_setup_feed_of_different_tables_keeps_every_feed_in_feed_status: "setup_pairs" => setup_pairs_scenario);
+
 /// setup_feed for two *different* tables at once. Each call ends by rebuilding
 /// changefeed.feed_status from the registry (refresh_feed_status); a call that reads the
 /// registry while the other's row is not yet committed must neither drop the other's feed
 /// from feed_status (the last rebuild wins) nor deadlock on it. A call may still fail
 /// cleanly (a server error, nothing left open); it is then retried alone, as a migration
 /// tool would. Afterwards every registered feed is in feed_status.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn concurrent_setup_feed_of_different_tables_keeps_every_feed_in_feed_status() {
-    common::under_both_isolations("setup_pairs", setup_pairs_scenario).await;
-}
-
 async fn setup_pairs_scenario(db: &TestDb) {
     const ROUNDS: usize = 6;
     let mut admin = db.client().await;

@@ -334,11 +334,7 @@ async fn read_with_event(
 // 1. Paging
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn five_events_read_with_page_size_three_come_as_three_then_two_then_an_empty_page() {
-    common::under_both_isolations("paging", paging).await;
-}
+common::live_test!(current_thread five_events_read_with_page_size_three_come_as_three_then_two_then_an_empty_page: "paging" => paging);
 
 async fn paging(db: &TestDb) {
     let mut client = db.client().await;
@@ -396,11 +392,7 @@ async fn paging(db: &TestDb) {
 // 2. Order follows insertion, not time hints
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn feed_order_follows_insertion_order_even_when_time_hints_decrease() {
-    common::under_both_isolations("insertion_order", insertion_order).await;
-}
+common::live_test!(current_thread feed_order_follows_insertion_order_even_when_time_hints_decrease: "insertion_order" => insertion_order);
 
 async fn insertion_order(db: &TestDb) {
     let mut client = db.client().await;
@@ -426,11 +418,7 @@ async fn insertion_order(db: &TestDb) {
 // 3. Time hints lifted to a running max
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn time_hints_are_lifted_to_their_running_max_and_ulid_time_never_goes_back() {
-    common::under_both_isolations("running_max", running_max).await;
-}
+common::live_test!(current_thread time_hints_are_lifted_to_their_running_max_and_ulid_time_never_goes_back: "running_max" => running_max);
 
 async fn running_max(db: &TestDb) {
     let mut client = db.client().await;
@@ -556,11 +544,7 @@ async fn server_ulids_match_model(
     server
 }
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn server_ulid_allocation_agrees_with_the_reference_model_and_the_state_row_follows_it() {
-    common::under_both_isolations("allocator_model", allocator_model).await;
-}
+common::live_test!(current_thread server_ulid_allocation_agrees_with_the_reference_model_and_the_state_row_follows_it: "allocator_model" => allocator_model);
 
 async fn allocator_model(db: &TestDb) {
     let mut client = db.client().await;
@@ -680,11 +664,7 @@ async fn allocator_model(db: &TestDb) {
 // 5. A writer that rolls back
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn a_writer_that_rolls_back_leaves_no_trace_in_outbox_or_feed() {
-    common::under_both_isolations("rollback", rolled_back_writer).await;
-}
+common::live_test!(current_thread a_writer_that_rolls_back_leaves_no_trace_in_outbox_or_feed: "rollback" => rolled_back_writer);
 
 async fn rolled_back_writer(db: &TestDb) {
     let mut client = db.client().await;
@@ -728,11 +708,7 @@ async fn rolled_back_writer(db: &TestDb) {
 // 6. #read
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn read_feed_fills_a_callers_read_temp_table_instead_of_returning_rows() {
-    common::under_both_isolations("read_temp_table", read_temp_table).await;
-}
+common::live_test!(current_thread read_feed_fills_a_callers_read_temp_table_instead_of_returning_rows: "read_temp_table" => read_temp_table);
 
 async fn read_temp_table(db: &TestDb) {
     let mut client = db.client().await;
@@ -805,11 +781,7 @@ async fn read_temp_table(db: &TestDb) {
 // 7. @with_event = 1
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn with_event_returns_every_event_column_and_a_deleted_event_as_nulls() {
-    common::under_both_isolations("with_event", with_event).await;
-}
+common::live_test!(current_thread with_event_returns_every_event_column_and_a_deleted_event_as_nulls: "with_event" => with_event);
 
 async fn with_event(db: &TestDb) {
     let mut client = db.client().await;
@@ -863,11 +835,7 @@ async fn with_event(db: &TestDb) {
 // 8. Errors: inside a transaction, bad arguments
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn read_feed_refuses_a_transaction_with_51100_and_bad_arguments_with_51101() {
-    common::under_both_isolations("read_errors", read_errors).await;
-}
+common::live_test!(current_thread read_feed_refuses_a_transaction_with_51100_and_bad_arguments_with_51101: "read_errors" => read_errors);
 
 async fn read_errors(db: &TestDb) {
     let mut client = db.client().await;
@@ -942,11 +910,7 @@ async fn read_errors(db: &TestDb) {
 // 9. Long-poll
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn a_long_polling_reader_returns_when_a_writer_commits_or_after_wait_ms_when_none_does() {
-    common::under_both_isolations("long_poll", long_poll).await;
-}
+common::live_test!(current_thread a_long_polling_reader_returns_when_a_writer_commits_or_after_wait_ms_when_none_does: "long_poll" => long_poll);
 
 async fn long_poll(db: &TestDb) {
     let mut reader = db.client().await;
@@ -1038,11 +1002,7 @@ async fn key_column_types(client: &mut Client, object_id_sql: &str) -> Vec<KeyCo
     .collect()
 }
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn composite_mixed_type_key_in_a_unicode_table_of_a_non_dbo_schema_is_carried_exactly() {
-    common::under_both_isolations("composite_key", composite_key).await;
-}
+common::live_test!(current_thread composite_mixed_type_key_in_a_unicode_table_of_a_non_dbo_schema_is_carried_exactly: "composite_key" => composite_key);
 
 async fn composite_key(db: &TestDb) {
     let mut client = db.client().await;
@@ -1256,11 +1216,7 @@ async fn registry_rows(client: &mut Client, table: &str) -> i64 {
     .await
 }
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn setup_twice_changes_nothing_and_teardown_drops_every_per_feed_object_once() {
-    common::under_both_isolations("setup_teardown", setup_teardown).await;
-}
+common::live_test!(current_thread setup_twice_changes_nothing_and_teardown_drops_every_per_feed_object_once: "setup_teardown" => setup_teardown);
 
 async fn setup_teardown(db: &TestDb) {
     let mut client = db.client().await;
@@ -1373,11 +1329,7 @@ async fn setup_teardown(db: &TestDb) {
 // 12. Bad setup inputs
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn setup_feed_rejects_bad_names_tables_keys_and_modes_with_the_documented_errors() {
-    common::under_both_isolations("bad_setup", bad_setup).await;
-}
+common::live_test!(current_thread setup_feed_rejects_bad_names_tables_keys_and_modes_with_the_documented_errors: "bad_setup" => bad_setup);
 
 async fn bad_setup(db: &TestDb) {
     let mut client = db.client().await;
@@ -1474,11 +1426,7 @@ async fn bad_setup(db: &TestDb) {
 // 13. upgrade_feed / upgrade_all_feeds
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn upgrade_all_feeds_regenerates_code_and_keeps_every_row_and_cursor() {
-    common::under_both_isolations("upgrade", upgrade).await;
-}
+common::live_test!(current_thread upgrade_all_feeds_regenerates_code_and_keeps_every_row_and_cursor: "upgrade" => upgrade);
 
 async fn upgrade(db: &TestDb) {
     let mut client = db.client().await;
@@ -1636,11 +1584,7 @@ fn status(feed: &str, shard_id: i32, outbox_depth: i64, head: Option<Ulid>) -> S
     }
 }
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn feed_status_shows_each_feed_and_shard_with_committed_depth_and_head() {
-    common::under_both_isolations("feed_status", status_view).await;
-}
+common::live_test!(current_thread feed_status_shows_each_feed_and_shard_with_committed_depth_and_head: "feed_status" => status_view);
 
 async fn status_view(db: &TestDb) {
     let mut client = db.client().await;
@@ -1700,11 +1644,7 @@ async fn status_view(db: &TestDb) {
 // 15. Shards are independent
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn shards_are_independent_logs_each_with_strictly_increasing_ulids() {
-    common::under_both_isolations("shards", shards).await;
-}
+common::live_test!(current_thread shards_are_independent_logs_each_with_strictly_increasing_ulids: "shards" => shards);
 
 async fn shards(db: &TestDb) {
     let mut client = db.client().await;

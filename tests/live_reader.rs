@@ -33,11 +33,7 @@ const TASK_LIMIT: Duration = Duration::from_secs(180);
 // 1. Three consumers, four writers, one feed
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn three_consumers_under_concurrent_writers_see_the_same_ulid_sequence() {
-    common::under_both_isolations("reader_three_consumers", three_consumers_scenario).await;
-}
+common::live_test!(three_consumers_under_concurrent_writers_see_the_same_ulid_sequence: "reader_three_consumers" => three_consumers_scenario);
 
 /// Three independent consumers, each its own `FeedReader` stream from `Cursor::START`
 /// (their own pooled connection and cursor), follow one feed while four writers commit
@@ -126,11 +122,7 @@ async fn three_consumers_scenario(db: &TestDb) {
 // 2. Replay from a point in time
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn replay_from_a_point_in_time_yields_exactly_the_later_events() {
-    common::under_both_isolations("reader_replay_at", replay_at_scenario).await;
-}
+common::live_test!(replay_from_a_point_in_time_yields_exactly_the_later_events: "reader_replay_at" => replay_at_scenario);
 
 /// Ten events, a point in time `t` read from the server's clock, ten more: a stream from
 /// `Cursor::at(t)` yields exactly the second ten.
@@ -227,11 +219,7 @@ async fn replay_at_scenario(db: &TestDb) {
 // 3. A cursor saved in the side effect's transaction
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn cursor_saved_in_the_side_effect_transaction_rolls_back_and_commits_with_it() {
-    common::under_both_isolations("reader_cursor_tx", cursor_transaction_scenario).await;
-}
+common::live_test!(cursor_saved_in_the_side_effect_transaction_rolls_back_and_commits_with_it: "reader_cursor_tx" => cursor_transaction_scenario);
 
 /// The consumer reads a page outside any transaction (`read_feed` must), then applies it on
 /// a second connection: `begin tran; insert into dbo.sink ...; CursorStore::save(...)`.
@@ -355,11 +343,7 @@ async fn sink_ids(client: &mut Client) -> Vec<i64> {
 // 4. A connection killed mid-stream
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn killed_connection_mid_stream_resumes_without_loss_or_repeat() {
-    common::under_both_isolations("reader_kill", kill_scenario).await;
-}
+common::live_test!(killed_connection_mid_stream_resumes_without_loss_or_repeat: "reader_kill" => kill_scenario);
 
 /// A `FeedReader` stream (pages of 10) follows a feed while five writers commit 500 events;
 /// meanwhile an admin session `KILL`s the reader's session, several times. The reader's pool
@@ -546,11 +530,7 @@ async fn kill_scenario(db: &TestDb) {
 // 5. Long-poll latency
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn long_poll_latency_from_commit_to_delivery() {
-    common::under_both_isolations("reader_latency", latency_scenario).await;
-}
+common::live_test!(long_poll_latency_from_commit_to_delivery: "reader_latency" => latency_scenario);
 
 /// A stream with the default options (a 10 s server long-poll) waits at the head; one
 /// writer commits 50 events one at a time, each after a random pause (so commits land at
@@ -629,11 +609,7 @@ async fn latency_scenario(db: &TestDb) {
 // 6. A stream whose cursor a forced purge passes
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn stream_ends_with_cursor_expired_when_a_forced_purge_passes_its_cursor() {
-    common::under_both_isolations("reader_expired", expired_stream_scenario).await;
-}
+common::live_test!(stream_ends_with_cursor_expired_when_a_forced_purge_passes_its_cursor: "reader_expired" => expired_stream_scenario);
 
 /// A stream has yielded its first page (events 1–5; its cursor is event 5's ULID) when
 /// `purge_feed @before = <event 10>, @force = 1` deletes events 1–9 (its cursor is not

@@ -95,11 +95,7 @@ fn text(row: &Row, name: &str) -> Option<String> {
 // 1. Implicit transactions (issue 10, B3)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn registry_procedures_leave_no_transaction_open_under_implicit_transactions() {
-    common::under_both_isolations("reg_implicit", implicit_scenario).await;
-}
+common::live_test!(registry_procedures_leave_no_transaction_open_under_implicit_transactions: "reg_implicit" => implicit_scenario);
 
 /// A session with `SET IMPLICIT_TRANSACTIONS ON` (JDBC with autocommit off, pyodbc) calls
 /// every registry procedure that commits its own work: after each, `@@trancount` is 0 again
@@ -856,11 +852,7 @@ async fn views_scenario(db: &TestDb) {
 // Issue 19 item 1: event tables in a schema another user owns
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn a_table_outside_the_bundle_owners_chain_is_refused_and_reads_once_given_to_dbo() {
-    common::under_both_isolations("reg_owner", owner_scenario).await;
-}
+common::live_test!(a_table_outside_the_bundle_owners_chain_is_refused_and_reads_once_given_to_dbo: "reg_owner" => owner_scenario);
 
 /// Schema `ext` is created with `authorization` a user other than dbo. `setup_feed` refuses
 /// its tables in both modes with 51013 naming `alter authorization on schema::[ext] to

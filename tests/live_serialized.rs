@@ -64,11 +64,7 @@ const BIT_62: i64 = 1 << 62;
 // 1. Range arithmetic against the allocator model
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn range_arithmetic_matches_the_allocator_model() {
-    common::under_both_isolations("ser_ranges", range_scenario).await;
-}
+common::live_test!(range_arithmetic_matches_the_allocator_model: "ser_ranges" => range_scenario);
 
 async fn range_scenario(db: &TestDb) {
     let mut admin = db.client().await;
@@ -613,11 +609,7 @@ fn check_commit_order(table: &str, written: &[Written], shards: i32) -> usize {
 // 3. Two feeds in one transaction
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn two_feeds_in_one_transaction_keep_their_own_ranges() {
-    common::under_both_isolations("ser_two_feeds", two_feeds_scenario).await;
-}
+common::live_test!(two_feeds_in_one_transaction_keep_their_own_ranges: "ser_two_feeds" => two_feeds_scenario);
 
 async fn two_feeds_scenario(db: &TestDb) {
     let mut admin = db.client().await;
@@ -720,11 +712,7 @@ async fn two_feeds_scenario(db: &TestDb) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn two_feeds_locked_in_opposite_orders_resolve_the_deadlock_with_51202() {
-    common::under_both_isolations("ser_deadlock", opposite_order_scenario).await;
-}
+common::live_test!(two_feeds_locked_in_opposite_orders_resolve_the_deadlock_with_51202: "ser_deadlock" => opposite_order_scenario);
 
 /// Writer 1 locks feed A then B, writer 2 locks B then A: a deadlock between the two
 /// applocks. SQL Server's deadlock monitor picks a victim, whose sp_getapplock returns -3,
@@ -805,11 +793,7 @@ async fn opposite_order_scenario(db: &TestDb) {
 // 4. Lock timeout and commit order between two writers
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn lock_timeout_fails_fast_with_51202_and_rolls_back() {
-    common::under_both_isolations("ser_timeout", lock_timeout_scenario).await;
-}
+common::live_test!(lock_timeout_fails_fast_with_51202_and_rolls_back: "ser_timeout" => lock_timeout_scenario);
 
 async fn lock_timeout_scenario(db: &TestDb) {
     let mut admin = db.client().await;
@@ -982,11 +966,7 @@ async fn lock_timeout_scenario(db: &TestDb) {
 // 5. ulid(@i) outside its transaction, and lock_feed outside any
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn ulid_outside_its_transaction_fails_clearly() {
-    common::under_both_isolations("ser_misuse", misuse_scenario).await;
-}
+common::live_test!(ulid_outside_its_transaction_fails_clearly: "ser_misuse" => misuse_scenario);
 
 async fn misuse_scenario(db: &TestDb) {
     let mut admin = db.client().await;
@@ -1193,11 +1173,7 @@ async fn rollback_if_open(client: &mut Client) {
 // 6. setup_feed's checks for serialized-writer mode
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn setup_feed_validates_serialized_tables() {
-    common::under_both_isolations("ser_setup", setup_validation_scenario).await;
-}
+common::live_test!(setup_feed_validates_serialized_tables: "ser_setup" => setup_validation_scenario);
 
 /// A table `setup_feed` must refuse, and the error it must give.
 struct Refused {
@@ -1816,6 +1792,8 @@ async fn roles_scenario(db: &TestDb, writer_login: &Login, reader_login: &Login)
 // 8. ULIDs inserted out of order inside one writer transaction
 // ------------------------------------------------------------------------------------------
 
+common::live_test!(ulids_inserted_out_of_order_in_one_transaction_are_never_skipped: "ser_out_of_order" => out_of_order_scenario);
+
 /// A writer may use its range in any order: the documented multi-row insert
 /// `ulid(row_number() over (order by ...))` inserts rows in the order of its plan, and two
 /// statements may use ulid(2) before ulid(1). Readers must still see every row: here the
@@ -1824,12 +1802,6 @@ async fn roles_scenario(db: &TestDb, writer_login: &Login, reader_login: &Login)
 /// until the commit. Under locking READ COMMITTED the reader blocks on ulid(2)'s key lock;
 /// if it then continues from ulid(2), it never visits ulid(1), inserted behind its scan
 /// position, and its cursor passes ulid(1) for good.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn ulids_inserted_out_of_order_in_one_transaction_are_never_skipped() {
-    common::under_both_isolations("ser_out_of_order", out_of_order_scenario).await;
-}
-
 async fn out_of_order_scenario(db: &TestDb) {
     let mut admin = db.client().await;
     let feed = create_serialized_feed(&mut admin, "out_of_order", "id int not null", "id").await;
@@ -1914,17 +1886,13 @@ async fn out_of_order_scenario(db: &TestDb) {
 // 9. POWEROFF.md: a writer that stops answering while it holds the shard
 // ------------------------------------------------------------------------------------------
 
+common::live_test!(power_off_client_side_transaction_blocks_the_shard_until_the_connection_dies: "ser_poweroff_a" => power_off_unmitigated);
+
 /// (a) A client-side transaction (`begin tran; exec lock_feed; insert`) whose client then
 /// stops answering (the proxy between it and the server freezes). Measures how long writer
 /// B waits in lock_feed without any mitigation, up to CHANGEFEED_POWEROFF_WAIT_SECS, and then
 /// how quickly B proceeds once the frozen connection is reset (as when the client's process
 /// dies). Also shows who else waits: readers under locking READ COMMITTED, not under RCSI.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn power_off_client_side_transaction_blocks_the_shard_until_the_connection_dies() {
-    common::under_both_isolations("ser_poweroff_a", power_off_unmitigated).await;
-}
-
 async fn power_off_unmitigated(db: &TestDb) {
     let wait_limit = power_off_wait();
     let isolation = db.isolation;
@@ -2117,14 +2085,10 @@ async fn power_off_unmitigated(db: &TestDb) {
     drop(proxy);
 }
 
+common::live_test!(power_off_with_lock_timeout_other_writers_fail_fast: "ser_poweroff_b" => power_off_lock_timeout);
+
 /// (b) The same frozen writer, and writers that pass @lock_timeout_ms = 1000: they fail with
 /// 51202 after about a second instead of queueing, from Rust and from a server-side batch.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn power_off_with_lock_timeout_other_writers_fail_fast() {
-    common::under_both_isolations("ser_poweroff_b", power_off_lock_timeout).await;
-}
-
 async fn power_off_lock_timeout(db: &TestDb) {
     let isolation = db.isolation;
     let mut admin = db.client().await;
@@ -2211,15 +2175,11 @@ async fn power_off_lock_timeout(db: &TestDb) {
     drop(proxy);
 }
 
+common::live_test!(power_off_during_a_server_side_batch_blocks_nobody_beyond_the_batch: "ser_poweroff_c" => power_off_server_side_batch);
+
 /// (c) Writer A sends the whole transaction as one server-side batch (lock_feed, insert,
 /// 3 s of work, commit) and stops answering while the server runs it. The server does not
 /// need the client to finish the batch: the lock is held for the batch's own duration only.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn power_off_during_a_server_side_batch_blocks_nobody_beyond_the_batch() {
-    common::under_both_isolations("ser_poweroff_c", power_off_server_side_batch).await;
-}
-
 async fn power_off_server_side_batch(db: &TestDb) {
     const HOLD_MS: u32 = 3000;
     let hold = Duration::from_millis(u64::from(HOLD_MS));
@@ -2295,15 +2255,11 @@ async fn power_off_server_side_batch(db: &TestDb) {
     drop(proxy);
 }
 
+common::live_test!(power_off_in_outbox_mode_blocks_no_writer_and_no_reader: "ser_poweroff_d" => power_off_outbox);
+
 /// (d) Outbox mode: writer A (frozen) holds an uncommitted event and outbox row of shard 0.
 /// Writer B commits to the same shard and a reader returns B's event at once: in outbox
 /// mode nobody holds a lock that others of the shard need.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn power_off_in_outbox_mode_blocks_no_writer_and_no_reader() {
-    common::under_both_isolations("ser_poweroff_d", power_off_outbox).await;
-}
-
 async fn power_off_outbox(db: &TestDb) {
     const LATENCY: Duration = Duration::from_secs(1);
     let isolation = db.isolation;

@@ -307,6 +307,37 @@ pub async fn under_both_isolations(label: &str, scenario: impl AsyncFn(&TestDb))
     run_under_both_isolations(label, None, scenario).await;
 }
 
+/// Declares one live test, in a line above its scenario: `test_name: "label" => scenario`
+/// is an `#[ignore]`d test on tokio's multi-thread runtime with four workers that runs
+/// `scenario` (an `async fn(&TestDb)`: setup, action, expectation) under
+/// [`under_both_isolations`] with `label`; `current_thread test_name: …` runs on tokio's
+/// default runtime. Attributes (`#[doc]`…) go first, inside the call.
+///
+/// ```ignore
+/// common::live_test!(rows_come_in_commit_order: "commit_order" => commit_order);
+/// common::live_test!(current_thread pages_of_three: "paging" => paging);
+/// ```
+macro_rules! live_test {
+    ($(#[$meta:meta])* current_thread $name:ident: $label:literal => $scenario:expr) => {
+        $(#[$meta])*
+        #[tokio::test]
+        #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+        async fn $name() {
+            $crate::common::under_both_isolations($label, $scenario).await;
+        }
+    };
+    ($(#[$meta:meta])* $name:ident: $label:literal => $scenario:expr) => {
+        $(#[$meta])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+        async fn $name() {
+            $crate::common::under_both_isolations($label, $scenario).await;
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use live_test;
+
 /// [`under_both_isolations`] on databases migrated only up to `version`, as an older
 /// release of the bundle left them: the scenario itself migrates further.
 pub async fn under_both_isolations_from(
