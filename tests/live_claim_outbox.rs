@@ -29,6 +29,7 @@ use changefeed::outbox::{ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers,
 use changefeed::outbox_store::OutboxStore;
 use changefeed::row::Column;
 use claim_contract::assert_round_trip;
+use common::claims::{decoded, id_list};
 use common::{TestDb, enqueue_committed, exec, rows, scalar_i64};
 use serde_json::json;
 use tiberius::Uuid;
@@ -138,18 +139,6 @@ async fn claim(
     }
 }
 
-/// The messages of a claim in which every row must decode.
-#[track_caller]
-fn decoded(batch: Vec<Claimed>) -> Vec<ClaimedMessage> {
-    batch
-        .into_iter()
-        .map(|claimed| match claimed {
-            Claimed::Message(message) => message,
-            Claimed::Undecodable(row) => panic!("an undecodable row: {row:?}"),
-        })
-        .collect()
-}
-
 fn ids(batch: &[ClaimedMessage]) -> Vec<i64> {
     batch.iter().map(|m| m.id).collect()
 }
@@ -184,14 +173,6 @@ fn server_error<T: Debug>(result: changefeed::Result<T>, number: u32, what: &str
 /// Asserts a batch failed with SQL Server error `number`; returns the message.
 async fn batch_error(client: &mut Client, text: &str, number: u32) -> String {
     server_error(exec(client, text).await, number, text)
-}
-
-fn id_list(ids: &[i64]) -> String {
-    assert!(!ids.is_empty(), "an id list needs ids");
-    ids.iter()
-        .map(i64::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Sets `column` of the rows `ids` to the server-side expression `value`.

@@ -19,9 +19,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use changefeed::Client;
-use changefeed::outbox::{Claimed, ClaimedMessage, NewMessage};
+use changefeed::outbox::{ClaimedMessage, NewMessage};
 use changefeed::outbox_store::{CLAIM_PAUSE_MAX, OutboxStore, SqlClaimStore};
 use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
+use common::claims::decoded;
 use common::events::{exec_ok, rows_ok};
 use common::tasks::{bounded, join, spawn_bounded};
 use common::{TestDb, scalar_i64};
@@ -50,16 +51,6 @@ async fn enqueue_committed(store: &OutboxStore, client: &mut Client, message: &N
     enqueued.id
 }
 
-fn messages(batch: Vec<Claimed>) -> Vec<ClaimedMessage> {
-    batch
-        .into_iter()
-        .map(|claimed| match claimed {
-            Claimed::Message(message) => message,
-            Claimed::Undecodable(row) => panic!("an undecodable row: {row:?}"),
-        })
-        .collect()
-}
-
 async fn session_id(client: &mut Client) -> i64 {
     scalar_i64(client, "select convert(bigint, @@spid);").await
 }
@@ -85,19 +76,8 @@ async fn returns_on_commit_in(db: &TestDb) {
     assert!(started.elapsed() >= wait - Duration::from_millis(1));
 
     // A claim waiting 30 s gets a message committed 500 ms into its wait, at once.
-    let waiting_store = store.clone();
     let started = Instant::now();
-    let claim = spawn_bounded(
-        "the waiting claim".to_owned(),
-        Duration::from_secs(60),
-        async move {
-            let batch = waiting_store
-                .claim_waiting(&mut claimer, 10, HELD, Duration::from_secs(30))
-                .await
-                .map_err(|error| error.to_string())?;
-            Ok((messages(batch), Instant::now()))
-        },
-    );
+    let claim = spawn_waiting_claim(&store, claimer, Duration::from_secs(30));
     tokio::time::sleep(Duration::from_millis(500)).await;
     let id = enqueue_committed(&store, &mut writer, &NewMessage::new("t", json!({"n": 1}))).await;
     let committed = Instant::now();
@@ -129,7 +109,7 @@ async fn holds_nothing_in(db: &TestDb) {
     let second = NewMessage::new("t", json!({"n": 2})).aggregate("order", "a-1");
     enqueue_committed(&store, &mut admin, &head).await;
     enqueue_committed(&store, &mut admin, &second).await;
-    let held = messages(
+    let held = decoded(
         store
             .claim(&mut admin, 10, HELD)
             .await
@@ -139,18 +119,7 @@ async fn holds_nothing_in(db: &TestDb) {
 
     let mut claimer = db.client().await;
     let spid = session_id(&mut claimer).await;
-    let waiting_store = store.clone();
-    let claim = spawn_bounded(
-        "the waiting claim".to_owned(),
-        Duration::from_secs(60),
-        async move {
-            let batch = waiting_store
-                .claim_waiting(&mut claimer, 10, HELD, Duration::from_secs(5))
-                .await
-                .map_err(|error| error.to_string())?;
-            Ok(messages(batch))
-        },
-    );
+    let claim = spawn_waiting_claim(&store, claimer, Duration::from_secs(5));
 
     // While it waits: every sample of its request that is in WAITFOR has no open
     // transaction (the request's own count, read in one row of one view).
@@ -203,7 +172,7 @@ async fn holds_nothing_in(db: &TestDb) {
     );
 
     // The waiting claim then takes a-2's message, and only that: a-1 is still held.
-    let claimed = join(claim).await;
+    let (claimed, _) = join(claim).await;
     let payloads: Vec<_> = claimed.iter().map(|m| m.payload.clone()).collect();
     assert_eq!(payloads, [json!({"n": 4})]);
 }
@@ -403,4 +372,25 @@ async fn stops_in(db: &TestDb) {
         0,
         "a message committed after the relay stopped was claimed: the claim outlived it"
     );
+}
+
+/// A task (bounded to a minute) on `claimer` that claims up to 10 messages of `store`,
+/// waiting up to `wait` for one; it returns what it claimed and when its answer came.
+fn spawn_waiting_claim(
+    store: &OutboxStore,
+    mut claimer: Client,
+    wait: Duration,
+) -> tokio::task::JoinHandle<Result<(Vec<ClaimedMessage>, Instant), String>> {
+    let store = store.clone();
+    spawn_bounded(
+        "the waiting claim".to_owned(),
+        Duration::from_secs(60),
+        async move {
+            let batch = store
+                .claim_waiting(&mut claimer, 10, HELD, wait)
+                .await
+                .map_err(|error| error.to_string())?;
+            Ok((decoded(batch), Instant::now()))
+        },
+    )
 }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use changefeed::{Client, Cursor, Feed, ReadOptions, read_page};
+use common::events::commit_retrying;
 use common::load::{
     Load, MAX_TRANSIENT_RETRIES, TASK_LIMIT, WriterKey, check_stored, keys, load_on_1_and_4_shards,
     ulid_of, write_and_read,
@@ -83,7 +84,28 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
         load,
         move |mut client, database, feed, shard, writer| async move {
             for seq in 0..load.events_per_writer as i32 {
-                commit_writer_event(&mut client, &database, &feed, shard, writer, seq).await?;
+                // A transient failure (deadlock victim, lock timeout, dropped connection)
+                // is retried, after checking whether the commit made it; retrying the same
+                // event before the next keeps the writer's commit order.
+                let committed = format!(
+                    "select count_big(*) from {} where writer = {writer} and seq = {seq};",
+                    feed.quoted_table()
+                );
+                commit_retrying(
+                    &mut client,
+                    &database,
+                    &format!("writer {writer}, event {seq}"),
+                    MAX_TRANSIENT_RETRIES,
+                    &committed,
+                    |client| {
+                        let feed = feed.clone();
+                        Box::pin(
+                            async move { commit_event(client, &feed, shard, writer, seq).await },
+                        )
+                    },
+                )
+                .await
+                .map_err(|error| format!("commit of event ({writer}, {seq}) failed: {error}"))?;
             }
             Ok(())
         },
@@ -1290,46 +1312,4 @@ async fn commit_event(
         open_writer_transaction(feed, shard, writer, seq)
     );
     exec(client, &batch).await
-}
-
-/// [`commit_event`] for a load writer: a transient failure (deadlock victim, lock timeout,
-/// dropped connection) is retried, after checking whether the commit made it. Retrying the
-/// same event before the next keeps the writer's commit order.
-async fn commit_writer_event(
-    client: &mut Client,
-    database: &str,
-    feed: &Feed,
-    shard: i32,
-    writer: i32,
-    seq: i32,
-) -> Result<(), String> {
-    let mut failures = 0;
-    loop {
-        match commit_event(client, feed, shard, writer, seq).await {
-            Ok(()) => return Ok(()),
-            Err(error) if error.is_transient() && failures < MAX_TRANSIENT_RETRIES => {
-                failures += 1;
-                eprintln!("-- writer {writer}, event {seq}: transient error, retrying: {error}");
-                if matches!(error, changefeed::Error::Connection(_)) {
-                    *client = common::connect_to(database).await;
-                }
-                let _ = exec(client, "if @@trancount > 0 rollback transaction;").await;
-                let committed = scalar_i64(
-                    client,
-                    &format!(
-                        "select count_big(*) from {} where writer = {writer} and seq = {seq};",
-                        feed.quoted_table()
-                    ),
-                )
-                .await;
-                if committed > 0 {
-                    return Ok(());
-                }
-                tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
-            }
-            Err(error) => {
-                return Err(format!("commit of event ({writer}, {seq}) failed: {error}"));
-            }
-        }
-    }
 }

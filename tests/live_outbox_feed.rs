@@ -17,6 +17,7 @@ use changefeed::allocator::{
 use changefeed::row::FromRow;
 use changefeed::{Client, Cursor, Feed, FeedRow, ReadOptions, read_page};
 use common::TestDb;
+use common::events::{exec_ok, hex, read_state, required, rows_ok, server_now_ms};
 use tiberius::Row;
 use ulid::Ulid;
 
@@ -30,18 +31,6 @@ const T: i64 = 1_672_671_845_000;
 fn feed(name: &str) -> Feed {
     name.parse()
         .unwrap_or_else(|error| panic!("{name} is a valid feed name: {error}"))
-}
-
-async fn exec_ok(client: &mut Client, sql: &str) {
-    common::exec(client, sql)
-        .await
-        .unwrap_or_else(|error| panic!("{sql}\n  failed: {error}"));
-}
-
-async fn rows_ok(client: &mut Client, sql: &str) -> Vec<Row> {
-    common::rows(client, sql)
-        .await
-        .unwrap_or_else(|error| panic!("{sql}\n  failed: {error}"))
 }
 
 /// Every result set of a batch, so a test can tell which statement produced rows.
@@ -68,14 +57,6 @@ async fn count(client: &mut Client, sql: &str) -> i64 {
     common::scalar_i64(client, sql).await
 }
 
-fn hex(bytes: &[u8]) -> String {
-    let mut text = String::from("0x");
-    for byte in bytes {
-        text.push_str(&format!("{byte:02X}"));
-    }
-    text
-}
-
 /// A `datetime2(3)` expression for `ms` milliseconds since 1970 (days first: dateadd takes
 /// an int), so a test can write exact time hints.
 fn datetime_sql(ms: i64) -> String {
@@ -86,15 +67,6 @@ fn datetime_sql(ms: i64) -> String {
     )
 }
 
-/// The server's clock, in ms since 1970.
-async fn server_now_ms(client: &mut Client) -> i64 {
-    count(
-        client,
-        "select datediff_big(millisecond, convert(datetime2(3), '19700101', 112), sysutcdatetime());",
-    )
-    .await
-}
-
 fn ms_of(time: time::PrimitiveDateTime) -> i64 {
     (time.assume_utc().unix_timestamp_nanos() / 1_000_000) as i64
 }
@@ -102,10 +74,6 @@ fn ms_of(time: time::PrimitiveDateTime) -> i64 {
 fn column<'a, T: tiberius::FromSql<'a>>(row: &'a Row, name: &str) -> Option<T> {
     row.try_get::<T, &str>(name)
         .unwrap_or_else(|error| panic!("column {name}: {error}"))
-}
-
-fn required<'a, T: tiberius::FromSql<'a>>(row: &'a Row, name: &str) -> T {
-    column(row, name).unwrap_or_else(|| panic!("column {name} is NULL"))
 }
 
 fn binary(row: &Row, name: &str) -> Vec<u8> {
@@ -252,24 +220,6 @@ async fn read_all<K: FromRow + std::fmt::Debug>(
         rows.extend(page.rows);
     }
     panic!("{feed} shard {shard}: still reading after 10000 pages");
-}
-
-async fn read_state(client: &mut Client, feed: &Feed, shard: i32) -> Option<ShardState> {
-    let rows = rows_ok(
-        client,
-        &format!(
-            "select last_ms, ulid_high, next_counter from {} where shard_id = {shard};",
-            feed.object("state")
-        ),
-    )
-    .await;
-    rows.first().map(|row| ShardState {
-        last_ms: required::<i64>(row, "last_ms"),
-        high: binary(row, "ulid_high")
-            .try_into()
-            .expect("ulid_high is binary(8)"),
-        next_counter: required::<i64>(row, "next_counter"),
-    })
 }
 
 /// `(shard_id, ulid, id)` of every feed row, in order: a snapshot to compare.

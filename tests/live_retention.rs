@@ -23,7 +23,7 @@ use changefeed::reader::{FeedReader, FeedReaderOptions};
 use changefeed::{Client, Cursor, CursorStore, Error, Feed, FeedRow};
 use common::events::{
     create_feed, exec_ok, hex, keys, pairs, read_to_end, required, rows_ok, server_now_ms,
-    write_ok, write_retrying,
+    state_row, write_ok, write_retrying,
 };
 use common::tasks::{join, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
@@ -895,16 +895,8 @@ async fn consumer_lag(client: &mut Client, feed: &Feed) -> BTreeMap<String, Lag>
 }
 
 async fn purged_through(client: &mut Client, feed: &Feed, shard: i32) -> Option<Ulid> {
-    let rows = rows_ok(
-        client,
-        &format!(
-            "select purged_through from {} where shard_id = {shard};",
-            feed.object("state")
-        ),
-    )
-    .await;
-    rows.first()
-        .and_then(|row| optional_ulid(row, "purged_through"))
+    let row = state_row(client, feed, shard, "purged_through").await?;
+    optional_ulid(&row, "purged_through")
 }
 
 async fn reader_for(db: &TestDb, feed: &Feed, page_size: u32) -> FeedReader {

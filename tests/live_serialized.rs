@@ -26,6 +26,7 @@ use changefeed::allocator::{
 };
 use changefeed::writer::lock_feed;
 use changefeed::{Client, Cursor, Feed, FeedRow, Page, ReadOptions, read_page};
+use common::events::{read_state, recover_from_transient, retry_pause};
 use common::load::{
     Load, MAX_TRANSIENT_RETRIES, WriterKey, check_stored, keys, load_on_1_and_4_shards,
     write_and_read,
@@ -382,26 +383,6 @@ async fn range_scenario(db: &TestDb) {
     assert_eq!(read_state(&mut admin, &feed, 0).await, model.state());
 }
 
-/// The state row of `shard`, as the model's [`ShardState`].
-async fn read_state(client: &mut Client, feed: &Feed, shard: i32) -> Option<ShardState> {
-    let state = rows(
-        client,
-        &format!(
-            "select last_ms, ulid_high, next_counter from {} where shard_id = {shard};",
-            feed.object("state")
-        ),
-    )
-    .await
-    .expect("read the state row");
-    state.first().map(|row| ShardState {
-        last_ms: i64_at(row, 0, "last_ms"),
-        high: bytes_at(row, 1, "ulid_high")
-            .try_into()
-            .expect("ulid_high is binary(8)"),
-        next_counter: i64_at(row, 2, "next_counter"),
-    })
-}
-
 // ------------------------------------------------------------------------------------------
 // 2. The load matrix: commit order is ULID order, nothing is skipped
 // ------------------------------------------------------------------------------------------
@@ -538,11 +519,8 @@ async fn commit_load_event(
             }
             Err(error) if error.is_transient() && failures < MAX_TRANSIENT_RETRIES => {
                 failures += 1;
-                eprintln!("-- writer {writer}, event {seq}: transient error, retrying: {error}");
-                if matches!(error, changefeed::Error::Connection(_)) {
-                    *client = common::connect_to(database).await;
-                }
-                let _ = exec(client, "if @@trancount > 0 rollback transaction;").await;
+                let what = format!("writer {writer}, event {seq}");
+                recover_from_transient(client, database, &what, &error).await;
                 let stored = rows(
                     client,
                     &format!(
@@ -561,7 +539,7 @@ async fn commit_load_event(
                         done: Instant::now(),
                     });
                 }
-                tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
+                retry_pause(failures).await;
             }
             Err(error) => return Err(format!("commit of event {key:?} failed: {error}")),
         }
@@ -2591,20 +2569,15 @@ async fn connect_through(proxy: &FreezableProxy, db: &TestDb) -> Client {
 /// A direct connection with no client-side command timeout (tiberius' default is 30 s),
 /// for calls that wait on purpose: writer B behind a frozen writer, blocked readers.
 async fn connect_unbounded(db: &TestDb) -> Client {
-    let mut last_error = None;
-    for _ in 0..10 {
+    let config = || {
         let mut config =
             tiberius::Config::from_ado_string(&db.ado()).expect("the test's ADO string");
         config.command_timeout(None);
-        match changefeed::connection::connect_with(config).await {
-            Ok(client) => return client,
-            Err(error) => {
-                last_error = Some(error);
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        }
-    }
-    panic!("cannot connect to {}: {last_error:?}", db.name);
+        config
+    };
+    common::connect_retrying(10, Duration::from_millis(300), config)
+        .await
+        .unwrap_or_else(|last_error| panic!("cannot connect to {}: {last_error:?}", db.name))
 }
 
 async fn session_id(client: &mut Client) -> i32 {

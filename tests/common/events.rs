@@ -6,8 +6,10 @@
 
 use std::time::Duration;
 
+use changefeed::allocator::ShardState;
 use changefeed::reader::FeedReader;
 use changefeed::{Client, Cursor, Error, Feed, FeedRow};
+use futures::future::BoxFuture;
 use tiberius::Row;
 use ulid::Ulid;
 
@@ -88,33 +90,75 @@ pub async fn write_retrying(
     shard: i32,
     id: i64,
 ) -> Result<(), String> {
+    let committed = format!(
+        "select count_big(*) from {} where id = {id};",
+        feed.quoted_table()
+    );
+    commit_retrying(
+        client,
+        database,
+        &format!("event {id}"),
+        MAX_WRITE_RETRIES,
+        &committed,
+        |client| {
+            let feed = feed.clone();
+            Box::pin(async move { write_event(client, &feed, shard, id, None).await })
+        },
+    )
+    .await
+    .map_err(|error| format!("write event {id}: {error}"))
+}
+
+/// Runs `commit` (one whole transaction, a boxed future so that a writer task stays `Send`)
+/// until it succeeds; a transient failure (deadlock
+/// victim, lock timeout, dropped connection) is retried up to `max_retries` times, unless
+/// `committed` (a `select count_big(*)` of the event) finds the commit made it after all
+/// (a dropped connection may have lost only the answer). Retrying one event before the
+/// next keeps a writer's commit order. Returns the failure that was not retried.
+pub async fn commit_retrying(
+    client: &mut Client,
+    database: &str,
+    what: &str,
+    max_retries: u32,
+    committed: &str,
+    mut commit: impl for<'c> FnMut(&'c mut Client) -> BoxFuture<'c, changefeed::Result<()>>,
+) -> changefeed::Result<()> {
     let mut failures: u32 = 0;
     loop {
-        match write_event(client, feed, shard, id, None).await {
+        match commit(client).await {
             Ok(()) => return Ok(()),
-            Err(error) if error.is_transient() && failures < MAX_WRITE_RETRIES => {
+            Err(error) if error.is_transient() && failures < max_retries => {
                 failures += 1;
-                eprintln!("-- event {id}: transient write error, retrying: {error}");
-                if matches!(error, Error::Connection(_)) {
-                    *client = connect_to(database).await;
-                }
-                let _ = exec(client, "if @@trancount > 0 rollback transaction;").await;
-                let committed = scalar_i64(
-                    client,
-                    &format!(
-                        "select count_big(*) from {} where id = {id};",
-                        feed.quoted_table()
-                    ),
-                )
-                .await;
-                if committed > 0 {
+                recover_from_transient(client, database, what, &error).await;
+                if scalar_i64(client, committed).await > 0 {
                     return Ok(());
                 }
-                tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
+                retry_pause(failures).await;
             }
-            Err(error) => return Err(format!("write event {id}: {error}")),
+            Err(error) => return Err(error),
         }
     }
+}
+
+/// What a writer does after a transient failure of its transaction, before it checks
+/// whether the commit made it: says so on stderr, replaces a dropped connection with a new
+/// one to `database`, and rolls back what is left of the transaction.
+pub async fn recover_from_transient(
+    client: &mut Client,
+    database: &str,
+    what: &str,
+    error: &Error,
+) {
+    eprintln!("-- {what}: transient error, retrying: {error}");
+    if matches!(error, Error::Connection(_)) {
+        *client = connect_to(database).await;
+    }
+    let _ = exec(client, "if @@trancount > 0 rollback transaction;").await;
+}
+
+/// The pause before retry number `failures`: 20 ms more for each.
+pub async fn retry_pause(failures: u32) {
+    tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
 }
 
 /// Reads pages with `read_page` (no wait) until one is not full; moves every committed
@@ -187,4 +231,29 @@ pub async fn rows_ok(client: &mut Client, sql: &str) -> Vec<Row> {
     rows(client, sql)
         .await
         .unwrap_or_else(|error| panic!("{sql}\n  failed: {error}"))
+}
+
+/// `columns` of `feed`'s state row for `shard`, none before the shard's first event.
+pub async fn state_row(client: &mut Client, feed: &Feed, shard: i32, columns: &str) -> Option<Row> {
+    let rows = rows_ok(
+        client,
+        &format!(
+            "select {columns} from {} where shard_id = {shard};",
+            feed.object("state")
+        ),
+    )
+    .await;
+    rows.into_iter().next()
+}
+
+/// The allocator's state row of `shard`, as the reference model's [`ShardState`].
+pub async fn read_state(client: &mut Client, feed: &Feed, shard: i32) -> Option<ShardState> {
+    let row = state_row(client, feed, shard, "last_ms, ulid_high, next_counter").await?;
+    Some(ShardState {
+        last_ms: required::<i64>(&row, "last_ms"),
+        high: required::<&[u8]>(&row, "ulid_high")
+            .try_into()
+            .expect("ulid_high is binary(8)"),
+        next_counter: required::<i64>(&row, "next_counter"),
+    })
 }

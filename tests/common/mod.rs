@@ -13,6 +13,7 @@ use changefeed::Client;
 use futures::TryStreamExt;
 use tiberius::{Config, QueryItem, Row};
 
+pub mod claims;
 pub mod events;
 pub mod load;
 pub mod logins;
@@ -112,17 +113,33 @@ pub fn config(database: &str) -> Config {
 /// A new connection to `database` of the test server. SQL Server in a fresh container
 /// accepts logins a little after it reports ready, so connecting retries for a while.
 pub async fn connect_to(database: &str) -> Client {
+    let pause = std::time::Duration::from_millis(500);
+    connect_retrying(60, pause, || config(database))
+        .await
+        .unwrap_or_else(|last_error| {
+            panic!("cannot connect to the test server's {database}: {last_error:?}")
+        })
+}
+
+/// Connects with the configuration `config` makes, up to `attempts` times with `pause`
+/// between them (a server, or a login just created, may refuse for a moment); else the last
+/// error.
+pub async fn connect_retrying(
+    attempts: u32,
+    pause: std::time::Duration,
+    config: impl Fn() -> Config,
+) -> Result<Client, Option<changefeed::Error>> {
     let mut last_error = None;
-    for _ in 0..60 {
-        match changefeed::connection::connect_with(config(database)).await {
-            Ok(client) => return client,
+    for _ in 0..attempts {
+        match changefeed::connection::connect_with(config()).await {
+            Ok(client) => return Ok(client),
             Err(error) => {
                 last_error = Some(error);
-                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                tokio::time::sleep(pause).await;
             }
         }
     }
-    panic!("cannot connect to the test server's {database}: {last_error:?}");
+    Err(last_error)
 }
 
 /// The ADO string of the test server for `database`, for code under test that connects
@@ -317,6 +334,7 @@ pub async fn under_both_isolations(label: &str, scenario: impl AsyncFn(&TestDb))
 /// common::live_test!(rows_come_in_commit_order: "commit_order" => commit_order);
 /// common::live_test!(current_thread pages_of_three: "paging" => paging);
 /// ```
+#[allow(unused_macros)] // a test binary without SQL Server scenarios
 macro_rules! live_test {
     ($(#[$meta:meta])* current_thread $name:ident: $label:literal => $scenario:expr) => {
         $(#[$meta])*
