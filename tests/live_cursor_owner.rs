@@ -12,15 +12,13 @@
 
 mod common;
 
-use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use changefeed::{Client, Cursor, CursorStore, Feed};
 use common::events::create_feed;
-use common::logins::{Login, drop_logins};
+use common::logins::{Login, with_logins};
 use common::tasks::{bounded, join, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
-use futures::FutureExt;
 use ulid::Ulid;
 
 /// A call that must not wait gets this long before the test calls it blocked.
@@ -119,15 +117,8 @@ async fn owners(admin: &mut Client, consumer: &str, feed: &Feed) -> Vec<(i32, Op
 /// the logins (server-level objects) even when it fails.
 async fn with_two_readers(label: &str, scenario: impl AsyncFn(&TestDb, &Login, &Login)) {
     common::under_both_isolations(label, async |db: &TestDb| {
-        let alice = Login::new("alice", db);
-        let bob = Login::new("bob", db);
-        let outcome = AssertUnwindSafe(scenario(db, &alice, &bob))
-            .catch_unwind()
-            .await;
-        drop_logins(db, &[&alice, &bob]).await;
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic);
-        }
+        let two = async |[alice, bob]: &[Login; 2]| scenario(db, alice, bob).await;
+        with_logins(db, ["alice", "bob"], two).await;
     })
     .await;
 }

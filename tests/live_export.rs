@@ -19,7 +19,7 @@ use changefeed::kafka::{ExportConfig, ExportReport, FeedExporter};
 use changefeed::reader::{FeedReader, FeedReaderOptions, Wait, key_columns};
 use changefeed::{Client, Cursor, CursorStore, Error, Feed};
 use common::TestDb;
-use common::events::{exec_ok, required, rows_ok};
+use common::events::{exec_ok, feed_reader, required, rows_ok};
 use common::logins::{Login, drop_logins};
 use common::tasks::{bounded, close};
 use serde_json::{Value, json};
@@ -93,13 +93,13 @@ async fn export_scenario(db: &TestDb) {
     )
     .await;
 
-    let pool = changefeed::pool::pool(&db.ado(), 8).await.expect("a pool");
-    let reader = FeedReader::with_options(
-        pool,
-        feed.clone(),
+    let reader = feed_reader(
+        db,
+        &feed,
+        8,
         FeedReaderOptions::default().wait(Wait::LongPoll(Duration::from_millis(300))),
     )
-    .expect("valid reader options");
+    .await;
     let cluster = mock::cluster(TOPIC);
     let bootstrap = cluster.bootstrap_servers();
 

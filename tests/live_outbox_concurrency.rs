@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,10 +20,9 @@ use common::load::{
     Load, MAX_TRANSIENT_RETRIES, TASK_LIMIT, WriterKey, check_stored, keys, load_on_1_and_4_shards,
     ulid_of, write_and_read,
 };
-use common::logins::{Login, drop_logins};
+use common::logins::{Login, with_logins};
 use common::tasks::{bounded, close, expect_denied, join, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
-use futures::FutureExt;
 use tokio::sync::Barrier;
 use ulid::Ulid;
 
@@ -542,17 +540,8 @@ async fn head_race_scenario(db: &TestDb) {
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn reader_and_writer_roles_with_real_logins() {
     common::under_both_isolations("roles", async |db: &TestDb| {
-        let reader = Login::new("reader", db);
-        let writer = Login::new("writer", db);
-        let outcome = AssertUnwindSafe(roles_scenario(db, &reader, &writer))
-            .catch_unwind()
-            .await;
-        // Logins are server-level: they outlive the test database, so drop them even when
-        // the scenario failed.
-        drop_logins(db, &[&reader, &writer]).await;
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic);
-        }
+        let two = async |[reader, writer]: &[Login; 2]| roles_scenario(db, reader, writer).await;
+        with_logins(db, ["reader", "writer"], two).await;
     })
     .await;
 }
@@ -849,14 +838,8 @@ async fn read_with_event(
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn reader_login_waits_for_the_same_shard_lock_as_other_readers() {
     common::under_both_isolations("shard_lock", async |db: &TestDb| {
-        let reader = Login::new("lockreader", db);
-        let outcome = AssertUnwindSafe(shard_lock_scenario(db, &reader))
-            .catch_unwind()
-            .await;
-        drop_logins(db, &[&reader]).await;
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic);
-        }
+        let one = async |[reader]: &[Login; 1]| shard_lock_scenario(db, reader).await;
+        with_logins(db, ["lockreader"], one).await;
     })
     .await;
 }

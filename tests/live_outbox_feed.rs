@@ -17,7 +17,9 @@ use changefeed::allocator::{
 use changefeed::row::FromRow;
 use changefeed::{Client, Cursor, Feed, FeedRow, ReadOptions, read_page};
 use common::TestDb;
-use common::events::{exec_ok, hex, read_state, required, rows_ok, server_now_ms};
+use common::events::{
+    column_values, exec_ok, hex, read_state, required, rows_ok, server_now_ms, server_number,
+};
 use tiberius::Row;
 use ulid::Ulid;
 
@@ -36,16 +38,6 @@ fn feed(name: &str) -> Feed {
 /// Every result set of a batch, so a test can tell which statement produced rows.
 async fn result_sets(client: &mut Client, sql: &str) -> changefeed::Result<Vec<Vec<Row>>> {
     Ok(client.simple_query(sql).await?.into_results().await?)
-}
-
-/// The SQL Server error number of a call that must fail on the server.
-fn server_number<T: std::fmt::Debug>(what: &str, result: changefeed::Result<T>) -> u32 {
-    match result {
-        Ok(value) => panic!("{what}: expected a SQL Server error, got {value:?}"),
-        Err(error) => error
-            .server_number()
-            .unwrap_or_else(|| panic!("{what}: expected a SQL Server error, got {error}")),
-    }
 }
 
 /// Runs a batch that must fail and returns the server's error number.
@@ -1641,16 +1633,10 @@ async fn shards(db: &TestDb) {
     assert!(never.is_empty(), "shard 9 has no rows: {never:?}");
 
     assert_eq!(outbox_count(&mut client, &feed).await, 0);
-    let states = rows_ok(
-        &mut client,
-        &format!(
-            "select shard_id from {} order by shard_id;",
-            feed.object("state")
-        ),
-    )
-    .await
-    .iter()
-    .map(|row| required::<i32>(row, "shard_id"))
-    .collect::<Vec<_>>();
+    let states_sql = format!(
+        "select shard_id from {} order by shard_id;",
+        feed.object("state")
+    );
+    let states: Vec<i32> = column_values(&mut client, &states_sql, "shard_id").await;
     assert_eq!(states, [0, 1, 2, 3], "one allocator state per shard");
 }

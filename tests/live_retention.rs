@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 use changefeed::reader::{FeedReader, FeedReaderOptions};
 use changefeed::{Client, Cursor, CursorStore, Error, Feed, FeedRow};
 use common::events::{
-    create_feed, exec_ok, hex, keys, pairs, read_to_end, required, rows_ok, server_now_ms,
-    state_row, write_ok, write_retrying,
+    column_values, create_feed, exec_ok, feed_reader, hex, keys, pairs, read_to_end, required,
+    rows_ok, server_now_ms, server_number, spawn_writers, state_row, write_ok,
 };
-use common::tasks::{join, spawn_bounded};
+use common::tasks::{join, join_all, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
 use tiberius::Row;
 use ulid::Ulid;
@@ -598,25 +598,8 @@ async fn concurrent_scenario(db: &TestDb) {
         })
         .collect();
 
-    let writers: Vec<_> = (0..WRITERS)
-        .map(|writer| {
-            let database = db.name.clone();
-            let feed = feed.clone();
-            spawn_bounded(format!("writer {writer}"), TASK_LIMIT, async move {
-                let mut client = common::connect_to(&database).await;
-                for seq in 0..EVENTS_PER_WRITER {
-                    let id = writer * 1_000_000 + seq;
-                    write_retrying(&mut client, &database, &feed, 0, id).await?;
-                    tokio::time::sleep(Duration::from_millis(rand::random_range(1..10))).await;
-                }
-                Ok(())
-            })
-        })
-        .collect();
-
-    for writer in writers {
-        join(writer).await;
-    }
+    let writers = spawn_writers(db, &feed, (WRITERS, EVENTS_PER_WRITER), TASK_LIMIT, 1..10);
+    join_all(writers).await;
     let mut seen = Vec::new();
     for (name, reader_task) in names.iter().zip(readers) {
         let (rows, slowest) = join(reader_task).await;
@@ -900,13 +883,13 @@ async fn purged_through(client: &mut Client, feed: &Feed, shard: i32) -> Option<
 }
 
 async fn reader_for(db: &TestDb, feed: &Feed, page_size: u32) -> FeedReader {
-    let pool = changefeed::pool::pool(&db.ado(), 8).await.expect("a pool");
-    FeedReader::with_options(
-        pool,
-        feed.clone(),
+    feed_reader(
+        db,
+        feed,
+        8,
         FeedReaderOptions::default().page_size(page_size),
     )
-    .expect("valid options")
+    .await
 }
 
 async fn save(client: &mut Client, consumer: &str, feed: &Feed, shard: i32, cursor: Cursor) {
@@ -930,27 +913,11 @@ async fn wait_until_older_than_now(client: &mut Client, ulid: Ulid) {
 
 /// The keys of a shard's feed rows, in ULID order.
 async fn feed_keys(client: &mut Client, feed: &Feed, shard: i32) -> Vec<i64> {
-    rows_ok(
-        client,
-        &format!(
-            "select id from {} where shard_id = {shard} order by ulid;",
-            feed.object("feed")
-        ),
-    )
-    .await
-    .iter()
-    .map(|row| required::<i64>(row, "id"))
-    .collect()
-}
-
-/// The SQL Server error number of a call that must fail on the server.
-fn server_number<T: std::fmt::Debug>(what: &str, result: changefeed::Result<T>) -> u32 {
-    match result {
-        Ok(value) => panic!("{what}: expected a SQL Server error, got {value:?}"),
-        Err(error) => error
-            .server_number()
-            .unwrap_or_else(|| panic!("{what}: expected a SQL Server error, got {error}")),
-    }
+    let sql = format!(
+        "select id from {} where shard_id = {shard} order by ulid;",
+        feed.object("feed")
+    );
+    column_values(client, &sql, "id").await
 }
 
 fn optional_ulid(row: &Row, name: &str) -> Option<Ulid> {

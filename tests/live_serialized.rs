@@ -16,7 +16,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,10 +30,9 @@ use common::load::{
     Load, MAX_TRANSIENT_RETRIES, WriterKey, check_stored, keys, load_on_1_and_4_shards,
     write_and_read,
 };
-use common::logins::{Login, drop_logins};
+use common::logins::{Login, with_logins};
 use common::tasks::{bounded, close, expect_denied};
 use common::{Isolation, TestDb, exec, rows, scalar_i64};
-use futures::FutureExt;
 use tiberius::Row;
 use time::PrimitiveDateTime;
 use time::macros::datetime;
@@ -1576,16 +1574,8 @@ async fn assert_not_a_feed(admin: &mut Client, table: &str) {
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn writer_and_reader_roles_with_real_logins() {
     common::under_both_isolations("ser_roles", async |db: &TestDb| {
-        let writer = Login::new("serwriter", db);
-        let reader = Login::new("serreader", db);
-        let outcome = AssertUnwindSafe(roles_scenario(db, &writer, &reader))
-            .catch_unwind()
-            .await;
-        // Logins are server-level: drop them even when the scenario failed.
-        drop_logins(db, &[&writer, &reader]).await;
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic);
-        }
+        let two = async |[writer, reader]: &[Login; 2]| roles_scenario(db, writer, reader).await;
+        with_logins(db, ["serwriter", "serreader"], two).await;
     })
     .await;
 }

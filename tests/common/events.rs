@@ -4,16 +4,22 @@
 //! the same feed shape, so its setup and the checks on what came back live here, once; what
 //! each file asserts stays with it.
 
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use changefeed::allocator::ShardState;
-use changefeed::reader::FeedReader;
+use changefeed::reader::{FeedReader, FeedReaderOptions};
 use changefeed::{Client, Cursor, Error, Feed, FeedRow};
 use futures::future::BoxFuture;
 use tiberius::Row;
 use ulid::Ulid;
 
-use super::{connect_to, exec, rows, scalar_i64};
+use tokio::task::JoinHandle;
+
+use super::tasks::spawn_bounded;
+use super::{TestDb, connect_to, exec, rows, scalar_i64};
 
 /// Transient write errors (deadlock victim, lock timeout, dropped connection) a writer
 /// retries per event before it fails.
@@ -256,4 +262,91 @@ pub async fn read_state(client: &mut Client, feed: &Feed, shard: i32) -> Option<
             .expect("ulid_high is binary(8)"),
         next_counter: required::<i64>(&row, "next_counter"),
     })
+}
+
+/// Concurrent writers of `feed`: `writers` tasks (each bounded by `limit`), each on a
+/// connection of its own, commit their `events` events `writer * 1_000_000 + seq` (seq from
+/// 0) one by one on shard 0 with [`write_retrying`], pausing a random number of milliseconds
+/// from `pause_ms` after each.
+pub fn spawn_writers(
+    db: &TestDb,
+    feed: &Feed,
+    (writers, events): (i64, i64),
+    limit: Duration,
+    pause_ms: Range<u64>,
+) -> Vec<JoinHandle<Result<(), String>>> {
+    spawn_held_writers(db, feed, (writers, events), limit, pause_ms, None)
+}
+
+/// [`spawn_writers`] whose writers, with `hold_from` = `(seq, released)`, each wait at
+/// event `seq` until `released` is set (checked every 20 ms).
+pub fn spawn_held_writers(
+    db: &TestDb,
+    feed: &Feed,
+    (writers, events): (i64, i64),
+    limit: Duration,
+    pause_ms: Range<u64>,
+    hold_from: Option<(i64, Arc<AtomicBool>)>,
+) -> Vec<JoinHandle<Result<(), String>>> {
+    (0..writers)
+        .map(|writer| {
+            let database = db.name.clone();
+            let feed = feed.clone();
+            let pause_ms = pause_ms.clone();
+            let hold_from = hold_from.clone();
+            spawn_bounded(format!("writer {writer}"), limit, async move {
+                let mut client = connect_to(&database).await;
+                for seq in 0..events {
+                    if let Some((held, released)) = &hold_from
+                        && seq == *held
+                    {
+                        while !released.load(Ordering::SeqCst) {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                    let id = writer * 1_000_000 + seq;
+                    write_retrying(&mut client, &database, &feed, 0, id).await?;
+                    let pause = rand::random_range(pause_ms.clone());
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+                Ok(())
+            })
+        })
+        .collect()
+}
+
+/// `column` of every row `sql` returns, in order; a NULL fails the test.
+pub async fn column_values<T>(client: &mut Client, sql: &str, column: &str) -> Vec<T>
+where
+    T: for<'a> tiberius::FromSql<'a>,
+{
+    rows_ok(client, sql)
+        .await
+        .iter()
+        .map(|row| required::<T>(row, column))
+        .collect()
+}
+
+/// A [`FeedReader`] of `feed` with `options`, on a pool of up to `connections` connections
+/// to `db`.
+pub async fn feed_reader(
+    db: &TestDb,
+    feed: &Feed,
+    connections: u32,
+    options: FeedReaderOptions,
+) -> FeedReader {
+    let pool = changefeed::pool::pool(&db.ado(), connections)
+        .await
+        .expect("a pool");
+    FeedReader::with_options(pool, feed.clone(), options).expect("valid reader options")
+}
+
+/// The SQL Server error number of a call that must fail on the server.
+pub fn server_number<T: std::fmt::Debug>(what: &str, result: changefeed::Result<T>) -> u32 {
+    match result {
+        Ok(value) => panic!("{what}: expected a SQL Server error, got {value:?}"),
+        Err(error) => error
+            .server_number()
+            .unwrap_or_else(|| panic!("{what}: expected a SQL Server error, got {error}")),
+    }
 }

@@ -62,6 +62,26 @@ impl Login {
     }
 }
 
+/// Runs `scenario` with new logins named after `whats` (see [`Login::new`]; the scenario
+/// creates them with the roles it needs) and drops them afterwards even when the scenario
+/// panics: logins are server-level objects that outlive the test database. A panic then
+/// goes on.
+pub async fn with_logins<const N: usize>(
+    db: &TestDb,
+    whats: [&str; N],
+    scenario: impl AsyncFnOnce(&[Login; N]),
+) {
+    use futures::FutureExt;
+    let logins = whats.map(|what| Login::new(what, db));
+    let outcome = std::panic::AssertUnwindSafe(scenario(&logins))
+        .catch_unwind()
+        .await;
+    drop_logins(db, &logins.iter().collect::<Vec<_>>()).await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 /// Drops the logins' users and the logins, best effort: a login cannot be dropped while a
 /// session of it is open, so its sessions (only ever this test's) are ended first.
 pub async fn drop_logins(db: &TestDb, logins: &[&Login]) {
