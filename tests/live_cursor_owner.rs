@@ -136,12 +136,10 @@ async fn a_consumer_belongs_to_the_user_of_its_first_save() {
 async fn owner_scenario(db: &TestDb, alice_login: &Login, bob_login: &Login) {
     let mut admin = db.client().await;
     let feed = create_feed(&mut admin, "owned_events").await;
-    alice_login
-        .create(&mut admin, &[feed.readers_role()], &[])
-        .await;
-    bob_login
-        .create(&mut admin, &[feed.readers_role()], &[])
-        .await;
+    // Both are readers of the feed, nothing more.
+    for login in [alice_login, bob_login] {
+        login.create(&mut admin, &[feed.readers_role()], &[]).await;
+    }
     let mut alice = alice_login.connect(db).await;
     let mut bob = bob_login.connect(db).await;
 
@@ -181,12 +179,7 @@ async fn owner_scenario(db: &TestDb, alice_login: &Login, bob_login: &Login) {
         "bob removes alice's consumer",
     );
     // Nothing moved.
-    assert_eq!(
-        CursorStore::load(&mut alice, "billing", &feed, 0)
-            .await
-            .expect("alice loads"),
-        Some(cursor(20))
-    );
+    assert_eq!(billing_cursor(&mut alice, &feed).await, Some(cursor(20)));
     assert_eq!(
         owners(&mut admin, "billing", &feed).await,
         vec![
@@ -210,12 +203,7 @@ async fn owner_scenario(db: &TestDb, alice_login: &Login, bob_login: &Login) {
     CursorStore::save(&mut admin, "billing", &feed, 0, cursor(15))
         .await
         .expect("db_owner rewinds");
-    assert_eq!(
-        CursorStore::load(&mut alice, "billing", &feed, 0)
-            .await
-            .expect("alice loads"),
-        Some(cursor(15))
-    );
+    assert_eq!(billing_cursor(&mut alice, &feed).await, Some(cursor(15)));
     assert_eq!(
         owners(&mut admin, "billing", &feed).await[0].1.as_deref(),
         Some(alice_login.name.as_str())
@@ -502,4 +490,11 @@ async fn load_sql(client: &mut Client, consumer: &str, feed: &Feed) -> changefee
         ),
     )
     .await
+}
+
+/// The cursor of consumer `billing` on shard 0 that `client`'s login loads (alice's).
+async fn billing_cursor(client: &mut Client, feed: &Feed) -> Option<Cursor> {
+    CursorStore::load(client, "billing", feed, 0)
+        .await
+        .expect("alice loads")
 }

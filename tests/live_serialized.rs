@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use changefeed::allocator::{
-    Allocator, FixedRandom, HINT_TOLERANCE_MS, RESERVATION_SIZE, ShardState, UlidRange,
-    ulid_counter, ulid_high, ulid_ms, ulid_random16,
+    Allocator, FixedRandom, HINT_TOLERANCE_MS, RESERVATION_SIZE, UlidRange, ulid_counter,
+    ulid_high, ulid_ms, ulid_random16,
 };
 use changefeed::writer::lock_feed;
 use changefeed::{Client, Cursor, Feed, FeedRow, Page, ReadOptions, read_page};

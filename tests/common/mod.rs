@@ -328,7 +328,9 @@ pub async fn under_both_isolations(label: &str, scenario: impl AsyncFn(&TestDb))
 /// is an `#[ignore]`d test on tokio's multi-thread runtime with four workers that runs
 /// `scenario` (an `async fn(&TestDb)`: setup, action, expectation) under
 /// [`under_both_isolations`] with `label`; `current_thread test_name: …` runs on tokio's
-/// default runtime. Attributes (`#[doc]`…) go first, inside the call.
+/// default runtime, and `once_locking test_name: …` runs the scenario once, under
+/// [`under_locking_read_committed`], for what does not depend on the setting (the registry's
+/// refusals). Attributes (`#[doc]`…) go first, inside the call.
 ///
 /// ```ignore
 /// common::live_test!(rows_come_in_commit_order: "commit_order" => commit_order);
@@ -344,6 +346,14 @@ macro_rules! live_test {
             $crate::common::under_both_isolations($label, $scenario).await;
         }
     };
+    ($(#[$meta:meta])* once_locking $name:ident: $label:literal => $scenario:expr) => {
+        $(#[$meta])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+        async fn $name() {
+            $crate::common::under_locking_read_committed($label, $scenario).await;
+        }
+    };
     ($(#[$meta:meta])* $name:ident: $label:literal => $scenario:expr) => {
         $(#[$meta])*
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -355,6 +365,15 @@ macro_rules! live_test {
 }
 #[allow(unused_imports)]
 pub(crate) use live_test;
+
+/// Runs `scenario` once, in a fresh database with the bundle applied and
+/// READ_COMMITTED_SNAPSHOT off, for a scenario the setting cannot change. The database is
+/// dropped when the scenario returns, and kept to look at when it panics.
+pub async fn under_locking_read_committed(label: &str, scenario: impl AsyncFn(&TestDb)) {
+    let db = TestDb::create(label, Isolation::LockingReadCommitted).await;
+    scenario(&db).await;
+    db.drop_database().await;
+}
 
 /// [`under_both_isolations`] on databases migrated only up to `version`, as an older
 /// release of the bundle left them: the scenario itself migrates further.
