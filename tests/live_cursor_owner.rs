@@ -92,6 +92,13 @@ async fn remove_consumer(
     ))
 }
 
+/// What [`owners`] shows for a consumer of shards 0 to `shards - 1` that `login` owns.
+fn shards_of(login: &Login, shards: i32) -> Vec<(i32, Option<String>)> {
+    (0..shards)
+        .map(|shard| (shard, Some(login.name.clone())))
+        .collect()
+}
+
 /// The saved cursors of `consumer` (shard, owner's user name) as `consumer_lag` shows them.
 async fn owners(admin: &mut Client, consumer: &str, feed: &Feed) -> Vec<(i32, Option<String>)> {
     rows(
@@ -182,10 +189,7 @@ async fn owner_scenario(db: &TestDb, alice_login: &Login, bob_login: &Login) {
     assert_eq!(billing_cursor(&mut alice, &feed).await, Some(cursor(20)));
     assert_eq!(
         owners(&mut admin, "billing", &feed).await,
-        vec![
-            (0, Some(alice_login.name.clone())),
-            (1, Some(alice_login.name.clone()))
-        ],
+        shards_of(alice_login, 2),
         "consumer_lag shows alice as the owner of both shards"
     );
 
@@ -193,10 +197,8 @@ async fn owner_scenario(db: &TestDb, alice_login: &Login, bob_login: &Login) {
     CursorStore::save(&mut bob, "audit", &feed, 0, cursor(3))
         .await
         .expect("bob's own consumer");
-    assert_eq!(
-        owners(&mut admin, "audit", &feed).await,
-        vec![(0, Some(bob_login.name.clone()))]
-    );
+    let audit_owners = owners(&mut admin, "audit", &feed).await;
+    assert_eq!(audit_owners, shards_of(bob_login, 1));
 
     // db_owner may rewind alice's consumer (it stays hers) and remove it; then the name is
     // free and bob's first save makes it his.
@@ -217,10 +219,8 @@ async fn owner_scenario(db: &TestDb, alice_login: &Login, bob_login: &Login) {
     CursorStore::save(&mut bob, "billing", &feed, 0, cursor(1))
         .await
         .expect("bob takes the freed name");
-    assert_eq!(
-        owners(&mut admin, "billing", &feed).await,
-        vec![(0, Some(bob_login.name.clone()))]
-    );
+    let billing_owners = owners(&mut admin, "billing", &feed).await;
+    assert_eq!(billing_owners, shards_of(bob_login, 1));
     server_error(
         CursorStore::load(&mut alice, "billing", &feed, 0).await,
         51114,
@@ -256,10 +256,7 @@ async fn owner_scenario(db: &TestDb, alice_login: &Login, bob_login: &Login) {
         .expect("alice saves the legacy consumer");
     assert_eq!(
         owners(&mut admin, "legacy", &feed).await,
-        vec![
-            (0, Some(alice_login.name.clone())),
-            (1, Some(alice_login.name.clone()))
-        ],
+        shards_of(alice_login, 2),
         "the save binds every shard of the consumer"
     );
     server_error(
