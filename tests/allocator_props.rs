@@ -130,6 +130,19 @@ fn shard_state(headroom: i64) -> impl Strategy<Value = ShardState> {
         })
 }
 
+/// A case for the set-based rule: a starting state, the clock, batches of hints, and the
+/// server's fresh draws (random16 and counter start) for each batch.
+#[allow(clippy::type_complexity)]
+fn set_based_case()
+-> impl Strategy<Value = (Option<ShardState>, i64, Vec<Vec<i64>>, Vec<(u16, i64)>)> {
+    (
+        start_state(BATCH_HEADROOM),
+        clock(),
+        batches(),
+        prop::collection::vec((any::<u16>(), raw_counter()), 50),
+    )
+}
+
 fn start_state(headroom: i64) -> impl Strategy<Value = Option<ShardState>> {
     prop_oneof![1 => Just(None), 3 => shard_state(headroom).prop_map(Some)]
 }
@@ -154,6 +167,19 @@ fn assert_increasing(last: &mut Option<Ulid>, u: Ulid) -> Result<(), TestCaseErr
         prop_assert!(prev < u, "{prev} is not below {u}");
     }
     *last = Some(u);
+    Ok(())
+}
+
+/// A batch got one ULID per hint, each above everything issued before it.
+fn assert_batch_increasing(
+    last: &mut Option<Ulid>,
+    batch: &[i64],
+    ulids: Vec<Ulid>,
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(ulids.len(), batch.len());
+    for u in ulids {
+        assert_increasing(last, u)?;
+    }
     Ok(())
 }
 
@@ -201,29 +227,20 @@ proptest! {
         let mut last = None;
         for batch in &batches {
             let ulids = shard.allocate(now, batch, &mut random);
-            prop_assert_eq!(ulids.len(), batch.len());
-            for u in ulids {
-                assert_increasing(&mut last, u)?;
-            }
+            assert_batch_increasing(&mut last, batch, ulids)?;
         }
     }
 
     /// The server's set-based rule, fresh draws per batch: strictly increasing.
     #[test]
     fn set_based_is_strictly_increasing(
-        state in start_state(BATCH_HEADROOM),
-        now in clock(),
-        batches in batches(),
-        draws in prop::collection::vec((any::<u16>(), raw_counter()), 50),
+        (state, now, batches, draws) in set_based_case(),
     ) {
         let mut shard = allocator_from(state);
         let mut last = None;
         for (batch, &(r16, raw)) in batches.iter().zip(&draws) {
             let ulids = shard.allocate_set_based(now, batch, r16, raw);
-            prop_assert_eq!(ulids.len(), batch.len());
-            for u in ulids {
-                assert_increasing(&mut last, u)?;
-            }
+            assert_batch_increasing(&mut last, batch, ulids)?;
         }
     }
 
@@ -269,10 +286,7 @@ proptest! {
     /// state, batch after batch, from any valid starting state.
     #[test]
     fn set_based_equals_row_by_row(
-        state in start_state(BATCH_HEADROOM),
-        now in clock(),
-        batches in batches(),
-        draws in prop::collection::vec((any::<u16>(), raw_counter()), 50),
+        (state, now, batches, draws) in set_based_case(),
     ) {
         let mut server = allocator_from(state);
         let mut model = allocator_from(state);

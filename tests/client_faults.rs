@@ -235,19 +235,39 @@ fn store_of(server: &FakeServer) -> SqlClaimStore {
     SqlClaimStore::new(outbox, server.ado())
 }
 
+/// A fake server whose RPCs naming `procedure` (on connection `on_connection` only, when one
+/// is given) get `reply`, every other request success; and a claim store on it.
+async fn store_failing(
+    procedure: &'static str,
+    on_connection: Option<usize>,
+    reply: Reply,
+) -> (FakeServer, SqlClaimStore) {
+    let server = FakeServer::start(move |connection, request| match request {
+        Request::Rpc(text)
+            if text.contains(procedure) && on_connection.is_none_or(|on| on == connection) =>
+        {
+            reply.clone()
+        }
+        _ => Reply::Done,
+    })
+    .await;
+    let store = store_of(&server);
+    (server, store)
+}
+
 #[tokio::test]
 async fn a_claim_store_drops_a_session_that_a_fatal_error_ended() {
     // The first claim meets error 596 (class 21: the session was killed).
-    let server = FakeServer::start(|connection, request| match request {
-        Request::Rpc(text) if text.contains("claim:dbo.outbox") && connection == 0 => Reply::error(
+    let (server, mut store) = store_failing(
+        "claim:dbo.outbox",
+        Some(0),
+        Reply::error(
             596,
             21,
             "Cannot continue the execution because the session is in the kill state.",
         ),
-        _ => Reply::Done,
-    })
+    )
     .await;
-    let mut store = store_of(&server);
 
     let error = store.claim(10, Duration::from_secs(30)).await.unwrap_err();
     assert_eq!(error.server_number(), Some(596));
@@ -265,17 +285,17 @@ async fn a_claim_store_drops_a_session_that_a_fatal_error_ended() {
 
 #[tokio::test]
 async fn a_claim_store_keeps_its_session_after_an_ordinary_error() {
-    let server = FakeServer::start(|_, request| match request {
-        Request::Rpc(text) if text.contains("mark_done") => Reply::error(
+    let token = changefeed::outbox::ClaimToken::from_bytes([1; 16]);
+    let (server, mut store) = store_failing(
+        "mark_done",
+        None,
+        Reply::error(
             229,
             14,
             "The EXECUTE permission was denied on the object 'mark_done:dbo.outbox'.",
         ),
-        _ => Reply::Done,
-    })
+    )
     .await;
-    let mut store = store_of(&server);
-    let token = changefeed::outbox::ClaimToken::from_bytes([1; 16]);
 
     let error = store.mark_done(&[1], token).await.unwrap_err();
     assert_eq!(error.server_number(), Some(229));

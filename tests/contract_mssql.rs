@@ -22,6 +22,7 @@ use changefeed::Result;
 use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, Enqueued, NewMessage};
 use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
 use claim_contract::{ContractDb, OpenEnqueue};
+use common::claims::id_list;
 use common::{TestDb, enqueue_committed, exec, scalar_i64};
 use tokio::sync::oneshot;
 
@@ -103,15 +104,6 @@ impl Outbox {
     async fn client(&self) -> changefeed::Client {
         common::connect_to(&self.database).await
     }
-}
-
-/// `ids` as a T-SQL list of bigint literals.
-fn id_list(ids: &[i64]) -> String {
-    assert!(!ids.is_empty(), "an id list needs ids");
-    ids.iter()
-        .map(i64::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 impl ContractDb for Outbox {

@@ -244,11 +244,16 @@ fn bundle(files: &[(&str, &str)]) -> Vec<Current> {
 }
 
 fn released() -> (Vec<Frozen>, Vec<Current>) {
-    let current = bundle(&[
-        ("V1__create_schema.sql", "create schema [x];"),
-        ("V2__create_table.sql", "create table x.t (a int);"),
-    ]);
+    let current = with_v2("V2__create_table.sql", "create table x.t (a int);");
     (freeze(&current), current)
+}
+
+/// The released bundle's V1 as it was, then `file` with `text` in place of its V2.
+fn with_v2(file: &str, text: &str) -> Vec<Current> {
+    bundle(&[
+        ("V1__create_schema.sql", "create schema [x];"),
+        (file, text),
+    ])
 }
 
 #[test]
@@ -269,10 +274,7 @@ fn an_unchanged_bundle_and_a_new_migration_pass() {
 #[test]
 fn an_edited_migration_fails() {
     let (frozen, _) = released();
-    let edited = bundle(&[
-        ("V1__create_schema.sql", "create schema [x];"),
-        ("V2__create_table.sql", "create table x.t (a bigint);"),
-    ]);
+    let edited = with_v2("V2__create_table.sql", "create table x.t (a bigint);");
     let found = problems(&frozen, &edited);
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].starts_with("sql/V2__create_table.sql: the released migration V2 changed"));
@@ -288,15 +290,9 @@ fn an_edited_migration_fails() {
 #[test]
 fn a_renamed_renumbered_or_removed_migration_fails() {
     let (frozen, _) = released();
-    let renamed = bundle(&[
-        ("V1__create_schema.sql", "create schema [x];"),
-        ("V2__create_the_table.sql", "create table x.t (a int);"),
-    ]);
+    let renamed = with_v2("V2__create_the_table.sql", "create table x.t (a int);");
     assert!(problems(&frozen, &renamed)[0].contains("was renamed"));
-    let renumbered = bundle(&[
-        ("V1__create_schema.sql", "create schema [x];"),
-        ("V3__create_table.sql", "create table x.t (a int);"),
-    ]);
+    let renumbered = with_v2("V3__create_table.sql", "create table x.t (a int);");
     let found = problems(&frozen, &renumbered);
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].contains("was renumbered to V3"), "{}", found[0]);

@@ -29,6 +29,7 @@ use changefeed::outbox::{ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers,
 use changefeed::outbox_store::OutboxStore;
 use changefeed::row::Column;
 use claim_contract::assert_round_trip;
+use common::claims::{decoded, id_list};
 use common::{TestDb, enqueue_committed, exec, rows, scalar_i64};
 use serde_json::json;
 use tiberius::Uuid;
@@ -138,18 +139,6 @@ async fn claim(
     }
 }
 
-/// The messages of a claim in which every row must decode.
-#[track_caller]
-fn decoded(batch: Vec<Claimed>) -> Vec<ClaimedMessage> {
-    batch
-        .into_iter()
-        .map(|claimed| match claimed {
-            Claimed::Message(message) => message,
-            Claimed::Undecodable(row) => panic!("an undecodable row: {row:?}"),
-        })
-        .collect()
-}
-
 fn ids(batch: &[ClaimedMessage]) -> Vec<i64> {
     batch.iter().map(|m| m.id).collect()
 }
@@ -184,14 +173,6 @@ fn server_error<T: Debug>(result: changefeed::Result<T>, number: u32, what: &str
 /// Asserts a batch failed with SQL Server error `number`; returns the message.
 async fn batch_error(client: &mut Client, text: &str, number: u32) -> String {
     server_error(exec(client, text).await, number, text)
-}
-
-fn id_list(ids: &[i64]) -> String {
-    assert!(!ids.is_empty(), "an id list needs ids");
-    ids.iter()
-        .map(i64::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Sets `column` of the rows `ids` to the server-side expression `value`.
@@ -273,11 +254,7 @@ async fn join<T>(what: &str, task: JoinHandle<T>) -> T {
 //     is the contract's, tests/contract_mssql.rs)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn requeue_without_a_token_redrives_only_failed_and_dead_messages() {
-    common::under_both_isolations("claim_redrive", redrive_in).await;
-}
+common::live_test!(requeue_without_a_token_redrives_only_failed_and_dead_messages: "claim_redrive" => redrive_in);
 
 async fn redrive_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_redrive";
@@ -367,11 +344,7 @@ async fn redrive_in(db: &TestDb) {
 // 11. text is stored as sent, in nvarchar (its round trip is the contract's)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn unicode_and_one_megabyte_payloads_are_stored_whole_as_nvarchar() {
-    common::under_both_isolations("claim_nvarchar", nvarchar_in).await;
-}
+common::live_test!(unicode_and_one_megabyte_payloads_are_stored_whole_as_nvarchar: "claim_nvarchar" => nvarchar_in);
 
 async fn nvarchar_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_nvarchar";
@@ -403,11 +376,7 @@ async fn nvarchar_in(db: &TestDb) {
 // 12. re-running setup_outbox repairs a partial install
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn setup_outbox_repairs_a_partial_install_and_never_drops_data() {
-    common::under_both_isolations("claim_repair", setup_outbox_repairs_in).await;
-}
+common::live_test!(setup_outbox_repairs_a_partial_install_and_never_drops_data: "claim_repair" => setup_outbox_repairs_in);
 
 const KINDS: [&str; 7] = [
     "enqueue",
@@ -688,11 +657,7 @@ async fn setup_outbox_repairs_in(db: &TestDb) {
 // 13. validation errors
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn invalid_arguments_are_refused_with_their_error_numbers() {
-    common::under_both_isolations("claim_checks", invalid_arguments_in).await;
-}
+common::live_test!(invalid_arguments_are_refused_with_their_error_numbers: "claim_checks" => invalid_arguments_in);
 
 async fn invalid_arguments_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_checks";
@@ -945,11 +910,7 @@ async fn held_aggregates(client: &mut Client, table: &str) -> (Vec<Held>, BTreeS
     (held, sessions)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn open_enqueue_of_one_aggregate_does_not_stop_the_claim_of_others() {
-    common::under_both_isolations("claim_open_enqueue", open_enqueue_in).await;
-}
+common::live_test!(open_enqueue_of_one_aggregate_does_not_stop_the_claim_of_others: "claim_open_enqueue" => open_enqueue_in);
 
 async fn open_enqueue_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_open_enqueue";
@@ -1045,11 +1006,7 @@ async fn open_enqueue_in(db: &TestDb) {
     assert_eq!(count(&mut client, TABLE, &format!("id = {c1}")).await, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn acknowledgement_in_flight_holds_only_its_aggregate() {
-    common::under_both_isolations("claim_ack_in_flight", ack_in_flight_in).await;
-}
+common::live_test!(acknowledgement_in_flight_holds_only_its_aggregate: "claim_ack_in_flight" => ack_in_flight_in);
 
 async fn ack_in_flight_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_ack_in_flight";
@@ -1133,11 +1090,7 @@ async fn ack_in_flight_in(db: &TestDb) {
 // 15. enqueue with a caller's message_id takes no range locks (issue 10, B7)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn enqueue_of_new_message_ids_does_not_block_other_transactions() {
-    common::under_both_isolations("claim_enqueue_keys", enqueue_keys_in).await;
-}
+common::live_test!(enqueue_of_new_message_ids_does_not_block_other_transactions: "claim_enqueue_keys" => enqueue_keys_in);
 
 fn keyed(message_id: &str, n: usize) -> NewMessage {
     NewMessage {
@@ -1257,11 +1210,7 @@ async fn enqueue_keys_in(db: &TestDb) {
 // 16. implicit transactions (issue 10, B3)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn outbox_procedures_leave_no_transaction_open_under_implicit_transactions() {
-    common::under_both_isolations("claim_implicit", implicit_transactions_in).await;
-}
+common::live_test!(outbox_procedures_leave_no_transaction_open_under_implicit_transactions: "claim_implicit" => implicit_transactions_in);
 
 /// Asserts the session has no transaction open, and that IMPLICIT_TRANSACTIONS is still on
 /// (a procedure's SET reverts on return: the client's setting is untouched).
@@ -1394,11 +1343,7 @@ async fn implicit_transactions_in(db: &TestDb) {
 // 17. collations of the key columns (issue 10, A2)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn partition_key_is_binary_and_claim_works_with_any_collation_of_it() {
-    common::under_both_isolations("claim_collation", collation_in).await;
-}
+common::live_test!(partition_key_is_binary_and_claim_works_with_any_collation_of_it: "claim_collation" => collation_in);
 
 /// The collation of every column of `table` named in `columns`, by column.
 async fn collations(client: &mut Client, table: &str) -> BTreeMap<String, String> {
@@ -1512,11 +1457,7 @@ async fn collation_in(db: &TestDb) {
 // 18. outbox storage for queue access (issue 10, B11)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn outbox_tables_allow_no_page_locks_and_never_escalate() {
-    common::under_both_isolations("claim_storage", storage_in).await;
-}
+common::live_test!(outbox_tables_allow_no_page_locks_and_never_escalate: "claim_storage" => storage_in);
 
 async fn storage_in(db: &TestDb) {
     let mut client = db.client().await;
@@ -1614,11 +1555,7 @@ async fn migrate_refuses_a_database_below_compatibility_level_130() {
 // 20. relays racing: one message per aggregate in flight, in id order (issue 10, B6)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn racing_relays_keep_one_message_per_aggregate_in_flight_in_id_order() {
-    common::under_both_isolations("claim_race_order", racing_relays_in).await;
-}
+common::live_test!(racing_relays_keep_one_message_per_aggregate_in_flight_in_id_order: "claim_race_order" => racing_relays_in);
 
 /// What the relays of `racing_relays_in` share: the message of each aggregate they hold,
 /// and the order in which each aggregate's messages were claimed.
@@ -1746,11 +1683,7 @@ async fn racing_relays_in(db: &TestDb) {
 // 16. Rows a relay cannot decode
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn an_undecodable_row_is_claimed_with_its_raw_text_and_can_be_marked_dead() {
-    common::under_both_isolations("claim_undecodable", undecodable_in).await;
-}
+common::live_test!(an_undecodable_row_is_claimed_with_its_raw_text_and_can_be_marked_dead: "claim_undecodable" => undecodable_in);
 
 async fn undecodable_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_undecodable";
@@ -1827,11 +1760,7 @@ async fn await_lock_wait(client: &mut Client, session: i64, wait_type: &str, wha
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn enqueue_waiting_inside_its_insert_is_not_overtaken() {
-    common::under_both_isolations("claim_insert_wait", insert_wait_in).await;
-}
+common::live_test!(enqueue_waiting_inside_its_insert_is_not_overtaken: "claim_insert_wait" => insert_wait_in);
 
 /// A SERIALIZABLE reader's range lock on `message_id_unique` stops A's first enqueue inside
 /// its insert: its id is taken and its clustered row written, but its index entries wait.
@@ -1944,11 +1873,7 @@ async fn count_range_locks(client: &mut Client, session: i64) -> i64 {
 //     tests/contract_mssql.rs)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn a_claim_from_before_claim_expires_at_expires_by_the_reclaimers_timeout() {
-    common::under_both_isolations("claim_own_expiry", own_expiry_in).await;
-}
+common::live_test!(a_claim_from_before_claim_expires_at_expires_by_the_reclaimers_timeout: "claim_own_expiry" => own_expiry_in);
 
 /// The claim stores claimed_at + its timeout; a row claimed before the column existed (null)
 /// expires by the re-claiming relay's timeout.
@@ -1997,11 +1922,7 @@ async fn own_expiry_in(db: &TestDb) {
 // 19. enqueue refuses session options the filtered index cannot be written under (issue 19, 11)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn enqueue_refuses_set_options_that_break_the_filtered_index() {
-    common::under_both_isolations("claim_set_options", set_options_in).await;
-}
+common::live_test!(enqueue_refuses_set_options_that_break_the_filtered_index: "claim_set_options" => set_options_in);
 
 /// Each option that would make the insert fail with Msg 1934 is refused with 51309 before
 /// anything is written; with the option restored, the same session enqueues.
@@ -2084,11 +2005,7 @@ async fn optimized_locking(client: &mut Client, db: &TestDb) -> bool {
     scalar_i64(client, query).await == 1
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn readpast_skips_open_transactions_rows_under_optimized_locking() {
-    common::under_both_isolations("claim_optimized_locking", optimized_locking_in).await;
-}
+common::live_test!(readpast_skips_open_transactions_rows_under_optimized_locking: "claim_optimized_locking" => optimized_locking_in);
 
 /// The claim's liveness rests on READPAST skipping rows an open transaction holds instead of
 /// waiting for it. Under optimized locking a writer keeps no row locks, only its transaction

@@ -19,9 +19,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use changefeed::Client;
-use changefeed::outbox::{Claimed, ClaimedMessage, NewMessage};
+use changefeed::outbox::{ClaimedMessage, NewMessage};
 use changefeed::outbox_store::{CLAIM_PAUSE_MAX, OutboxStore, SqlClaimStore};
 use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
+use common::claims::decoded;
 use common::events::{exec_ok, rows_ok};
 use common::tasks::{bounded, join, spawn_bounded};
 use common::{TestDb, scalar_i64};
@@ -50,27 +51,13 @@ async fn enqueue_committed(store: &OutboxStore, client: &mut Client, message: &N
     enqueued.id
 }
 
-fn messages(batch: Vec<Claimed>) -> Vec<ClaimedMessage> {
-    batch
-        .into_iter()
-        .map(|claimed| match claimed {
-            Claimed::Message(message) => message,
-            Claimed::Undecodable(row) => panic!("an undecodable row: {row:?}"),
-        })
-        .collect()
-}
-
 async fn session_id(client: &mut Client) -> i64 {
     scalar_i64(client, "select convert(bigint, @@spid);").await
 }
 
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL"]
-async fn a_waiting_claim_returns_as_soon_as_a_row_is_committed() {
-    common::under_both_isolations("claim_wait_returns", returns_on_commit_in).await;
-}
+common::live_test!(a_waiting_claim_returns_as_soon_as_a_row_is_committed: "claim_wait_returns" => returns_on_commit_in);
 
 async fn returns_on_commit_in(db: &TestDb) {
     const TABLE: &str = "dbo.wait_returns";
@@ -89,19 +76,8 @@ async fn returns_on_commit_in(db: &TestDb) {
     assert!(started.elapsed() >= wait - Duration::from_millis(1));
 
     // A claim waiting 30 s gets a message committed 500 ms into its wait, at once.
-    let waiting_store = store.clone();
     let started = Instant::now();
-    let claim = spawn_bounded(
-        "the waiting claim".to_owned(),
-        Duration::from_secs(60),
-        async move {
-            let batch = waiting_store
-                .claim_waiting(&mut claimer, 10, HELD, Duration::from_secs(30))
-                .await
-                .map_err(|error| error.to_string())?;
-            Ok((messages(batch), Instant::now()))
-        },
-    );
+    let claim = spawn_waiting_claim(&store, claimer, Duration::from_secs(30));
     tokio::time::sleep(Duration::from_millis(500)).await;
     let id = enqueue_committed(&store, &mut writer, &NewMessage::new("t", json!({"n": 1}))).await;
     let committed = Instant::now();
@@ -121,11 +97,7 @@ async fn returns_on_commit_in(db: &TestDb) {
 
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL"]
-async fn a_waiting_claim_holds_no_transaction_and_never_blocks_enqueue() {
-    common::under_both_isolations("claim_wait_no_lock", holds_nothing_in).await;
-}
+common::live_test!(a_waiting_claim_holds_no_transaction_and_never_blocks_enqueue: "claim_wait_no_lock" => holds_nothing_in);
 
 async fn holds_nothing_in(db: &TestDb) {
     const TABLE: &str = "dbo.wait_no_lock";
@@ -137,7 +109,7 @@ async fn holds_nothing_in(db: &TestDb) {
     let second = NewMessage::new("t", json!({"n": 2})).aggregate("order", "a-1");
     enqueue_committed(&store, &mut admin, &head).await;
     enqueue_committed(&store, &mut admin, &second).await;
-    let held = messages(
+    let held = decoded(
         store
             .claim(&mut admin, 10, HELD)
             .await
@@ -147,18 +119,7 @@ async fn holds_nothing_in(db: &TestDb) {
 
     let mut claimer = db.client().await;
     let spid = session_id(&mut claimer).await;
-    let waiting_store = store.clone();
-    let claim = spawn_bounded(
-        "the waiting claim".to_owned(),
-        Duration::from_secs(60),
-        async move {
-            let batch = waiting_store
-                .claim_waiting(&mut claimer, 10, HELD, Duration::from_secs(5))
-                .await
-                .map_err(|error| error.to_string())?;
-            Ok(messages(batch))
-        },
-    );
+    let claim = spawn_waiting_claim(&store, claimer, Duration::from_secs(5));
 
     // While it waits: every sample of its request that is in WAITFOR has no open
     // transaction (the request's own count, read in one row of one view).
@@ -211,18 +172,14 @@ async fn holds_nothing_in(db: &TestDb) {
     );
 
     // The waiting claim then takes a-2's message, and only that: a-1 is still held.
-    let claimed = join(claim).await;
+    let (claimed, _) = join(claim).await;
     let payloads: Vec<_> = claimed.iter().map(|m| m.payload.clone()).collect();
     assert_eq!(payloads, [json!({"n": 4})]);
 }
 
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL"]
-async fn a_wait_is_refused_inside_a_transaction_and_out_of_range() {
-    common::under_both_isolations("claim_wait_refused", refused_in).await;
-}
+common::live_test!(a_wait_is_refused_inside_a_transaction_and_out_of_range: "claim_wait_refused" => refused_in);
 
 async fn refused_in(db: &TestDb) {
     const TABLE: &str = "dbo.wait_refused";
@@ -284,11 +241,7 @@ impl Publisher for Arrivals {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL"]
-async fn commit_to_publish_p99_is_under_50_ms_with_the_default_settings() {
-    common::under_both_isolations("claim_wait_latency", latency_in).await;
-}
+common::live_test!(commit_to_publish_p99_is_under_50_ms_with_the_default_settings: "claim_wait_latency" => latency_in);
 
 async fn latency_in(db: &TestDb) {
     const TABLE: &str = "dbo.wait_latency";
@@ -351,11 +304,7 @@ async fn latency_in(db: &TestDb) {
 
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL"]
-async fn a_relay_stops_at_once_while_its_claim_waits_and_the_claim_ends_with_it() {
-    common::under_both_isolations("claim_wait_stop", stops_in).await;
-}
+common::live_test!(a_relay_stops_at_once_while_its_claim_waits_and_the_claim_ends_with_it: "claim_wait_stop" => stops_in);
 
 async fn stops_in(db: &TestDb) {
     const TABLE: &str = "dbo.wait_stop";
@@ -423,4 +372,25 @@ async fn stops_in(db: &TestDb) {
         0,
         "a message committed after the relay stopped was claimed: the claim outlived it"
     );
+}
+
+/// A task (bounded to a minute) on `claimer` that claims up to 10 messages of `store`,
+/// waiting up to `wait` for one; it returns what it claimed and when its answer came.
+fn spawn_waiting_claim(
+    store: &OutboxStore,
+    mut claimer: Client,
+    wait: Duration,
+) -> tokio::task::JoinHandle<Result<(Vec<ClaimedMessage>, Instant), String>> {
+    let store = store.clone();
+    spawn_bounded(
+        "the waiting claim".to_owned(),
+        Duration::from_secs(60),
+        async move {
+            let batch = store
+                .claim_waiting(&mut claimer, 10, HELD, wait)
+                .await
+                .map_err(|error| error.to_string())?;
+            Ok((decoded(batch), Instant::now()))
+        },
+    )
 }

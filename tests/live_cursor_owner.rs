@@ -12,15 +12,13 @@
 
 mod common;
 
-use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use changefeed::{Client, Cursor, CursorStore, Feed};
 use common::events::create_feed;
-use common::logins::{Login, drop_logins};
+use common::logins::{Login, with_logins};
 use common::tasks::{bounded, join, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
-use futures::FutureExt;
 use ulid::Ulid;
 
 /// A call that must not wait gets this long before the test calls it blocked.
@@ -94,6 +92,13 @@ async fn remove_consumer(
     ))
 }
 
+/// What [`owners`] shows for a consumer of shards 0 to `shards - 1` that `login` owns.
+fn shards_of(login: &Login, shards: i32) -> Vec<(i32, Option<String>)> {
+    (0..shards)
+        .map(|shard| (shard, Some(login.name.clone())))
+        .collect()
+}
+
 /// The saved cursors of `consumer` (shard, owner's user name) as `consumer_lag` shows them.
 async fn owners(admin: &mut Client, consumer: &str, feed: &Feed) -> Vec<(i32, Option<String>)> {
     rows(
@@ -119,15 +124,8 @@ async fn owners(admin: &mut Client, consumer: &str, feed: &Feed) -> Vec<(i32, Op
 /// the logins (server-level objects) even when it fails.
 async fn with_two_readers(label: &str, scenario: impl AsyncFn(&TestDb, &Login, &Login)) {
     common::under_both_isolations(label, async |db: &TestDb| {
-        let alice = Login::new("alice", db);
-        let bob = Login::new("bob", db);
-        let outcome = AssertUnwindSafe(scenario(db, &alice, &bob))
-            .catch_unwind()
-            .await;
-        drop_logins(db, &[&alice, &bob]).await;
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic);
-        }
+        let two = async |[alice, bob]: &[Login; 2]| scenario(db, alice, bob).await;
+        with_logins(db, ["alice", "bob"], two).await;
     })
     .await;
 }
@@ -145,12 +143,10 @@ async fn a_consumer_belongs_to_the_user_of_its_first_save() {
 async fn owner_scenario(db: &TestDb, alice_login: &Login, bob_login: &Login) {
     let mut admin = db.client().await;
     let feed = create_feed(&mut admin, "owned_events").await;
-    alice_login
-        .create(&mut admin, &[feed.readers_role()], &[])
-        .await;
-    bob_login
-        .create(&mut admin, &[feed.readers_role()], &[])
-        .await;
+    // Both are readers of the feed, nothing more.
+    for login in [alice_login, bob_login] {
+        login.create(&mut admin, &[feed.readers_role()], &[]).await;
+    }
     let mut alice = alice_login.connect(db).await;
     let mut bob = bob_login.connect(db).await;
 
@@ -190,18 +186,10 @@ async fn owner_scenario(db: &TestDb, alice_login: &Login, bob_login: &Login) {
         "bob removes alice's consumer",
     );
     // Nothing moved.
-    assert_eq!(
-        CursorStore::load(&mut alice, "billing", &feed, 0)
-            .await
-            .expect("alice loads"),
-        Some(cursor(20))
-    );
+    assert_eq!(billing_cursor(&mut alice, &feed).await, Some(cursor(20)));
     assert_eq!(
         owners(&mut admin, "billing", &feed).await,
-        vec![
-            (0, Some(alice_login.name.clone())),
-            (1, Some(alice_login.name.clone()))
-        ],
+        shards_of(alice_login, 2),
         "consumer_lag shows alice as the owner of both shards"
     );
 
@@ -209,22 +197,15 @@ async fn owner_scenario(db: &TestDb, alice_login: &Login, bob_login: &Login) {
     CursorStore::save(&mut bob, "audit", &feed, 0, cursor(3))
         .await
         .expect("bob's own consumer");
-    assert_eq!(
-        owners(&mut admin, "audit", &feed).await,
-        vec![(0, Some(bob_login.name.clone()))]
-    );
+    let audit_owners = owners(&mut admin, "audit", &feed).await;
+    assert_eq!(audit_owners, shards_of(bob_login, 1));
 
     // db_owner may rewind alice's consumer (it stays hers) and remove it; then the name is
     // free and bob's first save makes it his.
     CursorStore::save(&mut admin, "billing", &feed, 0, cursor(15))
         .await
         .expect("db_owner rewinds");
-    assert_eq!(
-        CursorStore::load(&mut alice, "billing", &feed, 0)
-            .await
-            .expect("alice loads"),
-        Some(cursor(15))
-    );
+    assert_eq!(billing_cursor(&mut alice, &feed).await, Some(cursor(15)));
     assert_eq!(
         owners(&mut admin, "billing", &feed).await[0].1.as_deref(),
         Some(alice_login.name.as_str())
@@ -238,10 +219,8 @@ async fn owner_scenario(db: &TestDb, alice_login: &Login, bob_login: &Login) {
     CursorStore::save(&mut bob, "billing", &feed, 0, cursor(1))
         .await
         .expect("bob takes the freed name");
-    assert_eq!(
-        owners(&mut admin, "billing", &feed).await,
-        vec![(0, Some(bob_login.name.clone()))]
-    );
+    let billing_owners = owners(&mut admin, "billing", &feed).await;
+    assert_eq!(billing_owners, shards_of(bob_login, 1));
     server_error(
         CursorStore::load(&mut alice, "billing", &feed, 0).await,
         51114,
@@ -277,10 +256,7 @@ async fn owner_scenario(db: &TestDb, alice_login: &Login, bob_login: &Login) {
         .expect("alice saves the legacy consumer");
     assert_eq!(
         owners(&mut admin, "legacy", &feed).await,
-        vec![
-            (0, Some(alice_login.name.clone())),
-            (1, Some(alice_login.name.clone()))
-        ],
+        shards_of(alice_login, 2),
         "the save binds every shard of the consumer"
     );
     server_error(
@@ -322,11 +298,7 @@ async fn cursor_rows(admin: &mut Client, feed: &Feed) -> i64 {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn save_cursor_and_teardown_feed_never_leave_a_cursor_of_a_dropped_feed() {
-    common::under_both_isolations("cursor_teardown", teardown_scenario).await;
-}
+common::live_test!(save_cursor_and_teardown_feed_never_leave_a_cursor_of_a_dropped_feed: "cursor_teardown" => teardown_scenario);
 
 async fn teardown_scenario(db: &TestDb) {
     let mut admin = db.client().await;
@@ -430,11 +402,7 @@ async fn teardown_scenario(db: &TestDb) {
 // 3. consumer names from SQL (items 8, 9)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn save_cursor_from_sql_refuses_names_it_would_cut_or_merge() {
-    common::under_both_isolations("cursor_names", names_scenario).await;
-}
+common::live_test!(save_cursor_from_sql_refuses_names_it_would_cut_or_merge: "cursor_names" => names_scenario);
 
 async fn names_scenario(db: &TestDb) {
     let mut admin = db.client().await;
@@ -519,4 +487,11 @@ async fn load_sql(client: &mut Client, consumer: &str, feed: &Feed) -> changefee
         ),
     )
     .await
+}
+
+/// The cursor of consumer `billing` on shard 0 that `client`'s login loads (alice's).
+async fn billing_cursor(client: &mut Client, feed: &Feed) -> Option<Cursor> {
+    CursorStore::load(client, "billing", feed, 0)
+        .await
+        .expect("alice loads")
 }

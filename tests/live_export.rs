@@ -19,7 +19,7 @@ use changefeed::kafka::{ExportConfig, ExportReport, FeedExporter};
 use changefeed::reader::{FeedReader, FeedReaderOptions, Wait, key_columns};
 use changefeed::{Client, Cursor, CursorStore, Error, Feed};
 use common::TestDb;
-use common::events::{exec_ok, required, rows_ok};
+use common::events::{exec_ok, feed_reader, required, rows_ok};
 use common::logins::{Login, drop_logins};
 use common::tasks::{bounded, close};
 use serde_json::{Value, json};
@@ -38,17 +38,9 @@ const TOPIC: &str = "orders";
 /// Shard `n` holds the orders of region `REGIONS[n]`.
 const REGIONS: [&str; 3] = ["eu", "us", "ap"];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn a_composite_key_feed_is_exported_with_its_cursors_and_resumes_without_gap() {
-    common::under_both_isolations("export_composite", export_scenario).await;
-}
+common::live_test!(a_composite_key_feed_is_exported_with_its_cursors_and_resumes_without_gap: "export_composite" => export_scenario);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn an_unknown_feed_fails_at_connect() {
-    common::under_both_isolations("export_unknown_feed", unknown_feed_scenario).await;
-}
+common::live_test!(an_unknown_feed_fails_at_connect: "export_unknown_feed" => unknown_feed_scenario);
 
 /// `dbo.Orders (Region, OrderId)` as an outbox-mode feed; 30 orders over three shards, one
 /// of them deleted before it is read. The export must produce the 29 others once each, with
@@ -101,13 +93,13 @@ async fn export_scenario(db: &TestDb) {
     )
     .await;
 
-    let pool = changefeed::pool::pool(&db.ado(), 8).await.expect("a pool");
-    let reader = FeedReader::with_options(
-        pool,
-        feed.clone(),
+    let reader = feed_reader(
+        db,
+        &feed,
+        8,
         FeedReaderOptions::default().wait(Wait::LongPoll(Duration::from_millis(300))),
     )
-    .expect("valid reader options");
+    .await;
     let cluster = mock::cluster(TOPIC);
     let bootstrap = cluster.bootstrap_servers();
 

@@ -134,11 +134,7 @@ const SESSION_PROBE: &str = "declare @open int = @@trancount; \
 // C16: a cursor must be exactly 16 bytes
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn read_feed_refuses_cursors_that_are_not_16_bytes_in_both_modes() {
-    common::under_both_isolations("cursor_length", cursor_length).await;
-}
+common::live_test!(current_thread read_feed_refuses_cursors_that_are_not_16_bytes_in_both_modes: "cursor_length" => cursor_length);
 
 async fn cursor_length(db: &TestDb) {
     let mut admin = db.client().await;
@@ -207,11 +203,7 @@ async fn cursor_length(db: &TestDb) {
 // B3: clients with IMPLICIT_TRANSACTIONS ON
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn implicit_transactions_leave_no_transaction_or_lock_after_read_feed_and_purge_feed() {
-    common::under_both_isolations("implicit_transactions", implicit_transactions).await;
-}
+common::live_test!(current_thread implicit_transactions_leave_no_transaction_or_lock_after_read_feed_and_purge_feed: "implicit_transactions" => implicit_transactions);
 
 async fn implicit_transactions(db: &TestDb) {
     let mut admin = db.client().await;
@@ -313,11 +305,7 @@ async fn implicit_transactions(db: &TestDb) {
 // B4: one shard of a feed per transaction
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn a_second_shard_of_one_feed_in_one_transaction_is_refused_with_51203() {
-    common::under_both_isolations("two_shards", two_shards).await;
-}
+common::live_test!(current_thread a_second_shard_of_one_feed_in_one_transaction_is_refused_with_51203: "two_shards" => two_shards);
 
 async fn two_shards(db: &TestDb) {
     let mut admin = db.client().await;
@@ -399,11 +387,7 @@ async fn two_shards(db: &TestDb) {
 // B5: rollback to a savepoint around lock_feed
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn ulid_refuses_a_range_undone_by_a_rollback_to_a_savepoint() {
-    common::under_both_isolations("savepoints", savepoints).await;
-}
+common::live_test!(current_thread ulid_refuses_a_range_undone_by_a_rollback_to_a_savepoint: "savepoints" => savepoints);
 
 const UNDONE: &str = "undone by a rollback to a savepoint";
 
@@ -508,11 +492,7 @@ async fn savepoints(db: &TestDb) {
 // B8: time hints and order_sequence from writers
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn a_far_future_hint_is_clamped_and_order_sequence_cannot_be_chosen() {
-    common::under_both_isolations("hints", hints).await;
-}
+common::live_test!(current_thread a_far_future_hint_is_clamped_and_order_sequence_cannot_be_chosen: "hints" => hints);
 
 async fn hints(db: &TestDb) {
     let mut admin = db.client().await;
@@ -582,11 +562,7 @@ fn keys_of(rows: &[(Ulid, i64)]) -> Vec<i64> {
 // Names: the longest allowed name, unicode and a space, through lock_feed and ulid(@i)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn serialized_feed_with_the_longest_unicode_name_locks_numbers_and_reads() {
-    common::under_both_isolations("longest_name", longest_name).await;
-}
+common::live_test!(current_thread serialized_feed_with_the_longest_unicode_name_locks_numbers_and_reads: "longest_name" => longest_name);
 
 /// The session-context key lock_feed and ulid(@i) share must fit 128 bytes for every name
 /// changefeed accepts: 'changefeed.ulid:' and a 108-character name would not (250 bytes).
@@ -627,11 +603,7 @@ async fn longest_name(db: &TestDb) {
 // Issue 19 item 4: the feed insert of outbox mode runs serially, in ULID order
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn the_outbox_mode_feed_insert_has_a_serial_cached_plan() {
-    common::under_both_isolations("serial_insert", serial_insert).await;
-}
+common::live_test!(current_thread the_outbox_mode_feed_insert_has_a_serial_cached_plan: "serial_insert" => serial_insert);
 
 /// Moves rows with read_feed, then reads read_feed's cached plan: the statement that inserts
 /// into the feed must have no Parallelism operator and be serial because of its MAXDOP 1
@@ -702,11 +674,7 @@ async fn serial_insert(db: &TestDb) {
 // Issue 19 item 10: #read must hold the keys losslessly
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn read_feed_refuses_a_read_table_that_cannot_hold_the_keys_in_both_modes() {
-    common::under_both_isolations("read_table", read_table).await;
-}
+common::live_test!(current_thread read_feed_refuses_a_read_table_that_cannot_hold_the_keys_in_both_modes: "read_table" => read_table);
 
 /// A feed whose key is `varchar(20)` in a code page other than tempdb's (Greek, or Cyrillic
 /// when tempdb is Greek), with a key that only that code page can spell. A readers-only login
@@ -873,11 +841,7 @@ async fn read_table(db: &TestDb) {
 // Issue 19 item 7: 51203 after a savepoint rollback that undid the first shard (kept)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn another_shard_after_a_savepoint_rollback_is_still_refused_and_the_same_shard_works() {
-    common::under_both_isolations("savepoint_shards", savepoint_shards).await;
-}
+common::live_test!(current_thread another_shard_after_a_savepoint_rollback_is_still_refused_and_the_same_shard_works: "savepoint_shards" => savepoint_shards);
 
 /// The decision documented in README (lock_feed, 51203): after `rollback transaction s` undid
 /// shard 0's lock_feed, locking shard 1 in the same transaction is still refused (the

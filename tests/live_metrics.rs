@@ -275,12 +275,7 @@ async fn a_scraped_relay_counts_publishes_shows_its_backlog_and_readiness_follow
     server.thaw();
     readyz_until(&address, 200, Duration::from_secs(90)).await;
 
-    signal(&child, libc::SIGINT);
-    let (status, stderr) =
-        tokio::task::spawn_blocking(move || wait_for_exit(child, Duration::from_secs(60)))
-            .await
-            .unwrap();
-    assert_eq!(status.code(), Some(0), "{stderr}");
+    stop_cleanly(child, libc::SIGINT).await;
     drop(cluster);
 }
 
@@ -472,11 +467,17 @@ async fn sql_server_backlog_status_and_scraped_gauges() {
     })
     .await;
     readyz_until(&address, 200, Duration::from_secs(10)).await;
-    signal(&child, libc::SIGTERM);
+    stop_cleanly(child, libc::SIGTERM).await;
+    db.drop_database().await;
+}
+
+/// Sends `signal_number` to the CLI process and expects it to exit with status 0 within a
+/// minute (its stderr in the failure message).
+async fn stop_cleanly(child: std::process::Child, signal_number: i32) {
+    signal(&child, signal_number);
     let (status, stderr) =
         tokio::task::spawn_blocking(move || wait_for_exit(child, Duration::from_secs(60)))
             .await
             .unwrap();
     assert_eq!(status.code(), Some(0), "{stderr}");
-    db.drop_database().await;
 }

@@ -11,19 +11,18 @@
 
 mod common;
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use changefeed::{Client, Cursor, Feed, ReadOptions, read_page};
+use common::events::commit_retrying;
 use common::load::{
     Load, MAX_TRANSIENT_RETRIES, TASK_LIMIT, WriterKey, check_stored, keys, load_on_1_and_4_shards,
     ulid_of, write_and_read,
 };
-use common::logins::{Login, drop_logins};
+use common::logins::{Login, with_logins};
 use common::tasks::{bounded, close, expect_denied, join, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
-use futures::FutureExt;
 use tokio::sync::Barrier;
 use ulid::Ulid;
 
@@ -83,7 +82,28 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
         load,
         move |mut client, database, feed, shard, writer| async move {
             for seq in 0..load.events_per_writer as i32 {
-                commit_writer_event(&mut client, &database, &feed, shard, writer, seq).await?;
+                // A transient failure (deadlock victim, lock timeout, dropped connection)
+                // is retried, after checking whether the commit made it; retrying the same
+                // event before the next keeps the writer's commit order.
+                let committed = format!(
+                    "select count_big(*) from {} where writer = {writer} and seq = {seq};",
+                    feed.quoted_table()
+                );
+                commit_retrying(
+                    &mut client,
+                    &database,
+                    &format!("writer {writer}, event {seq}"),
+                    MAX_TRANSIENT_RETRIES,
+                    &committed,
+                    |client| {
+                        let feed = feed.clone();
+                        Box::pin(
+                            async move { commit_event(client, &feed, shard, writer, seq).await },
+                        )
+                    },
+                )
+                .await
+                .map_err(|error| format!("commit of event ({writer}, {seq}) failed: {error}"))?;
             }
             Ok(())
         },
@@ -118,11 +138,7 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
 // 2. A slow writer does not delay the readers of its shard
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn slow_uncommitted_writer_does_not_delay_readers_of_its_shard() {
-    common::under_both_isolations("slow_writer", slow_writer_scenario).await;
-}
+common::live_test!(slow_uncommitted_writer_does_not_delay_readers_of_its_shard: "slow_writer" => slow_writer_scenario);
 
 async fn slow_writer_scenario(db: &TestDb) {
     const SHARD: i32 = 1;
@@ -261,11 +277,7 @@ async fn slow_writer_scenario(db: &TestDb) {
 // 3. An abandoned writer never blocks readers and leaves no trace
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn abandoned_writer_never_blocks_readers_and_leaves_no_trace() {
-    common::under_both_isolations("abandoned", abandoned_writer_scenario).await;
-}
+common::live_test!(abandoned_writer_never_blocks_readers_and_leaves_no_trace: "abandoned" => abandoned_writer_scenario);
 
 async fn abandoned_writer_scenario(db: &TestDb) {
     const SHARD: i32 = 0;
@@ -411,11 +423,7 @@ async fn abandoned_writer_scenario(db: &TestDb) {
 // 4. Two readers racing at the head both get the rows
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn readers_racing_at_the_head_both_return_the_rows() {
-    common::under_both_isolations("head_race", head_race_scenario).await;
-}
+common::live_test!(readers_racing_at_the_head_both_return_the_rows: "head_race" => head_race_scenario);
 
 async fn head_race_scenario(db: &TestDb) {
     const ROUNDS: i32 = 20;
@@ -532,17 +540,8 @@ async fn head_race_scenario(db: &TestDb) {
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn reader_and_writer_roles_with_real_logins() {
     common::under_both_isolations("roles", async |db: &TestDb| {
-        let reader = Login::new("reader", db);
-        let writer = Login::new("writer", db);
-        let outcome = AssertUnwindSafe(roles_scenario(db, &reader, &writer))
-            .catch_unwind()
-            .await;
-        // Logins are server-level: they outlive the test database, so drop them even when
-        // the scenario failed.
-        drop_logins(db, &[&reader, &writer]).await;
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic);
-        }
+        let two = async |[reader, writer]: &[Login; 2]| roles_scenario(db, reader, writer).await;
+        with_logins(db, ["reader", "writer"], two).await;
     })
     .await;
 }
@@ -839,14 +838,8 @@ async fn read_with_event(
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn reader_login_waits_for_the_same_shard_lock_as_other_readers() {
     common::under_both_isolations("shard_lock", async |db: &TestDb| {
-        let reader = Login::new("lockreader", db);
-        let outcome = AssertUnwindSafe(shard_lock_scenario(db, &reader))
-            .catch_unwind()
-            .await;
-        drop_logins(db, &[&reader]).await;
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic);
-        }
+        let one = async |[reader]: &[Login; 1]| shard_lock_scenario(db, reader).await;
+        with_logins(db, ["lockreader"], one).await;
     })
     .await;
 }
@@ -958,11 +951,7 @@ async fn shard_lock_scenario(db: &TestDb, reader_login: &Login) {
 // 6. Concurrent setup_feed
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn concurrent_setup_feed_creates_exactly_one_feed() {
-    common::under_both_isolations("setup_race", setup_race_scenario).await;
-}
+common::live_test!(concurrent_setup_feed_creates_exactly_one_feed: "setup_race" => setup_race_scenario);
 
 async fn setup_race_scenario(db: &TestDb) {
     const ROUNDS: usize = 4;
@@ -1150,18 +1139,14 @@ async fn check_one_feed(admin: &mut Client, feed: &Feed) {
     );
 }
 
+common::live_test!(concurrent_setup_feed_of_different_tables_keeps_every_feed_in_feed_status: "setup_pairs" => setup_pairs_scenario);
+
 /// setup_feed for two *different* tables at once. Each call ends by rebuilding
 /// changefeed.feed_status from the registry (refresh_feed_status); a call that reads the
 /// registry while the other's row is not yet committed must neither drop the other's feed
 /// from feed_status (the last rebuild wins) nor deadlock on it. A call may still fail
 /// cleanly (a server error, nothing left open); it is then retried alone, as a migration
 /// tool would. Afterwards every registered feed is in feed_status.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn concurrent_setup_feed_of_different_tables_keeps_every_feed_in_feed_status() {
-    common::under_both_isolations("setup_pairs", setup_pairs_scenario).await;
-}
-
 async fn setup_pairs_scenario(db: &TestDb) {
     const ROUNDS: usize = 6;
     let mut admin = db.client().await;
@@ -1310,46 +1295,4 @@ async fn commit_event(
         open_writer_transaction(feed, shard, writer, seq)
     );
     exec(client, &batch).await
-}
-
-/// [`commit_event`] for a load writer: a transient failure (deadlock victim, lock timeout,
-/// dropped connection) is retried, after checking whether the commit made it. Retrying the
-/// same event before the next keeps the writer's commit order.
-async fn commit_writer_event(
-    client: &mut Client,
-    database: &str,
-    feed: &Feed,
-    shard: i32,
-    writer: i32,
-    seq: i32,
-) -> Result<(), String> {
-    let mut failures = 0;
-    loop {
-        match commit_event(client, feed, shard, writer, seq).await {
-            Ok(()) => return Ok(()),
-            Err(error) if error.is_transient() && failures < MAX_TRANSIENT_RETRIES => {
-                failures += 1;
-                eprintln!("-- writer {writer}, event {seq}: transient error, retrying: {error}");
-                if matches!(error, changefeed::Error::Connection(_)) {
-                    *client = common::connect_to(database).await;
-                }
-                let _ = exec(client, "if @@trancount > 0 rollback transaction;").await;
-                let committed = scalar_i64(
-                    client,
-                    &format!(
-                        "select count_big(*) from {} where writer = {writer} and seq = {seq};",
-                        feed.quoted_table()
-                    ),
-                )
-                .await;
-                if committed > 0 {
-                    return Ok(());
-                }
-                tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
-            }
-            Err(error) => {
-                return Err(format!("commit of event ({writer}, {seq}) failed: {error}"));
-            }
-        }
-    }
 }

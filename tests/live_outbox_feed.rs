@@ -17,6 +17,9 @@ use changefeed::allocator::{
 use changefeed::row::FromRow;
 use changefeed::{Client, Cursor, Feed, FeedRow, ReadOptions, read_page};
 use common::TestDb;
+use common::events::{
+    column_values, exec_ok, hex, read_state, required, rows_ok, server_now_ms, server_number,
+};
 use tiberius::Row;
 use ulid::Ulid;
 
@@ -32,31 +35,9 @@ fn feed(name: &str) -> Feed {
         .unwrap_or_else(|error| panic!("{name} is a valid feed name: {error}"))
 }
 
-async fn exec_ok(client: &mut Client, sql: &str) {
-    common::exec(client, sql)
-        .await
-        .unwrap_or_else(|error| panic!("{sql}\n  failed: {error}"));
-}
-
-async fn rows_ok(client: &mut Client, sql: &str) -> Vec<Row> {
-    common::rows(client, sql)
-        .await
-        .unwrap_or_else(|error| panic!("{sql}\n  failed: {error}"))
-}
-
 /// Every result set of a batch, so a test can tell which statement produced rows.
 async fn result_sets(client: &mut Client, sql: &str) -> changefeed::Result<Vec<Vec<Row>>> {
     Ok(client.simple_query(sql).await?.into_results().await?)
-}
-
-/// The SQL Server error number of a call that must fail on the server.
-fn server_number<T: std::fmt::Debug>(what: &str, result: changefeed::Result<T>) -> u32 {
-    match result {
-        Ok(value) => panic!("{what}: expected a SQL Server error, got {value:?}"),
-        Err(error) => error
-            .server_number()
-            .unwrap_or_else(|| panic!("{what}: expected a SQL Server error, got {error}")),
-    }
 }
 
 /// Runs a batch that must fail and returns the server's error number.
@@ -66,14 +47,6 @@ async fn exec_error(client: &mut Client, sql: &str) -> u32 {
 
 async fn count(client: &mut Client, sql: &str) -> i64 {
     common::scalar_i64(client, sql).await
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut text = String::from("0x");
-    for byte in bytes {
-        text.push_str(&format!("{byte:02X}"));
-    }
-    text
 }
 
 /// A `datetime2(3)` expression for `ms` milliseconds since 1970 (days first: dateadd takes
@@ -86,15 +59,6 @@ fn datetime_sql(ms: i64) -> String {
     )
 }
 
-/// The server's clock, in ms since 1970.
-async fn server_now_ms(client: &mut Client) -> i64 {
-    count(
-        client,
-        "select datediff_big(millisecond, convert(datetime2(3), '19700101', 112), sysutcdatetime());",
-    )
-    .await
-}
-
 fn ms_of(time: time::PrimitiveDateTime) -> i64 {
     (time.assume_utc().unix_timestamp_nanos() / 1_000_000) as i64
 }
@@ -102,10 +66,6 @@ fn ms_of(time: time::PrimitiveDateTime) -> i64 {
 fn column<'a, T: tiberius::FromSql<'a>>(row: &'a Row, name: &str) -> Option<T> {
     row.try_get::<T, &str>(name)
         .unwrap_or_else(|error| panic!("column {name}: {error}"))
-}
-
-fn required<'a, T: tiberius::FromSql<'a>>(row: &'a Row, name: &str) -> T {
-    column(row, name).unwrap_or_else(|| panic!("column {name} is NULL"))
 }
 
 fn binary(row: &Row, name: &str) -> Vec<u8> {
@@ -254,24 +214,6 @@ async fn read_all<K: FromRow + std::fmt::Debug>(
     panic!("{feed} shard {shard}: still reading after 10000 pages");
 }
 
-async fn read_state(client: &mut Client, feed: &Feed, shard: i32) -> Option<ShardState> {
-    let rows = rows_ok(
-        client,
-        &format!(
-            "select last_ms, ulid_high, next_counter from {} where shard_id = {shard};",
-            feed.object("state")
-        ),
-    )
-    .await;
-    rows.first().map(|row| ShardState {
-        last_ms: required::<i64>(row, "last_ms"),
-        high: binary(row, "ulid_high")
-            .try_into()
-            .expect("ulid_high is binary(8)"),
-        next_counter: required::<i64>(row, "next_counter"),
-    })
-}
-
 /// `(shard_id, ulid, id)` of every feed row, in order: a snapshot to compare.
 async fn feed_rows(client: &mut Client, feed: &Feed) -> Vec<(i32, Vec<u8>, i32)> {
     rows_ok(
@@ -334,11 +276,7 @@ async fn read_with_event(
 // 1. Paging
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn five_events_read_with_page_size_three_come_as_three_then_two_then_an_empty_page() {
-    common::under_both_isolations("paging", paging).await;
-}
+common::live_test!(current_thread five_events_read_with_page_size_three_come_as_three_then_two_then_an_empty_page: "paging" => paging);
 
 async fn paging(db: &TestDb) {
     let mut client = db.client().await;
@@ -396,11 +334,7 @@ async fn paging(db: &TestDb) {
 // 2. Order follows insertion, not time hints
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn feed_order_follows_insertion_order_even_when_time_hints_decrease() {
-    common::under_both_isolations("insertion_order", insertion_order).await;
-}
+common::live_test!(current_thread feed_order_follows_insertion_order_even_when_time_hints_decrease: "insertion_order" => insertion_order);
 
 async fn insertion_order(db: &TestDb) {
     let mut client = db.client().await;
@@ -426,11 +360,7 @@ async fn insertion_order(db: &TestDb) {
 // 3. Time hints lifted to a running max
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn time_hints_are_lifted_to_their_running_max_and_ulid_time_never_goes_back() {
-    common::under_both_isolations("running_max", running_max).await;
-}
+common::live_test!(current_thread time_hints_are_lifted_to_their_running_max_and_ulid_time_never_goes_back: "running_max" => running_max);
 
 async fn running_max(db: &TestDb) {
     let mut client = db.client().await;
@@ -556,11 +486,7 @@ async fn server_ulids_match_model(
     server
 }
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn server_ulid_allocation_agrees_with_the_reference_model_and_the_state_row_follows_it() {
-    common::under_both_isolations("allocator_model", allocator_model).await;
-}
+common::live_test!(current_thread server_ulid_allocation_agrees_with_the_reference_model_and_the_state_row_follows_it: "allocator_model" => allocator_model);
 
 async fn allocator_model(db: &TestDb) {
     let mut client = db.client().await;
@@ -680,11 +606,7 @@ async fn allocator_model(db: &TestDb) {
 // 5. A writer that rolls back
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn a_writer_that_rolls_back_leaves_no_trace_in_outbox_or_feed() {
-    common::under_both_isolations("rollback", rolled_back_writer).await;
-}
+common::live_test!(current_thread a_writer_that_rolls_back_leaves_no_trace_in_outbox_or_feed: "rollback" => rolled_back_writer);
 
 async fn rolled_back_writer(db: &TestDb) {
     let mut client = db.client().await;
@@ -728,11 +650,7 @@ async fn rolled_back_writer(db: &TestDb) {
 // 6. #read
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn read_feed_fills_a_callers_read_temp_table_instead_of_returning_rows() {
-    common::under_both_isolations("read_temp_table", read_temp_table).await;
-}
+common::live_test!(current_thread read_feed_fills_a_callers_read_temp_table_instead_of_returning_rows: "read_temp_table" => read_temp_table);
 
 async fn read_temp_table(db: &TestDb) {
     let mut client = db.client().await;
@@ -805,11 +723,7 @@ async fn read_temp_table(db: &TestDb) {
 // 7. @with_event = 1
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn with_event_returns_every_event_column_and_a_deleted_event_as_nulls() {
-    common::under_both_isolations("with_event", with_event).await;
-}
+common::live_test!(current_thread with_event_returns_every_event_column_and_a_deleted_event_as_nulls: "with_event" => with_event);
 
 async fn with_event(db: &TestDb) {
     let mut client = db.client().await;
@@ -863,11 +777,7 @@ async fn with_event(db: &TestDb) {
 // 8. Errors: inside a transaction, bad arguments
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn read_feed_refuses_a_transaction_with_51100_and_bad_arguments_with_51101() {
-    common::under_both_isolations("read_errors", read_errors).await;
-}
+common::live_test!(current_thread read_feed_refuses_a_transaction_with_51100_and_bad_arguments_with_51101: "read_errors" => read_errors);
 
 async fn read_errors(db: &TestDb) {
     let mut client = db.client().await;
@@ -942,11 +852,7 @@ async fn read_errors(db: &TestDb) {
 // 9. Long-poll
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn a_long_polling_reader_returns_when_a_writer_commits_or_after_wait_ms_when_none_does() {
-    common::under_both_isolations("long_poll", long_poll).await;
-}
+common::live_test!(current_thread a_long_polling_reader_returns_when_a_writer_commits_or_after_wait_ms_when_none_does: "long_poll" => long_poll);
 
 async fn long_poll(db: &TestDb) {
     let mut reader = db.client().await;
@@ -1038,11 +944,7 @@ async fn key_column_types(client: &mut Client, object_id_sql: &str) -> Vec<KeyCo
     .collect()
 }
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn composite_mixed_type_key_in_a_unicode_table_of_a_non_dbo_schema_is_carried_exactly() {
-    common::under_both_isolations("composite_key", composite_key).await;
-}
+common::live_test!(current_thread composite_mixed_type_key_in_a_unicode_table_of_a_non_dbo_schema_is_carried_exactly: "composite_key" => composite_key);
 
 async fn composite_key(db: &TestDb) {
     let mut client = db.client().await;
@@ -1256,11 +1158,7 @@ async fn registry_rows(client: &mut Client, table: &str) -> i64 {
     .await
 }
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn setup_twice_changes_nothing_and_teardown_drops_every_per_feed_object_once() {
-    common::under_both_isolations("setup_teardown", setup_teardown).await;
-}
+common::live_test!(current_thread setup_twice_changes_nothing_and_teardown_drops_every_per_feed_object_once: "setup_teardown" => setup_teardown);
 
 async fn setup_teardown(db: &TestDb) {
     let mut client = db.client().await;
@@ -1373,11 +1271,7 @@ async fn setup_teardown(db: &TestDb) {
 // 12. Bad setup inputs
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn setup_feed_rejects_bad_names_tables_keys_and_modes_with_the_documented_errors() {
-    common::under_both_isolations("bad_setup", bad_setup).await;
-}
+common::live_test!(current_thread setup_feed_rejects_bad_names_tables_keys_and_modes_with_the_documented_errors: "bad_setup" => bad_setup);
 
 async fn bad_setup(db: &TestDb) {
     let mut client = db.client().await;
@@ -1474,11 +1368,7 @@ async fn bad_setup(db: &TestDb) {
 // 13. upgrade_feed / upgrade_all_feeds
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn upgrade_all_feeds_regenerates_code_and_keeps_every_row_and_cursor() {
-    common::under_both_isolations("upgrade", upgrade).await;
-}
+common::live_test!(current_thread upgrade_all_feeds_regenerates_code_and_keeps_every_row_and_cursor: "upgrade" => upgrade);
 
 async fn upgrade(db: &TestDb) {
     let mut client = db.client().await;
@@ -1636,11 +1526,7 @@ fn status(feed: &str, shard_id: i32, outbox_depth: i64, head: Option<Ulid>) -> S
     }
 }
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn feed_status_shows_each_feed_and_shard_with_committed_depth_and_head() {
-    common::under_both_isolations("feed_status", status_view).await;
-}
+common::live_test!(current_thread feed_status_shows_each_feed_and_shard_with_committed_depth_and_head: "feed_status" => status_view);
 
 async fn status_view(db: &TestDb) {
     let mut client = db.client().await;
@@ -1700,11 +1586,7 @@ async fn status_view(db: &TestDb) {
 // 15. Shards are independent
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn shards_are_independent_logs_each_with_strictly_increasing_ulids() {
-    common::under_both_isolations("shards", shards).await;
-}
+common::live_test!(current_thread shards_are_independent_logs_each_with_strictly_increasing_ulids: "shards" => shards);
 
 async fn shards(db: &TestDb) {
     let mut client = db.client().await;
@@ -1751,16 +1633,10 @@ async fn shards(db: &TestDb) {
     assert!(never.is_empty(), "shard 9 has no rows: {never:?}");
 
     assert_eq!(outbox_count(&mut client, &feed).await, 0);
-    let states = rows_ok(
-        &mut client,
-        &format!(
-            "select shard_id from {} order by shard_id;",
-            feed.object("state")
-        ),
-    )
-    .await
-    .iter()
-    .map(|row| required::<i32>(row, "shard_id"))
-    .collect::<Vec<_>>();
+    let states_sql = format!(
+        "select shard_id from {} order by shard_id;",
+        feed.object("state")
+    );
+    let states: Vec<i32> = column_values(&mut client, &states_sql, "shard_id").await;
     assert_eq!(states, [0, 1, 2, 3], "one allocator state per shard");
 }

@@ -18,10 +18,10 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use changefeed::reader::{FeedReader, FeedReaderOptions, ReadRetryPolicy, Wait};
 use changefeed::{Client, Cursor, CursorStore, Error, Feed, FeedRow, Page};
 use common::events::{
-    create_feed, exec_ok, hex, keys, pairs, read_to_end, required, rows_ok, server_now_ms,
-    write_ok, write_retrying,
+    column_values, create_feed, exec_ok, feed_reader, hex, keys, pairs, read_to_end, required,
+    rows_ok, server_now_ms, spawn_held_writers, spawn_writers, write_ok,
 };
-use common::tasks::{bounded, join, join_result, spawn_bounded};
+use common::tasks::{bounded, join, join_all, join_result, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
 use futures::{Stream, StreamExt};
 use ulid::Ulid;
@@ -33,11 +33,7 @@ const TASK_LIMIT: Duration = Duration::from_secs(180);
 // 1. Three consumers, four writers, one feed
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn three_consumers_under_concurrent_writers_see_the_same_ulid_sequence() {
-    common::under_both_isolations("reader_three_consumers", three_consumers_scenario).await;
-}
+common::live_test!(three_consumers_under_concurrent_writers_see_the_same_ulid_sequence: "reader_three_consumers" => three_consumers_scenario);
 
 /// Three independent consumers, each its own `FeedReader` stream from `Cursor::START`
 /// (their own pooled connection and cursor), follow one feed while four writers commit
@@ -48,22 +44,22 @@ async fn three_consumers_under_concurrent_writers_see_the_same_ulid_sequence() {
 /// applies to its events).
 async fn three_consumers_scenario(db: &TestDb) {
     const CONSUMERS: usize = 3;
-    const WRITERS: i32 = 4;
-    const EVENTS_PER_WRITER: i32 = 50;
+    const WRITERS: i64 = 4;
+    const EVENTS_PER_WRITER: i64 = 50;
     let total = (WRITERS * EVENTS_PER_WRITER) as usize;
 
     let mut admin = db.client().await;
     let feed = create_feed(&mut admin, "three_consumers").await;
-    let pool = changefeed::pool::pool(&db.ado(), 6).await.expect("a pool");
     // Small pages, so that pages and moves interleave; a short long-poll.
-    let reader = FeedReader::with_options(
-        pool,
-        feed.clone(),
+    let reader = feed_reader(
+        db,
+        &feed,
+        6,
         FeedReaderOptions::default()
             .page_size(17)
             .wait(Wait::LongPoll(Duration::from_millis(500))),
     )
-    .expect("valid options");
+    .await;
 
     // The consumers start first, on an empty feed: they long-poll until rows come.
     let consumers: Vec<_> = (0..CONSUMERS)
@@ -76,23 +72,8 @@ async fn three_consumers_scenario(db: &TestDb) {
             )
         })
         .collect();
-    let writers: Vec<_> = (0..WRITERS)
-        .map(|writer| {
-            let database = db.name.clone();
-            let feed = feed.clone();
-            spawn_bounded(format!("writer {writer}"), TASK_LIMIT, async move {
-                let mut client = common::connect_to(&database).await;
-                for seq in 0..EVENTS_PER_WRITER {
-                    write_retrying(&mut client, &database, &feed, 0, event_id(writer, seq)).await?;
-                    tokio::time::sleep(Duration::from_millis(rand::random_range(0..6))).await;
-                }
-                Ok(())
-            })
-        })
-        .collect();
-    for writer in writers {
-        join(writer).await;
-    }
+    let writers = spawn_writers(db, &feed, (WRITERS, EVENTS_PER_WRITER), TASK_LIMIT, 0..6);
+    join_all(writers).await;
     let mut seen = Vec::new();
     for consumer in consumers {
         seen.push(join(consumer).await);
@@ -126,11 +107,7 @@ async fn three_consumers_scenario(db: &TestDb) {
 // 2. Replay from a point in time
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn replay_from_a_point_in_time_yields_exactly_the_later_events() {
-    common::under_both_isolations("reader_replay_at", replay_at_scenario).await;
-}
+common::live_test!(replay_from_a_point_in_time_yields_exactly_the_later_events: "reader_replay_at" => replay_at_scenario);
 
 /// Ten events, a point in time `t` read from the server's clock, ten more: a stream from
 /// `Cursor::at(t)` yields exactly the second ten.
@@ -154,15 +131,15 @@ async fn replay_from_a_point_in_time_yields_exactly_the_later_events() {
 async fn replay_at_scenario(db: &TestDb) {
     let mut admin = db.client().await;
     let feed = create_feed(&mut admin, "replay_at").await;
-    let pool = changefeed::pool::pool(&db.ado(), 3).await.expect("a pool");
-    let reader = FeedReader::with_options(
-        pool,
-        feed.clone(),
+    let reader = feed_reader(
+        db,
+        &feed,
+        3,
         FeedReaderOptions::default()
             .page_size(100)
             .wait(Wait::LongPoll(Duration::from_millis(500))),
     )
-    .expect("valid options");
+    .await;
     let mut writer = db.client().await;
 
     for id in 1..=10 {
@@ -227,11 +204,7 @@ async fn replay_at_scenario(db: &TestDb) {
 // 3. A cursor saved in the side effect's transaction
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn cursor_saved_in_the_side_effect_transaction_rolls_back_and_commits_with_it() {
-    common::under_both_isolations("reader_cursor_tx", cursor_transaction_scenario).await;
-}
+common::live_test!(cursor_saved_in_the_side_effect_transaction_rolls_back_and_commits_with_it: "reader_cursor_tx" => cursor_transaction_scenario);
 
 /// The consumer reads a page outside any transaction (`read_feed` must), then applies it on
 /// a second connection: `begin tran; insert into dbo.sink ...; CursorStore::save(...)`.
@@ -248,13 +221,7 @@ async fn cursor_transaction_scenario(db: &TestDb) {
         "create table dbo.sink (id bigint not null primary key);",
     )
     .await;
-    let pool = changefeed::pool::pool(&db.ado(), 3).await.expect("a pool");
-    let reader = FeedReader::with_options(
-        pool,
-        feed.clone(),
-        FeedReaderOptions::default().page_size(4),
-    )
-    .expect("valid options");
+    let reader = feed_reader(db, &feed, 3, FeedReaderOptions::default().page_size(4)).await;
     let mut writer = db.client().await;
     for id in 1..=10 {
         write_ok(&mut writer, &feed, 0, id, None).await;
@@ -344,22 +311,14 @@ async fn apply_page(sink: &mut Client, feed: &Feed, page: &Page<FeedRow<i64>>, c
 }
 
 async fn sink_ids(client: &mut Client) -> Vec<i64> {
-    rows_ok(client, "select id from dbo.sink order by id;")
-        .await
-        .iter()
-        .map(|row| required::<i64>(row, "id"))
-        .collect()
+    column_values(client, "select id from dbo.sink order by id;", "id").await
 }
 
 // ------------------------------------------------------------------------------------------
 // 4. A connection killed mid-stream
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn killed_connection_mid_stream_resumes_without_loss_or_repeat() {
-    common::under_both_isolations("reader_kill", kill_scenario).await;
-}
+common::live_test!(killed_connection_mid_stream_resumes_without_loss_or_repeat: "reader_kill" => kill_scenario);
 
 /// A `FeedReader` stream (pages of 10) follows a feed while five writers commit 500 events;
 /// meanwhile an admin session `KILL`s the reader's session, several times. The reader's pool
@@ -374,10 +333,10 @@ async fn killed_connection_mid_stream_resumes_without_loss_or_repeat() {
 /// To be sure the kills land mid-stream, the writers hold back their last 100 events until
 /// the killer is done: the stream cannot have finished before.
 async fn kill_scenario(db: &TestDb) {
-    const WRITERS: i32 = 5;
-    const EVENTS_PER_WRITER: i32 = 100;
+    const WRITERS: i64 = 5;
+    const EVENTS_PER_WRITER: i64 = 100;
     /// Each writer's events from this one on wait for the kills.
-    const HELD_BACK_FROM: i32 = 80;
+    const HELD_BACK_FROM: i64 = 80;
     const KILLS: usize = 6;
     let total = (WRITERS * EVENTS_PER_WRITER) as usize;
 
@@ -434,26 +393,14 @@ async fn kill_scenario(db: &TestDb) {
         })
     };
 
-    let writers: Vec<_> = (0..WRITERS)
-        .map(|writer| {
-            let database = db.name.clone();
-            let feed = feed.clone();
-            let kills_done = Arc::clone(&kills_done);
-            spawn_bounded(format!("writer {writer}"), TASK_LIMIT, async move {
-                let mut client = common::connect_to(&database).await;
-                for seq in 0..EVENTS_PER_WRITER {
-                    if seq == HELD_BACK_FROM {
-                        while !kills_done.load(Ordering::SeqCst) {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                    }
-                    write_retrying(&mut client, &database, &feed, 0, event_id(writer, seq)).await?;
-                    tokio::time::sleep(Duration::from_millis(rand::random_range(2..12))).await;
-                }
-                Ok(())
-            })
-        })
-        .collect();
+    let writers = spawn_held_writers(
+        db,
+        &feed,
+        (WRITERS, EVENTS_PER_WRITER),
+        TASK_LIMIT,
+        2..12,
+        Some((HELD_BACK_FROM, Arc::clone(&kills_done))),
+    );
 
     let killer = {
         let database = db.name.clone();
@@ -514,9 +461,7 @@ async fn kill_scenario(db: &TestDb) {
 
     // The consumer's failure, if any, is the one to report: the killer then fails too.
     let kills = join_result(killer).await;
-    for writer in writers {
-        join(writer).await;
-    }
+    join_all(writers).await;
     let seen = join(consumer).await;
     let kills = kills.unwrap_or_else(|message| panic!("{message}"));
     eprintln!(
@@ -546,11 +491,7 @@ async fn kill_scenario(db: &TestDb) {
 // 5. Long-poll latency
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn long_poll_latency_from_commit_to_delivery() {
-    common::under_both_isolations("reader_latency", latency_scenario).await;
-}
+common::live_test!(long_poll_latency_from_commit_to_delivery: "reader_latency" => latency_scenario);
 
 /// A stream with the default options (a 10 s server long-poll) waits at the head; one
 /// writer commits 50 events one at a time, each after a random pause (so commits land at
@@ -629,11 +570,7 @@ async fn latency_scenario(db: &TestDb) {
 // 6. A stream whose cursor a forced purge passes
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn stream_ends_with_cursor_expired_when_a_forced_purge_passes_its_cursor() {
-    common::under_both_isolations("reader_expired", expired_stream_scenario).await;
-}
+common::live_test!(stream_ends_with_cursor_expired_when_a_forced_purge_passes_its_cursor: "reader_expired" => expired_stream_scenario);
 
 /// A stream has yielded its first page (events 1–5; its cursor is event 5's ULID) when
 /// `purge_feed @before = <event 10>, @force = 1` deletes events 1–9 (its cursor is not
@@ -645,15 +582,15 @@ async fn stream_ends_with_cursor_expired_when_a_forced_purge_passes_its_cursor()
 async fn expired_stream_scenario(db: &TestDb) {
     let mut admin = db.client().await;
     let feed = create_feed(&mut admin, "expired_stream").await;
-    let pool = changefeed::pool::pool(&db.ado(), 4).await.expect("a pool");
-    let reader = FeedReader::with_options(
-        pool,
-        feed.clone(),
+    let reader = feed_reader(
+        db,
+        &feed,
+        4,
         FeedReaderOptions::default()
             .page_size(5)
             .wait(Wait::LongPoll(Duration::from_millis(500))),
     )
-    .expect("valid options");
+    .await;
     let mut writer = db.client().await;
     for id in 1..=20 {
         write_ok(&mut writer, &feed, 0, id, None).await;
@@ -732,8 +669,8 @@ async fn first_page(reader: &FeedReader, cursor: Cursor) -> Page<FeedRow<i64>> {
 // ------------------------------------------------------------------------------------------
 
 /// The key of writer `writer`'s event `seq`.
-fn event_id(writer: i32, seq: i32) -> i64 {
-    i64::from(writer) * 1_000_000 + i64::from(seq)
+fn event_id(writer: i64, seq: i64) -> i64 {
+    writer * 1_000_000 + seq
 }
 
 /// Collects the rows of a stream until it has `want` of them; an error or the end of the

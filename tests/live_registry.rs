@@ -95,11 +95,7 @@ fn text(row: &Row, name: &str) -> Option<String> {
 // 1. Implicit transactions (issue 10, B3)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn registry_procedures_leave_no_transaction_open_under_implicit_transactions() {
-    common::under_both_isolations("reg_implicit", implicit_scenario).await;
-}
+common::live_test!(registry_procedures_leave_no_transaction_open_under_implicit_transactions: "reg_implicit" => implicit_scenario);
 
 /// A session with `SET IMPLICIT_TRANSACTIONS ON` (JDBC with autocommit off, pyodbc) calls
 /// every registry procedure that commits its own work: after each, `@@trancount` is 0 again
@@ -193,13 +189,7 @@ async fn implicit_scenario(db: &TestDb) {
 // 2. Far cursors (B9)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn consumer_lag_shows_cursors_past_the_year_9999_instead_of_failing() {
-    let db = TestDb::create("reg_far", Isolation::LockingReadCommitted).await;
-    far_cursor_scenario(&db).await;
-    db.drop_database().await;
-}
+common::live_test!(once_locking consumer_lag_shows_cursors_past_the_year_9999_instead_of_failing: "reg_far" => far_cursor_scenario);
 
 /// The last millisecond `datetime2` holds: 9999-12-31T23:59:59.999Z.
 const LAST_DATETIME2_MS: u64 = 253_402_300_799_999;
@@ -297,13 +287,7 @@ async fn far_cursor_scenario(db: &TestDb) {
 // 3. One broken feed does not break the others (B10)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn a_dropped_or_recreated_event_table_is_reported_and_the_other_feeds_carry_on() {
-    let db = TestDb::create("reg_broken", Isolation::LockingReadCommitted).await;
-    broken_feed_scenario(&db).await;
-    db.drop_database().await;
-}
+common::live_test!(once_locking a_dropped_or_recreated_event_table_is_reported_and_the_other_feeds_carry_on: "reg_broken" => broken_feed_scenario);
 
 /// Three feeds: `keep` (outbox mode, working), `ser` (serialized mode, its event table is
 /// dropped) and `again` (outbox mode, its event table dropped and re-created). After
@@ -557,10 +541,9 @@ async fn access_scenario(db: &TestDb) -> Vec<Login> {
 // 5. Teardown removes the feed's cursors; roles come back without members (C14)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn teardown_removes_the_feeds_cursors_and_a_new_setup_has_empty_roles() {
-    let db = TestDb::create("reg_teardown", Isolation::LockingReadCommitted).await;
+common::live_test!(once_locking teardown_removes_the_feeds_cursors_and_a_new_setup_has_empty_roles: "reg_teardown" => teardown_scenario);
+
+async fn teardown_scenario(db: &TestDb) {
     let mut admin = db.client().await;
     let gone = create_feed(&mut admin, "td_gone").await;
     let other = create_feed(&mut admin, "td_other").await;
@@ -612,17 +595,15 @@ async fn teardown_removes_the_feeds_cursors_and_a_new_setup_has_empty_roles() {
             .is_none(),
         "the new feed has no saved cursor"
     );
-    db.drop_database().await;
 }
 
 // ------------------------------------------------------------------------------------------
 // 6. Names with a backslash (C15)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn names_with_a_backslash_are_refused_with_51000() {
-    let db = TestDb::create("reg_backslash", Isolation::LockingReadCommitted).await;
+common::live_test!(once_locking names_with_a_backslash_are_refused_with_51000: "reg_backslash" => backslash_scenario);
+
+async fn backslash_scenario(db: &TestDb) {
     let mut admin = db.client().await;
     exec_ok(
         &mut admin,
@@ -647,17 +628,15 @@ async fn names_with_a_backslash_are_refused_with_51000() {
         scalar_i64(&mut admin, "select count_big(*) from changefeed.feeds;").await,
         0
     );
-    db.drop_database().await;
 }
 
 // ------------------------------------------------------------------------------------------
 // 7. Cursors of exactly 16 bytes (C16)
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn save_cursor_refuses_any_cursor_that_is_not_sixteen_bytes() {
-    let db = TestDb::create("reg_length", Isolation::LockingReadCommitted).await;
+common::live_test!(once_locking save_cursor_refuses_any_cursor_that_is_not_sixteen_bytes: "reg_length" => length_scenario);
+
+async fn length_scenario(db: &TestDb) {
     let mut admin = db.client().await;
     let feed = create_feed(&mut admin, "len").await;
     let sixteen: Vec<u8> = (1..=16).collect();
@@ -690,7 +669,6 @@ async fn save_cursor_refuses_any_cursor_that_is_not_sixteen_bytes() {
             .expect("load"),
         Some(cursor)
     );
-    db.drop_database().await;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -856,11 +834,7 @@ async fn views_scenario(db: &TestDb) {
 // Issue 19 item 1: event tables in a schema another user owns
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn a_table_outside_the_bundle_owners_chain_is_refused_and_reads_once_given_to_dbo() {
-    common::under_both_isolations("reg_owner", owner_scenario).await;
-}
+common::live_test!(a_table_outside_the_bundle_owners_chain_is_refused_and_reads_once_given_to_dbo: "reg_owner" => owner_scenario);
 
 /// Schema `ext` is created with `authorization` a user other than dbo. `setup_feed` refuses
 /// its tables in both modes with 51013 naming `alter authorization on schema::[ext] to
@@ -962,10 +936,9 @@ async fn owner_scenario(db: &TestDb) {
 // Issue 19 item 12: a view is not a table
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn setup_feed_on_a_view_says_it_is_a_view() {
-    let db = TestDb::create("reg_view", Isolation::LockingReadCommitted).await;
+common::live_test!(once_locking setup_feed_on_a_view_says_it_is_a_view: "reg_view" => view_scenario);
+
+async fn view_scenario(db: &TestDb) {
     let mut admin = db.client().await;
     exec_ok(
         &mut admin,
@@ -991,17 +964,15 @@ async fn setup_feed_on_a_view_says_it_is_a_view() {
     .await;
     assert_eq!(number, 51001, "{message}");
     assert!(message.contains("does not exist"), "{message}");
-    db.drop_database().await;
 }
 
 // ------------------------------------------------------------------------------------------
 // Issue 19 item 6: upgrade_feed regenerates under the registry's spelling
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn upgrade_feed_called_with_other_casing_keeps_the_registrys_spelling() {
-    let db = TestDb::create("reg_casing", Isolation::LockingReadCommitted).await;
+common::live_test!(once_locking upgrade_feed_called_with_other_casing_keeps_the_registrys_spelling: "reg_casing" => casing_scenario);
+
+async fn casing_scenario(db: &TestDb) {
     let mut admin = db.client().await;
     assert_eq!(
         scalar_i64(
@@ -1059,5 +1030,4 @@ async fn upgrade_feed_called_with_other_casing_keeps_the_registrys_spelling() {
     )
     .await;
     assert_eq!(rows.len(), 1);
-    db.drop_database().await;
 }

@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 use changefeed::reader::{FeedReader, FeedReaderOptions};
 use changefeed::{Client, Cursor, CursorStore, Error, Feed, FeedRow};
 use common::events::{
-    create_feed, exec_ok, hex, keys, pairs, read_to_end, required, rows_ok, server_now_ms,
-    write_ok, write_retrying,
+    column_values, create_feed, exec_ok, feed_reader, hex, keys, pairs, read_to_end, required,
+    rows_ok, server_now_ms, server_number, spawn_writers, state_row, write_ok,
 };
-use common::tasks::{join, spawn_bounded};
+use common::tasks::{join, join_all, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
 use tiberius::Row;
 use ulid::Ulid;
@@ -39,11 +39,7 @@ const TASK_LIMIT: Duration = Duration::from_secs(180);
 // 1. A lagging consumer holds the purge back; @force does not wait for it
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn purge_is_held_back_by_a_lagging_consumer_and_force_expires_it() {
-    common::under_both_isolations("retention_lagging", lagging_consumer_scenario).await;
-}
+common::live_test!(purge_is_held_back_by_a_lagging_consumer_and_force_expires_it: "retention_lagging" => lagging_consumer_scenario);
 
 /// Twenty events; consumer A saved its cursor at event 8, consumer B at event 15. A purge of
 /// everything (`@older_than_ms = 0`) deletes events 1–8 only (A has processed up to and
@@ -161,11 +157,7 @@ async fn lagging_consumer_scenario(db: &TestDb) {
 // 2. 90- and 400-day windows
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn purge_windows_of_90_and_400_days_go_by_ulid_time() {
-    common::under_both_isolations("retention_windows", windows_scenario).await;
-}
+common::live_test!(purge_windows_of_90_and_400_days_go_by_ulid_time: "retention_windows" => windows_scenario);
 
 /// Shard 0 gets groups of three events 400, 100 and 10 days old and new, then one more
 /// event with a 400-day-old time hint: a shard's ULIDs never go back, so that one is lifted
@@ -314,11 +306,7 @@ async fn windows_scenario(db: &TestDb) {
 // 3. Batch size and max rows
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn purge_honours_batch_size_and_max_rows() {
-    common::under_both_isolations("retention_batches", batches_scenario).await;
-}
+common::live_test!(purge_honours_batch_size_and_max_rows: "retention_batches" => batches_scenario);
 
 /// 25 events; another session holds an exclusive lock on event 9's feed row (an update it
 /// has not committed). `purge_feed @batch_size = 4, @max_rows = 10` commits batch 1 (events
@@ -430,11 +418,7 @@ async fn batches_scenario(db: &TestDb) {
 // 4. Dry run
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn dry_run_deletes_nothing_and_reports_the_count() {
-    common::under_both_isolations("retention_dry_run", dry_run_scenario).await;
-}
+common::live_test!(dry_run_deletes_nothing_and_reports_the_count: "retention_dry_run" => dry_run_scenario);
 
 /// Twelve events. `@dry_run = 1` reports what a purge would delete — all 12; 7 with
 /// `@max_rows = 7`; 5 held back by a consumer at event 5, with batches of 5 (the count past
@@ -510,11 +494,7 @@ async fn dry_run_scenario(db: &TestDb) {
 // 5. Purge alongside writers and readers
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn purge_alongside_writers_and_readers_loses_nothing_and_blocks_no_reader_for_long() {
-    common::under_both_isolations("retention_concurrent", concurrent_scenario).await;
-}
+common::live_test!(purge_alongside_writers_and_readers_loses_nothing_and_blocks_no_reader_for_long: "retention_concurrent" => concurrent_scenario);
 
 /// Three writers commit 100 events each while three registered readers read the feed from
 /// `Cursor::START` (each saved `Cursor::START` before the first event, and saves its cursor
@@ -618,25 +598,8 @@ async fn concurrent_scenario(db: &TestDb) {
         })
         .collect();
 
-    let writers: Vec<_> = (0..WRITERS)
-        .map(|writer| {
-            let database = db.name.clone();
-            let feed = feed.clone();
-            spawn_bounded(format!("writer {writer}"), TASK_LIMIT, async move {
-                let mut client = common::connect_to(&database).await;
-                for seq in 0..EVENTS_PER_WRITER {
-                    let id = writer * 1_000_000 + seq;
-                    write_retrying(&mut client, &database, &feed, 0, id).await?;
-                    tokio::time::sleep(Duration::from_millis(rand::random_range(1..10))).await;
-                }
-                Ok(())
-            })
-        })
-        .collect();
-
-    for writer in writers {
-        join(writer).await;
-    }
+    let writers = spawn_writers(db, &feed, (WRITERS, EVENTS_PER_WRITER), TASK_LIMIT, 1..10);
+    join_all(writers).await;
     let mut seen = Vec::new();
     for (name, reader_task) in names.iter().zip(readers) {
         let (rows, slowest) = join(reader_task).await;
@@ -700,11 +663,7 @@ async fn concurrent_scenario(db: &TestDb) {
 // 6. An unregistered consumer
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn consumer_that_never_saved_a_cursor_is_not_protected() {
-    common::under_both_isolations("retention_unregistered", unregistered_scenario).await;
-}
+common::live_test!(consumer_that_never_saved_a_cursor_is_not_protected: "retention_unregistered" => unregistered_scenario);
 
 /// Documented behaviour, not a bug: `purge_feed` only knows the consumers registered in
 /// `changefeed.consumer_cursor` (`CursorStore::save`). A consumer that keeps its cursor in
@@ -749,11 +708,7 @@ async fn unregistered_scenario(db: &TestDb) {
 // 7. Refused calls
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn purge_refuses_a_transaction_and_a_missing_cutoff() {
-    common::under_both_isolations("retention_refused", refused_scenario).await;
-}
+common::live_test!(purge_refuses_a_transaction_and_a_missing_cutoff: "retention_refused" => refused_scenario);
 
 /// `purge_feed` inside a transaction is 51400 (each batch must commit on its own); without a
 /// cutoff, or with an argument out of range, 51401. Nothing is deleted.
@@ -923,26 +878,18 @@ async fn consumer_lag(client: &mut Client, feed: &Feed) -> BTreeMap<String, Lag>
 }
 
 async fn purged_through(client: &mut Client, feed: &Feed, shard: i32) -> Option<Ulid> {
-    let rows = rows_ok(
-        client,
-        &format!(
-            "select purged_through from {} where shard_id = {shard};",
-            feed.object("state")
-        ),
-    )
-    .await;
-    rows.first()
-        .and_then(|row| optional_ulid(row, "purged_through"))
+    let row = state_row(client, feed, shard, "purged_through").await?;
+    optional_ulid(&row, "purged_through")
 }
 
 async fn reader_for(db: &TestDb, feed: &Feed, page_size: u32) -> FeedReader {
-    let pool = changefeed::pool::pool(&db.ado(), 8).await.expect("a pool");
-    FeedReader::with_options(
-        pool,
-        feed.clone(),
+    feed_reader(
+        db,
+        feed,
+        8,
         FeedReaderOptions::default().page_size(page_size),
     )
-    .expect("valid options")
+    .await
 }
 
 async fn save(client: &mut Client, consumer: &str, feed: &Feed, shard: i32, cursor: Cursor) {
@@ -966,27 +913,11 @@ async fn wait_until_older_than_now(client: &mut Client, ulid: Ulid) {
 
 /// The keys of a shard's feed rows, in ULID order.
 async fn feed_keys(client: &mut Client, feed: &Feed, shard: i32) -> Vec<i64> {
-    rows_ok(
-        client,
-        &format!(
-            "select id from {} where shard_id = {shard} order by ulid;",
-            feed.object("feed")
-        ),
-    )
-    .await
-    .iter()
-    .map(|row| required::<i64>(row, "id"))
-    .collect()
-}
-
-/// The SQL Server error number of a call that must fail on the server.
-fn server_number<T: std::fmt::Debug>(what: &str, result: changefeed::Result<T>) -> u32 {
-    match result {
-        Ok(value) => panic!("{what}: expected a SQL Server error, got {value:?}"),
-        Err(error) => error
-            .server_number()
-            .unwrap_or_else(|| panic!("{what}: expected a SQL Server error, got {error}")),
-    }
+    let sql = format!(
+        "select id from {} where shard_id = {shard} order by ulid;",
+        feed.object("feed")
+    );
+    column_values(client, &sql, "id").await
 }
 
 fn optional_ulid(row: &Row, name: &str) -> Option<Ulid> {

@@ -16,24 +16,23 @@ mod common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use changefeed::allocator::{
-    Allocator, FixedRandom, HINT_TOLERANCE_MS, RESERVATION_SIZE, ShardState, UlidRange,
-    ulid_counter, ulid_high, ulid_ms, ulid_random16,
+    Allocator, FixedRandom, HINT_TOLERANCE_MS, RESERVATION_SIZE, UlidRange, ulid_counter,
+    ulid_high, ulid_ms, ulid_random16,
 };
 use changefeed::writer::lock_feed;
 use changefeed::{Client, Cursor, Feed, FeedRow, Page, ReadOptions, read_page};
+use common::events::{read_state, recover_from_transient, retry_pause};
 use common::load::{
     Load, MAX_TRANSIENT_RETRIES, WriterKey, check_stored, keys, load_on_1_and_4_shards,
     write_and_read,
 };
-use common::logins::{Login, drop_logins};
+use common::logins::{Login, with_logins};
 use common::tasks::{bounded, close, expect_denied};
 use common::{Isolation, TestDb, exec, rows, scalar_i64};
-use futures::FutureExt;
 use tiberius::Row;
 use time::PrimitiveDateTime;
 use time::macros::datetime;
@@ -64,11 +63,7 @@ const BIT_62: i64 = 1 << 62;
 // 1. Range arithmetic against the allocator model
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn range_arithmetic_matches_the_allocator_model() {
-    common::under_both_isolations("ser_ranges", range_scenario).await;
-}
+common::live_test!(range_arithmetic_matches_the_allocator_model: "ser_ranges" => range_scenario);
 
 async fn range_scenario(db: &TestDb) {
     let mut admin = db.client().await;
@@ -386,26 +381,6 @@ async fn range_scenario(db: &TestDb) {
     assert_eq!(read_state(&mut admin, &feed, 0).await, model.state());
 }
 
-/// The state row of `shard`, as the model's [`ShardState`].
-async fn read_state(client: &mut Client, feed: &Feed, shard: i32) -> Option<ShardState> {
-    let state = rows(
-        client,
-        &format!(
-            "select last_ms, ulid_high, next_counter from {} where shard_id = {shard};",
-            feed.object("state")
-        ),
-    )
-    .await
-    .expect("read the state row");
-    state.first().map(|row| ShardState {
-        last_ms: i64_at(row, 0, "last_ms"),
-        high: bytes_at(row, 1, "ulid_high")
-            .try_into()
-            .expect("ulid_high is binary(8)"),
-        next_counter: i64_at(row, 2, "next_counter"),
-    })
-}
-
 // ------------------------------------------------------------------------------------------
 // 2. The load matrix: commit order is ULID order, nothing is skipped
 // ------------------------------------------------------------------------------------------
@@ -542,11 +517,8 @@ async fn commit_load_event(
             }
             Err(error) if error.is_transient() && failures < MAX_TRANSIENT_RETRIES => {
                 failures += 1;
-                eprintln!("-- writer {writer}, event {seq}: transient error, retrying: {error}");
-                if matches!(error, changefeed::Error::Connection(_)) {
-                    *client = common::connect_to(database).await;
-                }
-                let _ = exec(client, "if @@trancount > 0 rollback transaction;").await;
+                let what = format!("writer {writer}, event {seq}");
+                recover_from_transient(client, database, &what, &error).await;
                 let stored = rows(
                     client,
                     &format!(
@@ -565,7 +537,7 @@ async fn commit_load_event(
                         done: Instant::now(),
                     });
                 }
-                tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
+                retry_pause(failures).await;
             }
             Err(error) => return Err(format!("commit of event {key:?} failed: {error}")),
         }
@@ -613,11 +585,7 @@ fn check_commit_order(table: &str, written: &[Written], shards: i32) -> usize {
 // 3. Two feeds in one transaction
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn two_feeds_in_one_transaction_keep_their_own_ranges() {
-    common::under_both_isolations("ser_two_feeds", two_feeds_scenario).await;
-}
+common::live_test!(two_feeds_in_one_transaction_keep_their_own_ranges: "ser_two_feeds" => two_feeds_scenario);
 
 async fn two_feeds_scenario(db: &TestDb) {
     let mut admin = db.client().await;
@@ -720,11 +688,7 @@ async fn two_feeds_scenario(db: &TestDb) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn two_feeds_locked_in_opposite_orders_resolve_the_deadlock_with_51202() {
-    common::under_both_isolations("ser_deadlock", opposite_order_scenario).await;
-}
+common::live_test!(two_feeds_locked_in_opposite_orders_resolve_the_deadlock_with_51202: "ser_deadlock" => opposite_order_scenario);
 
 /// Writer 1 locks feed A then B, writer 2 locks B then A: a deadlock between the two
 /// applocks. SQL Server's deadlock monitor picks a victim, whose sp_getapplock returns -3,
@@ -805,11 +769,7 @@ async fn opposite_order_scenario(db: &TestDb) {
 // 4. Lock timeout and commit order between two writers
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn lock_timeout_fails_fast_with_51202_and_rolls_back() {
-    common::under_both_isolations("ser_timeout", lock_timeout_scenario).await;
-}
+common::live_test!(lock_timeout_fails_fast_with_51202_and_rolls_back: "ser_timeout" => lock_timeout_scenario);
 
 async fn lock_timeout_scenario(db: &TestDb) {
     let mut admin = db.client().await;
@@ -982,11 +942,7 @@ async fn lock_timeout_scenario(db: &TestDb) {
 // 5. ulid(@i) outside its transaction, and lock_feed outside any
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn ulid_outside_its_transaction_fails_clearly() {
-    common::under_both_isolations("ser_misuse", misuse_scenario).await;
-}
+common::live_test!(ulid_outside_its_transaction_fails_clearly: "ser_misuse" => misuse_scenario);
 
 async fn misuse_scenario(db: &TestDb) {
     let mut admin = db.client().await;
@@ -1193,11 +1149,7 @@ async fn rollback_if_open(client: &mut Client) {
 // 6. setup_feed's checks for serialized-writer mode
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn setup_feed_validates_serialized_tables() {
-    common::under_both_isolations("ser_setup", setup_validation_scenario).await;
-}
+common::live_test!(setup_feed_validates_serialized_tables: "ser_setup" => setup_validation_scenario);
 
 /// A table `setup_feed` must refuse, and the error it must give.
 struct Refused {
@@ -1622,16 +1574,8 @@ async fn assert_not_a_feed(admin: &mut Client, table: &str) {
 #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
 async fn writer_and_reader_roles_with_real_logins() {
     common::under_both_isolations("ser_roles", async |db: &TestDb| {
-        let writer = Login::new("serwriter", db);
-        let reader = Login::new("serreader", db);
-        let outcome = AssertUnwindSafe(roles_scenario(db, &writer, &reader))
-            .catch_unwind()
-            .await;
-        // Logins are server-level: drop them even when the scenario failed.
-        drop_logins(db, &[&writer, &reader]).await;
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic);
-        }
+        let two = async |[writer, reader]: &[Login; 2]| roles_scenario(db, writer, reader).await;
+        with_logins(db, ["serwriter", "serreader"], two).await;
     })
     .await;
 }
@@ -1816,6 +1760,8 @@ async fn roles_scenario(db: &TestDb, writer_login: &Login, reader_login: &Login)
 // 8. ULIDs inserted out of order inside one writer transaction
 // ------------------------------------------------------------------------------------------
 
+common::live_test!(ulids_inserted_out_of_order_in_one_transaction_are_never_skipped: "ser_out_of_order" => out_of_order_scenario);
+
 /// A writer may use its range in any order: the documented multi-row insert
 /// `ulid(row_number() over (order by ...))` inserts rows in the order of its plan, and two
 /// statements may use ulid(2) before ulid(1). Readers must still see every row: here the
@@ -1824,12 +1770,6 @@ async fn roles_scenario(db: &TestDb, writer_login: &Login, reader_login: &Login)
 /// until the commit. Under locking READ COMMITTED the reader blocks on ulid(2)'s key lock;
 /// if it then continues from ulid(2), it never visits ulid(1), inserted behind its scan
 /// position, and its cursor passes ulid(1) for good.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn ulids_inserted_out_of_order_in_one_transaction_are_never_skipped() {
-    common::under_both_isolations("ser_out_of_order", out_of_order_scenario).await;
-}
-
 async fn out_of_order_scenario(db: &TestDb) {
     let mut admin = db.client().await;
     let feed = create_serialized_feed(&mut admin, "out_of_order", "id int not null", "id").await;
@@ -1914,17 +1854,13 @@ async fn out_of_order_scenario(db: &TestDb) {
 // 9. POWEROFF.md: a writer that stops answering while it holds the shard
 // ------------------------------------------------------------------------------------------
 
+common::live_test!(power_off_client_side_transaction_blocks_the_shard_until_the_connection_dies: "ser_poweroff_a" => power_off_unmitigated);
+
 /// (a) A client-side transaction (`begin tran; exec lock_feed; insert`) whose client then
 /// stops answering (the proxy between it and the server freezes). Measures how long writer
 /// B waits in lock_feed without any mitigation, up to CHANGEFEED_POWEROFF_WAIT_SECS, and then
 /// how quickly B proceeds once the frozen connection is reset (as when the client's process
 /// dies). Also shows who else waits: readers under locking READ COMMITTED, not under RCSI.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn power_off_client_side_transaction_blocks_the_shard_until_the_connection_dies() {
-    common::under_both_isolations("ser_poweroff_a", power_off_unmitigated).await;
-}
-
 async fn power_off_unmitigated(db: &TestDb) {
     let wait_limit = power_off_wait();
     let isolation = db.isolation;
@@ -2117,14 +2053,10 @@ async fn power_off_unmitigated(db: &TestDb) {
     drop(proxy);
 }
 
+common::live_test!(power_off_with_lock_timeout_other_writers_fail_fast: "ser_poweroff_b" => power_off_lock_timeout);
+
 /// (b) The same frozen writer, and writers that pass @lock_timeout_ms = 1000: they fail with
 /// 51202 after about a second instead of queueing, from Rust and from a server-side batch.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn power_off_with_lock_timeout_other_writers_fail_fast() {
-    common::under_both_isolations("ser_poweroff_b", power_off_lock_timeout).await;
-}
-
 async fn power_off_lock_timeout(db: &TestDb) {
     let isolation = db.isolation;
     let mut admin = db.client().await;
@@ -2211,15 +2143,11 @@ async fn power_off_lock_timeout(db: &TestDb) {
     drop(proxy);
 }
 
+common::live_test!(power_off_during_a_server_side_batch_blocks_nobody_beyond_the_batch: "ser_poweroff_c" => power_off_server_side_batch);
+
 /// (c) Writer A sends the whole transaction as one server-side batch (lock_feed, insert,
 /// 3 s of work, commit) and stops answering while the server runs it. The server does not
 /// need the client to finish the batch: the lock is held for the batch's own duration only.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn power_off_during_a_server_side_batch_blocks_nobody_beyond_the_batch() {
-    common::under_both_isolations("ser_poweroff_c", power_off_server_side_batch).await;
-}
-
 async fn power_off_server_side_batch(db: &TestDb) {
     const HOLD_MS: u32 = 3000;
     let hold = Duration::from_millis(u64::from(HOLD_MS));
@@ -2295,15 +2223,11 @@ async fn power_off_server_side_batch(db: &TestDb) {
     drop(proxy);
 }
 
+common::live_test!(power_off_in_outbox_mode_blocks_no_writer_and_no_reader: "ser_poweroff_d" => power_off_outbox);
+
 /// (d) Outbox mode: writer A (frozen) holds an uncommitted event and outbox row of shard 0.
 /// Writer B commits to the same shard and a reader returns B's event at once: in outbox
 /// mode nobody holds a lock that others of the shard need.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn power_off_in_outbox_mode_blocks_no_writer_and_no_reader() {
-    common::under_both_isolations("ser_poweroff_d", power_off_outbox).await;
-}
-
 async fn power_off_outbox(db: &TestDb) {
     const LATENCY: Duration = Duration::from_secs(1);
     let isolation = db.isolation;
@@ -2635,20 +2559,15 @@ async fn connect_through(proxy: &FreezableProxy, db: &TestDb) -> Client {
 /// A direct connection with no client-side command timeout (tiberius' default is 30 s),
 /// for calls that wait on purpose: writer B behind a frozen writer, blocked readers.
 async fn connect_unbounded(db: &TestDb) -> Client {
-    let mut last_error = None;
-    for _ in 0..10 {
+    let config = || {
         let mut config =
             tiberius::Config::from_ado_string(&db.ado()).expect("the test's ADO string");
         config.command_timeout(None);
-        match changefeed::connection::connect_with(config).await {
-            Ok(client) => return client,
-            Err(error) => {
-                last_error = Some(error);
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        }
-    }
-    panic!("cannot connect to {}: {last_error:?}", db.name);
+        config
+    };
+    common::connect_retrying(10, Duration::from_millis(300), config)
+        .await
+        .unwrap_or_else(|last_error| panic!("cannot connect to {}: {last_error:?}", db.name))
 }
 
 async fn session_id(client: &mut Client) -> i32 {

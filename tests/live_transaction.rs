@@ -36,11 +36,7 @@ async fn serialized_feed(db: &TestDb, table: &str) -> Feed {
     Feed::new("dbo", table).expect("a valid feed name")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn a_writer_dropped_inside_its_transaction_does_not_keep_the_shard_locked() {
-    common::under_both_isolations("tx_dropped_writer", dropped_writer_in).await;
-}
+common::live_test!(a_writer_dropped_inside_its_transaction_does_not_keep_the_shard_locked: "tx_dropped_writer" => dropped_writer_in);
 
 async fn dropped_writer_in(db: &TestDb) {
     let feed = serialized_feed(db, "tx_events").await;
@@ -88,11 +84,7 @@ async fn dropped_writer_in(db: &TestDb) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn a_check_out_resets_the_session_a_borrower_changed() {
-    common::under_both_isolations("tx_reset", reset_in).await;
-}
+common::live_test!(a_check_out_resets_the_session_a_borrower_changed: "tx_reset" => reset_in);
 
 async fn reset_in(db: &TestDb) {
     // One connection, so both borrowers get the same session.

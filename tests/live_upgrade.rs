@@ -832,23 +832,13 @@ async fn check_broken_objects_were_skipped(admin: &mut Client, from: i32) {
             "upgrade_all_feeds skips exactly the broken feed and outbox"
         );
     }
-    let feed_problem = rows_ok(
-        admin,
-        "select problem from changefeed.feeds where table_name = N'up_broken';",
-    )
-    .await;
-    let feed_problem: &str = required(&feed_problem[0], "problem");
+    let feed_problem = problem_of(admin, "feeds", "up_broken").await;
     assert!(
         feed_problem.contains("[id] is now [order_id]")
             && feed_problem.contains("teardown_feed @table_name = N'dbo.up_broken'"),
         "the broken feed's problem names the renamed key column and the fix: {feed_problem}"
     );
-    let outbox_problem = rows_ok(
-        admin,
-        "select problem from changefeed.outboxes where table_name = N'up_broken_messages';",
-    )
-    .await;
-    let outbox_problem: &str = required(&outbox_problem[0], "problem");
+    let outbox_problem = problem_of(admin, "outboxes", "up_broken_messages").await;
     assert!(
         outbox_problem.contains("[payload]")
             && outbox_problem.contains("upgrade_outbox @table_name = N'dbo.up_broken_messages'"),
@@ -952,4 +942,15 @@ fn from_versions_cover_every_template_change() {
             );
         }
     }
+}
+
+/// The `problem` a registry (`changefeed.feeds` or `changefeed.outboxes`) holds for the
+/// table named `table_name`.
+async fn problem_of(admin: &mut Client, registry: &str, table_name: &str) -> String {
+    let rows = rows_ok(
+        admin,
+        &format!("select problem from changefeed.{registry} where table_name = N'{table_name}';"),
+    )
+    .await;
+    required::<&str>(&rows[0], "problem").to_owned()
 }

@@ -81,18 +81,7 @@ fn the_licence_texts_of_the_declared_licence_exist() {
 
 #[test]
 fn the_library_tree_has_one_rand() {
-    let tree = cargo(&[
-        "tree",
-        "--offline",
-        "--locked",
-        "--all-features",
-        "-e",
-        "normal",
-        "--prefix",
-        "none",
-        "--format",
-        "{p}",
-    ]);
+    let tree = normal_tree(&["--all-features"]);
     let rands: BTreeSet<&str> = tree
         .lines()
         .filter(|line| line.starts_with("rand v"))

@@ -30,8 +30,12 @@ fn thrown_numbers() -> BTreeSet<u32> {
 /// Numbers in the first column of README's error table (rows starting with `| 51`).
 fn documented_numbers() -> BTreeSet<u32> {
     let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    readme
-        .lines()
+    error_numbers(readme.lines())
+}
+
+/// The project error numbers (51000-51999) that start README table rows among `lines`.
+fn error_numbers<'a>(lines: impl Iterator<Item = &'a str>) -> BTreeSet<u32> {
+    lines
         .filter_map(|line| line.strip_prefix("| "))
         .filter_map(|rest| rest.split(' ').next())
         .filter_map(|first| first.parse::<u32>().ok())
@@ -66,20 +70,13 @@ fn every_number_is_in_the_project_range() {
 /// The numbers whose row's last column (what to do) starts with "Transient".
 fn documented_transient_numbers() -> BTreeSet<u32> {
     let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    readme
-        .lines()
-        .filter(|line| {
-            line.trim_end()
-                .trim_end_matches('|')
-                .rsplit('|')
-                .next()
-                .is_some_and(|advice| advice.trim_start().starts_with("Transient"))
-        })
-        .filter_map(|line| line.strip_prefix("| "))
-        .filter_map(|rest| rest.split(' ').next())
-        .filter_map(|first| first.parse::<u32>().ok())
-        .filter(|n| (51000..52000).contains(n))
-        .collect()
+    error_numbers(readme.lines().filter(|line| {
+        line.trim_end()
+            .trim_end_matches('|')
+            .rsplit('|')
+            .next()
+            .is_some_and(|advice| advice.trim_start().starts_with("Transient"))
+    }))
 }
 
 /// A caller's retry loop asks `Error::is_transient`; the table tells a reader the same. An

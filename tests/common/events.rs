@@ -4,14 +4,22 @@
 //! the same feed shape, so its setup and the checks on what came back live here, once; what
 //! each file asserts stays with it.
 
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use changefeed::reader::FeedReader;
+use changefeed::allocator::ShardState;
+use changefeed::reader::{FeedReader, FeedReaderOptions};
 use changefeed::{Client, Cursor, Error, Feed, FeedRow};
+use futures::future::BoxFuture;
 use tiberius::Row;
 use ulid::Ulid;
 
-use super::{connect_to, exec, rows, scalar_i64};
+use tokio::task::JoinHandle;
+
+use super::tasks::spawn_bounded;
+use super::{TestDb, connect_to, exec, rows, scalar_i64};
 
 /// Transient write errors (deadlock victim, lock timeout, dropped connection) a writer
 /// retries per event before it fails.
@@ -88,33 +96,75 @@ pub async fn write_retrying(
     shard: i32,
     id: i64,
 ) -> Result<(), String> {
+    let committed = format!(
+        "select count_big(*) from {} where id = {id};",
+        feed.quoted_table()
+    );
+    commit_retrying(
+        client,
+        database,
+        &format!("event {id}"),
+        MAX_WRITE_RETRIES,
+        &committed,
+        |client| {
+            let feed = feed.clone();
+            Box::pin(async move { write_event(client, &feed, shard, id, None).await })
+        },
+    )
+    .await
+    .map_err(|error| format!("write event {id}: {error}"))
+}
+
+/// Runs `commit` (one whole transaction, a boxed future so that a writer task stays `Send`)
+/// until it succeeds; a transient failure (deadlock
+/// victim, lock timeout, dropped connection) is retried up to `max_retries` times, unless
+/// `committed` (a `select count_big(*)` of the event) finds the commit made it after all
+/// (a dropped connection may have lost only the answer). Retrying one event before the
+/// next keeps a writer's commit order. Returns the failure that was not retried.
+pub async fn commit_retrying(
+    client: &mut Client,
+    database: &str,
+    what: &str,
+    max_retries: u32,
+    committed: &str,
+    mut commit: impl for<'c> FnMut(&'c mut Client) -> BoxFuture<'c, changefeed::Result<()>>,
+) -> changefeed::Result<()> {
     let mut failures: u32 = 0;
     loop {
-        match write_event(client, feed, shard, id, None).await {
+        match commit(client).await {
             Ok(()) => return Ok(()),
-            Err(error) if error.is_transient() && failures < MAX_WRITE_RETRIES => {
+            Err(error) if error.is_transient() && failures < max_retries => {
                 failures += 1;
-                eprintln!("-- event {id}: transient write error, retrying: {error}");
-                if matches!(error, Error::Connection(_)) {
-                    *client = connect_to(database).await;
-                }
-                let _ = exec(client, "if @@trancount > 0 rollback transaction;").await;
-                let committed = scalar_i64(
-                    client,
-                    &format!(
-                        "select count_big(*) from {} where id = {id};",
-                        feed.quoted_table()
-                    ),
-                )
-                .await;
-                if committed > 0 {
+                recover_from_transient(client, database, what, &error).await;
+                if scalar_i64(client, committed).await > 0 {
                     return Ok(());
                 }
-                tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
+                retry_pause(failures).await;
             }
-            Err(error) => return Err(format!("write event {id}: {error}")),
+            Err(error) => return Err(error),
         }
     }
+}
+
+/// What a writer does after a transient failure of its transaction, before it checks
+/// whether the commit made it: says so on stderr, replaces a dropped connection with a new
+/// one to `database`, and rolls back what is left of the transaction.
+pub async fn recover_from_transient(
+    client: &mut Client,
+    database: &str,
+    what: &str,
+    error: &Error,
+) {
+    eprintln!("-- {what}: transient error, retrying: {error}");
+    if matches!(error, Error::Connection(_)) {
+        *client = connect_to(database).await;
+    }
+    let _ = exec(client, "if @@trancount > 0 rollback transaction;").await;
+}
+
+/// The pause before retry number `failures`: 20 ms more for each.
+pub async fn retry_pause(failures: u32) {
+    tokio::time::sleep(Duration::from_millis(20 * u64::from(failures))).await;
 }
 
 /// Reads pages with `read_page` (no wait) until one is not full; moves every committed
@@ -187,4 +237,116 @@ pub async fn rows_ok(client: &mut Client, sql: &str) -> Vec<Row> {
     rows(client, sql)
         .await
         .unwrap_or_else(|error| panic!("{sql}\n  failed: {error}"))
+}
+
+/// `columns` of `feed`'s state row for `shard`, none before the shard's first event.
+pub async fn state_row(client: &mut Client, feed: &Feed, shard: i32, columns: &str) -> Option<Row> {
+    let rows = rows_ok(
+        client,
+        &format!(
+            "select {columns} from {} where shard_id = {shard};",
+            feed.object("state")
+        ),
+    )
+    .await;
+    rows.into_iter().next()
+}
+
+/// The allocator's state row of `shard`, as the reference model's [`ShardState`].
+pub async fn read_state(client: &mut Client, feed: &Feed, shard: i32) -> Option<ShardState> {
+    let row = state_row(client, feed, shard, "last_ms, ulid_high, next_counter").await?;
+    Some(ShardState {
+        last_ms: required::<i64>(&row, "last_ms"),
+        high: required::<&[u8]>(&row, "ulid_high")
+            .try_into()
+            .expect("ulid_high is binary(8)"),
+        next_counter: required::<i64>(&row, "next_counter"),
+    })
+}
+
+/// Concurrent writers of `feed`: `writers` tasks (each bounded by `limit`), each on a
+/// connection of its own, commit their `events` events `writer * 1_000_000 + seq` (seq from
+/// 0) one by one on shard 0 with [`write_retrying`], pausing a random number of milliseconds
+/// from `pause_ms` after each.
+pub fn spawn_writers(
+    db: &TestDb,
+    feed: &Feed,
+    (writers, events): (i64, i64),
+    limit: Duration,
+    pause_ms: Range<u64>,
+) -> Vec<JoinHandle<Result<(), String>>> {
+    spawn_held_writers(db, feed, (writers, events), limit, pause_ms, None)
+}
+
+/// [`spawn_writers`] whose writers, with `hold_from` = `(seq, released)`, each wait at
+/// event `seq` until `released` is set (checked every 20 ms).
+pub fn spawn_held_writers(
+    db: &TestDb,
+    feed: &Feed,
+    (writers, events): (i64, i64),
+    limit: Duration,
+    pause_ms: Range<u64>,
+    hold_from: Option<(i64, Arc<AtomicBool>)>,
+) -> Vec<JoinHandle<Result<(), String>>> {
+    (0..writers)
+        .map(|writer| {
+            let database = db.name.clone();
+            let feed = feed.clone();
+            let pause_ms = pause_ms.clone();
+            let hold_from = hold_from.clone();
+            spawn_bounded(format!("writer {writer}"), limit, async move {
+                let mut client = connect_to(&database).await;
+                for seq in 0..events {
+                    if let Some((held, released)) = &hold_from
+                        && seq == *held
+                    {
+                        while !released.load(Ordering::SeqCst) {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                    let id = writer * 1_000_000 + seq;
+                    write_retrying(&mut client, &database, &feed, 0, id).await?;
+                    let pause = rand::random_range(pause_ms.clone());
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+                Ok(())
+            })
+        })
+        .collect()
+}
+
+/// `column` of every row `sql` returns, in order; a NULL fails the test.
+pub async fn column_values<T>(client: &mut Client, sql: &str, column: &str) -> Vec<T>
+where
+    T: for<'a> tiberius::FromSql<'a>,
+{
+    rows_ok(client, sql)
+        .await
+        .iter()
+        .map(|row| required::<T>(row, column))
+        .collect()
+}
+
+/// A [`FeedReader`] of `feed` with `options`, on a pool of up to `connections` connections
+/// to `db`.
+pub async fn feed_reader(
+    db: &TestDb,
+    feed: &Feed,
+    connections: u32,
+    options: FeedReaderOptions,
+) -> FeedReader {
+    let pool = changefeed::pool::pool(&db.ado(), connections)
+        .await
+        .expect("a pool");
+    FeedReader::with_options(pool, feed.clone(), options).expect("valid reader options")
+}
+
+/// The SQL Server error number of a call that must fail on the server.
+pub fn server_number<T: std::fmt::Debug>(what: &str, result: changefeed::Result<T>) -> u32 {
+    match result {
+        Ok(value) => panic!("{what}: expected a SQL Server error, got {value:?}"),
+        Err(error) => error
+            .server_number()
+            .unwrap_or_else(|| panic!("{what}: expected a SQL Server error, got {error}")),
+    }
 }

@@ -51,19 +51,34 @@ impl Login {
     /// A connection as this login to the test database: the harness's configuration with
     /// SQL Server authentication as this login.
     pub async fn connect(&self, db: &TestDb) -> Client {
-        let mut last_error = None;
-        for _ in 0..10 {
+        let config = || {
             let mut config = super::config(&db.name);
             config.authentication(tiberius::AuthMethod::sql_server(&self.name, &self.password));
-            match changefeed::connection::connect_with(config).await {
-                Ok(client) => return client,
-                Err(error) => {
-                    last_error = Some(error);
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                }
-            }
-        }
-        panic!("cannot connect as {}: {last_error:?}", self.name);
+            config
+        };
+        super::connect_retrying(10, Duration::from_millis(300), config)
+            .await
+            .unwrap_or_else(|last_error| panic!("cannot connect as {}: {last_error:?}", self.name))
+    }
+}
+
+/// Runs `scenario` with new logins named after `whats` (see [`Login::new`]; the scenario
+/// creates them with the roles it needs) and drops them afterwards even when the scenario
+/// panics: logins are server-level objects that outlive the test database. A panic then
+/// goes on.
+pub async fn with_logins<const N: usize>(
+    db: &TestDb,
+    whats: [&str; N],
+    scenario: impl AsyncFnOnce(&[Login; N]),
+) {
+    use futures::FutureExt;
+    let logins = whats.map(|what| Login::new(what, db));
+    let outcome = std::panic::AssertUnwindSafe(scenario(&logins))
+        .catch_unwind()
+        .await;
+    drop_logins(db, &logins.iter().collect::<Vec<_>>()).await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
     }
 }
 

@@ -13,6 +13,7 @@ use changefeed::Client;
 use futures::TryStreamExt;
 use tiberius::{Config, QueryItem, Row};
 
+pub mod claims;
 pub mod events;
 pub mod load;
 pub mod logins;
@@ -112,17 +113,33 @@ pub fn config(database: &str) -> Config {
 /// A new connection to `database` of the test server. SQL Server in a fresh container
 /// accepts logins a little after it reports ready, so connecting retries for a while.
 pub async fn connect_to(database: &str) -> Client {
+    let pause = std::time::Duration::from_millis(500);
+    connect_retrying(60, pause, || config(database))
+        .await
+        .unwrap_or_else(|last_error| {
+            panic!("cannot connect to the test server's {database}: {last_error:?}")
+        })
+}
+
+/// Connects with the configuration `config` makes, up to `attempts` times with `pause`
+/// between them (a server, or a login just created, may refuse for a moment); else the last
+/// error.
+pub async fn connect_retrying(
+    attempts: u32,
+    pause: std::time::Duration,
+    config: impl Fn() -> Config,
+) -> Result<Client, Option<changefeed::Error>> {
     let mut last_error = None;
-    for _ in 0..60 {
-        match changefeed::connection::connect_with(config(database)).await {
-            Ok(client) => return client,
+    for _ in 0..attempts {
+        match changefeed::connection::connect_with(config()).await {
+            Ok(client) => return Ok(client),
             Err(error) => {
                 last_error = Some(error);
-                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                tokio::time::sleep(pause).await;
             }
         }
     }
-    panic!("cannot connect to the test server's {database}: {last_error:?}");
+    Err(last_error)
 }
 
 /// The ADO string of the test server for `database`, for code under test that connects
@@ -305,6 +322,57 @@ impl TestDb {
 /// live_suite` reads it back.
 pub async fn under_both_isolations(label: &str, scenario: impl AsyncFn(&TestDb)) {
     run_under_both_isolations(label, None, scenario).await;
+}
+
+/// Declares one live test, in a line above its scenario: `test_name: "label" => scenario`
+/// is an `#[ignore]`d test on tokio's multi-thread runtime with four workers that runs
+/// `scenario` (an `async fn(&TestDb)`: setup, action, expectation) under
+/// [`under_both_isolations`] with `label`; `current_thread test_name: …` runs on tokio's
+/// default runtime, and `once_locking test_name: …` runs the scenario once, under
+/// [`under_locking_read_committed`], for what does not depend on the setting (the registry's
+/// refusals). Attributes (`#[doc]`…) go first, inside the call.
+///
+/// ```ignore
+/// common::live_test!(rows_come_in_commit_order: "commit_order" => commit_order);
+/// common::live_test!(current_thread pages_of_three: "paging" => paging);
+/// ```
+#[allow(unused_macros)] // a test binary without SQL Server scenarios
+macro_rules! live_test {
+    ($(#[$meta:meta])* current_thread $name:ident: $label:literal => $scenario:expr) => {
+        $(#[$meta])*
+        #[tokio::test]
+        #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+        async fn $name() {
+            $crate::common::under_both_isolations($label, $scenario).await;
+        }
+    };
+    ($(#[$meta:meta])* once_locking $name:ident: $label:literal => $scenario:expr) => {
+        $(#[$meta])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+        async fn $name() {
+            $crate::common::under_locking_read_committed($label, $scenario).await;
+        }
+    };
+    ($(#[$meta:meta])* $name:ident: $label:literal => $scenario:expr) => {
+        $(#[$meta])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+        async fn $name() {
+            $crate::common::under_both_isolations($label, $scenario).await;
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use live_test;
+
+/// Runs `scenario` once, in a fresh database with the bundle applied and
+/// READ_COMMITTED_SNAPSHOT off, for a scenario the setting cannot change. The database is
+/// dropped when the scenario returns, and kept to look at when it panics.
+pub async fn under_locking_read_committed(label: &str, scenario: impl AsyncFn(&TestDb)) {
+    let db = TestDb::create(label, Isolation::LockingReadCommitted).await;
+    scenario(&db).await;
+    db.drop_database().await;
 }
 
 /// [`under_both_isolations`] on databases migrated only up to `version`, as an older

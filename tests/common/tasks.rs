@@ -64,3 +64,12 @@ pub async fn join<T>(handle: JoinHandle<Result<T, String>>) -> T {
 pub async fn close(client: Client) {
     let _ = client.close().await;
 }
+
+/// [`join`]s every task, in order, and returns their results.
+pub async fn join_all<T>(handles: Vec<JoinHandle<Result<T, String>>>) -> Vec<T> {
+    let mut results = Vec::with_capacity(handles.len());
+    for handle in handles {
+        results.push(join(handle).await);
+    }
+    results
+}

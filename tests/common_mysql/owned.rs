@@ -20,12 +20,7 @@ pub struct OwnedServer {
 impl OwnedServer {
     /// Installs a data directory in a fresh temporary directory and starts the server.
     pub fn start(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "changefeed-mariadb-{name}-{}-{}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        std::fs::create_dir_all(&dir).expect("create the server's directory");
+        let dir = crate::common_server::temp_dir(&format!("mariadb-{name}"));
         // Owned before the install, so that a failing install still removes the directory.
         let mut server = OwnedServer { dir, child: None };
         install(&server.d());

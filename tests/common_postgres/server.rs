@@ -37,26 +37,10 @@ impl Server {
 /// The process's server, started on first use.
 pub fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();
-    SERVER.get_or_init(|| match std::env::var(URL_VARIABLE) {
-        Ok(url) if !url.trim().is_empty() => from_url(url.trim()),
-        _ => start_private(),
+    SERVER.get_or_init(|| match common_server::url_template_from(URL_VARIABLE) {
+        Some(template) => Server { template },
+        None => start_private(),
     })
-}
-
-/// `postgres://user:pw@host:port/anything?x=y` becomes a template with `{db}` as the path.
-fn from_url(url: &str) -> Server {
-    let (before_query, query) = match url.split_once('?') {
-        Some((a, q)) => (a, format!("?{q}")),
-        None => (url, String::new()),
-    };
-    let scheme_end = before_query.find("://").map_or(0, |i| i + 3);
-    let base = match before_query[scheme_end..].find('/') {
-        Some(slash) => &before_query[..scheme_end + slash],
-        None => before_query,
-    };
-    Server {
-        template: format!("{base}/{{db}}{query}"),
-    }
 }
 
 /// The directory of `initdb` and `pg_ctl`: Debian keeps them out of PATH, in

@@ -1,13 +1,34 @@
 //! Process handling shared by the private database servers of the live tests (MariaDB in
-//! `common_mysql`, PostgreSQL in `common_postgres`): a temporary directory, a watchdog
-//! that stops the server when the test process ends however it ends, and the wait for the
-//! server to answer.
+//! `common_mysql`, PostgreSQL in `common_postgres`): the server a URL variable names
+//! instead, a temporary directory, a watchdog that stops the server when the test process
+//! ends however it ends, and the wait for the server to answer.
 
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+/// The URL template (`{db}` as the path) of the server `variable` names
+/// (`scheme://user:pw@host:port/anything?x=y` becomes `scheme://user:pw@host:port/{db}?x=y`),
+/// or `None` when it is unset or blank: then the test starts a private server.
+pub fn url_template_from(variable: &str) -> Option<String> {
+    let url = std::env::var(variable).ok()?;
+    let url = url.trim();
+    if url.is_empty() {
+        return None;
+    }
+    let (before_query, query) = match url.split_once('?') {
+        Some((a, q)) => (a, format!("?{q}")),
+        None => (url, String::new()),
+    };
+    let scheme_end = before_query.find("://").map_or(0, |i| i + 3);
+    let base = match before_query[scheme_end..].find('/') {
+        Some(slash) => &before_query[..scheme_end + slash],
+        None => before_query,
+    };
+    Some(format!("{base}/{{db}}{query}"))
+}
 
 /// A fresh directory `changefeed-<kind>-<pid>-<random>` under the system's temp dir.
 pub fn temp_dir(kind: &str) -> PathBuf {

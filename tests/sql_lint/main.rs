@@ -1503,6 +1503,13 @@ fn assert_clean(src: &str) {
     );
 }
 
+/// [`assert_fires`] whose message also says `words` (the point of the rule, or its fix).
+#[track_caller]
+fn assert_fires_saying(src: &str, rule: Rule, line: usize, words: &str) {
+    let message = assert_fires(src, rule, line);
+    assert!(message.contains(words), "{message}");
+}
+
 /// Asserts that `rule` fires on `line`, and returns its message.
 #[track_caller]
 fn assert_fires(src: &str, rule: Rule, line: usize) -> String {
@@ -1680,8 +1687,7 @@ fn go_in_a_string_or_comment_or_word_does_not_fire() {
 #[test]
 fn module_not_first_fires() {
     let src = "declare @x int = 1;\ncreate or alter view v as select 1 as a;";
-    let message = assert_fires(src, Rule::OneModuleFirst, 2);
-    assert!(message.contains("not the first statement"), "{message}");
+    assert_fires_saying(src, Rule::OneModuleFirst, 2, "not the first statement");
     assert_fires(
         "select 1;\nCreate Procedure p as begin set nocount, xact_abort on; end",
         Rule::OneModuleFirst,
@@ -1693,8 +1699,7 @@ fn module_not_first_fires() {
 fn second_module_fires() {
     let src = "create or alter function f() returns int as begin return 1; end\n\
                create or alter view v as select 1 as a;";
-    let message = assert_fires(src, Rule::OneModuleFirst, 2);
-    assert!(message.contains("second module"), "{message}");
+    assert_fires_saying(src, Rule::OneModuleFirst, 2, "second module");
 }
 
 #[test]
@@ -1722,8 +1727,12 @@ fn create_schema_not_first_fires() {
 #[test]
 fn missing_xact_abort_fires() {
     let src = "create or alter procedure p\nas\nbegin\n    set nocount on;\n    select 1;\nend";
-    let message = assert_fires(src, Rule::ProcedurePreamble, 4);
-    assert!(message.contains("set nocount, xact_abort on"), "{message}");
+    assert_fires_saying(
+        src,
+        Rule::ProcedurePreamble,
+        4,
+        "set nocount, xact_abort on",
+    );
 }
 
 #[test]
@@ -1801,8 +1810,12 @@ fn procedure_without_begin_end_fires() {
 fn transaction_without_catch_fires() {
     let src = "create procedure p as begin\nset nocount, xact_abort on;\nbegin tran;\n\
                update t set a = 1;\ncommit;\nend";
-    let message = assert_fires(src, Rule::TransactionCatch, 3);
-    assert!(message.contains("if @@trancount > 0 rollback"), "{message}");
+    assert_fires_saying(
+        src,
+        Rule::TransactionCatch,
+        3,
+        "if @@trancount > 0 rollback",
+    );
 }
 
 #[test]
@@ -1861,8 +1874,7 @@ fn feed_insert_without_order_and_maxdop_fires_unless_a_later_file_replaces_it() 
 fn throw_outside_the_project_range_fires() {
     let src = "create procedure p as begin\nset nocount, xact_abort on;\n\
                throw 50001, N'no', 1;\nend";
-    let message = assert_fires(src, Rule::ThrowNumber, 3);
-    assert!(message.contains("51000–51999"), "{message}");
+    assert_fires_saying(src, Rule::ThrowNumber, 3, "51000–51999");
     assert_fires("throw 52000, 'x', 1;", Rule::ThrowNumber, 1);
     assert_clean("throw 51000, 'x', 1;\nthrow 51999, N'throw 50001', 1;\nthrow @n, @m, 1;");
 }
@@ -1892,8 +1904,7 @@ fn template_with_qualified_marker_fires() {
         "select r.ulid, __template_key__",
         "select r.ulid, o.__template_key__",
     );
-    let message = assert_fires(&src, Rule::Template, 5);
-    assert!(message.contains("`o.__template_key__`"), "{message}");
+    assert_fires_saying(&src, Rule::Template, 5, "`o.__template_key__`");
     let src = TEMPLATE.replace("e.__template_key__ = r.", "e.__template_key__=r.");
     assert_fires(&src, Rule::Template, 8);
     let src = TEMPLATE.replace(", __template_key__", ", [__template_key__]");
@@ -1965,12 +1976,12 @@ fn ulid_as_uniqueidentifier_fires() {
 
 #[test]
 fn datediff_in_milliseconds_fires() {
-    let message = assert_fires(
+    assert_fires_saying(
         "select\n  DateDiff (\n millisecond, @a, @b);",
         Rule::UlidAndTimeTypes,
         2,
+        "datediff_big",
     );
-    assert!(message.contains("datediff_big"), "{message}");
     assert_fires("select datediff(ms, @a, @b);", Rule::UlidAndTimeTypes, 1);
     assert_fires(
         "exec sys.sp_executesql N'select datediff(millisecond, @a, @b)';",
@@ -2044,12 +2055,12 @@ mod properties {
 
 #[test]
 fn length_limit_with_len_fires() {
-    let message = assert_fires(
+    assert_fires_saying(
         "select 1;\nif len(@message_id) > 64 throw 51304, N'too long', 1;",
         Rule::LengthUnits,
         2,
+        "datalength(x) / 2",
     );
-    assert!(message.contains("datalength(x) / 2"), "{message}");
     assert_fires(
         "select 1 where len(@table_name) <= 128;",
         Rule::LengthUnits,
@@ -2129,8 +2140,7 @@ fn a_pause_inside_a_transaction_fires() {
         let src = WAITING_PROCEDURE
             .replace("PAUSE_IN", pause)
             .replace("PAUSE_OUT", "");
-        let message = assert_fires(&src, Rule::PauseOutsideTransaction, 11);
-        assert!(message.contains("line 9"), "{message}");
+        assert_fires_saying(&src, Rule::PauseOutsideTransaction, 11, "line 9");
     }
     // Another procedure whose name starts the same way is not a pause.
     assert_clean(

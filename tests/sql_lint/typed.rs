@@ -548,70 +548,59 @@ fn is_boundary(t: &Token<'_>) -> bool {
     t.is_punct(b',') || t.is_punct(b';') || t.is_any(BOUNDARY_WORDS)
 }
 
-/// The operand left of the operator at `op`: (first index, the clause word before it).
-fn left_span(code: &[&Token<'_>], op: usize) -> (usize, Option<usize>) {
+/// Walks `indices` of `code` away from an operator (`backwards` towards the start), over
+/// bracketed groups, to the first token at the operator's own depth that `stops` accepts, or
+/// to the bracket that closes the group the operator stands in; `None` at the end.
+fn first_at_depth(
+    code: &[&Token<'_>],
+    indices: impl Iterator<Item = usize>,
+    backwards: bool,
+    mut stops: impl FnMut(&Token<'_>) -> bool,
+) -> Option<usize> {
+    let (nest, unnest) = if backwards {
+        (b')', b'(')
+    } else {
+        (b'(', b')')
+    };
     let mut depth = 0i32;
-    let mut i = op;
-    while i > 0 {
-        let t = code[i - 1];
-        if t.is_punct(b')') {
+    for i in indices {
+        let t = code[i];
+        if t.is_punct(nest) {
             depth += 1;
-        } else if t.is_punct(b'(') {
+        } else if t.is_punct(unnest) {
             if depth == 0 {
-                return (i, Some(i - 1));
+                return Some(i);
             }
             depth -= 1;
-        } else if depth == 0 && is_boundary(t) {
-            return (i, Some(i - 1));
+        } else if depth == 0 && stops(t) {
+            return Some(i);
         }
-        i -= 1;
     }
-    (0, None)
+    None
+}
+
+/// The operand left of the operator at `op`: (first index, the clause word before it).
+fn left_span(code: &[&Token<'_>], op: usize) -> (usize, Option<usize>) {
+    match first_at_depth(code, (0..op).rev(), true, is_boundary) {
+        Some(before) => (before + 1, Some(before)),
+        None => (0, None),
+    }
 }
 
 fn right_span(code: &[&Token<'_>], from: usize) -> usize {
-    let mut depth = 0i32;
-    for (i, t) in code.iter().enumerate().skip(from) {
-        if t.is_punct(b'(') {
-            depth += 1;
-        } else if t.is_punct(b')') {
-            if depth == 0 {
-                return i;
-            }
-            depth -= 1;
-        } else if depth == 0 && is_boundary(t) {
-            return i;
-        }
-    }
-    code.len()
+    first_at_depth(code, from..code.len(), false, is_boundary).unwrap_or(code.len())
 }
 
 /// The clause an `=` stands in: `set`/`select` (an assignment or alias, not a comparison)
 /// or anything else.
 fn is_assignment(code: &[&Token<'_>], op: usize) -> bool {
-    let mut depth = 0i32;
-    for i in (0..op).rev() {
-        let t = code[i];
-        if t.is_punct(b')') {
-            depth += 1;
-        } else if t.is_punct(b'(') {
-            if depth == 0 {
-                return false;
-            }
-            depth -= 1;
-        } else if depth == 0 {
-            if t.is_any(&["set", "select"]) {
-                return true;
-            }
-            if t.is_any(&[
-                "where", "on", "when", "if", "while", "and", "or", "having", "then", "else",
-                "case", "return", "exists", "not",
-            ]) {
-                return false;
-            }
-        }
-    }
-    false
+    const ASSIGNING: &[&str] = &["set", "select"];
+    const COMPARING: &[&str] = &[
+        "where", "on", "when", "if", "while", "and", "or", "having", "then", "else", "case",
+        "return", "exists", "not",
+    ];
+    let clause = |t: &Token<'_>| t.is_any(ASSIGNING) || t.is_any(COMPARING);
+    first_at_depth(code, (0..op).rev(), true, clause).is_some_and(|i| code[i].is_any(ASSIGNING))
 }
 
 fn collation_mixes(src: &str, code: &[&Token<'_>], schema: &Schema, sink: &mut Sink<'_>) {
@@ -893,12 +882,7 @@ fn truncations(src: &str, code: &[&Token<'_>], schema: &Schema, sink: &mut Sink<
         if t.is("declare") {
             let mut j = i + 1;
             while let Some(v) = code.get(j).filter(|v| v.text.starts_with('@')) {
-                let at = if code.get(j + 1).is_some_and(|n| n.is("as")) {
-                    j + 2
-                } else {
-                    j + 1
-                };
-                let Some((ty, after)) = parse_type(code, at) else {
+                let Some((ty, after)) = declared_type(code, j) else {
                     break;
                 };
                 let end = right_span(code, after + 1);
@@ -972,12 +956,7 @@ fn cursor_parameters(code: &[&Token<'_>], module: &Module, sink: &mut Sink<'_>) 
         if !t.is("@cursor") {
             continue;
         }
-        let at = if code.get(i + 1).is_some_and(|n| n.is("as")) {
-            i + 2
-        } else {
-            i + 1
-        };
-        let Some((ty, after)) = parse_type(code, at) else {
+        let Some((ty, after)) = declared_type(code, i) else {
             continue;
         };
         let mut k = after;
@@ -1131,4 +1110,14 @@ pub fn lint(
         view_readpast(src, code, module, sink);
         function_side_effects(code, module, sink);
     }
+}
+
+/// The type declared after the name at `name` (`@v int`, `@v as int`) and the index after it.
+fn declared_type(code: &[&Token<'_>], name: usize) -> Option<(SqlType, usize)> {
+    let at = if code.get(name + 1).is_some_and(|n| n.is("as")) {
+        name + 2
+    } else {
+        name + 1
+    };
+    parse_type(code, at)
 }
