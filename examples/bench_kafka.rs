@@ -55,7 +55,7 @@ use changefeed::kafka::{
     ExportConfig, FeedExporter, HEADER_FEED, HEADER_SHARD, HEADER_ULID, KafkaPublisher,
     KafkaPublisherConfig, ProducerSettings,
 };
-use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, NewMessage};
+use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, Failed, NewMessage};
 use changefeed::reader::PageSource;
 use changefeed::relay::{Relay, RelayConfig};
 use changefeed::{Cursor, Feed};
@@ -243,18 +243,9 @@ impl ClaimStore for SlowStore {
         self.store.mark_done(ids, token).await
     }
 
-    async fn mark_failed(
-        &mut self,
-        id: i64,
-        token: ClaimToken,
-        retry_after: Option<Duration>,
-        dead: bool,
-        error: &str,
-    ) -> changefeed::Result<u64> {
+    async fn mark_failed(&mut self, failed: Failed<'_>) -> changefeed::Result<u64> {
         tokio::time::sleep(self.delay).await;
-        self.store
-            .mark_failed(id, token, retry_after, dead, error)
-            .await
+        self.store.mark_failed(failed).await
     }
 
     async fn requeue(

@@ -225,6 +225,49 @@ impl From<UndecodableMessage> for Claimed {
     }
 }
 
+/// One failed message's acknowledgement ([`ClaimStore::mark_failed`]): which message,
+/// under which claim, and what becomes of it. [`Failed::retry`] and [`Failed::dead`] build
+/// the two cases a relay sends.
+#[derive(Debug, Clone, Copy)]
+pub struct Failed<'a> {
+    /// The message's id.
+    pub id: i64,
+    /// The claim the message must still be held under; a message claimed again since (its
+    /// claim expired) is left alone.
+    pub token: ClaimToken,
+    /// Due again after this long; ignored when `dead`. `None` with `dead` false is refused
+    /// by every store (a failed message needs a time to be due again).
+    pub retry_after: Option<Duration>,
+    /// Dead: not claimed again until redriven.
+    pub dead: bool,
+    /// Why, kept in the row's `last_error` (its first 2,000 characters).
+    pub error: &'a str,
+}
+
+impl<'a> Failed<'a> {
+    /// Failed, due again after `after`.
+    pub fn retry(id: i64, token: ClaimToken, after: Duration, error: &'a str) -> Self {
+        Failed {
+            id,
+            token,
+            retry_after: Some(after),
+            dead: false,
+            error,
+        }
+    }
+
+    /// Dead.
+    pub fn dead(id: i64, token: ClaimToken, error: &'a str) -> Self {
+        Failed {
+            id,
+            token,
+            retry_after: None,
+            dead: true,
+            error,
+        }
+    }
+}
+
 /// The operations a relay performs on the outbox; implemented over SQL Server by
 /// `OutboxStore` and by fakes in tests.
 pub trait ClaimStore: Send {
@@ -246,17 +289,10 @@ pub trait ClaimStore: Send {
         token: ClaimToken,
     ) -> impl Future<Output = Result<u64>> + Send;
 
-    /// Marks one message failed, due again after `retry_after`, or dead when `dead` is
-    /// true (then `retry_after` is ignored). Counts an attempt. Returns 1 if the message was
-    /// still held under `token`, else 0.
-    fn mark_failed(
-        &mut self,
-        id: i64,
-        token: ClaimToken,
-        retry_after: Option<Duration>,
-        dead: bool,
-        error: &str,
-    ) -> impl Future<Output = Result<u64>> + Send;
+    /// Marks one message failed, due again after `failed.retry_after`, or dead when
+    /// `failed.dead` (then `retry_after` is ignored). Counts an attempt. Returns 1 if the
+    /// message was still held under `failed.token`, else 0.
+    fn mark_failed(&mut self, failed: Failed<'_>) -> impl Future<Output = Result<u64>> + Send;
 
     /// Hands a message back, due again after `after`, without counting an attempt
     /// (backpressure). Returns 1 if it was still held under `token`, else 0.

@@ -643,7 +643,7 @@ mod fake {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage};
+    use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, Failed};
 
     /// Pending ids shared by every store, as the outbox table is by every relay.
     #[derive(Clone, Default)]
@@ -699,14 +699,7 @@ mod fake {
             Ok(ids.len() as u64)
         }
 
-        async fn mark_failed(
-            &mut self,
-            _id: i64,
-            _token: ClaimToken,
-            _retry_after: Option<Duration>,
-            _dead: bool,
-            _error: &str,
-        ) -> changefeed::Result<u64> {
+        async fn mark_failed(&mut self, _failed: Failed<'_>) -> changefeed::Result<u64> {
             Ok(1)
         }
 

@@ -19,7 +19,7 @@ mod common;
 use std::time::Duration;
 
 use changefeed::Result;
-use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, Enqueued, NewMessage};
+use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, Enqueued, Failed, NewMessage};
 use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
 use claim_contract::{ContractDb, OpenEnqueue};
 use common::claims::id_list;
@@ -60,17 +60,8 @@ impl ClaimStore for Store {
         self.0.mark_done(ids, token).await
     }
 
-    async fn mark_failed(
-        &mut self,
-        id: i64,
-        token: ClaimToken,
-        retry_after: Option<Duration>,
-        dead: bool,
-        error: &str,
-    ) -> Result<u64> {
-        self.0
-            .mark_failed(id, token, retry_after, dead, error)
-            .await
+    async fn mark_failed(&mut self, failed: Failed<'_>) -> Result<u64> {
+        self.0.mark_failed(failed).await
     }
 
     async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {

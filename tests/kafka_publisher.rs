@@ -16,7 +16,7 @@ use changefeed::Error;
 use changefeed::kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use changefeed::kafka::{KafkaPublisher, KafkaPublisherConfig, ProducerSettings};
 use changefeed::outbox::{
-    ClaimStore, ClaimToken, ClaimedMessage, Headers, NewMessage, UndecodableMessage,
+    ClaimStore, ClaimToken, ClaimedMessage, Failed, Headers, NewMessage, UndecodableMessage,
 };
 use changefeed::relay::{
     DeadLetter, ErrorKind, PublishError, Publisher, Relay, RelayConfig, RetryPolicy,
@@ -700,7 +700,7 @@ async fn the_memory_store_claims_heads_of_aggregates_and_fences_acknowledgements
     assert_eq!(store.mark_done(&[a1], token).await.unwrap(), 1);
     assert_eq!(
         store
-            .mark_failed(b1, token, None, true, "poison: x")
+            .mark_failed(Failed::dead(b1, token, "poison: x"))
             .await
             .unwrap(),
         1

@@ -25,7 +25,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use changefeed::Client;
-use changefeed::outbox::{ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers, NewMessage};
+use changefeed::outbox::{
+    ClaimToken, Claimed, ClaimedMessage, Enqueued, Failed, Headers, NewMessage,
+};
 use changefeed::outbox_store::OutboxStore;
 use changefeed::row::Column;
 use claim_contract::assert_round_trip;
@@ -286,7 +288,10 @@ async fn redrive_in(db: &TestDb) {
     // Dead (after one failure, so that "unchanged" means 2); the next of its aggregate goes.
     assert_eq!(
         store
-            .mark_failed(&mut client, q, t1, Some(Duration::ZERO), false, "transient")
+            .mark_failed(
+                &mut client,
+                Failed::retry(q, t1, Duration::ZERO, "transient")
+            )
             .await
             .unwrap(),
         1
@@ -295,7 +300,7 @@ async fn redrive_in(db: &TestDb) {
     assert_eq!(ids(&again), vec![q]);
     assert_eq!(
         store
-            .mark_failed(&mut client, q, token_of(&again), None, true, "poison")
+            .mark_failed(&mut client, Failed::dead(q, token_of(&again), "poison"))
             .await
             .unwrap(),
         1
@@ -737,14 +742,32 @@ async fn invalid_arguments_in(db: &TestDb) {
     let too_late = Some(days(367));
     server_error(
         store
-            .mark_failed(&mut client, id, token, too_late, false, "x")
+            .mark_failed(
+                &mut client,
+                Failed {
+                    id,
+                    token,
+                    retry_after: too_late,
+                    dead: false,
+                    error: "x",
+                },
+            )
             .await,
         51303,
         "mark_failed 367 days",
     );
     server_error(
         store
-            .mark_failed(&mut client, id, token, None, false, "x")
+            .mark_failed(
+                &mut client,
+                Failed {
+                    id,
+                    token,
+                    retry_after: None,
+                    dead: false,
+                    error: "x",
+                },
+            )
             .await,
         51303,
         "mark_failed without a retry time",
@@ -1278,11 +1301,7 @@ async fn implicit_transactions_in(db: &TestDb) {
         store
             .mark_failed(
                 &mut client,
-                c1,
-                token,
-                Some(Duration::from_secs(3600)),
-                false,
-                "x"
+                Failed::retry(c1, token, Duration::from_secs(3600), "x")
             )
             .await
             .unwrap(),
@@ -1722,7 +1741,10 @@ async fn undecodable_in(db: &TestDb) {
 
     // The token of the undecodable row fences its acknowledgement like any other.
     let dead = store
-        .mark_failed(&mut client, bad.id, bad.claim_token, None, true, &bad.error)
+        .mark_failed(
+            &mut client,
+            Failed::dead(bad.id, bad.claim_token, &bad.error),
+        )
         .await
         .expect("mark the undecodable row dead");
     assert_eq!(dead, 1);

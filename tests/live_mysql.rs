@@ -26,7 +26,7 @@ use changefeed::Error;
 use changefeed::mysql::{
     BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, OutboxTable, WakerState, enqueue,
 };
-use changefeed::outbox::{ClaimStore, Claimed, Enqueued, NewMessage};
+use changefeed::outbox::{ClaimStore, Claimed, Enqueued, Failed, NewMessage};
 use changefeed::relay::{Relay, RelayConfig};
 use claim_contract::{DEAD, HELD, Recorder, claim, ids, message_of, token_of};
 use common_mysql::{TestDb, database};
@@ -318,7 +318,7 @@ async fn redrive_brings_back_dead_messages_and_bad_arguments_are_refused_before_
         "processing is not redriven"
     );
     store
-        .mark_failed(e[0].id, token, None, true, "poison")
+        .mark_failed(Failed::dead(e[0].id, token, "poison"))
         .await
         .unwrap();
     assert_eq!(row_state(&db, "outbox_retry", e[0].id).await.status, DEAD);
@@ -334,7 +334,15 @@ async fn redrive_brings_back_dead_messages_and_bad_arguments_are_refused_before_
     );
     // Bad arguments are refused before any SQL, naming what is wrong.
     config_error(
-        store.mark_failed(e[0].id, token, None, false, "x").await,
+        store
+            .mark_failed(Failed {
+                id: e[0].id,
+                token,
+                retry_after: None,
+                dead: false,
+                error: "x",
+            })
+            .await,
         "retry_after",
     );
     config_error(store.claim(0, HELD).await, "batch_size");

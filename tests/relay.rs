@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use changefeed::Error;
 use changefeed::outbox::{
-    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Headers, UndecodableMessage,
+    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Failed, Headers, UndecodableMessage,
 };
 use proptest::prelude::*;
 use rand::rngs::StdRng;
@@ -336,14 +336,14 @@ impl ClaimStore for FakeStore {
         Ok(changed)
     }
 
-    async fn mark_failed(
-        &mut self,
-        id: i64,
-        token: ClaimToken,
-        retry_after: Option<Duration>,
-        dead: bool,
-        error: &str,
-    ) -> changefeed::Result<u64> {
+    async fn mark_failed(&mut self, failed: Failed<'_>) -> changefeed::Result<u64> {
+        let Failed {
+            id,
+            token,
+            retry_after,
+            dead,
+            error,
+        } = failed;
         if retry_after.is_none() && !dead {
             // The procedure refuses failed-with-no-retry-time: it would hot-loop.
             return Err(Error::Server {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage};
+use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, Failed};
 use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
 use changefeed::relay::{Hooks, PublishOutcome, Publisher, Relay, RelayConfig};
 use changefeed::{Client, Cursor, Feed, TableName};
@@ -957,17 +957,8 @@ impl<S: ClaimStore> ClaimStore for TimedStore<S> {
         self.inner.mark_done(ids, token).await
     }
 
-    async fn mark_failed(
-        &mut self,
-        id: i64,
-        token: ClaimToken,
-        retry_after: Option<Duration>,
-        dead: bool,
-        error: &str,
-    ) -> changefeed::Result<u64> {
-        self.inner
-            .mark_failed(id, token, retry_after, dead, error)
-            .await
+    async fn mark_failed(&mut self, failed: Failed<'_>) -> changefeed::Result<u64> {
+        self.inner.mark_failed(failed).await
     }
 
     async fn requeue(

@@ -23,7 +23,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, NewMessage};
+use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, Failed, NewMessage};
 
 /// A row's status, as the outbox table's `status` column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -255,14 +255,14 @@ impl ClaimStore for MemoryStore {
         Ok(changed)
     }
 
-    async fn mark_failed(
-        &mut self,
-        id: i64,
-        token: ClaimToken,
-        retry_after: Option<Duration>,
-        dead: bool,
-        error: &str,
-    ) -> changefeed::Result<u64> {
+    async fn mark_failed(&mut self, failed: Failed<'_>) -> changefeed::Result<u64> {
+        let Failed {
+            id,
+            token,
+            retry_after,
+            dead,
+            error,
+        } = failed;
         let mut state = self.state();
         let Some(row) = state.held(id, token) else {
             return Ok(0);

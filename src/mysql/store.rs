@@ -22,7 +22,7 @@ use crate::claim_limits::{
     micros,
 };
 use crate::error::{Error, Result};
-use crate::outbox::{BACKLOG_COUNT_LIMIT, ClaimStore, ClaimToken, Claimed, OutboxBacklog};
+use crate::outbox::{BACKLOG_COUNT_LIMIT, ClaimStore, ClaimToken, Claimed, Failed, OutboxBacklog};
 use crate::outbox_backend::{forget_if_broken, purge_batch};
 
 /// The claim outbox `table` over MariaDB/MySQL, for a [`Relay`](crate::relay::Relay): it
@@ -378,14 +378,14 @@ impl ClaimStore for MysqlOutboxStore {
         .await
     }
 
-    async fn mark_failed(
-        &mut self,
-        id: i64,
-        token: ClaimToken,
-        retry_after: Option<Duration>,
-        dead: bool,
-        error: &str,
-    ) -> Result<u64> {
+    async fn mark_failed(&mut self, failed: Failed<'_>) -> Result<u64> {
+        let Failed {
+            id,
+            token,
+            retry_after,
+            dead,
+            error,
+        } = failed;
         let retry_us = failure_retry_us(retry_after, dead)?;
         let error: String = error.chars().take(2000).collect();
         self.with_conn("mark_failed", self.call_timeout, async |table, conn| {

@@ -15,8 +15,8 @@ use crate::connection::Client;
 use crate::error::{Error, Result, decode_error};
 use crate::feed::TableName;
 use crate::outbox::{
-    BACKLOG_COUNT_LIMIT, ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers, NewMessage,
-    OutboxBacklog, UndecodableMessage,
+    BACKLOG_COUNT_LIMIT, ClaimToken, Claimed, ClaimedMessage, Enqueued, Failed, Headers,
+    NewMessage, OutboxBacklog, UndecodableMessage,
 };
 use crate::row::Column;
 
@@ -187,16 +187,15 @@ impl OutboxStore {
     }
 
     /// Marks a message failed (due again after `retry_after`) or dead; counts an attempt.
-    /// Returns 1 if the message was still held under `token`, else 0.
-    pub async fn mark_failed(
-        &self,
-        client: &mut Client,
-        id: i64,
-        token: ClaimToken,
-        retry_after: Option<Duration>,
-        dead: bool,
-        error: &str,
-    ) -> Result<u64> {
+    /// Returns 1 if the message was still held under its token, else 0.
+    pub async fn mark_failed(&self, client: &mut Client, failed: Failed<'_>) -> Result<u64> {
+        let Failed {
+            id,
+            token,
+            retry_after,
+            dead,
+            error,
+        } = failed;
         let retry_ms = retry_after
             .map(|d| duration_ms("retry_after", d))
             .transpose()?;

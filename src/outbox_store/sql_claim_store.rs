@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{CLAIM_PAUSE_MAX, MAX_CLAIM_WAIT};
 use super::{CLAIM_WAIT_MARGIN, DEFAULT_CLAIM_WAIT, OutboxStore, check_claim_wait};
 use crate::error::{Error, Result};
-use crate::outbox::{ClaimStore, ClaimToken, Claimed, OutboxBacklog};
+use crate::outbox::{ClaimStore, ClaimToken, Claimed, Failed, OutboxBacklog};
 use crate::pool::{Pool, PooledClient, PooledConnection};
 use crate::reader::effective_wait;
 
@@ -165,20 +165,9 @@ impl ClaimStore for SqlClaimStore {
             .await
     }
 
-    async fn mark_failed(
-        &mut self,
-        id: i64,
-        token: ClaimToken,
-        retry_after: Option<Duration>,
-        dead: bool,
-        error: &str,
-    ) -> Result<u64> {
-        self.with_client(async |store, client| {
-            store
-                .mark_failed(client, id, token, retry_after, dead, error)
-                .await
-        })
-        .await
+    async fn mark_failed(&mut self, failed: Failed<'_>) -> Result<u64> {
+        self.with_client(async |store, client| store.mark_failed(client, failed).await)
+            .await
     }
 
     async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {

@@ -21,7 +21,7 @@ use crate::claim_limits::{
 };
 use crate::error::{Result, decode_error};
 use crate::outbox::{
-    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers, NewMessage,
+    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Failed, Headers, NewMessage,
     UndecodableMessage,
 };
 use crate::outbox_backend::{forget_if_broken, headers_json, message_id, purge_batch};
@@ -347,14 +347,14 @@ impl ClaimStore for PostgresOutboxStore {
         .await
     }
 
-    async fn mark_failed(
-        &mut self,
-        id: i64,
-        token: ClaimToken,
-        retry_after: Option<Duration>,
-        dead: bool,
-        error: &str,
-    ) -> Result<u64> {
+    async fn mark_failed(&mut self, failed: Failed<'_>) -> Result<u64> {
+        let Failed {
+            id,
+            token,
+            retry_after,
+            dead,
+            error,
+        } = failed;
         let retry_us = failure_retry_us(retry_after, dead)?;
         // PostgreSQL text cannot hold NUL; the column holds 2000 characters.
         let error: String = error.replace('\0', "\u{fffd}").chars().take(2000).collect();

@@ -8,18 +8,12 @@ use tokio::time::{Instant, sleep};
 use super::hooks::guarded;
 use super::shared::Shared;
 use super::{BatchReport, Hooks, Publisher};
-use crate::outbox::{ClaimStore, ClaimToken};
+use crate::outbox::{ClaimStore, ClaimToken, Failed};
 
 /// One acknowledgement, kept as data so a failed store call can be retried as it was.
 pub(super) enum Ack<'a> {
     Done(&'a [i64], ClaimToken),
-    Failed {
-        id: i64,
-        token: ClaimToken,
-        retry_after: Option<Duration>,
-        dead: bool,
-        error: &'a str,
-    },
+    Failed(Failed<'a>),
     Requeue {
         id: i64,
         token: ClaimToken,
@@ -31,7 +25,7 @@ impl Ack<'_> {
     fn name(&self) -> &'static str {
         match self {
             Ack::Done(..) => "mark_done",
-            Ack::Failed { .. } => "mark_failed",
+            Ack::Failed(_) => "mark_failed",
             Ack::Requeue { .. } => "requeue",
         }
     }
@@ -63,17 +57,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
             let mut store = self.store().await;
             let result = match &ack {
                 Ack::Done(ids, token) => store.mark_done(ids, *token).await,
-                Ack::Failed {
-                    id,
-                    token,
-                    retry_after,
-                    dead,
-                    error,
-                } => {
-                    store
-                        .mark_failed(*id, *token, *retry_after, *dead, error)
-                        .await
-                }
+                Ack::Failed(failed) => store.mark_failed(*failed).await,
                 Ack::Requeue { id, token, after } => store.requeue(*id, *token, *after).await,
             };
             drop(store);

@@ -19,7 +19,7 @@ use super::{
     RetryDecision, dead_letter_headers,
 };
 use crate::error::Error;
-use crate::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage};
+use crate::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, Failed};
 
 impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
     /// Publishes and acknowledges one claimed batch inside its `relay.batch` span; the
@@ -178,13 +178,12 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
 
         for (message, delay, error) in &retries {
             let text = error_text(error);
-            let ack = Ack::Failed {
-                id: message.id,
-                token: message.claim_token,
-                retry_after: Some(*delay),
-                dead: false,
-                error: &text,
-            };
+            let ack = Ack::Failed(Failed::retry(
+                message.id,
+                message.claim_token,
+                *delay,
+                &text,
+            ));
             self.acknowledge(ack, deadline, &mut report).await;
             report.failed += 1;
             self.metrics.failed(&message.topic, error.kind.as_str());
@@ -238,13 +237,7 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
                 });
             }
             let text = error_text(error);
-            let ack = Ack::Failed {
-                id,
-                token: letter.claim_token(),
-                retry_after: None,
-                dead: true,
-                error: &text,
-            };
+            let ack = Ack::Failed(Failed::dead(id, letter.claim_token(), &text));
             self.acknowledge(ack, deadline, &mut report).await;
             report.dead += 1;
             self.metrics.dead(letter.topic(), error.kind.as_str());

@@ -128,7 +128,7 @@ pub const MAX_STORE_RETRY_DELAY: Duration = Duration::from_secs(2);
 /// # impl ClaimStore for Empty {
 /// #     async fn claim(&mut self, _: u32, _: Duration) -> changefeed::Result<Vec<changefeed::outbox::Claimed>> { Ok(vec![]) }
 /// #     async fn mark_done(&mut self, _: &[i64], _: ClaimToken) -> changefeed::Result<u64> { Ok(0) }
-/// #     async fn mark_failed(&mut self, _: i64, _: ClaimToken, _: Option<Duration>, _: bool, _: &str) -> changefeed::Result<u64> { Ok(0) }
+/// #     async fn mark_failed(&mut self, _: changefeed::outbox::Failed<'_>) -> changefeed::Result<u64> { Ok(0) }
 /// #     async fn requeue(&mut self, _: i64, _: ClaimToken, _: Duration) -> changefeed::Result<u64> { Ok(0) }
 /// # }
 /// # fn connect_outbox_store() -> Empty { Empty }

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use changefeed::outbox::{
-    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Headers, NewMessage,
+    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Failed, Headers, NewMessage,
 };
 use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
 use serde_json::json;
@@ -308,7 +308,7 @@ pub async fn head_of_aggregate_with_refill<D: ContractDb>(db: &D) {
     let t = token_of(&third);
     assert_eq!(
         store
-            .mark_failed(e[1].id, t, Some(HELD), false, "broker down")
+            .mark_failed(Failed::retry(e[1].id, t, HELD, "broker down"))
             .await
             .unwrap(),
         1
@@ -338,7 +338,7 @@ pub async fn head_of_aggregate_with_refill<D: ContractDb>(db: &D) {
     assert_eq!(ids(&fourth), vec![e[1].id], "due again");
     assert_eq!(fourth[0].attempts, 1);
     store
-        .mark_failed(e[1].id, token_of(&fourth), None, true, "poison")
+        .mark_failed(Failed::dead(e[1].id, token_of(&fourth), "poison"))
         .await
         .unwrap();
     assert_eq!(db.state(e[1].id).await, (DEAD, 2));
@@ -602,14 +602,14 @@ pub async fn reaper_and_fenced_acknowledgements<D: ContractDb>(db: &D) {
     );
     assert_eq!(
         first
-            .mark_failed(e[0].id, t_old, Some(Duration::ZERO), false, "x")
+            .mark_failed(Failed::retry(e[0].id, t_old, Duration::ZERO, "x"))
             .await
             .unwrap(),
         0
     );
     assert_eq!(
         first
-            .mark_failed(e[0].id, t_old, None, true, "x")
+            .mark_failed(Failed::dead(e[0].id, t_old, "x"))
             .await
             .unwrap(),
         0
@@ -644,7 +644,12 @@ pub async fn reaper_and_fenced_acknowledgements<D: ContractDb>(db: &D) {
     );
     assert_eq!(
         first
-            .mark_failed(e[0].id, t_old, Some(Duration::from_secs(60)), false, "late")
+            .mark_failed(Failed::retry(
+                e[0].id,
+                t_old,
+                Duration::from_secs(60),
+                "late"
+            ))
             .await
             .unwrap(),
         0
@@ -723,13 +728,12 @@ pub async fn retry_requeue_and_dead<D: ContractDb>(db: &D) {
     // Failed with a real 1 s retry: due once the server's clock has passed it.
     assert_eq!(
         store
-            .mark_failed(
+            .mark_failed(Failed::retry(
                 e[0].id,
                 token_of(&batch),
-                Some(Duration::from_secs(1)),
-                false,
+                Duration::from_secs(1),
                 "try again"
-            )
+            ))
             .await
             .unwrap(),
         1
@@ -750,7 +754,13 @@ pub async fn retry_requeue_and_dead<D: ContractDb>(db: &D) {
     assert_eq!((ids(&batch), batch[0].attempts), (vec![e[0].id], 1));
     assert!(
         store
-            .mark_failed(e[0].id, token_of(&batch), None, false, "x")
+            .mark_failed(Failed {
+                id: e[0].id,
+                token: token_of(&batch),
+                retry_after: None,
+                dead: false,
+                error: "x"
+            })
             .await
             .is_err(),
         "failed without a retry time is refused"
@@ -764,13 +774,13 @@ pub async fn retry_requeue_and_dead<D: ContractDb>(db: &D) {
     // Dead (a retry time given with dead is ignored): never claimed again, however old its
     // claim and retry time and however short the timeout; the next of its aggregate goes.
     store
-        .mark_failed(
-            e[0].id,
-            token_of(&batch),
-            Some(Duration::from_secs(5)),
-            true,
-            "give up",
-        )
+        .mark_failed(Failed {
+            id: e[0].id,
+            token: token_of(&batch),
+            retry_after: Some(Duration::from_secs(5)),
+            dead: true,
+            error: "give up",
+        })
         .await
         .unwrap();
     assert_eq!(db.state(e[0].id).await, (DEAD, 2));
@@ -791,7 +801,7 @@ pub async fn retry_requeue_and_dead<D: ContractDb>(db: &D) {
     );
     assert_eq!(
         store
-            .mark_failed(e[0].id, t_dead, Some(Duration::ZERO), false, "x")
+            .mark_failed(Failed::retry(e[0].id, t_dead, Duration::ZERO, "x"))
             .await
             .unwrap(),
         0,
@@ -829,11 +839,11 @@ pub async fn purge_deletes_only_old_done_rows<D: ContractDb>(db: &D) {
     let done: Vec<i64> = e[..7].iter().map(|x| x.id).collect();
     store.mark_done(&done, token).await.unwrap();
     store
-        .mark_failed(e[7].id, token, None, true, "dead")
+        .mark_failed(Failed::dead(e[7].id, token, "dead"))
         .await
         .unwrap();
     store
-        .mark_failed(e[8].id, token, Some(HELD), false, "failed")
+        .mark_failed(Failed::retry(e[8].id, token, HELD, "failed"))
         .await
         .unwrap();
     // Pending behind the failed p8, never claimed here.
