@@ -10,10 +10,10 @@ use crate::error::{Error, Result};
 use crate::reader::exponential;
 use crate::relay::ErrorKind;
 
+use super::super::classify::{classify, refuses_whole_request, topic_refused};
 use super::cursors::ExportCursors;
 use super::message::Message;
 use super::shard::{Job, Stop};
-use super::super::classify::{classify, refuses_whole_request, topic_refused};
 
 /// What delivering one page came to.
 pub(super) enum Delivered {

@@ -270,7 +270,13 @@ mod tests {
 
     impl ValueSerializer for Echo {
         fn serialize(&self, event: &ExportEvent) -> std::result::Result<Vec<u8>, String> {
-            let seen = json!([event.feed, event.shard, event.ulid.to_string(), event.key, event.event]);
+            let seen = json!([
+                event.feed,
+                event.shard,
+                event.ulid.to_string(),
+                event.key,
+                event.event
+            ]);
             Ok(seen.to_string().into_bytes())
         }
     }
@@ -303,7 +309,10 @@ mod tests {
             serializer: Arc::new(Echo),
         };
         let built = messages.of_page(7, &mut page).unwrap();
-        assert_eq!(page.rows, expected_rows, "the rows are put back as they were");
+        assert_eq!(
+            page.rows, expected_rows,
+            "the rows are put back as they were"
+        );
         let ulids: Vec<Ulid> = built.iter().map(|m| m.ulid).collect();
         assert_eq!(
             ulids,

@@ -60,7 +60,12 @@ impl ExportProgress {
     }
 
     /// Counts a page whose cursor was saved.
-    pub(super) fn page_saved(&self, shard: i32, page: &Page<FeedEvent<JsonColumns>>, exported: u64) {
+    pub(super) fn page_saved(
+        &self,
+        shard: i32,
+        page: &Page<FeedEvent<JsonColumns>>,
+        exported: u64,
+    ) {
         let counters = &self.0;
         let skipped = page.rows.len() as u64 - exported;
         counters.exported.fetch_add(exported, Ordering::Relaxed);
