@@ -28,6 +28,16 @@
 //! (a crash, a stop) are produced again, with the same `ulid` header, so a consumer drops
 //! duplicates by that header.
 //!
+//! **One page of read-ahead.** While page N is delivered and its cursor saved, page N+1 is
+//! read and its messages built (key, value, headers), so the producer does not wait for the
+//! feed between pages. N+1 is produced only once N is acknowledged and saved, and no page
+//! past N+1 is read before then: a shard never has read more than one page past its saved
+//! cursor, and N+1 never overtakes N, however often N is produced again. Order and
+//! at-least-once therefore hold as without read-ahead: what reaches the producer, and what
+//! is saved, is the same sequence of pages. When N fails (poison, fatal, a serializer
+//! error) or is given up, N+1 is dropped unproduced and unsaved; a read or serializer error
+//! of N+1 stops the export only after N is saved.
+//!
 //! A delivery that fails is judged by [`super::classify`]:
 //!
 //! * `Retriable` or `Backpressure`: the exporter waits (bounded exponential back-off,
@@ -56,8 +66,9 @@
 //! # Stopping
 //!
 //! When the `shutdown` future given to [`FeedExporter::run`] completes, no new page is
-//! read; the page in flight of each shard is finished (produced, acknowledged, saved) and
-//! `run` returns `Ok`. If that page cannot be acknowledged within
+//! read (a read under way, the read-ahead's included, is abandoned); the page in flight of
+//! each shard is finished (produced, acknowledged, saved), a page already read ahead is
+//! dropped unproduced, and `run` returns `Ok`. If that page cannot be acknowledged within
 //! [`ExportConfig::shutdown_grace`] (brokers unreachable), or its cursor cannot be saved
 //! within it (the database not answering), it is given up unsaved: the next run produces it
 
