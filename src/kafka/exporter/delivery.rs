@@ -212,10 +212,9 @@ impl<C: ExportCursors> Job<C> {
 }
 
 /// Each delivery's failure, if it failed, in the order produced. The reports are awaited
-/// one after the other rather than all at once: a page's reports arrive about in order,
-/// so awaiting the oldest finds the others already there, and the task is woken once per
-/// report it actually waits for instead of once per report (with `join_all` every report
-/// woke it, and on two cores those wake-ups took time from librdkafka's own threads).
+/// one after the other rather than all at once (`join_all`): a page's reports arrive about
+/// in order, so awaiting the oldest mostly finds the next ones already there, and only the
+/// report being awaited can wake the task, where with `join_all` each report could.
 async fn reports_in_order(deliveries: Vec<DeliveryFuture>) -> Vec<Option<KafkaError>> {
     let mut reports = Vec::with_capacity(deliveries.len());
     for delivery in deliveries {

@@ -12,7 +12,7 @@
 //!   ([`JsonValues`], the types as [`crate::json`] converts them); a [`ValueSerializer`]
 //!   can produce Avro, Protobuf or anything else instead.
 //! * **headers**: `ulid` (the event's 26-character ULID, its position in its shard),
-//!   `shard` (decimal) and `feed` (`schema.table`).
+//!   `shard` (decimal) and `feed` (`schema.table`), as [`export_headers`] builds them.
 //!
 //! An event whose row was deleted after it was written comes back from `read_feed` with
 //! every column NULL: it has no key and nothing to export, so it is skipped (counted in
