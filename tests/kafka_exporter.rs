@@ -98,6 +98,19 @@ fn config(topic: &str, page_size: u32) -> ExportConfig {
         .backoff_max(Duration::from_millis(400))
 }
 
+/// Takes the broker down, then starts exporting shard 0 of `feed` to `topic` in pages of
+/// 4: its first page stays in flight until the test brings the broker back.
+fn start_with_broker_down(
+    cluster: &common_kafka::Cluster,
+    topic: &str,
+    feed: &FakeFeed,
+    cursors: &FakeCursors,
+) -> Running {
+    cluster.broker_down(1).expect("the broker goes down");
+    let producer = mock::producer(&cluster.bootstrap_servers(), &[]);
+    start(exporter(feed, cursors, producer, config(topic, 4)), vec![0])
+}
+
 /// A running export and the switch that shuts it down.
 struct Running {
     handle: JoinHandle<Result<ExportReport>>,
@@ -141,10 +154,15 @@ impl Running {
     }
 
     async fn stop(&mut self) -> Result<ExportReport> {
+        self.ask_shutdown();
+        self.join().await
+    }
+
+    /// Completes the shutdown future, without waiting for the export to end.
+    fn ask_shutdown(&mut self) {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
-        self.join().await
     }
 
     async fn join(&mut self) -> Result<ExportReport> {
@@ -153,6 +171,14 @@ impl Running {
             .expect("the export ends")
             .expect("the export task does not panic")
     }
+}
+
+/// Waits until `feed` was read `count` times or more.
+async fn until_read(feed: &FakeFeed, count: usize) {
+    until(&format!("{count} reads of the feed"), || {
+        feed.reads.load(Ordering::SeqCst) >= count
+    })
+    .await;
 }
 
 /// Waits until `condition` holds, checking every 10 ms.
@@ -351,14 +377,9 @@ async fn no_cursor_is_saved_until_every_message_of_its_page_is_acknowledged() {
     let feed = FakeFeed::default();
     let events = feed.fill(0, 10, 3);
     let cursors = watching(&bootstrap, &topic);
-    cluster.broker_down(1).expect("the broker goes down");
-    let producer = mock::producer(&bootstrap, &[]);
-    let running = start(
-        exporter(&feed, &cursors, producer, config(&topic, 4)),
-        vec![0],
-    );
+    let running = start_with_broker_down(&cluster, &topic, &feed, &cursors);
 
-    until("the first page", || feed.reads.load(Ordering::SeqCst) >= 1).await;
+    until_read(&feed, 1).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
         cursors.log().is_empty(),
@@ -827,18 +848,10 @@ async fn shutdown_finishes_the_page_in_flight_and_saves_it() {
     let feed = FakeFeed::default();
     let events = feed.fill(0, 12, 8);
     let cursors = watching(&bootstrap, &topic);
-    cluster.broker_down(1).expect("the broker goes down");
-    let producer = mock::producer(&bootstrap, &[]);
-    let mut running = start(
-        exporter(&feed, &cursors, producer, config(&topic, 4)),
-        vec![0],
-    );
+    let mut running = start_with_broker_down(&cluster, &topic, &feed, &cursors);
     // The first page in flight, the second read ahead.
-    until("the page read ahead", || {
-        feed.reads.load(Ordering::SeqCst) >= 2
-    })
-    .await;
-    let _ = running.shutdown.take().unwrap().send(());
+    until_read(&feed, 2).await;
+    running.ask_shutdown();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !running.handle.is_finished(),
@@ -872,23 +885,14 @@ async fn shutdown_finishes_the_page_in_flight_and_saves_it() {
 async fn no_page_is_read_after_shutdown_not_even_ahead() {
     let topic = topic("shutdown-no-read");
     let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
     let feed = FakeFeed::default();
     // Fewer events than a page: the shard is caught up, and its read-ahead polls the feed
     // (every 5 to 20 ms) while the page in flight waits for the broker.
     let events = feed.fill(0, 3, 3);
     let cursors = FakeCursors::default();
-    cluster.broker_down(1).expect("the broker goes down");
-    let producer = mock::producer(&bootstrap, &[]);
-    let mut running = start(
-        exporter(&feed, &cursors, producer, config(&topic, 4)),
-        vec![0],
-    );
-    until("the read-ahead polling", || {
-        feed.reads.load(Ordering::SeqCst) >= 3
-    })
-    .await;
-    let _ = running.shutdown.take().unwrap().send(());
+    let mut running = start_with_broker_down(&cluster, &topic, &feed, &cursors);
+    until_read(&feed, 3).await;
+    running.ask_shutdown();
     // A read already under way when shutdown was asked may still be counted.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let reads_at_shutdown = feed.reads.load(Ordering::SeqCst);
