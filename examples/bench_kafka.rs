@@ -52,8 +52,8 @@ use changefeed::kafka::rdkafka::message::{Header, OwnedHeaders};
 use changefeed::kafka::rdkafka::mocking::MockCluster;
 use changefeed::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use changefeed::kafka::{
-    ExportConfig, FeedExporter, HEADER_FEED, HEADER_SHARD, HEADER_ULID, KafkaPublisher,
-    KafkaPublisherConfig, ProducerSettings,
+    ExportConfig, FeedExporter, KafkaPublisher, KafkaPublisherConfig, ProducerSettings,
+    export_headers,
 };
 use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, Failed, NewMessage};
 use changefeed::reader::PageSource;
@@ -478,22 +478,9 @@ async fn raw_events_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f
             return Err(format!("event {} of the bench feed has no row", event.ulid));
         };
         let value = serde_json::to_vec(columns).map_err(|e| e.to_string())?;
-        let ulid = event.ulid.to_string();
         let shard = event.shard.to_string();
-        // The exporter's headers (src/kafka/exporter.rs, "What a message is").
-        let headers = OwnedHeaders::new_with_capacity(3)
-            .insert(Header {
-                key: HEADER_ULID,
-                value: Some(ulid.as_str()),
-            })
-            .insert(Header {
-                key: HEADER_SHARD,
-                value: Some(shard.as_str()),
-            })
-            .insert(Header {
-                key: HEADER_FEED,
-                value: Some(FEED),
-            });
+        // The exporter's headers, built as the exporter builds them.
+        let headers = export_headers(event.ulid, &shard, FEED);
         let record = FutureRecord::<str, [u8]>::to(topic)
             .key(key.as_str())
             .payload(value.as_slice())

@@ -10,12 +10,14 @@
 //! shutdown finishes the page in flight, or gives it up after its grace.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use changefeed::kafka::rdkafka::producer::FutureProducer;
-use changefeed::kafka::{ExportConfig, ExportReport, FeedExporter};
+use changefeed::kafka::{
+    ExportConfig, ExportEvent, ExportReport, FeedExporter, JsonValues, ValueSerializer,
+};
 use changefeed::reader::{FeedReaderOptions, IdleBackoff, ReadRetryPolicy, Wait};
 use changefeed::{Cursor, Error, Feed, Result};
 use serde_json::Value;
@@ -96,6 +98,19 @@ fn config(topic: &str, page_size: u32) -> ExportConfig {
         .backoff_max(Duration::from_millis(400))
 }
 
+/// Takes the broker down, then starts exporting shard 0 of `feed` to `topic` in pages of
+/// 4: its first page stays in flight until the test brings the broker back.
+fn start_with_broker_down(
+    cluster: &common_kafka::Cluster,
+    topic: &str,
+    feed: &FakeFeed,
+    cursors: &FakeCursors,
+) -> Running {
+    cluster.broker_down(1).expect("the broker goes down");
+    let producer = mock::producer(&cluster.bootstrap_servers(), &[]);
+    start(exporter(feed, cursors, producer, config(topic, 4)), vec![0])
+}
+
 /// A running export and the switch that shuts it down.
 struct Running {
     handle: JoinHandle<Result<ExportReport>>,
@@ -139,10 +154,15 @@ impl Running {
     }
 
     async fn stop(&mut self) -> Result<ExportReport> {
+        self.ask_shutdown();
+        self.join().await
+    }
+
+    /// Completes the shutdown future, without waiting for the export to end.
+    fn ask_shutdown(&mut self) {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
-        self.join().await
     }
 
     async fn join(&mut self) -> Result<ExportReport> {
@@ -151,6 +171,14 @@ impl Running {
             .expect("the export ends")
             .expect("the export task does not panic")
     }
+}
+
+/// Waits until `feed` was read `count` times or more.
+async fn until_read(feed: &FakeFeed, count: usize) {
+    until(&format!("{count} reads of the feed"), || {
+        feed.reads.load(Ordering::SeqCst) >= count
+    })
+    .await;
 }
 
 /// Waits until `condition` holds, checking every 10 ms.
@@ -349,14 +377,9 @@ async fn no_cursor_is_saved_until_every_message_of_its_page_is_acknowledged() {
     let feed = FakeFeed::default();
     let events = feed.fill(0, 10, 3);
     let cursors = watching(&bootstrap, &topic);
-    cluster.broker_down(1).expect("the broker goes down");
-    let producer = mock::producer(&bootstrap, &[]);
-    let running = start(
-        exporter(&feed, &cursors, producer, config(&topic, 4)),
-        vec![0],
-    );
+    let running = start_with_broker_down(&cluster, &topic, &feed, &cursors);
 
-    until("the first page", || feed.reads.load(Ordering::SeqCst) >= 1).await;
+    until_read(&feed, 1).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
         cursors.log().is_empty(),
@@ -366,8 +389,8 @@ async fn no_cursor_is_saved_until_every_message_of_its_page_is_acknowledged() {
     assert_eq!(running.progress.snapshot().exported, 0);
     assert_eq!(
         feed.reads.load(Ordering::SeqCst),
-        1,
-        "no page read past an unacknowledged one"
+        2,
+        "one page read ahead of the unacknowledged one, and no more"
     );
 
     cluster.broker_up(1).expect("the broker comes back");
@@ -383,6 +406,172 @@ async fn no_cursor_is_saved_until_every_message_of_its_page_is_acknowledged() {
     let received = mock::consume_all(&bootstrap, &topic).await;
     assert_no_gap(&received, &events);
     assert_in_order(&received);
+}
+
+/// One read of the fake feed: the shard, the cursor it read after, and the cursor that
+/// shard had saved when the read started.
+type ReadSeen = (i32, Cursor, Option<Cursor>);
+
+/// Records every read of `feed` with the cursor `cursors` held for its shard then.
+fn record_reads(feed: &FakeFeed, cursors: &FakeCursors) -> Arc<Mutex<Vec<ReadSeen>>> {
+    let reads = Arc::new(Mutex::new(Vec::new()));
+    let (log, cursors) = (reads.clone(), cursors.clone());
+    feed.state.lock().unwrap().on_read = Some(Arc::new(move |shard, cursor| {
+        let saved = cursors.saved().get(&shard).copied();
+        log.lock().unwrap().push((shard, cursor, saved));
+    }));
+    reads
+}
+
+/// The pages of `shard` among `events`, in order, `page_size` events each.
+fn pages_of(events: &[Written], shard: i32, page_size: usize) -> Vec<Vec<Ulid>> {
+    let ulids: Vec<Ulid> = events
+        .iter()
+        .filter(|e| e.shard == shard)
+        .map(|e| e.ulid)
+        .collect();
+    ulids.chunks(page_size).map(<[Ulid]>::to_vec).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_page_is_read_ahead_at_most_and_never_produced_before_its_predecessor_is_delivered() {
+    let topic = topic("read-ahead");
+    let cluster = mock::cluster(&topic);
+    let bootstrap = cluster.bootstrap_servers();
+    // Every answer of the broker comes this late, so a page's last delivery report comes
+    // at least this long after that message was produced.
+    let round_trip = Duration::from_millis(200);
+    cluster
+        .broker_round_trip_time(1, round_trip)
+        .expect("the broker's round trip");
+    let page_size = 4;
+    let feed = FakeFeed::default();
+    let mut events = feed.fill(0, 16, 3);
+    events.extend(feed.fill(1, 16, 3));
+    let cursors = FakeCursors::default();
+    let reads = record_reads(&feed, &cursors);
+    // The first pages fail (their messages time out) and are produced again while the
+    // broker is down.
+    cluster.broker_down(1).expect("the broker goes down");
+    let producer = mock::producer(&bootstrap, &[("message.timeout.ms", "500")]);
+    let running = start(
+        exporter(&feed, &cursors, producer, config(&topic, page_size)),
+        vec![0, 1],
+    );
+    let progress = running.progress.clone();
+    until("retries of the first pages", || {
+        progress.snapshot().retried >= 8
+    })
+    .await;
+    assert_eq!(
+        feed.reads.load(Ordering::SeqCst),
+        4,
+        "each shard read its failing page and one page ahead, and nothing more"
+    );
+    cluster.broker_up(1).expect("the broker comes back");
+    running.finish_after(32).await.expect("the export");
+
+    // Never more than one page read past the last saved cursor (a read after cursor C
+    // while S is saved has read the events in (S, C] before it).
+    let reads = reads.lock().unwrap().clone();
+    let mut ahead_seen = 0;
+    for (shard, after, saved) in &reads {
+        let saved = saved.unwrap_or(Cursor::START);
+        let unsaved = events
+            .iter()
+            .filter(|e| e.shard == *shard && saved.ulid() < e.ulid && e.ulid <= after.ulid())
+            .count();
+        assert!(
+            unsaved <= page_size as usize,
+            "shard {shard} read after {after} with only {saved} saved: {unsaved} events \
+             read and unsaved, more than a page"
+        );
+        if unsaved == page_size as usize {
+            ahead_seen += 1;
+        }
+    }
+    assert!(ahead_seen >= 2, "pages were read ahead: {reads:?}");
+
+    // Nothing of a page produced before its predecessor's last delivery: each message of
+    // page N+1 was handed to the producer at least a round trip after every copy of page
+    // N's messages that the topic holds (timestamps are whole milliseconds).
+    let received = mock::consume_all(&bootstrap, &topic).await;
+    let produced: BTreeMap<Ulid, Vec<i64>> = received.iter().fold(BTreeMap::new(), |mut map, m| {
+        map.entry(m.ulid).or_default().push(m.produced_ms);
+        map
+    });
+    let gap = round_trip.as_millis() as i64 - 1;
+    for shard in [0, 1] {
+        let pages = pages_of(&events, shard, page_size as usize);
+        for (n, pair) in pages.windows(2).enumerate() {
+            let last_of_page = pair[0].iter().flat_map(|u| &produced[u]).max().unwrap();
+            let first_of_next = pair[1].iter().flat_map(|u| &produced[u]).min().unwrap();
+            assert!(
+                first_of_next - last_of_page >= gap,
+                "shard {shard}: page {} was produced {} ms after page {n}'s last message, \
+                 less than the broker's round trip: before that message's delivery",
+                n + 1,
+                first_of_next - last_of_page
+            );
+        }
+    }
+    assert_no_gap(&received, &events);
+    assert_messages_match(&received, &events);
+    assert_in_order(&received);
+    assert_eq!(
+        cursors.saved(),
+        BTreeMap::from([
+            (0, Cursor::from_ulid(events[15].ulid)),
+            (1, Cursor::from_ulid(events[31].ulid)),
+        ])
+    );
+}
+
+/// A value serializer that refuses one event and writes every other as JSON.
+struct RefusesOne(Ulid);
+
+impl ValueSerializer for RefusesOne {
+    fn serialize(&self, event: &ExportEvent) -> std::result::Result<Vec<u8>, String> {
+        if event.ulid == self.0 {
+            return Err("injected: this event has no schema".to_owned());
+        }
+        JsonValues.serialize(event)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_that_cannot_be_serialized_stops_the_export_after_the_page_before_it() {
+    let topic = topic("serializer");
+    let cluster = mock::cluster(&topic);
+    let bootstrap = cluster.bootstrap_servers();
+    let feed = FakeFeed::default();
+    let events = feed.fill(0, 12, 3);
+    let cursors = watching(&bootstrap, &topic);
+    let producer = mock::producer(&bootstrap, &[]);
+    // Event 6 is in the second page, which is read (and its messages built) while the
+    // first is delivered.
+    let exporter = exporter(&feed, &cursors, producer, config(&topic, 4))
+        .with_serializer(RefusesOne(events[6].ulid));
+    let mut running = start(exporter, vec![0]);
+    let error = running.join().await.expect_err("the export stops");
+    let message = error.to_string();
+    assert!(matches!(error, Error::Kafka { .. }), "{error:?}");
+    assert!(
+        message.contains(&events[6].ulid.to_string()) && message.contains("serialized"),
+        "names the event and why: {message}"
+    );
+    assert_eq!(
+        cursors.saved(),
+        BTreeMap::from([(0, Cursor::from_ulid(events[3].ulid))]),
+        "the page before it is delivered and saved"
+    );
+    let received = mock::consume_all(&bootstrap, &topic).await;
+    assert_eq!(
+        received.iter().map(|m| m.ulid).collect::<BTreeSet<_>>(),
+        events[..4].iter().map(|e| e.ulid).collect::<BTreeSet<_>>(),
+        "nothing of the page holding the event is produced"
+    );
+    assert_saved_only_after_ack(&cursors.log(), &events);
 }
 
 /// How the first run dies between producing a page and saving its cursor.
@@ -657,16 +846,12 @@ async fn shutdown_finishes_the_page_in_flight_and_saves_it() {
     let cluster = mock::cluster(&topic);
     let bootstrap = cluster.bootstrap_servers();
     let feed = FakeFeed::default();
-    let events = feed.fill(0, 8, 8);
+    let events = feed.fill(0, 12, 8);
     let cursors = watching(&bootstrap, &topic);
-    cluster.broker_down(1).expect("the broker goes down");
-    let producer = mock::producer(&bootstrap, &[]);
-    let mut running = start(
-        exporter(&feed, &cursors, producer, config(&topic, 4)),
-        vec![0],
-    );
-    until("the first page", || feed.reads.load(Ordering::SeqCst) >= 1).await;
-    let _ = running.shutdown.take().unwrap().send(());
+    let mut running = start_with_broker_down(&cluster, &topic, &feed, &cursors);
+    // The first page in flight, the second read ahead.
+    until_read(&feed, 2).await;
+    running.ask_shutdown();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !running.handle.is_finished(),
@@ -681,15 +866,46 @@ async fn shutdown_finishes_the_page_in_flight_and_saves_it() {
     assert_eq!(report.exported, 4);
     assert_eq!(
         feed.reads.load(Ordering::SeqCst),
-        1,
+        2,
         "no page read after shutdown"
     );
     // Its last page was full and its events are an hour old: an hour behind.
     let behind = running.progress.snapshot().behind.expect("behind");
     assert!(behind >= Duration::from_secs(3500), "{behind:?}");
     let received = mock::consume_all(&bootstrap, &topic).await;
-    assert_eq!(received.len(), 4);
+    assert_eq!(
+        received.iter().map(|m| m.ulid).collect::<BTreeSet<_>>(),
+        events[..4].iter().map(|e| e.ulid).collect::<BTreeSet<_>>(),
+        "the page in flight was produced, the page read ahead was not"
+    );
     assert_saved_only_after_ack(&cursors.log(), &events);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_page_is_read_after_shutdown_not_even_ahead() {
+    let topic = topic("shutdown-no-read");
+    let cluster = mock::cluster(&topic);
+    let feed = FakeFeed::default();
+    // Fewer events than a page: the shard is caught up, and its read-ahead polls the feed
+    // (every 5 to 20 ms) while the page in flight waits for the broker.
+    let events = feed.fill(0, 3, 3);
+    let cursors = FakeCursors::default();
+    let mut running = start_with_broker_down(&cluster, &topic, &feed, &cursors);
+    until_read(&feed, 3).await;
+    running.ask_shutdown();
+    // A read already under way when shutdown was asked may still be counted.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let reads_at_shutdown = feed.reads.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        feed.reads.load(Ordering::SeqCst),
+        reads_at_shutdown,
+        "no page read after shutdown"
+    );
+    cluster.broker_up(1).expect("the broker comes back");
+    let report = running.join().await.expect("a clean stop");
+    assert_eq!(report.saved, vec![(0, Cursor::from_ulid(events[2].ulid))]);
+    assert_eq!(feed.reads.load(Ordering::SeqCst), reads_at_shutdown);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

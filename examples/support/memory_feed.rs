@@ -57,7 +57,12 @@ pub struct FeedState {
     pub shards: BTreeMap<i32, Vec<Written>>,
     /// Shards whose reads fail with this message (a permanent error).
     pub failing: BTreeMap<i32, String>,
+    /// Called with the shard and the cursor of every read, as it starts.
+    pub on_read: Option<OnRead>,
 }
+
+/// What a test learns of each read (see [`FeedState::on_read`]).
+pub type OnRead = Arc<dyn Fn(i32, Cursor) + Send + Sync>;
 
 /// Events per shard, in ULID order, shared by every source of one test.
 #[derive(Clone, Default)]
@@ -164,6 +169,9 @@ impl PageSource for FakeSource {
     ) -> Result<Page<Self::Item>> {
         self.feed.reads.fetch_add(1, Ordering::SeqCst);
         let state = self.feed.state.lock().unwrap();
+        if let Some(on_read) = &state.on_read {
+            on_read(shard, cursor);
+        }
         if let Some(message) = state.failing.get(&shard) {
             return Err(Error::Config(message.clone()));
         }

@@ -15,7 +15,7 @@ pub use classify::classify;
 pub use exporter::{
     ExportConfig, ExportCursors, ExportEvent, ExportProgress, ExportReport, FeedExporter,
     HEADER_FEED, HEADER_SHARD, HEADER_ULID, JsonValues, ProgressSnapshot, SqlCursors,
-    ValueSerializer,
+    ValueSerializer, export_headers,
 };
 pub use producer::{ProducerSettings, check_brokers};
 pub use publisher::{

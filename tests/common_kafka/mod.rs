@@ -44,6 +44,9 @@ pub struct Consumed {
     pub headers: Vec<(String, String)>,
     /// The value (`None` for a record without one).
     pub value: Option<Vec<u8>>,
+    /// Its timestamp in milliseconds since the Unix epoch: for a record produced without
+    /// one, the time the producer was handed it (Kafka's `CreateTime`).
+    pub timestamp_ms: Option<i64>,
 }
 
 impl Consumed {
@@ -119,6 +122,7 @@ fn record(message: &BorrowedMessage<'_>) -> Consumed {
             .map(|k| String::from_utf8_lossy(k).into_owned()),
         headers,
         value: message.payload().map(<[u8]>::to_vec),
+        timestamp_ms: message.timestamp().to_millis(),
     }
 }
 

@@ -44,6 +44,8 @@ pub struct Received {
     pub ulid: Ulid,
     pub shard: i32,
     pub feed: String,
+    /// When the exporter handed it to the producer (its `CreateTime`, in ms).
+    pub produced_ms: i64,
 }
 
 /// How many messages `topic` holds (acknowledged ones: the mock appends on ack).
@@ -85,5 +87,6 @@ fn received(record: &Consumed) -> Received {
         ulid: ulid_text.parse().expect("a ULID"),
         shard: header("shard").parse().expect("a decimal shard"),
         feed: header("feed").to_owned(),
+        produced_ms: record.timestamp_ms.expect("a produce timestamp"),
     }
 }
