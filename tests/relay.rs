@@ -337,13 +337,8 @@ impl ClaimStore for FakeStore {
     }
 
     async fn mark_failed(&mut self, failed: Failed<'_>) -> changefeed::Result<u64> {
-        let Failed {
-            id,
-            token,
-            retry_after,
-            dead,
-            error,
-        } = failed;
+        let (id, token, dead) = (failed.id, failed.token, failed.dead);
+        let (retry_after, error) = (failed.retry_after, failed.error);
         if retry_after.is_none() && !dead {
             // The procedure refuses failed-with-no-retry-time: it would hot-loop.
             return Err(Error::Server {

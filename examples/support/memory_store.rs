@@ -256,26 +256,20 @@ impl ClaimStore for MemoryStore {
     }
 
     async fn mark_failed(&mut self, failed: Failed<'_>) -> changefeed::Result<u64> {
-        let Failed {
-            id,
-            token,
-            retry_after,
-            dead,
-            error,
-        } = failed;
+        let (id, token, dead) = (failed.id, failed.token, failed.dead);
         let mut state = self.state();
         let Some(row) = state.held(id, token) else {
             return Ok(0);
         };
         row.attempts += 1;
-        row.last_error = Some(error.to_owned());
+        row.last_error = Some(failed.error.to_owned());
         row.claim = None;
         if dead {
             row.status = Status::Dead;
             state.close(id);
         } else {
             row.status = Status::Failed;
-            row.next_retry_at = Some(Instant::now() + retry_after.unwrap_or_default());
+            row.next_retry_at = Some(Instant::now() + failed.retry_after.unwrap_or_default());
         }
         Ok(1)
     }

@@ -379,15 +379,9 @@ impl ClaimStore for MysqlOutboxStore {
     }
 
     async fn mark_failed(&mut self, failed: Failed<'_>) -> Result<u64> {
-        let Failed {
-            id,
-            token,
-            retry_after,
-            dead,
-            error,
-        } = failed;
-        let retry_us = failure_retry_us(retry_after, dead)?;
-        let error: String = error.chars().take(2000).collect();
+        let (id, token, dead) = (failed.id, failed.token, failed.dead);
+        let retry_us = failure_retry_us(failed.retry_after, dead)?;
+        let error: String = failed.error.chars().take(2000).collect();
         self.with_conn("mark_failed", self.call_timeout, async |table, conn| {
             let sql = format!(
                 "update {} set status = if(?, 4, 3), attempts = attempts + 1, \

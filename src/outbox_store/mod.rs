@@ -189,13 +189,8 @@ impl OutboxStore {
     /// Marks a message failed (due again after `retry_after`) or dead; counts an attempt.
     /// Returns 1 if the message was still held under its token, else 0.
     pub async fn mark_failed(&self, client: &mut Client, failed: Failed<'_>) -> Result<u64> {
-        let Failed {
-            id,
-            token,
-            retry_after,
-            dead,
-            error,
-        } = failed;
+        let (id, token, dead) = (failed.id, failed.token, failed.dead);
+        let (retry_after, error) = (failed.retry_after, failed.error);
         let retry_ms = retry_after
             .map(|d| duration_ms("retry_after", d))
             .transpose()?;

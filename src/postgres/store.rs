@@ -348,16 +348,15 @@ impl ClaimStore for PostgresOutboxStore {
     }
 
     async fn mark_failed(&mut self, failed: Failed<'_>) -> Result<u64> {
-        let Failed {
-            id,
-            token,
-            retry_after,
-            dead,
-            error,
-        } = failed;
-        let retry_us = failure_retry_us(retry_after, dead)?;
+        let (id, token, dead) = (failed.id, failed.token, failed.dead);
+        let retry_us = failure_retry_us(failed.retry_after, dead)?;
         // PostgreSQL text cannot hold NUL; the column holds 2000 characters.
-        let error: String = error.replace('\0', "\u{fffd}").chars().take(2000).collect();
+        let error: String = failed
+            .error
+            .replace('\0', "\u{fffd}")
+            .chars()
+            .take(2000)
+            .collect();
         self.execute(
             "mark_failed",
             |t| {
