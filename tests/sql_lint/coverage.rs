@@ -328,9 +328,11 @@ fn mentions(code: &str, strings: &[(usize, usize)], forwarders: &BTreeSet<String
     m
 }
 
-/// Functions that build `object(<their parameter>)`: a kind passed to them is called.
+/// Functions that build `object(<their parameter>)`: a kind passed to them is called. So
+/// are functions that hand their own `kind` on to one of those (`call_count` passing `kind`
+/// to `call`), however long the chain.
 fn forwarders(functions: &[RustFn]) -> BTreeSet<String> {
-    functions
+    let mut found: BTreeSet<String> = functions
         .iter()
         .filter(|f| {
             f.body.match_indices("object(").any(|(at, _)| {
@@ -341,7 +343,50 @@ fn forwarders(functions: &[RustFn]) -> BTreeSet<String> {
         })
         .map(|f| f.name.clone())
         .filter(|n| n != "object")
-        .collect()
+        .collect();
+    loop {
+        let more: Vec<String> = functions
+            .iter()
+            .filter(|f| !found.contains(&f.name))
+            .filter(|f| found.iter().any(|to| passes_kind_to(f, to)))
+            .map(|f| f.name.clone())
+            .collect();
+        if more.is_empty() {
+            return found;
+        }
+        found.extend(more);
+    }
+}
+
+/// Whether `f` calls `to(…)` with the identifier `kind` among the call's arguments.
+fn passes_kind_to(f: &RustFn, to: &str) -> bool {
+    let call = format!("{to}(");
+    f.body.match_indices(&call).any(|(at, _)| {
+        let named = at == 0
+            || !f.body[..at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !named || in_string(&f.strings, at) {
+            return false;
+        }
+        let arguments = &f.body[at + call.len()..];
+        let mut depth = 1;
+        let end = arguments
+            .char_indices()
+            .find(|&(_, c)| {
+                match c {
+                    '(' => depth += 1,
+                    ')' => depth -= 1,
+                    _ => {}
+                }
+                depth == 0
+            })
+            .map_or(arguments.len(), |(i, _)| i);
+        arguments[..end]
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .any(|word| word == "kind")
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -706,6 +751,25 @@ fn rust_scanning_sees_calls_and_sql_but_not_comments() {
     let called = called_names(&f.body, &f.strings);
     assert!(called.contains("call") && called.contains("helper") && called.contains("object"));
     assert!(!called.contains("exec"));
+}
+
+#[test]
+fn a_kind_handed_on_to_a_forwarder_is_called() {
+    let src = r##"
+        fn mark_failed(&self) -> u8 { self.call_count(client, "mark_failed", "@id = @P1") }
+        fn call_count(&self, kind: &str) -> u8 { self.call(client, kind, arguments) }
+        fn call(&self, kind: &str) -> String { format!("exec {}", self.table.object(kind)) }
+        fn recall(&self, kinds: &str) -> u8 { self.call(client, "done", kinds) }
+    "##;
+    let functions = rust_functions(src);
+    let forwarders = forwarders(&functions);
+    // recall passes no `kind` of its own: its literal is the call, not a forwarded kind.
+    assert_eq!(
+        forwarders,
+        BTreeSet::from(["call".to_owned(), "call_count".to_owned()])
+    );
+    let m = mentions(&functions[0].body, &functions[0].strings, &forwarders);
+    assert_eq!(m.kinds, BTreeSet::from(["mark_failed".to_owned()]));
 }
 
 #[test]

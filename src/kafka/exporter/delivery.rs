@@ -12,8 +12,8 @@ use crate::relay::ErrorKind;
 
 use super::super::classify::{classify, refuses_whole_request, topic_refused};
 use super::cursors::ExportCursors;
+use super::job::{Job, Stop};
 use super::message::Message;
-use super::shard::{Job, Stop};
 
 /// What delivering one page came to.
 pub(super) enum Delivered {

@@ -75,6 +75,7 @@
 mod config;
 mod cursors;
 mod delivery;
+mod job;
 mod message;
 mod progress;
 mod shard;
@@ -104,8 +105,8 @@ pub use message::{
 };
 pub use progress::{ExportProgress, ProgressSnapshot};
 
+use job::{Job, Stop};
 use message::Messages;
-use shard::{Job, Stop};
 
 /// How an export ended.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -1,28 +1,21 @@
 //! One shard's export: pages read in order, each page's messages built while the page
 //! before it is delivered (one page of read-ahead), produced only once that page is
-//! delivered and saved, and each page's cursor saved in page order. Also what the shards of
-//! a run share ([`Job`]) and how they see shutdown ([`Stop`]).
+//! delivered and saved, and each page's cursor saved in page order.
 
 use std::pin::{Pin, pin};
-use std::time::Duration;
 
 use futures::future::{Either, select};
 use futures::{Stream, StreamExt};
-use rdkafka::producer::FutureProducer;
-use tokio::sync::watch;
-use tokio::time::Instant;
 
 use crate::cursor::Cursor;
 use crate::error::Result;
 use crate::json::JsonColumns;
-use crate::metrics::ExportMetrics;
 use crate::reader::{FeedEvent, Page, exponential};
 
-use super::config::ExportConfig;
 use super::cursors::ExportCursors;
 use super::delivery::Delivered;
-use super::message::{Message, Messages};
-use super::progress::ExportProgress;
+use super::job::{Job, Stop};
+use super::message::Message;
 
 /// How many times a cursor save that fails transiently is tried again before the export
 /// stops with the error.
@@ -30,50 +23,6 @@ const SAVE_RETRIES: u32 = 5;
 
 /// A shard's pages as the exporter reads them.
 type Pages = Result<Page<FeedEvent<JsonColumns>>>;
-
-/// Everything the shards of one run share.
-pub(super) struct Job<C> {
-    pub(super) producer: FutureProducer,
-    pub(super) config: ExportConfig,
-    pub(super) messages: Messages,
-    pub(super) progress: ExportProgress,
-    pub(super) metrics: ExportMetrics,
-    /// One store for all shards; a save is short, so they take turns.
-    pub(super) cursors: tokio::sync::Mutex<C>,
-    /// Shards produce their pages under its read side; a suspect event is produced alone
-    /// under its write side, so no other shard's message shares its request.
-    pub(super) producing: tokio::sync::RwLock<()>,
-}
-
-/// The shutdown signal as each shard sees it: when shutdown was asked, if it was.
-#[derive(Clone)]
-pub(super) struct Stop(watch::Receiver<Option<Instant>>);
-
-impl Stop {
-    /// The signal of `receiver`, which holds the instant shutdown was asked.
-    pub(super) fn new(receiver: watch::Receiver<Option<Instant>>) -> Self {
-        Stop(receiver)
-    }
-
-    /// Whether shutdown was asked.
-    fn is_requested(&self) -> bool {
-        self.0.borrow().is_some()
-    }
-
-    /// Completes when shutdown is asked (at once if it was).
-    async fn requested(&mut self) {
-        // The sender lives as long as `run`, which outlives every shard: an error cannot
-        // happen, and would mean stopping anyway.
-        let _ = self.0.wait_for(Option::is_some).await;
-    }
-
-    /// Completes `grace` after shutdown was asked: the page in flight is given up then.
-    pub(super) async fn grace_over(&mut self, grace: Duration) {
-        self.requested().await;
-        let asked = (*self.0.borrow()).unwrap_or_else(Instant::now);
-        tokio::time::sleep_until(asked + grace).await;
-    }
-}
 
 /// A page read and its messages built, waiting for its turn to be produced.
 struct ReadPage {
