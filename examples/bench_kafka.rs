@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use changefeed::kafka::rdkafka::message::{Header, OwnedHeaders};
 use changefeed::kafka::rdkafka::mocking::MockCluster;
-use changefeed::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+use changefeed::kafka::rdkafka::producer::FutureRecord;
 use changefeed::kafka::{
     ExportConfig, FeedExporter, KafkaPublisher, KafkaPublisherConfig, ProducerSettings,
     export_headers,
@@ -58,7 +58,7 @@ use changefeed::kafka::{
 use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, Failed, NewMessage};
 use changefeed::reader::PageSource;
 use changefeed::relay::{Relay, RelayConfig};
-use changefeed::{Cursor, Feed};
+use changefeed::{Cursor, Feed, Result};
 use kafka_bench::{check, send, warm_up};
 use memory_feed::{FakeCursors, FakeFeed, KEY_COLUMNS};
 use memory_store::MemoryStore;
@@ -248,12 +248,7 @@ impl ClaimStore for SlowStore {
         self.store.mark_failed(failed).await
     }
 
-    async fn requeue(
-        &mut self,
-        id: i64,
-        token: ClaimToken,
-        after: Duration,
-    ) -> changefeed::Result<u64> {
+    async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
         tokio::time::sleep(self.delay).await;
         self.store.requeue(id, token, after).await
     }
@@ -344,7 +339,7 @@ async fn raw_round(
     batch: Option<usize>,
 ) -> Result<f64, String> {
     let messages = messages(args, topic);
-    let producer = raw_producer(args, bootstrap, topic).await?;
+    let producer = kafka_bench::bare_producer(settings(args, bootstrap), topic).await?;
     let started = Instant::now();
     let mut pending = VecDeque::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
@@ -470,7 +465,7 @@ async fn exporter_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64
 /// awaited.
 async fn raw_events_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, String> {
     let events = event_feed(args).events();
-    let producer = raw_producer(args, bootstrap, topic).await?;
+    let producer = kafka_bench::bare_producer(settings(args, bootstrap), topic).await?;
     let started = Instant::now();
     let mut pending = VecDeque::with_capacity(events.len());
     for event in &events {
@@ -523,22 +518,6 @@ async fn feed_round(args: &Args) -> Result<f64, String> {
         ));
     }
     Ok(args.messages as f64 / started.elapsed().as_secs_f64())
-}
-
-/// A bare producer with the relay's settings (and KafkaPublisher's default message
-/// timeout), warmed up before any clock starts.
-async fn raw_producer(args: &Args, bootstrap: &str, topic: &str) -> Result<FutureProducer, String> {
-    let producer: FutureProducer = settings(args, bootstrap)
-        .set(
-            "message.timeout.ms",
-            KafkaPublisher::DEFAULT_MESSAGE_TIMEOUT
-                .as_millis()
-                .to_string(),
-        )
-        .create()
-        .map_err(|e| e.to_string())?;
-    warm_up(&producer, topic).await?;
-    Ok(producer)
 }
 
 fn median(values: &mut [f64]) -> f64 {

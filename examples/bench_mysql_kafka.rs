@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use changefeed::kafka::rdkafka::mocking::MockCluster;
-use changefeed::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+use changefeed::kafka::rdkafka::producer::FutureRecord;
 use changefeed::kafka::{KafkaPublisher, KafkaPublisherConfig, ProducerSettings};
 use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, WakerState};
 use changefeed::outbox::{ClaimedMessage, NewMessage};
@@ -213,18 +213,9 @@ async fn latency(db: &BenchDb, bootstrap: &str, relays: usize, samples: usize) -
 /// The bare producer: `messages` records of the outbox's shape (payload `{"n": n}`, key the
 /// aggregate), sent as fast as librdkafka takes them, every delivery awaited.
 async fn producer_throughput(bootstrap: &str, messages: usize) -> f64 {
-    let producer: FutureProducer = settings(bootstrap)
-        .set(
-            "message.timeout.ms",
-            KafkaPublisher::DEFAULT_MESSAGE_TIMEOUT
-                .as_millis()
-                .to_string(),
-        )
-        .create()
-        .unwrap_or_else(|e| fail("producer", e));
-    kafka_bench::warm_up(&producer, RAW_TOPIC)
+    let producer = kafka_bench::bare_producer(settings(bootstrap), RAW_TOPIC)
         .await
-        .unwrap_or_else(|e| fail("warm up", e));
+        .unwrap_or_else(|e| fail("the bare producer", e));
     let started = Instant::now();
     let mut pending = VecDeque::with_capacity(messages);
     for n in 0..messages {

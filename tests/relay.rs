@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use changefeed::Error;
+use changefeed::Result;
 use changefeed::outbox::{
     ClaimStore, ClaimToken, Claimed, ClaimedMessage, Failed, Headers, UndecodableMessage,
 };
@@ -374,12 +375,7 @@ impl ClaimStore for FakeStore {
         Ok(changed)
     }
 
-    async fn requeue(
-        &mut self,
-        id: i64,
-        token: ClaimToken,
-        after: Duration,
-    ) -> changefeed::Result<u64> {
+    async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
         let mut state = self.state();
         let now = Instant::now();
         let changed = match state.held(id, token) {

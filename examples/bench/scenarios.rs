@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, Failed};
 use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
 use changefeed::relay::{Hooks, PublishOutcome, Publisher, Relay, RelayConfig};
-use changefeed::{Client, Cursor, Feed, TableName};
+use changefeed::{Client, Cursor, Feed, Result, TableName};
 use tokio::sync::{Barrier, watch};
 use tokio::task::JoinSet;
 
@@ -961,12 +961,7 @@ impl<S: ClaimStore> ClaimStore for TimedStore<S> {
         self.inner.mark_failed(failed).await
     }
 
-    async fn requeue(
-        &mut self,
-        id: i64,
-        token: ClaimToken,
-        after: Duration,
-    ) -> changefeed::Result<u64> {
+    async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
         self.inner.requeue(id, token, after).await
     }
 }

@@ -1,6 +1,7 @@
 //! What the Kafka benchmarks share: sending a record to librdkafka while its local queue is
-//! full, judging a delivery report, and warming a producer up (connected, its idempotent
-//! producer id acquired) before a clock starts.
+//! full, judging a delivery report, warming a producer up (connected, its idempotent
+//! producer id acquired) before a clock starts, and the bare producer the relay is measured
+//! against.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use changefeed::kafka::rdkafka::producer::{
     DeliveryFuture, FutureProducer, FutureRecord, Producer,
 };
 use changefeed::kafka::rdkafka::types::RDKafkaErrorCode;
+use changefeed::kafka::{KafkaPublisher, ProducerSettings};
 
 /// Enqueues `record`, its delivery future pushed on `pending`; when the producer's local
 /// queue is full, awaits the oldest pending delivery and tries again.
@@ -35,6 +37,21 @@ pub async fn send(
             Err((error, _)) => return Err(error.to_string()),
         }
     }
+}
+
+/// A bare producer with `settings` and KafkaPublisher's default message timeout (the
+/// relay's), warmed up on `topic` before any clock starts.
+pub async fn bare_producer(
+    settings: ProducerSettings,
+    topic: &str,
+) -> Result<FutureProducer, String> {
+    let timeout = KafkaPublisher::DEFAULT_MESSAGE_TIMEOUT.as_millis();
+    let producer: FutureProducer = settings
+        .set("message.timeout.ms", timeout.to_string())
+        .create()
+        .map_err(|e| e.to_string())?;
+    warm_up(&producer, topic).await?;
+    Ok(producer)
 }
 
 /// Connects `producer` to the cluster and has one record delivered.

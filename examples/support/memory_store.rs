@@ -23,6 +23,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use changefeed::Result;
 use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, Failed, NewMessage};
 
 /// A row's status, as the outbox table's `status` column.
@@ -274,12 +275,7 @@ impl ClaimStore for MemoryStore {
         Ok(1)
     }
 
-    async fn requeue(
-        &mut self,
-        id: i64,
-        token: ClaimToken,
-        after: Duration,
-    ) -> changefeed::Result<u64> {
+    async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
         let mut state = self.state();
         let Some(row) = state.held(id, token) else {
             return Ok(0);
