@@ -241,12 +241,6 @@ impl BinlogWaker {
                 return format!("cannot stream the binlog: {error}");
             }
         };
-        tracing::info!(file = %start.file, position = start.position, "binlog waker: following");
-        crate::metrics::wake_following(self.table.name(), "binlog", true);
-        self.state.send_replace(WakerState::Following {
-            file: start.file.clone(),
-            position: start.position,
-        });
         *resume = Some(start);
         let reason = self.stream(&mut stream, resume).await;
         let _ = timeout(Duration::from_secs(1), stream.close()).await;
@@ -255,6 +249,10 @@ impl BinlogWaker {
 
     async fn stream(&self, stream: &mut BinlogStream, resume: &mut Option<Position>) -> String {
         let silence = self.config.heartbeat * 3;
+        // The dump request is only written when the stream is returned: the server may still
+        // refuse the position (1236). Following is announced once the server has answered
+        // with its first event, when its dump thread is running.
+        let mut announced = false;
         let mut inserted = false;
         // The server starts a stream with a rotate restating the file asked for, sent before
         // the format description that announces checksums (so its name still carries
@@ -281,6 +279,15 @@ impl BinlogWaker {
                 }
                 Ok(Some(Ok(event))) => event,
             };
+            if !announced && let Some(start) = resume.as_ref() {
+                announced = true;
+                tracing::info!(file = %start.file, position = start.position, "binlog waker: following");
+                crate::metrics::wake_following(self.table.name(), "binlog", true);
+                self.state.send_replace(WakerState::Following {
+                    file: start.file.clone(),
+                    position: start.position,
+                });
+            }
             match self.classify(stream, &event, described) {
                 Seen::Described => described = true,
                 Seen::Insert => inserted = true,
