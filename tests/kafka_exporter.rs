@@ -332,8 +332,8 @@ fn assert_no_gap(received: &[Received], events: &[Written]) {
     assert!(extra.is_empty(), "messages of no live event: {extra:?}");
 }
 
-/// Every live event arrived as the message it should be, none twice out of order: no gap,
-/// nothing extra, each message matching its event, in order per shard and key.
+/// Every live event arrived as the message it should be: no gap, nothing extra, each
+/// message matching its event, in order per shard and key.
 fn assert_exported(received: &[Received], events: &[Written]) {
     assert_no_gap(received, events);
     assert_messages_match(received, events);
