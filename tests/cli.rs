@@ -4,39 +4,15 @@
 //! The binary needs the `cli` feature (`cargo test --all-features`).
 #![cfg(feature = "cli")]
 
+mod common_process;
+
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use common_process::{assert_one_error_line, changefeed};
+
 /// An address where nothing listens: connecting is refused at once.
 const UNREACHABLE: &str = "server=tcp:127.0.0.1,1;user=sa;password=x;TrustServerCertificate=true";
-
-/// Runs the tool with `args` and without `CHANGEFEED_URL` in its environment.
-fn changefeed(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_changefeed"))
-        .args(args)
-        .env_remove("CHANGEFEED_URL")
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .expect("the changefeed binary runs")
-}
-
-fn stderr_lines(output: &Output) -> Vec<String> {
-    String::from_utf8_lossy(&output.stderr)
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
-/// Exactly one line on stderr, starting with `error: `, nothing on stdout, a non-zero exit.
-fn assert_one_error_line(output: &Output) -> String {
-    let lines = stderr_lines(output);
-    assert_eq!(lines.len(), 1, "one line on stderr, got {lines:#?}");
-    assert!(lines[0].starts_with("error: "), "{}", lines[0]);
-    assert!(!lines[0].contains("panicked"), "{}", lines[0]);
-    assert!(output.stdout.is_empty(), "nothing on stdout: {output:?}");
-    assert!(!output.status.success(), "{output:?}");
-    lines[0].clone()
-}
 
 /// The subcommands whose help these tests check (`export`'s is checked with Kafka's
 /// options in `tests/cli_kafka.rs`).
@@ -211,7 +187,8 @@ fn bad_durations_are_refused_before_connecting() {
     }
 }
 
-/// A listener whose connections the kernel accepts and nobody answers: its port and URL.
+/// A listener on a free localhost port whose connections the kernel accepts and nobody
+/// answers (unless the test does): the listener, its port and a URL for it.
 fn silent_server() -> (std::net::TcpListener, u16, String) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -219,33 +196,65 @@ fn silent_server() -> (std::net::TcpListener, u16, String) {
     (listener, port, url)
 }
 
+/// What `changefeed status --connect-timeout <timeout>` did against a [`silent_server`].
+struct SilentRun {
+    /// The silent server's port.
+    port: u16,
+    output: Output,
+    /// Its one error line.
+    line: String,
+    /// How long the tool took to give up.
+    elapsed: Duration,
+}
+
+/// Runs `changefeed status --connect-timeout <connect_timeout>` against a silent server
+/// (listening until the tool has ended): it must end with one error line.
+fn status_against_a_silent_server(connect_timeout: &str) -> SilentRun {
+    let (listener, port, url) = silent_server();
+    let started = Instant::now();
+    let output = changefeed(&[
+        "status",
+        "--url",
+        &url,
+        "--connect-timeout",
+        connect_timeout,
+    ]);
+    let elapsed = started.elapsed();
+    drop(listener);
+    let line = assert_one_error_line(&output);
+    SilentRun {
+        port,
+        output,
+        line,
+        elapsed,
+    }
+}
+
 /// A listener that accepts TCP connections and never answers: the tool must give up after
 /// `--connect-timeout` with one line, not hang.
 #[test]
 fn a_server_that_never_answers_times_out_with_one_line() {
-    let (listener, port, url) = silent_server();
-    let started = Instant::now();
-    let output = changefeed(&["status", "--url", &url, "--connect-timeout", "500ms"]);
-    let elapsed = started.elapsed();
-    let line = assert_one_error_line(&output);
+    let SilentRun {
+        port,
+        output,
+        line,
+        elapsed,
+    } = status_against_a_silent_server("500ms");
     assert!(line.contains(&format!("127.0.0.1:{port}")), "{line}");
     assert!(line.contains("500ms") && line.contains("--url"), "{line}");
     assert_eq!(output.status.code(), Some(2));
     assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
-    drop(listener);
 }
 
 /// A peer that hangs up at once (not SQL Server, or a server dropping the session).
 #[test]
 fn a_peer_that_hangs_up_is_one_line_naming_the_address() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
+    let (listener, port, url) = silent_server();
     let closer = std::thread::spawn(move || {
         if let Ok((stream, _)) = listener.accept() {
             drop(stream);
         }
     });
-    let url = format!("server=tcp:127.0.0.1,{port};user=sa;password=x;TrustServerCertificate=true");
     let output = changefeed(&["status", "--url", &url]);
     let line = assert_one_error_line(&output);
     assert!(line.contains(&format!("127.0.0.1:{port}")), "{line}");
@@ -296,11 +305,12 @@ fn usage_errors_and_bad_counts_are_one_line() {
 /// one line that says which setting to raise. (Takes 16 s.)
 #[test]
 fn a_connect_timeout_above_fifteen_seconds_is_honoured() {
-    let (listener, port, url) = silent_server();
-    let started = Instant::now();
-    let output = changefeed(&["status", "--url", &url, "--connect-timeout", "16s"]);
-    let elapsed = started.elapsed();
-    let line = assert_one_error_line(&output);
+    let SilentRun {
+        port,
+        output,
+        line,
+        elapsed,
+    } = status_against_a_silent_server("16s");
     assert!(
         elapsed >= Duration::from_secs(16),
         "gave up after {elapsed:?}: {line}"
@@ -310,7 +320,6 @@ fn a_connect_timeout_above_fifteen_seconds_is_honoured() {
     assert!(line.contains("--connect-timeout"), "{line}");
     assert!(!line.contains("Config::"), "{line}");
     assert_eq!(output.status.code(), Some(2));
-    drop(listener);
 }
 
 #[test]

@@ -20,41 +20,22 @@ mod common_relay;
 #[cfg(feature = "mysql")]
 mod common_server;
 
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use changefeed::kafka::rdkafka::mocking::MockCluster;
 use changefeed::kafka::rdkafka::producer::DefaultProducerContext;
 #[cfg(feature = "mysql")]
+use changefeed::outbox::NewMessage;
+#[cfg(feature = "mysql")]
 use common_process::stderr_lines;
-use common_process::{signal, wait_for_exit};
+use common_process::{assert_one_error_line, changefeed, signal, wait_for_exit};
+#[cfg(feature = "mysql")]
+use serde_json::json;
 
 /// An address where nothing listens: connecting is refused at once.
 const UNREACHABLE_SQL: &str =
     "server=tcp:127.0.0.1,1;user=sa;password=x;TrustServerCertificate=true";
-
-/// Runs the tool with `args` and without `CHANGEFEED_URL` in its environment.
-fn changefeed(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_changefeed"))
-        .args(args)
-        .env_remove("CHANGEFEED_URL")
-        .env_remove("RUST_BACKTRACE")
-        .stdin(Stdio::null())
-        .output()
-        .expect("the changefeed binary runs")
-}
-
-/// Exactly one line on stderr, starting with `error: `, nothing on stdout, a non-zero exit.
-fn assert_one_error_line(output: &Output) -> String {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "one line on stderr, got {lines:#?}");
-    assert!(lines[0].starts_with("error: "), "{}", lines[0]);
-    assert!(!lines[0].contains("panicked"), "{}", lines[0]);
-    assert!(output.stdout.is_empty(), "nothing on stdout: {output:?}");
-    assert!(!output.status.success(), "{output:?}");
-    lines[0].to_owned()
-}
 
 /// A localhost port where nothing listens (bound, then let go).
 fn closed_port() -> String {
@@ -84,18 +65,28 @@ fn relay_args<'a>(brokers: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     args
 }
 
-/// The `export` arguments for `brokers`, and `extra`.
-fn export_args<'a>(brokers: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec![
+/// `export <table> --brokers <brokers> --topic <topic> --consumer <consumer>`.
+fn export_of<'a>(
+    table: &'a str,
+    brokers: &'a str,
+    topic: &'a str,
+    consumer: &'a str,
+) -> Vec<&'a str> {
+    vec![
         "export",
-        "app.OrderPlaced",
+        table,
         "--brokers",
         brokers,
         "--topic",
-        "orders",
+        topic,
         "--consumer",
-        "export",
-    ];
+        consumer,
+    ]
+}
+
+/// The `export` arguments for `brokers`, and `extra`.
+fn export_args<'a>(brokers: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = export_of("app.OrderPlaced", brokers, "orders", "export");
     args.extend(extra);
     args
 }
@@ -298,48 +289,18 @@ fn kafka_options_and_values_are_refused_before_connecting() {
             "--shards",
         ),
         (
-            vec![
-                "export",
-                "app.Order",
-                "--brokers",
-                "k:9092",
-                "--topic",
-                "a b",
-                "--consumer",
-                "c",
-            ],
+            export_of("app.Order", "k:9092", "a b", "c"),
             "Kafka topic name",
         ),
         (
-            vec![
-                "export",
-                "app.Order",
-                "--brokers",
-                "k:9092",
-                "--topic",
-                "t",
-                "--consumer",
-                " padded",
-            ],
+            export_of("app.Order", "k:9092", "t", " padded"),
             "whitespace",
         ),
         (
             vec!["export", "app.Order", "--topic", "t", "--consumer", "c"],
             "--brokers",
         ),
-        (
-            vec![
-                "export",
-                "app.x]",
-                "--brokers",
-                "k:9092",
-                "--topic",
-                "t",
-                "--consumer",
-                "c",
-            ],
-            "']'",
-        ),
+        (export_of("app.x]", "k:9092", "t", "c"), "']'"),
     ] {
         let mut with_url = args.clone();
         with_url.extend(["--url", UNREACHABLE_SQL]);
@@ -408,16 +369,42 @@ async fn mariadb_outbox(name: &str, outbox: &str, max_in_flight: u32) -> common_
     db
 }
 
+/// Waits up to `limit` (checking every 50 ms) for `count` rows or more of `outbox` to match
+/// `condition`: whether they did.
 #[cfg(feature = "mysql")]
-in_flight_variants!(
-    #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
-    relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0
-);
+async fn rows_reach(
+    db: &common_mysql::TestDb,
+    outbox: &str,
+    condition: &str,
+    count: i64,
+    limit: Duration,
+) -> bool {
+    let started = Instant::now();
+    while db.count(outbox, condition).await < count {
+        if started.elapsed() > limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
+}
+
+/// Declares the tests of the MariaDB relay test `$name` (an `async fn $name(max_in_flight:
+/// u32)` next to it, under the `mysql` feature): one and four batches in flight, ignored
+/// unless MariaDB is asked for.
+macro_rules! mariadb_variants {
+    ($name:ident) => {
+        #[cfg(feature = "mysql")]
+        in_flight_variants!(
+            #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+            $name
+        );
+    };
+}
+
+mariadb_variants!(relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0);
 #[cfg(feature = "mysql")]
 async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0(max_in_flight: u32) {
-    use changefeed::outbox::NewMessage;
-    use serde_json::json;
-
     let (cluster, brokers) = cluster_with_topic("prod.orders");
     let db = mariadb_outbox("cli_kafka_relay", "outbox_kafka", max_in_flight).await;
     let messages: Vec<NewMessage> = (0..5)
@@ -442,13 +429,17 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0(max
         ],
         Stdio::piped(),
     );
-    let started = Instant::now();
-    while db.count("outbox_kafka", "status = 2").await < 5 {
-        if started.elapsed() > Duration::from_secs(60) {
-            let (status, stderr) = wait_for_exit(child, Duration::ZERO);
-            panic!("not all 5 messages were marked done within 60 s ({status}): {stderr}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    if !rows_reach(
+        &db,
+        "outbox_kafka",
+        "status = 2",
+        5,
+        Duration::from_secs(60),
+    )
+    .await
+    {
+        let (status, stderr) = wait_for_exit(child, Duration::ZERO);
+        panic!("not all 5 messages were marked done within 60 s ({status}): {stderr}");
     }
     // Past one progress interval: the line counts what was published.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -488,17 +479,11 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0(max
     drop(cluster);
 }
 
-#[cfg(feature = "mysql")]
-in_flight_variants!(
-    #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
-    relay_from_mariadb_exits_130_at_once_on_a_second_signal
-);
+mariadb_variants!(relay_from_mariadb_exits_130_at_once_on_a_second_signal);
 /// The first signal waits for the batch in flight; when that batch cannot finish (the
 /// broker went down under it), a second signal ends the process at once with 130.
 #[cfg(feature = "mysql")]
 async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal(max_in_flight: u32) {
-    use changefeed::outbox::NewMessage;
-
     let (cluster, brokers) = cluster_with_topic("orders");
     let db = mariadb_outbox("cli_kafka_twice", "outbox_twice", max_in_flight).await;
     let mut child = relay_child(
@@ -527,11 +512,17 @@ async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal(max_in_flight: 
     )
     .await;
     // Claimed (status 1, processing): its publish waits for the broker.
-    let started = Instant::now();
-    while db.count("outbox_twice", "status = 1").await == 0 {
-        assert!(started.elapsed() < Duration::from_secs(30), "never claimed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(
+        rows_reach(
+            &db,
+            "outbox_twice",
+            "status = 1",
+            1,
+            Duration::from_secs(30)
+        )
+        .await,
+        "never claimed"
+    );
     signal(&child, libc::SIGINT);
     assert_eq!(
         next_line("note of the first signal"),
@@ -558,18 +549,12 @@ async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal(max_in_flight: 
     drop(cluster);
 }
 
-#[cfg(feature = "mysql")]
-in_flight_variants!(
-    #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
-    relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts
-);
+mariadb_variants!(relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts);
 /// Without --brokers the relay prints JSON lines, and stops the same way: SIGTERM, then
 /// exit 0 with its counts; a second signal during the wait is not needed.
 #[cfg(feature = "mysql")]
 async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts(max_in_flight: u32) {
     use std::io::{BufRead, BufReader};
-
-    use changefeed::outbox::NewMessage;
 
     let db = mariadb_outbox("cli_kafka_stdout", "outbox_stdout", max_in_flight).await;
     let messages: Vec<NewMessage> = (0..3)
@@ -597,14 +582,17 @@ async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts(max
         .expect("three lines within 30 s")
         .unwrap();
     assert_eq!(lines.len(), 3, "{lines:?}");
-    let started = Instant::now();
-    while db.count("outbox_stdout", "status = 2").await < 3 {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "never marked done"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(
+        rows_reach(
+            &db,
+            "outbox_stdout",
+            "status = 2",
+            3,
+            Duration::from_secs(30)
+        )
+        .await,
+        "never marked done"
+    );
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let (status, stderr) = stop(child, libc::SIGTERM).await;
     assert_eq!(status.code(), Some(0), "{stderr}");

@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use changefeed::kafka::rdkafka::producer::FutureProducer;
+use changefeed::kafka::rdkafka::types::RDKafkaApiKey;
+use changefeed::kafka::rdkafka::types::RDKafkaRespErr::{self, *};
 use changefeed::kafka::{
     ExportConfig, ExportEvent, ExportReport, FeedExporter, JsonValues, ValueSerializer,
 };
@@ -41,19 +43,8 @@ use memory_feed::{FakeCursors, FakeFeed, FakeSource, KEY_COLUMNS, Save, Written}
 use mock::Received;
 
 // ------------------------------------------------------------------------------------------
-// The fake feed and cursors (shared with the benchmark: examples/support/memory_feed.rs)
-// ------------------------------------------------------------------------------------------
-
-/// A cursor store that records, with each save, how many messages `topic` holds then.
-fn watching(bootstrap: &str, topic: &str) -> FakeCursors {
-    let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
-    FakeCursors::watching(Arc::new(move || {
-        Box::pin(mock::topic_total(bootstrap.clone(), topic.clone()))
-    }))
-}
-
-// ------------------------------------------------------------------------------------------
-// Running an export
+// Running an export (the fake feed and cursors are shared with the benchmark:
+// examples/support/memory_feed.rs)
 // ------------------------------------------------------------------------------------------
 
 type Exporter = FeedExporter<FakeSource, FakeCursors>;
@@ -98,17 +89,94 @@ fn config(topic: &str, page_size: u32) -> ExportConfig {
         .backoff_max(Duration::from_millis(400))
 }
 
-/// Takes the broker down, then starts exporting shard 0 of `feed` to `topic` in pages of
-/// 4: its first page stays in flight until the test brings the broker back.
-fn start_with_broker_down(
-    cluster: &common_kafka::Cluster,
-    topic: &str,
-    feed: &FakeFeed,
-    cursors: &FakeCursors,
-) -> Running {
-    cluster.broker_down(1).expect("the broker goes down");
-    let producer = mock::producer(&cluster.bootstrap_servers(), &[]);
-    start(exporter(feed, cursors, producer, config(topic, 4)), vec![0])
+/// What every test starts from: a one-broker mock cluster holding the test's own topic, and
+/// an empty feed.
+struct Setup {
+    /// `export-<test>`: unique per test (tests share nothing, but a name in the failure
+    /// helps).
+    topic: String,
+    cluster: common_kafka::Cluster,
+    bootstrap: String,
+    feed: FakeFeed,
+}
+
+impl Setup {
+    fn new(test: &str) -> Setup {
+        let topic = format!("export-{test}");
+        let cluster = mock::cluster(&topic);
+        let bootstrap = cluster.bootstrap_servers();
+        Setup {
+            topic,
+            cluster,
+            bootstrap,
+            feed: FakeFeed::default(),
+        }
+    }
+
+    /// Writes `count` events over `keys` keys to shard 0, then as many to shard 1: the
+    /// events, in that order.
+    fn fill_shards_0_and_1(&self, count: usize, keys: i64) -> Vec<Written> {
+        let mut events = self.feed.fill(0, count, keys);
+        events.extend(self.feed.fill(1, count, keys));
+        events
+    }
+
+    /// A cursor store that records, with each save, how many messages the topic holds then.
+    fn watching(&self) -> FakeCursors {
+        let (bootstrap, topic) = (self.bootstrap.clone(), self.topic.clone());
+        FakeCursors::watching(Arc::new(move || {
+            Box::pin(mock::topic_total(bootstrap.clone(), topic.clone()))
+        }))
+    }
+
+    /// An idempotent producer for the cluster, with the `extra` settings.
+    fn producer(&self, extra: &[(&str, &str)]) -> FutureProducer {
+        mock::producer(&self.bootstrap, extra)
+    }
+
+    /// The test's export settings, in pages of `page_size`.
+    fn config(&self, page_size: u32) -> ExportConfig {
+        config(&self.topic, page_size)
+    }
+
+    /// An exporter of the feed to the topic.
+    fn exporter(
+        &self,
+        cursors: &FakeCursors,
+        producer: FutureProducer,
+        config: ExportConfig,
+    ) -> Exporter {
+        exporter(&self.feed, cursors, producer, config)
+    }
+
+    /// Starts exporting `shards` of the feed.
+    fn start(
+        &self,
+        cursors: &FakeCursors,
+        producer: FutureProducer,
+        config: ExportConfig,
+        shards: Vec<i32>,
+    ) -> Running {
+        start(self.exporter(cursors, producer, config), shards)
+    }
+
+    /// Takes the broker down, then starts exporting shard 0 in pages of 4: its first page
+    /// stays in flight until the test brings the broker back.
+    fn start_with_broker_down(&self, cursors: &FakeCursors) -> Running {
+        self.cluster.broker_down(1).expect("the broker goes down");
+        self.start(cursors, self.producer(&[]), self.config(4), vec![0])
+    }
+
+    /// The broker answers the next produce requests with `errors`, one a request, in order
+    /// (`RD_KAFKA_RESP_ERR_NO_ERROR` accepts one).
+    fn answer_produce_requests(&self, errors: &[RDKafkaRespErr]) {
+        self.cluster.request_errors(RDKafkaApiKey::Produce, errors);
+    }
+
+    /// Every message the topic holds now.
+    async fn received(&self) -> Vec<Received> {
+        mock::consume_all(&self.bootstrap, &self.topic).await
+    }
 }
 
 /// A running export and the switch that shuts it down.
@@ -264,6 +332,23 @@ fn assert_no_gap(received: &[Received], events: &[Written]) {
     assert!(extra.is_empty(), "messages of no live event: {extra:?}");
 }
 
+/// Every live event arrived as the message it should be: no gap, nothing extra, each
+/// message matching its event, in order per shard and key.
+fn assert_exported(received: &[Received], events: &[Written]) {
+    assert_no_gap(received, events);
+    assert_messages_match(received, events);
+    assert_in_order(received);
+}
+
+/// The topic holds the events of `expected` (each at least once), and nothing else.
+fn assert_holds_only(received: &[Received], expected: &[Written], why: &str) {
+    assert_eq!(
+        received.iter().map(|m| m.ulid).collect::<BTreeSet<_>>(),
+        expected.iter().map(|e| e.ulid).collect::<BTreeSet<_>>(),
+        "{why}"
+    );
+}
+
 /// The ULIDs of each (partition, shard), in offset order, first occurrences only: they
 /// must increase (per shard, and so per key, whose messages share a partition).
 fn assert_in_order(received: &[Received]) {
@@ -297,42 +382,31 @@ fn duplicates(received: &[Received]) -> BTreeMap<Ulid, usize> {
     counts
 }
 
-/// A unique topic per test (tests share nothing, but a name in the failure helps).
-fn topic(test: &str) -> String {
-    format!("export-{test}")
-}
-
 // ------------------------------------------------------------------------------------------
 // Tests
 // ------------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_shards_are_exported_in_order_per_shard_and_key() {
-    let topic = topic("all-shards");
-    let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
-    let feed = FakeFeed::default();
+    let setup = Setup::new("all-shards");
     for round in 0..40 {
         for shard in 0..3 {
             // Keys repeat (five per shard), so per-key order is at stake.
             let deleted = (shard == 1 && round % 17 == 3) || (shard == 2 && round == 39);
-            feed.push(shard, round % 5, 20, deleted);
+            setup.feed.push(shard, round % 5, 20, deleted);
         }
     }
-    let events = feed.events();
-    let cursors = watching(&bootstrap, &topic);
-    let producer = mock::producer(&bootstrap, &[]);
-    let running = start(
-        exporter(&feed, &cursors, producer, config(&topic, 7)),
-        vec![0, 1, 2],
-    );
+    let events = setup.feed.events();
+    let cursors = setup.watching();
+    let producer = setup.producer(&[]);
+    let running = setup.start(&cursors, producer, setup.config(7), vec![0, 1, 2]);
     let progress = running.progress.clone();
     let report = running
         .finish_after(events.len() as u64)
         .await
         .expect("the export");
 
-    let received = mock::consume_all(&bootstrap, &topic).await;
+    let received = setup.received().await;
     let deleted = events.iter().filter(|e| e.columns.is_none()).count();
     assert_eq!(deleted, 4);
     assert_eq!(
@@ -341,9 +415,7 @@ async fn all_shards_are_exported_in_order_per_shard_and_key() {
         "each live event once"
     );
     assert!(duplicates(&received).is_empty());
-    assert_no_gap(&received, &events);
-    assert_messages_match(&received, &events);
-    assert_in_order(&received);
+    assert_exported(&received, &events);
     assert_saved_only_after_ack(&cursors.log(), &events);
 
     // Each shard's cursor is its last event, the deleted last event of shard 2 included.
@@ -371,15 +443,12 @@ async fn all_shards_are_exported_in_order_per_shard_and_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_cursor_is_saved_until_every_message_of_its_page_is_acknowledged() {
-    let topic = topic("saved-after-ack");
-    let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
-    let feed = FakeFeed::default();
-    let events = feed.fill(0, 10, 3);
-    let cursors = watching(&bootstrap, &topic);
-    let running = start_with_broker_down(&cluster, &topic, &feed, &cursors);
+    let setup = Setup::new("saved-after-ack");
+    let events = setup.feed.fill(0, 10, 3);
+    let cursors = setup.watching();
+    let running = setup.start_with_broker_down(&cursors);
 
-    until_read(&feed, 1).await;
+    until_read(&setup.feed, 1).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
         cursors.log().is_empty(),
@@ -388,12 +457,12 @@ async fn no_cursor_is_saved_until_every_message_of_its_page_is_acknowledged() {
     );
     assert_eq!(running.progress.snapshot().exported, 0);
     assert_eq!(
-        feed.reads.load(Ordering::SeqCst),
+        setup.feed.reads.load(Ordering::SeqCst),
         2,
         "one page read ahead of the unacknowledged one, and no more"
     );
 
-    cluster.broker_up(1).expect("the broker comes back");
+    setup.cluster.broker_up(1).expect("the broker comes back");
     running.finish_after(10).await.expect("the export");
     let log = cursors.log();
     assert_eq!(
@@ -403,7 +472,7 @@ async fn no_cursor_is_saved_until_every_message_of_its_page_is_acknowledged() {
     );
     assert!(log[0].in_topic.unwrap() >= 4, "{log:?}");
     assert_saved_only_after_ack(&log, &events);
-    let received = mock::consume_all(&bootstrap, &topic).await;
+    let received = setup.received().await;
     assert_no_gap(&received, &events);
     assert_in_order(&received);
 }
@@ -435,40 +504,34 @@ fn pages_of(events: &[Written], shard: i32, page_size: usize) -> Vec<Vec<Ulid>> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_page_is_read_ahead_at_most_and_never_produced_before_its_predecessor_is_delivered() {
-    let topic = topic("read-ahead");
-    let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
+    let setup = Setup::new("read-ahead");
     // Every answer of the broker comes this late, so a page's last delivery report comes
     // at least this long after that message was produced.
     let round_trip = Duration::from_millis(200);
-    cluster
+    setup
+        .cluster
         .broker_round_trip_time(1, round_trip)
         .expect("the broker's round trip");
     let page_size = 4;
-    let feed = FakeFeed::default();
-    let mut events = feed.fill(0, 16, 3);
-    events.extend(feed.fill(1, 16, 3));
+    let events = setup.fill_shards_0_and_1(16, 3);
     let cursors = FakeCursors::default();
-    let reads = record_reads(&feed, &cursors);
+    let reads = record_reads(&setup.feed, &cursors);
     // The first pages fail (their messages time out) and are produced again while the
     // broker is down.
-    cluster.broker_down(1).expect("the broker goes down");
-    let producer = mock::producer(&bootstrap, &[("message.timeout.ms", "500")]);
-    let running = start(
-        exporter(&feed, &cursors, producer, config(&topic, page_size)),
-        vec![0, 1],
-    );
+    setup.cluster.broker_down(1).expect("the broker goes down");
+    let producer = setup.producer(&[("message.timeout.ms", "500")]);
+    let running = setup.start(&cursors, producer, setup.config(page_size), vec![0, 1]);
     let progress = running.progress.clone();
     until("retries of the first pages", || {
         progress.snapshot().retried >= 8
     })
     .await;
     assert_eq!(
-        feed.reads.load(Ordering::SeqCst),
+        setup.feed.reads.load(Ordering::SeqCst),
         4,
         "each shard read its failing page and one page ahead, and nothing more"
     );
-    cluster.broker_up(1).expect("the broker comes back");
+    setup.cluster.broker_up(1).expect("the broker comes back");
     running.finish_after(32).await.expect("the export");
 
     // Never more than one page read past the last saved cursor (a read after cursor C
@@ -495,7 +558,7 @@ async fn one_page_is_read_ahead_at_most_and_never_produced_before_its_predecesso
     // Nothing of a page produced before its predecessor's last delivery: each message of
     // page N+1 was handed to the producer at least a round trip after every copy of page
     // N's messages that the topic holds (timestamps are whole milliseconds).
-    let received = mock::consume_all(&bootstrap, &topic).await;
+    let received = setup.received().await;
     let produced: BTreeMap<Ulid, Vec<i64>> = received.iter().fold(BTreeMap::new(), |mut map, m| {
         map.entry(m.ulid).or_default().push(m.produced_ms);
         map
@@ -515,9 +578,7 @@ async fn one_page_is_read_ahead_at_most_and_never_produced_before_its_predecesso
             );
         }
     }
-    assert_no_gap(&received, &events);
-    assert_messages_match(&received, &events);
-    assert_in_order(&received);
+    assert_exported(&received, &events);
     assert_eq!(
         cursors.saved(),
         BTreeMap::from([
@@ -541,16 +602,14 @@ impl ValueSerializer for RefusesOne {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_value_that_cannot_be_serialized_stops_the_export_after_the_page_before_it() {
-    let topic = topic("serializer");
-    let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
-    let feed = FakeFeed::default();
-    let events = feed.fill(0, 12, 3);
-    let cursors = watching(&bootstrap, &topic);
-    let producer = mock::producer(&bootstrap, &[]);
+    let setup = Setup::new("serializer");
+    let events = setup.feed.fill(0, 12, 3);
+    let cursors = setup.watching();
+    let producer = setup.producer(&[]);
     // Event 6 is in the second page, which is read (and its messages built) while the
     // first is delivered.
-    let exporter = exporter(&feed, &cursors, producer, config(&topic, 4))
+    let exporter = setup
+        .exporter(&cursors, producer, setup.config(4))
         .with_serializer(RefusesOne(events[6].ulid));
     let mut running = start(exporter, vec![0]);
     let error = running.join().await.expect_err("the export stops");
@@ -565,11 +624,10 @@ async fn a_value_that_cannot_be_serialized_stops_the_export_after_the_page_befor
         BTreeMap::from([(0, Cursor::from_ulid(events[3].ulid))]),
         "the page before it is delivered and saved"
     );
-    let received = mock::consume_all(&bootstrap, &topic).await;
-    assert_eq!(
-        received.iter().map(|m| m.ulid).collect::<BTreeSet<_>>(),
-        events[..4].iter().map(|e| e.ulid).collect::<BTreeSet<_>>(),
-        "nothing of the page holding the event is produced"
+    assert_holds_only(
+        &setup.received().await,
+        &events[..4],
+        "nothing of the page holding the event is produced",
     );
     assert_saved_only_after_ack(&cursors.log(), &events);
 }
@@ -584,21 +642,15 @@ enum Crash {
 }
 
 async fn restart_after(crash: Crash) {
-    let topic = topic(&format!("crash-{crash:?}"));
-    let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
-    let feed = FakeFeed::default();
-    let events = feed.fill(0, 12, 4);
-    let cursors = watching(&bootstrap, &topic);
+    let setup = Setup::new(&format!("crash-{crash:?}"));
+    let events = setup.feed.fill(0, 12, 4);
+    let cursors = setup.watching();
     match crash {
         Crash::SaveFails => cursors.state.lock().unwrap().fail_at = Some(2),
         Crash::Dropped => cursors.state.lock().unwrap().hang_at = Some(2),
     }
-    let producer = mock::producer(&bootstrap, &[]);
-    let mut first = start(
-        exporter(&feed, &cursors, producer.clone(), config(&topic, 4)),
-        vec![0],
-    );
+    let producer = setup.producer(&[]);
+    let mut first = setup.start(&cursors, producer.clone(), setup.config(4), vec![0]);
     match crash {
         Crash::SaveFails => {
             let error = first
@@ -627,10 +679,7 @@ async fn restart_after(crash: Crash) {
         state.fail_at = None;
         state.hang_at = None;
     }
-    let second = start(
-        exporter(&feed, &cursors, producer, config(&topic, 4)),
-        vec![0],
-    );
+    let second = setup.start(&cursors, producer, setup.config(4), vec![0]);
     // The restart exports pages two and three: eight events.
     let report = second.finish_after(8).await.expect("the restarted export");
     assert_eq!(
@@ -639,10 +688,8 @@ async fn restart_after(crash: Crash) {
     );
     assert_eq!(report.saved, vec![(0, Cursor::from_ulid(events[11].ulid))]);
 
-    let received = mock::consume_all(&bootstrap, &topic).await;
-    assert_no_gap(&received, &events);
-    assert_messages_match(&received, &events);
-    assert_in_order(&received);
+    let received = setup.received().await;
+    assert_exported(&received, &events);
     let twice = duplicates(&received);
     assert_eq!(
         twice.keys().copied().collect::<BTreeSet<_>>(),
@@ -674,37 +721,24 @@ async fn a_run_dropped_after_produce_produces_the_page_again_on_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retriable_failures_recover_without_gaps() {
-    let topic = topic("retriable");
-    let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
-    let feed = FakeFeed::default();
-    let mut events = feed.fill(0, 20, 6);
-    events.extend(feed.fill(1, 20, 6));
-    let cursors = watching(&bootstrap, &topic);
+    let setup = Setup::new("retriable");
+    let events = setup.fill_shards_0_and_1(20, 6);
+    let cursors = setup.watching();
     // Produce requests fail at first (librdkafka retries those itself)...
-    use changefeed::kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-    cluster.request_errors(
-        RDKafkaApiKey::Produce,
-        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 4],
-    );
+    setup.answer_produce_requests(&[RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 4]);
     // ...and with the broker down, deliveries time out after 1 s: the exporter's retries.
-    cluster.broker_down(1).expect("the broker goes down");
-    let producer = mock::producer(&bootstrap, &[("message.timeout.ms", "1000")]);
-    let running = start(
-        exporter(&feed, &cursors, producer, config(&topic, 5)),
-        vec![0, 1],
-    );
+    setup.cluster.broker_down(1).expect("the broker goes down");
+    let producer = setup.producer(&[("message.timeout.ms", "1000")]);
+    let running = setup.start(&cursors, producer, setup.config(5), vec![0, 1]);
     let progress = running.progress.clone();
     until("a retry", || progress.snapshot().retried > 0).await;
     assert!(cursors.log().is_empty(), "nothing saved while failing");
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    cluster.broker_up(1).expect("the broker comes back");
+    setup.cluster.broker_up(1).expect("the broker comes back");
     running.finish_after(40).await.expect("the export recovers");
 
-    let received = mock::consume_all(&bootstrap, &topic).await;
-    assert_no_gap(&received, &events);
-    assert_messages_match(&received, &events);
-    assert_in_order(&received);
+    let received = setup.received().await;
+    assert_exported(&received, &events);
     assert_saved_only_after_ack(&cursors.log(), &events);
     assert_eq!(
         cursors.saved(),
@@ -722,19 +756,13 @@ async fn retriable_failures_recover_without_gaps() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_too_large_event_stops_the_export_naming_it() {
-    let topic = topic("too-large");
-    let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
-    let feed = FakeFeed::default();
-    let mut events = feed.fill(0, 4, 4);
-    events.push(feed.push(0, 99, 5000, false));
-    events.extend(feed.fill(0, 4, 4));
-    let cursors = watching(&bootstrap, &topic);
-    let producer = mock::producer(&bootstrap, &[("message.max.bytes", "1000")]);
-    let mut running = start(
-        exporter(&feed, &cursors, producer, config(&topic, 3)),
-        vec![0],
-    );
+    let setup = Setup::new("too-large");
+    let mut events = setup.feed.fill(0, 4, 4);
+    events.push(setup.feed.push(0, 99, 5000, false));
+    events.extend(setup.feed.fill(0, 4, 4));
+    let cursors = setup.watching();
+    let producer = setup.producer(&[("message.max.bytes", "1000")]);
+    let mut running = setup.start(&cursors, producer, setup.config(3), vec![0]);
     let error = running.join().await.expect_err("the export stops");
     let big = events[4].ulid;
     assert!(matches!(error, Error::Kafka { .. }), "{error:?}");
@@ -749,7 +777,7 @@ async fn a_too_large_event_stops_the_export_naming_it() {
         cursors.saved(),
         BTreeMap::from([(0, Cursor::from_ulid(events[2].ulid))])
     );
-    let received = mock::consume_all(&bootstrap, &topic).await;
+    let received = setup.received().await;
     assert!(received.iter().all(|m| m.ulid != big));
     assert!(
         received.iter().all(|m| m.ulid <= events[3].ulid),
@@ -759,33 +787,21 @@ async fn a_too_large_event_stops_the_export_naming_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_request_is_produced_again_event_by_event_and_exports_everything() {
-    let topic = topic("refused-request");
-    let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
-    let feed = FakeFeed::default();
+    let setup = Setup::new("refused-request");
     // One key: one partition, so a page is one produce request.
-    let events = feed.fill(0, 6, 1);
-    let cursors = watching(&bootstrap, &topic);
-    use changefeed::kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let events = setup.feed.fill(0, 6, 1);
+    let cursors = setup.watching();
     // The broker refuses the page's request as a whole once; each event alone is accepted.
-    cluster.request_errors(
-        RDKafkaApiKey::Produce,
-        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_MSG],
-    );
-    let producer = mock::producer(&bootstrap, &[("linger.ms", "200")]);
-    let running = start(
-        exporter(&feed, &cursors, producer, config(&topic, 6)),
-        vec![0],
-    );
+    setup.answer_produce_requests(&[RD_KAFKA_RESP_ERR_INVALID_MSG]);
+    let producer = setup.producer(&[("linger.ms", "200")]);
+    let running = setup.start(&cursors, producer, setup.config(6), vec![0]);
     running
         .finish_after(6)
         .await
         .expect("no event of the refused request is poison");
 
-    let received = mock::consume_all(&bootstrap, &topic).await;
-    assert_no_gap(&received, &events);
-    assert_messages_match(&received, &events);
-    assert_in_order(&received);
+    let received = setup.received().await;
+    assert_exported(&received, &events);
     assert_eq!(
         cursors.saved(),
         BTreeMap::from([(0, Cursor::from_ulid(events[5].ulid))])
@@ -794,30 +810,20 @@ async fn a_refused_request_is_produced_again_event_by_event_and_exports_everythi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_request_stops_the_export_naming_the_event_refused_alone() {
-    let topic = topic("refused-alone");
-    let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
-    let feed = FakeFeed::default();
-    let events = feed.fill(0, 6, 1);
-    let cursors = watching(&bootstrap, &topic);
-    use changefeed::kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr::*};
+    let setup = Setup::new("refused-alone");
+    let events = setup.feed.fill(0, 6, 1);
+    let cursors = setup.watching();
     // What a broker with a size limit answers when event 3 is over it: the page's request
     // refused, then events 0 to 2 alone accepted, event 3 alone refused.
-    cluster.request_errors(
-        RDKafkaApiKey::Produce,
-        &[
-            RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
-            RD_KAFKA_RESP_ERR_NO_ERROR,
-            RD_KAFKA_RESP_ERR_NO_ERROR,
-            RD_KAFKA_RESP_ERR_NO_ERROR,
-            RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
-        ],
-    );
-    let producer = mock::producer(&bootstrap, &[("linger.ms", "200")]);
-    let mut running = start(
-        exporter(&feed, &cursors, producer, config(&topic, 6)),
-        vec![0],
-    );
+    setup.answer_produce_requests(&[
+        RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
+        RD_KAFKA_RESP_ERR_NO_ERROR,
+        RD_KAFKA_RESP_ERR_NO_ERROR,
+        RD_KAFKA_RESP_ERR_NO_ERROR,
+        RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
+    ]);
+    let producer = setup.producer(&[("linger.ms", "200")]);
+    let mut running = setup.start(&cursors, producer, setup.config(6), vec![0]);
     let error = running.join().await.expect_err("the export stops");
     let message = error.to_string();
     assert!(
@@ -829,11 +835,7 @@ async fn a_refused_request_stops_the_export_naming_the_event_refused_alone() {
         "never the first event of the refused request: {message}"
     );
     assert!(cursors.saved().is_empty(), "the page is not saved");
-    let received: Vec<Ulid> = mock::consume_all(&bootstrap, &topic)
-        .await
-        .iter()
-        .map(|m| m.ulid)
-        .collect();
+    let received: Vec<Ulid> = setup.received().await.iter().map(|m| m.ulid).collect();
     assert_eq!(
         received,
         events[..3].iter().map(|e| e.ulid).collect::<Vec<_>>()
@@ -842,15 +844,12 @@ async fn a_refused_request_stops_the_export_naming_the_event_refused_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_the_page_in_flight_and_saves_it() {
-    let topic = topic("shutdown");
-    let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
-    let feed = FakeFeed::default();
-    let events = feed.fill(0, 12, 8);
-    let cursors = watching(&bootstrap, &topic);
-    let mut running = start_with_broker_down(&cluster, &topic, &feed, &cursors);
+    let setup = Setup::new("shutdown");
+    let events = setup.feed.fill(0, 12, 8);
+    let cursors = setup.watching();
+    let mut running = setup.start_with_broker_down(&cursors);
     // The first page in flight, the second read ahead.
-    until_read(&feed, 2).await;
+    until_read(&setup.feed, 2).await;
     running.ask_shutdown();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
@@ -859,67 +858,61 @@ async fn shutdown_finishes_the_page_in_flight_and_saves_it() {
     );
     assert!(cursors.log().is_empty());
 
-    cluster.broker_up(1).expect("the broker comes back");
+    setup.cluster.broker_up(1).expect("the broker comes back");
     let report = running.join().await.expect("a clean stop");
     let first_page = Cursor::from_ulid(events[3].ulid);
     assert_eq!(report.saved, vec![(0, first_page)]);
     assert_eq!(report.exported, 4);
     assert_eq!(
-        feed.reads.load(Ordering::SeqCst),
+        setup.feed.reads.load(Ordering::SeqCst),
         2,
         "no page read after shutdown"
     );
     // Its last page was full and its events are an hour old: an hour behind.
     let behind = running.progress.snapshot().behind.expect("behind");
     assert!(behind >= Duration::from_secs(3500), "{behind:?}");
-    let received = mock::consume_all(&bootstrap, &topic).await;
-    assert_eq!(
-        received.iter().map(|m| m.ulid).collect::<BTreeSet<_>>(),
-        events[..4].iter().map(|e| e.ulid).collect::<BTreeSet<_>>(),
-        "the page in flight was produced, the page read ahead was not"
+    assert_holds_only(
+        &setup.received().await,
+        &events[..4],
+        "the page in flight was produced, the page read ahead was not",
     );
     assert_saved_only_after_ack(&cursors.log(), &events);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_page_is_read_after_shutdown_not_even_ahead() {
-    let topic = topic("shutdown-no-read");
-    let cluster = mock::cluster(&topic);
-    let feed = FakeFeed::default();
+    let setup = Setup::new("shutdown-no-read");
     // Fewer events than a page: the shard is caught up, and its read-ahead polls the feed
     // (every 5 to 20 ms) while the page in flight waits for the broker.
-    let events = feed.fill(0, 3, 3);
+    let events = setup.feed.fill(0, 3, 3);
     let cursors = FakeCursors::default();
-    let mut running = start_with_broker_down(&cluster, &topic, &feed, &cursors);
-    until_read(&feed, 3).await;
+    let mut running = setup.start_with_broker_down(&cursors);
+    until_read(&setup.feed, 3).await;
     running.ask_shutdown();
     // A read already under way when shutdown was asked may still be counted.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let reads_at_shutdown = feed.reads.load(Ordering::SeqCst);
+    let reads_at_shutdown = setup.feed.reads.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(
-        feed.reads.load(Ordering::SeqCst),
+        setup.feed.reads.load(Ordering::SeqCst),
         reads_at_shutdown,
         "no page read after shutdown"
     );
-    cluster.broker_up(1).expect("the broker comes back");
+    setup.cluster.broker_up(1).expect("the broker comes back");
     let report = running.join().await.expect("a clean stop");
     assert_eq!(report.saved, vec![(0, Cursor::from_ulid(events[2].ulid))]);
-    assert_eq!(feed.reads.load(Ordering::SeqCst), reads_at_shutdown);
+    assert_eq!(setup.feed.reads.load(Ordering::SeqCst), reads_at_shutdown);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_gives_up_a_page_that_cannot_be_acknowledged() {
-    let topic = topic("shutdown-grace");
-    let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
-    let feed = FakeFeed::default();
-    feed.fill(0, 8, 8);
+    let setup = Setup::new("shutdown-grace");
+    setup.feed.fill(0, 8, 8);
     let cursors = FakeCursors::default();
-    cluster.broker_down(1).expect("the broker goes down");
-    let producer = mock::producer(&bootstrap, &[("message.timeout.ms", "300")]);
-    let config = config(&topic, 4).shutdown_grace(Duration::from_millis(800));
-    let mut running = start(exporter(&feed, &cursors, producer, config), vec![0]);
+    setup.cluster.broker_down(1).expect("the broker goes down");
+    let producer = setup.producer(&[("message.timeout.ms", "300")]);
+    let config = setup.config(4).shutdown_grace(Duration::from_millis(800));
+    let mut running = setup.start(&cursors, producer, config, vec![0]);
     until("a retry", || running.progress.snapshot().retried > 0).await;
     let asked = Instant::now();
     let report = running.stop().await.expect("a clean stop");
@@ -938,20 +931,17 @@ async fn shutdown_gives_up_a_page_that_cannot_be_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_save_waiting_to_retry_does_not_hold_up_the_other_shards_saves() {
-    let topic = topic("save-retry");
-    let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
-    let feed = FakeFeed::default();
-    let mut events = feed.fill(0, 10, 2);
-    events.extend(feed.fill(1, 10, 2));
-    let cursors = watching(&bootstrap, &topic);
+    let setup = Setup::new("save-retry");
+    let events = setup.fill_shards_0_and_1(10, 2);
+    let cursors = setup.watching();
     // The very first save fails as a lost connection would, and waits 2 s to try again.
     cursors.state.lock().unwrap().transient_at = Some(1);
-    let producer = mock::producer(&bootstrap, &[]);
-    let config = config(&topic, 1)
+    let producer = setup.producer(&[]);
+    let config = setup
+        .config(1)
         .backoff_min(Duration::from_secs(2))
         .backoff_max(Duration::from_secs(4));
-    let running = start(exporter(&feed, &cursors, producer, config), vec![0, 1]);
+    let running = setup.start(&cursors, producer, config, vec![0, 1]);
     running.finish_after(20).await.expect("the export");
 
     let log = cursors.log();
@@ -973,17 +963,14 @@ async fn a_save_waiting_to_retry_does_not_hold_up_the_other_shards_saves() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_save_that_hangs_is_given_up_after_the_shutdown_grace() {
-    let topic = topic("save-hangs");
-    let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
-    let feed = FakeFeed::default();
-    let events = feed.fill(0, 4, 2);
-    let cursors = watching(&bootstrap, &topic);
+    let setup = Setup::new("save-hangs");
+    let events = setup.feed.fill(0, 4, 2);
+    let cursors = setup.watching();
     // The database stops answering during the first save.
     cursors.state.lock().unwrap().hang_at = Some(1);
-    let producer = mock::producer(&bootstrap, &[]);
-    let config = config(&topic, 4).shutdown_grace(Duration::from_millis(500));
-    let mut running = start(exporter(&feed, &cursors, producer, config), vec![0]);
+    let producer = setup.producer(&[]);
+    let config = setup.config(4).shutdown_grace(Duration::from_millis(500));
+    let mut running = setup.start(&cursors, producer, config, vec![0]);
     tokio::time::timeout(LIMIT, cursors.hung.notified())
         .await
         .expect("the save starts");
@@ -991,7 +978,7 @@ async fn a_cursor_save_that_hangs_is_given_up_after_the_shutdown_grace() {
     assert!(report.saved.is_empty(), "{report:?}");
     assert!(cursors.saved().is_empty());
     assert_eq!(
-        mock::consume_all(&bootstrap, &topic).await.len(),
+        setup.received().await.len(),
         events.len(),
         "the page was produced; the next run produces it again"
     );
@@ -999,18 +986,12 @@ async fn a_cursor_save_that_hangs_is_given_up_after_the_shutdown_grace() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_error_stops_the_export_with_it() {
-    let topic = topic("read-error");
-    let cluster = mock::cluster(&topic);
-    let bootstrap = cluster.bootstrap_servers();
-    let feed = FakeFeed::default();
-    feed.fill(0, 3, 3);
-    feed.fail_reads(1, "injected: read_feed refused");
+    let setup = Setup::new("read-error");
+    setup.feed.fill(0, 3, 3);
+    setup.feed.fail_reads(1, "injected: read_feed refused");
     let cursors = FakeCursors::default();
-    let producer = mock::producer(&bootstrap, &[]);
-    let mut running = start(
-        exporter(&feed, &cursors, producer, config(&topic, 4)),
-        vec![0, 1],
-    );
+    let producer = setup.producer(&[]);
+    let mut running = setup.start(&cursors, producer, setup.config(4), vec![0, 1]);
     let error = running
         .join()
         .await

@@ -17,6 +17,11 @@ use rand::SeedableRng;
 use tokio::time::Instant;
 use ulid::Ulid;
 
+#[path = "../examples/support/fake_page.rs"]
+mod fake_page;
+
+use fake_page::page_after;
+
 const SECOND: Duration = Duration::from_secs(1);
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -241,14 +246,7 @@ impl PageSource for Fake {
                 .map_or(deadline, |at| at.min(deadline));
             tokio::time::sleep_until(self.start + until).await;
         };
-        let next_cursor = rows
-            .last()
-            .map_or(cursor, |row| Cursor::from_ulid(row.ulid));
-        Ok(Page {
-            rows,
-            next_cursor,
-            page_size: self.page_size,
-        })
+        Ok(page_after(cursor, rows, self.page_size, |row| row.ulid))
     }
 
     fn reset(&mut self) {

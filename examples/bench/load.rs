@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use changefeed::row::Column;
 use changefeed::{Client, Cursor, Feed, ReadOptions, read_page};
 use futures::TryStreamExt;
-use tiberius::{QueryItem, Row};
+use tiberius::Row;
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 use ulid::Ulid;
@@ -144,14 +144,8 @@ pub async fn exec(client: &mut Client, sql: &str) -> Outcome<()> {
 
 /// The rows of every result set of a batch without parameters.
 pub async fn rows(client: &mut Client, sql: &str) -> Outcome<Vec<Row>> {
-    let mut stream = client.simple_query(sql).await?;
-    let mut rows = Vec::new();
-    while let Some(item) = stream.try_next().await? {
-        if let QueryItem::Row(row) = item {
-            rows.push(row);
-        }
-    }
-    Ok(rows)
+    let stream = client.simple_query(sql).await?;
+    Ok(stream.into_row_stream().try_collect().await?)
 }
 
 /// An integer in column `index` of `row` (int or bigint), `None` for NULL.
@@ -285,6 +279,22 @@ where
     }
     results.sort_by_key(|(index, _)| *index);
     Ok(results.into_iter().map(|(_, timed)| timed).collect())
+}
+
+/// Waits at `barrier` until every loop is ready, then runs `work` on the clock: what it
+/// measured, and when it started and finished.
+pub async fn timed<T>(
+    barrier: &Barrier,
+    work: impl Future<Output = Outcome<T>>,
+) -> Outcome<Timed<T>> {
+    barrier.wait().await;
+    let start = Instant::now();
+    let value = work.await?;
+    Ok(Timed {
+        start,
+        finish: Instant::now(),
+        value,
+    })
 }
 
 /// Wraps a loop's result with its connection: kept when the loop succeeded, dropped when
@@ -533,9 +543,7 @@ pub async fn read_feed_loop(
     expected: u64,
     barrier: Arc<Barrier>,
 ) -> TaskResult<u64> {
-    let outcome = async {
-        barrier.wait().await;
-        let start = Instant::now();
+    let outcome = timed(&barrier, async {
         let mut cursor = cursor;
         let mut seen = 0u64;
         let mut empty = 0u32;
@@ -565,82 +573,51 @@ pub async fn read_feed_loop(
                 Err(error) => return Err(error.into()),
             }
         }
-        Ok(Timed {
-            start,
-            finish: Instant::now(),
-            value: seen,
-        })
-    }
+        Ok(seen)
+    })
     .await;
     finish(index, client, outcome)
 }
 
-/// Figure 2's baseline loop: `plain_drain_sql` until `expected` rows came back.
-pub async fn plain_drain_loop(
+/// The baselines of figures 2 and 3: plain statements that page through a shard the same
+/// way.
+#[derive(Clone, Copy)]
+pub enum PlainRead {
+    /// Figure 2's `plain_drain_sql (@shard, @page)`: deletes what it returns, so every
+    /// page is new.
+    Drain,
+    /// Figure 3's `plain_replay_sql (@page, @shard, @after)`, from the start: pages on by
+    /// the last ULID returned.
+    Replay,
+}
+
+/// Figures 2 and 3's baseline loop: runs `read`'s `sql` on shard `shard`, `page_size` rows
+/// a call, until `expected` rows came back, decoding them like read_page decodes its rows
+/// so that the client does the same work.
+#[allow(clippy::too_many_arguments)]
+pub async fn plain_read_loop(
     index: usize,
     mut client: Client,
+    read: PlainRead,
     sql: Arc<String>,
     shard: i32,
     page_size: u32,
     expected: u64,
     barrier: Arc<Barrier>,
 ) -> TaskResult<u64> {
-    let outcome = async {
-        barrier.wait().await;
-        let start = Instant::now();
-        let mut seen = 0u64;
-        let mut transient = 0u64;
-        let page = page_size as i32;
-        while seen < expected {
-            let Some(rows) = query_rows(&mut client, &sql, &[&shard, &page]).await? else {
-                transient += 1;
-                if transient > MAX_TRANSIENT {
-                    return Err(Failure::from("too many transient failures"));
-                }
-                continue;
-            };
-            if rows.is_empty() {
-                return Err(Failure(format!(
-                    "shard {shard}: the plain drain returned {seen} of {expected} rows"
-                )));
-            }
-            // Decoded like read_page decodes its rows, so the client does the same work.
-            let mut decoded = Vec::with_capacity(rows.len());
-            for row in &rows {
-                decoded.push((i64::column(row, 0)?, i64::column(row, 1)?));
-            }
-            seen += decoded.len() as u64;
-        }
-        Ok(Timed {
-            start,
-            finish: Instant::now(),
-            value: seen,
-        })
-    }
-    .await;
-    finish(index, client, outcome)
-}
-
-/// Figure 3's baseline loop: `plain_replay_sql` from the start until `expected` rows.
-pub async fn plain_replay_loop(
-    index: usize,
-    mut client: Client,
-    sql: Arc<String>,
-    shard: i32,
-    page_size: u32,
-    expected: u64,
-    barrier: Arc<Barrier>,
-) -> TaskResult<u64> {
-    let outcome = async {
-        barrier.wait().await;
-        let start = Instant::now();
+    let outcome = timed(&barrier, async {
         let mut seen = 0u64;
         let mut cursor = [0u8; 16];
         let mut transient = 0u64;
         let page = page_size as i32;
         while seen < expected {
-            let Some(rows) = query_rows(&mut client, &sql, &[&page, &shard, &&cursor[..]]).await?
-            else {
+            let rows = match read {
+                PlainRead::Drain => query_rows(&mut client, &sql, &[&shard, &page]).await?,
+                PlainRead::Replay => {
+                    query_rows(&mut client, &sql, &[&page, &shard, &&cursor[..]]).await?
+                }
+            };
+            let Some(rows) = rows else {
                 transient += 1;
                 if transient > MAX_TRANSIENT {
                     return Err(Failure::from("too many transient failures"));
@@ -648,25 +625,36 @@ pub async fn plain_replay_loop(
                 continue;
             };
             if rows.is_empty() {
+                let statement = match read {
+                    PlainRead::Drain => "drain",
+                    PlainRead::Replay => "select",
+                };
                 return Err(Failure(format!(
-                    "shard {shard}: the plain select returned {seen} of {expected} rows"
+                    "shard {shard}: the plain {statement} returned {seen} of {expected} rows"
                 )));
             }
-            let mut decoded = Vec::with_capacity(rows.len());
-            for row in &rows {
-                decoded.push((Ulid::column(row, 0)?, i64::column(row, 1)?));
-            }
-            if let Some((last, _)) = decoded.last() {
-                cursor = last.to_bytes();
-            }
-            seen += decoded.len() as u64;
+            seen += match read {
+                PlainRead::Drain => {
+                    let mut decoded = Vec::with_capacity(rows.len());
+                    for row in &rows {
+                        decoded.push((i64::column(row, 0)?, i64::column(row, 1)?));
+                    }
+                    decoded.len()
+                }
+                PlainRead::Replay => {
+                    let mut decoded = Vec::with_capacity(rows.len());
+                    for row in &rows {
+                        decoded.push((Ulid::column(row, 0)?, i64::column(row, 1)?));
+                    }
+                    if let Some((last, _)) = decoded.last() {
+                        cursor = last.to_bytes();
+                    }
+                    decoded.len()
+                }
+            } as u64;
         }
-        Ok(Timed {
-            start,
-            finish: Instant::now(),
-            value: seen,
-        })
-    }
+        Ok(seen)
+    })
     .await;
     finish(index, client, outcome)
 }

@@ -17,9 +17,9 @@ use tokio::task::JoinSet;
 
 use crate::args::Options;
 use crate::load::{
-    Failure, Outcome, Pool, Timed, Tx, Waiting, WriteSpec, Written, consume_loop, exec, finish,
-    integer, parallel, plain_drain_loop, plain_replay_loop, preload_events, read_feed_loop, rows,
-    scalar, span, write_loop,
+    Failure, Outcome, PlainRead, Pool, Timed, Tx, Waiting, WriteSpec, Written, consume_loop, exec,
+    finish, integer, parallel, plain_read_loop, preload_events, read_feed_loop, rows, scalar, span,
+    timed, write_loop,
 };
 use crate::report::Row;
 use crate::sql::{self, SCHEMA};
@@ -128,6 +128,24 @@ fn label(figure: u8, shards: i32) -> String {
     }
 }
 
+/// Runs an untimed setup step within `limit` as a measurement of its own (its failure is a
+/// row naming it): whether it succeeded.
+async fn prepared(
+    out: &mut Vec<Row>,
+    limit: Duration,
+    head: (&str, &str, &[(&str, String)]),
+    work: impl Future<Output = Outcome<()>>,
+) -> bool {
+    let mut ready = false;
+    measure(out, limit, head, async {
+        work.await?;
+        ready = true;
+        Ok(Vec::new())
+    })
+    .await;
+    ready
+}
+
 /// Runs one measurement within `limit`, and appends its rows, or a failed row for it.
 async fn measure(
     out: &mut Vec<Row>,
@@ -211,6 +229,41 @@ async fn write_phase(bench: &mut Bench, spec: WriteSpec, writers: usize) -> Outc
     })
 }
 
+/// Writers of `tx` on shards 0..`shards`, back to back for the run's duration after its
+/// warmup, logging nothing (figures 1 and 5).
+fn back_to_back(tx: Tx, shards: i32, options: &Options) -> WriteSpec {
+    WriteSpec {
+        tx,
+        shards,
+        warmup: options.warmup(),
+        duration: options.duration,
+        period: None,
+        record: false,
+    }
+}
+
+/// The row of a write measurement: the rate of `ours` beside `baseline`'s, in events/s,
+/// with both phases' counts as its detail.
+fn write_row(
+    head: (&str, &str, &[(&str, String)]),
+    ours: &Phase,
+    baseline: &Phase,
+    baseline_name: &str,
+) -> Row {
+    let (figure, what, parameters) = head;
+    let (rate, baseline_rate) = (ours.rate, baseline.rate);
+    Row::measured(
+        figure,
+        what,
+        parameters,
+        rate,
+        "events/s",
+        baseline_rate,
+        baseline_name,
+    )
+    .with_detail(phases_detail(ours, baseline))
+}
+
 fn phases_detail(ours: &Phase, baseline: &Phase) -> String {
     let mut detail = format!(
         "{} / {} events in {:.1} / {:.1} s",
@@ -237,8 +290,7 @@ async fn figure_1(bench: &mut Bench, out: &mut Vec<Row>, shards: i32) {
     let plain = format!("write_plain_s{shards}");
     let Ok(feed) = feed(&name) else { return };
     let setup = format!("{} {}", sql::outbox_feed(&name), sql::event_table(&plain));
-    let mut ready = false;
-    measure(
+    if !prepared(
         out,
         limit,
         (
@@ -246,14 +298,10 @@ async fn figure_1(bench: &mut Bench, out: &mut Vec<Row>, shards: i32) {
             what,
             &[("shards", shards.to_string()), ("setup", "tables".into())],
         ),
-        async {
-            bench.admin(&setup).await?;
-            ready = true;
-            Ok(Vec::new())
-        },
+        bench.admin(&setup),
     )
-    .await;
-    if !ready {
+    .await
+    {
         return;
     }
 
@@ -264,36 +312,14 @@ async fn figure_1(bench: &mut Bench, out: &mut Vec<Row>, shards: i32) {
             ("writers", writers.to_string()),
             ("shards", shards.to_string()),
         ];
-        let spec = |tx: Tx, options: &Options| WriteSpec {
-            tx,
-            shards,
-            warmup: options.warmup(),
-            duration: options.duration,
-            period: None,
-            record: false,
-        };
         let options = bench.options.clone();
         measure(out, limit, (&figure, what, &parameters), async {
-            let baseline =
-                write_phase(bench, spec(Tx::Batch(plain_sql.clone()), &options), writers).await?;
-            let ours = write_phase(
-                bench,
-                spec(Tx::BatchWithShard(outbox_sql.clone()), &options),
-                writers,
-            )
-            .await?;
-            Ok(vec![
-                Row::measured(
-                    &figure,
-                    what,
-                    &parameters,
-                    ours.rate,
-                    "events/s",
-                    baseline.rate,
-                    BASELINE_1,
-                )
-                .with_detail(phases_detail(&ours, &baseline)),
-            ])
+            let plain = back_to_back(Tx::Batch(plain_sql.clone()), shards, &options);
+            let outbox = back_to_back(Tx::BatchWithShard(outbox_sql.clone()), shards, &options);
+            let baseline = write_phase(bench, plain, writers).await?;
+            let ours = write_phase(bench, outbox, writers).await?;
+            let head = (figure.as_str(), what, &parameters[..]);
+            Ok(vec![write_row(head, &ours, &baseline, BASELINE_1)])
         })
         .await;
     }
@@ -306,19 +332,14 @@ async fn figure_5(bench: &mut Bench, out: &mut Vec<Row>) {
     let plain = "serialized_plain";
     let Ok(feed) = feed(name) else { return };
     let setup = sql::serialized_setup(name, plain);
-    let mut ready = false;
-    measure(
+    if !prepared(
         out,
         limit,
         ("5", "serialized writers", &[("setup", "tables".into())]),
-        async {
-            bench.admin(&setup).await?;
-            ready = true;
-            Ok(Vec::new())
-        },
+        bench.admin(&setup),
     )
-    .await;
-    if !ready {
+    .await
+    {
         return;
     }
 
@@ -331,14 +352,6 @@ async fn figure_5(bench: &mut Bench, out: &mut Vec<Row>) {
         for writers in WRITERS {
             let parameters = [("writers", writers.to_string()), ("shard", "0".into())];
             let options = bench.options.clone();
-            let spec = |tx: Tx| WriteSpec {
-                tx,
-                shards: 1,
-                warmup: options.warmup(),
-                duration: options.duration,
-                period: None,
-                record: false,
-            };
             let (ours_tx, plain_tx) = if client_side {
                 (
                     Tx::ClientLocked {
@@ -356,20 +369,14 @@ async fn figure_5(bench: &mut Bench, out: &mut Vec<Row>) {
                 )
             };
             measure(out, limit, ("5", what, &parameters), async {
-                let baseline = write_phase(bench, spec(plain_tx), writers).await?;
-                let ours = write_phase(bench, spec(ours_tx), writers).await?;
-                Ok(vec![
-                    Row::measured(
-                        "5",
-                        what,
-                        &parameters,
-                        ours.rate,
-                        "events/s",
-                        baseline.rate,
-                        BASELINE_5,
-                    )
-                    .with_detail(phases_detail(&ours, &baseline)),
-                ])
+                let (plain, outbox) = (
+                    back_to_back(plain_tx, 1, &options),
+                    back_to_back(ours_tx, 1, &options),
+                );
+                let baseline = write_phase(bench, plain, writers).await?;
+                let ours = write_phase(bench, outbox, writers).await?;
+                let head = ("5", what, &parameters[..]);
+                Ok(vec![write_row(head, &ours, &baseline, BASELINE_5)])
             })
             .await;
         }
@@ -389,14 +396,7 @@ async fn figure_5(bench: &mut Bench, out: &mut Vec<Row>) {
         ("rows per transaction", rows.to_string()),
     ];
     let options = bench.options.clone();
-    let spec = |tx: Tx| WriteSpec {
-        tx,
-        shards: 1,
-        warmup: options.warmup(),
-        duration: options.duration,
-        period: None,
-        record: false,
-    };
+    let spec = |tx: Tx| back_to_back(tx, 1, &options);
     measure(out, limit, ("5", what, &parameters), async {
         let baseline = write_phase(bench, spec(Tx::Batch(computed.clone())), 1).await?;
         let ours = write_phase(bench, spec(Tx::Batch(with_function.clone())), 1).await?;
@@ -631,9 +631,8 @@ async fn figures_2_3(bench: &mut Bench, out: &mut Vec<Row>, shards: i32) {
     let figure_2 = label(2, shards);
     let figure_3 = label(3, shards);
     let first = if do_2 { &figure_2 } else { &figure_3 };
-    let mut ready = false;
     let setup = sql::assign_setup(shards);
-    measure(
+    if !prepared(
         out,
         limit,
         (
@@ -641,14 +640,10 @@ async fn figures_2_3(bench: &mut Bench, out: &mut Vec<Row>, shards: i32) {
             "read tables",
             &[("shards", shards.to_string()), ("setup", "tables".into())],
         ),
-        async {
-            bench.admin(&setup).await?;
-            ready = true;
-            Ok(Vec::new())
-        },
+        bench.admin(&setup),
     )
-    .await;
-    if !ready {
+    .await
+    {
         return;
     }
 
@@ -657,8 +652,7 @@ async fn figures_2_3(bench: &mut Bench, out: &mut Vec<Row>, shards: i32) {
     }
 
     if do_3 {
-        let mut ready = false;
-        measure(
+        if !prepared(
             out,
             limit,
             (
@@ -669,22 +663,16 @@ async fn figures_2_3(bench: &mut Bench, out: &mut Vec<Row>, shards: i32) {
                     ("setup", "assigned feed".into()),
                 ],
             ),
-            async {
-                ensure_assigned(bench, &tables, shards, per_shard).await?;
-                ready = true;
-                Ok(Vec::new())
-            },
+            ensure_assigned(bench, &tables, shards, per_shard),
         )
-        .await;
-        if !ready {
+        .await
+        {
             return;
         }
         read_pages(bench, out, &tables, shards, &figure_3, ReadFigure::Replay).await;
     }
 }
 
-/// Figure 2: preloads both outboxes, then drains the plain one (baseline) and the feed's
-/// (read_feed) with one reader per shard.
 /// The two read figures, which measure the same way at every page size.
 #[derive(Clone, Copy)]
 enum ReadFigure {
@@ -716,10 +704,7 @@ async fn read_pages(
             ("rows_per_shard", per_shard.to_string()),
         ];
         measure(out, limit, (figure, what, &parameters), async {
-            let (ours, baseline) = match kind {
-                ReadFigure::Assign => assign(bench, tables, shards, page, per_shard).await?,
-                ReadFigure::Replay => replay(bench, tables, shards, page, per_shard).await?,
-            };
+            let (ours, baseline) = read_both(bench, tables, kind, shards, page, per_shard).await?;
             Ok(vec![
                 Row::measured(
                     figure,
@@ -737,70 +722,44 @@ async fn read_pages(
     }
 }
 
-async fn assign(
+/// Figure 2 (`Assign`): preloads both outboxes, then drains the plain one (baseline) and
+/// the feed's (read_page) with one reader per shard. Figure 3 (`Replay`): replays the first
+/// `per_shard` rows of every shard with the plain select (baseline) and with read_page, one
+/// reader per shard. Ours, then the baseline.
+async fn read_both(
     bench: &mut Bench,
     tables: &AssignTables,
+    kind: ReadFigure,
     shards: i32,
     page: u32,
     per_shard: u64,
 ) -> Outcome<(Vec<Timed<u64>>, Vec<Timed<u64>>)> {
-    let mut client = bench.client().await?;
     let feed = &tables.feed;
-    preload_events(
-        &mut client,
-        &bench.ids,
-        &feed.quoted_table(),
-        &feed.outbox_table(),
-        shards,
-        per_shard,
-    )
-    .await?;
-    preload_events(
-        &mut client,
-        &bench.ids,
-        &tables.plain_table,
-        &tables.plain_outbox,
-        shards,
-        per_shard,
-    )
-    .await?;
-    let heads = feed_heads(&mut client, feed, shards).await?;
-    bench.pool.give([client]);
-
-    let sql = Arc::new(sql::plain_drain(&tables.plain_outbox, &tables.plain_log));
-    let baseline = parallel(
-        &mut bench.pool,
-        shards as usize,
-        |index, client, barrier| {
-            plain_drain_loop(
-                index,
-                client,
-                Arc::clone(&sql),
-                index as i32,
-                page,
+    let (read, sql, heads) = match kind {
+        ReadFigure::Assign => {
+            let mut client = bench.client().await?;
+            preload_feed(&mut client, &bench.ids, feed, shards, per_shard).await?;
+            preload_events(
+                &mut client,
+                &bench.ids,
+                &tables.plain_table,
+                &tables.plain_outbox,
+                shards,
                 per_shard,
-                barrier,
             )
-        },
-    )
-    .await?;
-    let ours = parallel(
-        &mut bench.pool,
-        shards as usize,
-        |index, client, barrier| {
-            read_feed_loop(
-                index,
-                client,
-                feed.clone(),
-                index as i32,
-                heads[index],
-                page,
-                per_shard,
-                barrier,
-            )
-        },
-    )
-    .await?;
+            .await?;
+            let heads = feed_heads(&mut client, feed, shards).await?;
+            bench.pool.give([client]);
+            let sql = sql::plain_drain(&tables.plain_outbox, &tables.plain_log);
+            (PlainRead::Drain, sql, heads)
+        }
+        ReadFigure::Replay => {
+            let sql = sql::plain_replay(&feed.object("feed"));
+            (PlainRead::Replay, sql, vec![Cursor::START; shards as usize])
+        }
+    };
+    let baseline = plain_reads(bench, read, &sql, shards, page, per_shard).await?;
+    let ours = feed_reads(bench, feed, &heads, page, per_shard).await?;
     Ok((ours, baseline))
 }
 
@@ -823,101 +782,84 @@ async fn ensure_assigned(
     .unwrap_or(0);
     let heads = feed_heads(&mut client, feed, shards).await?;
     if (smallest as u64) < per_shard {
-        preload_events(
-            &mut client,
-            &bench.ids,
-            &feed.quoted_table(),
-            &feed.outbox_table(),
-            shards,
-            per_shard,
-        )
-        .await?;
+        preload_feed(&mut client, &bench.ids, feed, shards, per_shard).await?;
     }
     bench.pool.give([client]);
     if (smallest as u64) < per_shard {
-        parallel(
-            &mut bench.pool,
-            shards as usize,
-            |index, client, barrier| {
-                read_feed_loop(
-                    index,
-                    client,
-                    feed.clone(),
-                    index as i32,
-                    heads[index],
-                    5000,
-                    per_shard,
-                    barrier,
-                )
-            },
-        )
-        .await?;
+        feed_reads(bench, feed, &heads, 5000, per_shard).await?;
     }
-    let sql = Arc::new(sql::plain_replay(&feed.object("feed")));
+    let sql = sql::plain_replay(&feed.object("feed"));
+    plain_reads(bench, PlainRead::Replay, &sql, shards, 5000, per_shard).await?;
+    Ok(())
+}
+
+/// Preloads `per_shard × shards` events into `feed`'s table and outbox (see
+/// [`preload_events`]).
+async fn preload_feed(
+    client: &mut Client,
+    ids: &AtomicI64,
+    feed: &Feed,
+    shards: i32,
+    per_shard: u64,
+) -> Outcome<()> {
+    let (table, outbox) = (feed.quoted_table(), feed.outbox_table());
+    preload_events(client, ids, &table, &outbox, shards, per_shard).await
+}
+
+/// `read`'s plain baseline on every shard at once, one reader per shard, each until it
+/// has `per_shard` rows.
+async fn plain_reads(
+    bench: &mut Bench,
+    read: PlainRead,
+    sql: &str,
+    shards: i32,
+    page: u32,
+    per_shard: u64,
+) -> Outcome<Vec<Timed<u64>>> {
+    let sql = Arc::new(sql.to_owned());
     parallel(
         &mut bench.pool,
         shards as usize,
         |index, client, barrier| {
-            plain_replay_loop(
+            let sql = Arc::clone(&sql);
+            plain_read_loop(
                 index,
                 client,
-                Arc::clone(&sql),
+                read,
+                sql,
                 index as i32,
-                5000,
+                page,
                 per_shard,
                 barrier,
             )
         },
     )
-    .await?;
-    Ok(())
+    .await
 }
 
-/// Figure 3: replays the first `per_shard` rows of every shard with the plain select
-/// (baseline) and with read_page, one reader per shard.
-async fn replay(
+/// read_page on every shard of `feed` at once, shard i from `heads[i]`, one reader per
+/// shard, each until it has `per_shard` rows.
+async fn feed_reads(
     bench: &mut Bench,
-    tables: &AssignTables,
-    shards: i32,
+    feed: &Feed,
+    heads: &[Cursor],
     page: u32,
     per_shard: u64,
-) -> Outcome<(Vec<Timed<u64>>, Vec<Timed<u64>>)> {
-    let feed = &tables.feed;
-    let sql = Arc::new(sql::plain_replay(&feed.object("feed")));
-    let baseline = parallel(
-        &mut bench.pool,
-        shards as usize,
-        |index, client, barrier| {
-            plain_replay_loop(
-                index,
-                client,
-                Arc::clone(&sql),
-                index as i32,
-                page,
-                per_shard,
-                barrier,
-            )
-        },
-    )
-    .await?;
-    let ours = parallel(
-        &mut bench.pool,
-        shards as usize,
-        |index, client, barrier| {
-            read_feed_loop(
-                index,
-                client,
-                feed.clone(),
-                index as i32,
-                Cursor::START,
-                page,
-                per_shard,
-                barrier,
-            )
-        },
-    )
-    .await?;
-    Ok((ours, baseline))
+) -> Outcome<Vec<Timed<u64>>> {
+    parallel(&mut bench.pool, heads.len(), |index, client, barrier| {
+        let (feed, from) = (feed.clone(), heads[index]);
+        read_feed_loop(
+            index,
+            client,
+            feed,
+            index as i32,
+            from,
+            page,
+            per_shard,
+            barrier,
+        )
+    })
+    .await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1046,9 +988,7 @@ async fn raw_claim_loop(
     finished: Arc<OnceLock<Instant>>,
     barrier: Arc<Barrier>,
 ) -> crate::load::TaskResult<Vec<Duration>> {
-    let outcome = async {
-        barrier.wait().await;
-        let start = Instant::now();
+    let outcome = timed(&barrier, async {
         let mut claims = Vec::new();
         let mut transient = 0u32;
         while done.load(Ordering::SeqCst) < target {
@@ -1078,12 +1018,8 @@ async fn raw_claim_loop(
                 finished.get_or_init(Instant::now);
             }
         }
-        Ok(Timed {
-            start,
-            finish: Instant::now(),
-            value: claims,
-        })
-    }
+        Ok(claims)
+    })
     .await;
     finish(index, client, outcome)
 }

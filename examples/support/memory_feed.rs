@@ -24,6 +24,11 @@ use serde_json::{Map, Value, json};
 use tokio::sync::Notify;
 use ulid::Ulid;
 
+#[path = "fake_page.rs"]
+mod fake_page;
+
+use fake_page::page_after;
+
 /// The feed's key columns, in key order.
 pub const KEY_COLUMNS: [&str; 2] = ["Shard", "OrderId"];
 
@@ -185,14 +190,7 @@ impl PageSource for FakeSource {
                 event: JsonColumns(event.columns.clone()),
             })
             .collect();
-        let next_cursor = rows
-            .last()
-            .map_or(cursor, |row| Cursor::from_ulid(row.ulid));
-        Ok(Page {
-            rows,
-            next_cursor,
-            page_size: self.page_size,
-        })
+        Ok(page_after(cursor, rows, self.page_size, |row| row.ulid))
     }
 
     fn reset(&mut self) {}

@@ -1,10 +1,35 @@
-//! Driving the `changefeed` binary as a process: signals, a bounded wait for its exit, its
-//! standard error line by line.
+//! Driving the `changefeed` binary as a process: one run to its end and its one-line error,
+//! signals, a bounded wait for its exit, its standard error line by line.
 
 #![allow(dead_code)] // each test binary uses its own part
 
-use std::process::{Child, ExitStatus};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
+
+/// Runs the tool with `args` to its end, stdin closed, without `CHANGEFEED_URL` (and
+/// `RUST_BACKTRACE`) in its environment.
+pub fn changefeed(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_changefeed"))
+        .args(args)
+        .env_remove("CHANGEFEED_URL")
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null())
+        .output()
+        .expect("the changefeed binary runs")
+}
+
+/// Exactly one line on stderr, starting with `error: `, nothing on stdout, a non-zero exit:
+/// that line.
+pub fn assert_one_error_line(output: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line on stderr, got {lines:#?}");
+    assert!(lines[0].starts_with("error: "), "{}", lines[0]);
+    assert!(!lines[0].contains("panicked"), "{}", lines[0]);
+    assert!(output.stdout.is_empty(), "nothing on stdout: {output:?}");
+    assert!(!output.status.success(), "{output:?}");
+    lines[0].to_owned()
+}
 
 /// Sends `signal` to `child`.
 pub fn signal(child: &Child, signal: libc::c_int) {
