@@ -19,6 +19,8 @@ mod stream;
 
 pub use feed_reader::FeedReader;
 pub use key_columns::key_columns;
+// The Kafka exporter's delivery back-off; nothing else outside `options` uses it.
+#[cfg(feature = "kafka")]
 pub(crate) use options::exponential;
 pub use options::{FeedReaderOptions, IdleBackoff, MIN_TIMEOUT_MARGIN, ReadRetryPolicy, Wait};
 pub use page::{

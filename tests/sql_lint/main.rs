@@ -185,6 +185,15 @@ impl fmt::Display for Violation {
     }
 }
 
+/// The violations one a line, as a failed assertion lists them.
+fn one_a_line(violations: &[Violation]) -> String {
+    violations
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 struct Sink<'a> {
     file: &'a str,
     out: Vec<Violation>,
@@ -1400,11 +1409,7 @@ fn bundle_passes_lint() {
         violations.is_empty(),
         "the SQL bundle breaks {} lint rule(s) (tests/sql_lint/, ARCHITECTURE.md):\n{}",
         violations.len(),
-        violations
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("\n")
+        one_a_line(&violations)
     );
 }
 
@@ -1495,11 +1500,7 @@ fn assert_clean(src: &str) {
     assert!(
         violations.is_empty(),
         "expected no violations, got:\n{}",
-        violations
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("\n")
+        one_a_line(&violations)
     );
 }
 
@@ -1526,11 +1527,7 @@ fn assert_fires(src: &str, rule: Rule, line: usize) -> String {
         None => panic!(
             "expected {} at line {line}, got:\n{}",
             rule.id(),
-            violations
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("\n")
+            one_a_line(&violations)
         ),
     }
 }
@@ -1898,29 +1895,33 @@ fn template_passes() {
     assert_clean(TEMPLATE);
 }
 
+/// Asserts that R8 fires on `line` of [`TEMPLATE`] with `from` (which it must contain)
+/// replaced by `to`, and returns the message.
+#[track_caller]
+fn assert_template_edit_fires(from: &str, to: &str, line: usize) -> String {
+    assert!(TEMPLATE.contains(from), "the template has no {from:?}");
+    assert_fires(&TEMPLATE.replace(from, to), Rule::Template, line)
+}
+
 #[test]
 fn template_with_qualified_marker_fires() {
-    let src = TEMPLATE.replace(
+    let message = assert_template_edit_fires(
         "select r.ulid, __template_key__",
         "select r.ulid, o.__template_key__",
+        5,
     );
-    assert_fires_saying(&src, Rule::Template, 5, "`o.__template_key__`");
-    let src = TEMPLATE.replace("e.__template_key__ = r.", "e.__template_key__=r.");
-    assert_fires(&src, Rule::Template, 8);
-    let src = TEMPLATE.replace(", __template_key__", ", [__template_key__]");
-    assert_fires(&src, Rule::Template, 5);
-    let src = TEMPLATE.replace(", __template_key__", ", __Template_Key__");
-    assert_fires(&src, Rule::Template, 5);
+    assert!(message.contains("`o.__template_key__`"), "{message}");
+    assert_template_edit_fires("e.__template_key__ = r.", "e.__template_key__=r.", 8);
+    assert_template_edit_fires(", __template_key__", ", [__template_key__]", 5);
+    assert_template_edit_fires(", __template_key__", ", __Template_Key__", 5);
 }
 
 #[test]
 fn template_without_create_or_alter_fires() {
-    let src = TEMPLATE.replace("create or alter procedure", "create procedure");
-    assert_fires(&src, Rule::Template, 1);
-    let src = TEMPLATE.replace("create or alter procedure", "alter procedure");
-    assert_fires(&src, Rule::Template, 1);
-    let src = TEMPLATE.replace("create or alter procedure", "CREATE OR ALTER PROCEDURE");
-    assert_fires(&src, Rule::Template, 1);
+    let create_or_alter = "create or alter procedure";
+    assert_template_edit_fires(create_or_alter, "create procedure", 1);
+    assert_template_edit_fires(create_or_alter, "alter procedure", 1);
+    assert_template_edit_fires(create_or_alter, "CREATE OR ALTER PROCEDURE", 1);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 use changefeed::Feed;
 use clap::Args;
 
-use super::shared::{MetricsArgs, PageArgs, ProducerArgs, ProgressArgs};
+use super::shared::{PageArgs, ServiceArgs};
 use super::start_at::{StartAt, parse_from};
 use super::values::{parse_brokers, parse_consumer, parse_feed, parse_topic};
 
@@ -69,11 +69,5 @@ pub struct ExportArgs {
     pub page: PageArgs,
 
     #[command(flatten)]
-    pub producer: ProducerArgs,
-
-    #[command(flatten)]
-    pub progress: ProgressArgs,
-
-    #[command(flatten)]
-    pub metrics: MetricsArgs,
+    pub service: ServiceArgs,
 }

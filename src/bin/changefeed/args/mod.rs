@@ -30,6 +30,8 @@ pub use setup_outbox::SetupOutboxArgs;
 pub use shared::MetricsArgs;
 #[cfg(feature = "kafka")]
 pub use shared::ProducerArgs;
+#[cfg(feature = "kafka")]
+pub use shared::ServiceArgs;
 pub use status::StatusArgs;
 pub use tail::TailArgs;
 
@@ -211,9 +213,12 @@ mod tests {
                 assert_eq!(relay.topic_prefix, "");
                 assert_eq!(relay.dlq_suffix, ".dlq");
                 assert_eq!(relay.max_in_flight, 4);
-                assert!(relay.producer.settings.is_empty());
-                assert_eq!(relay.producer.broker_timeout.value, Duration::from_secs(10));
-                assert_eq!(relay.progress.every(), Some(Duration::from_secs(5)));
+                assert!(relay.service.producer.settings.is_empty());
+                assert_eq!(
+                    relay.service.producer.broker_timeout.value,
+                    Duration::from_secs(10)
+                );
+                assert_eq!(relay.service.progress.every(), Some(Duration::from_secs(5)));
             }
             other => panic!("{other:?}"),
         }
@@ -242,13 +247,13 @@ mod tests {
                 assert_eq!(export.from, StartAt::Start);
                 assert_eq!(export.page.page_size, 1000);
                 assert_eq!(
-                    export.producer.settings,
+                    export.service.producer.settings,
                     [
                         ("compression.type".to_owned(), "zstd".to_owned()),
                         ("sasl.password".to_owned(), "a=b".to_owned())
                     ]
                 );
-                assert_eq!(export.progress.every(), None);
+                assert_eq!(export.service.progress.every(), None);
             }
             other => panic!("{other:?}"),
         }

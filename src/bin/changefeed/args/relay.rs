@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use super::shared::{MetricsArgs, ProducerArgs, ProgressArgs};
+use super::shared::ServiceArgs;
 use super::values::{parse_brokers, parse_grace, parse_positive, parse_topic_affix};
 use crate::duration::CliDuration;
 
@@ -88,11 +88,5 @@ pub struct RelayArgs {
     pub backlog_interval: CliDuration,
 
     #[command(flatten)]
-    pub producer: ProducerArgs,
-
-    #[command(flatten)]
-    pub progress: ProgressArgs,
-
-    #[command(flatten)]
-    pub metrics: MetricsArgs,
+    pub service: ServiceArgs,
 }

@@ -1,5 +1,6 @@
 //! The options several subcommands share: the Kafka producer's, the progress line's and
-//! the metrics endpoint's (`relay` and `export`), and the page size (`tail` and `export`).
+//! the metrics endpoint's (`relay` and `export`, as one [`ServiceArgs`]), and the page size
+//! (`tail` and `export`).
 
 use clap::Args;
 
@@ -9,7 +10,23 @@ use super::values::{
 };
 use crate::duration::CliDuration;
 
-/// The metrics endpoint's options, shared by `relay` and `export`.
+/// What `relay` and `export`, which run until a signal, both take: the Kafka producer's
+/// options, the progress line's and the metrics endpoint's, in that order in `--help`.
+#[derive(Debug, Args)]
+// Without the kafka feature the Kafka options are parsed and refused, never read.
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+pub struct ServiceArgs {
+    #[command(flatten)]
+    pub producer: ProducerArgs,
+
+    #[command(flatten)]
+    pub progress: ProgressArgs,
+
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+}
+
+/// The metrics endpoint's options (part of [`ServiceArgs`]).
 #[derive(Debug, Args)]
 pub struct MetricsArgs {
     /// Serve Prometheus text on http://HOST:PORT/metrics, and /healthz and /readyz (off
@@ -33,7 +50,7 @@ pub struct MetricsArgs {
     pub ready_within: CliDuration,
 }
 
-/// The Kafka producer's options, shared by `relay` and `export`.
+/// The Kafka producer's options (part of [`ServiceArgs`]).
 #[derive(Debug, Args)]
 // Without the kafka feature the Kafka options are parsed and refused, never read.
 #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
@@ -59,7 +76,7 @@ pub struct ProducerArgs {
     pub broker_timeout: CliDuration,
 }
 
-/// The progress line's options, shared by `relay` and `export`.
+/// The progress line's options (part of [`ServiceArgs`]).
 #[derive(Debug, Args)]
 pub struct ProgressArgs {
     /// How often to print the progress line on standard error

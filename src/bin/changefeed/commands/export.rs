@@ -24,6 +24,7 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
     use changefeed::pool::ConnectionManager;
     use changefeed::reader::FeedReaderOptions;
 
+    use crate::args::ServiceArgs;
     use crate::database::{require_feed, with_migrate_hint};
     use crate::endpoints::{Endpoints, Freshness};
     use crate::progress::{export_line, print_stderr, with_progress};
@@ -38,10 +39,13 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
         shards,
         from,
         page,
+        service,
+    } = args;
+    let ServiceArgs {
         producer,
         progress,
         metrics,
-    } = args;
+    } = service;
     // First: a busy or wrong address is a usage error before anything connects.
     let endpoints = Endpoints::serve(&metrics, Freshness::LastRead, progress.quiet).await?;
     let settings = crate::kafka::settings(&brokers, &producer);

@@ -73,9 +73,9 @@ async fn target(args: &RelayArgs) -> Result<Target, Failure> {
 async fn kafka_target(brokers: &str, args: &RelayArgs) -> Result<Target, Failure> {
     use changefeed::kafka::KafkaPublisherConfig;
 
-    let settings = crate::kafka::settings(brokers, &args.producer);
+    let settings = crate::kafka::settings(brokers, &args.service.producer);
     crate::kafka::check_publish_time(&settings, &config(args))?;
-    let checked = crate::kafka::checked_producer(&settings, &args.producer).await?;
+    let checked = crate::kafka::checked_producer(&settings, &args.service.producer).await?;
     // The publisher makes its own producer from the same settings.
     drop(checked);
     Ok(Target::Kafka(
@@ -180,8 +180,12 @@ async fn poll_backlog(mut backlog: impl Backlog, outbox: String, every: Duration
 pub async fn relay(connect: &Connect, args: RelayArgs) -> Result<(), Failure> {
     // First: a busy or wrong address is a usage error before anything connects, and the
     // probes get answers (not ready) while the checks run.
-    let endpoints =
-        Endpoints::serve(&args.metrics, Freshness::LastClaim, args.progress.quiet).await?;
+    let endpoints = Endpoints::serve(
+        &args.service.metrics,
+        Freshness::LastClaim,
+        args.service.progress.quiet,
+    )
+    .await?;
     if is_mysql(&connect.url) {
         return mysql::relay(connect, args, endpoints).await;
     }
@@ -280,7 +284,7 @@ async fn drive<S: ClaimStore, P: Publisher, B: Backlog, C: Companion>(
     monitor: Monitor<B>,
     start: impl FnOnce(RelayHandle) -> C,
 ) -> Result<(), Failure> {
-    let quiet = args.progress.quiet;
+    let quiet = args.service.progress.quiet;
     let monitoring = monitor.start(args.outbox.clone());
     let counters = Arc::new(RelayCounters::default());
     let relay = relay.with_hooks(Arc::clone(&counters));
@@ -302,7 +306,7 @@ async fn drive<S: ClaimStore, P: Publisher, B: Backlog, C: Companion>(
             quiet,
             Some(args.shutdown_grace.value),
         )),
-        args.progress.every(),
+        args.service.progress.every(),
         progress_line,
         print_stderr,
     )
