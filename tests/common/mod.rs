@@ -19,6 +19,7 @@ pub mod load;
 pub mod logins;
 #[path = "../../examples/live_suite/report.rs"]
 pub mod report;
+pub mod sessions;
 pub mod tasks;
 
 /// The environment variable naming the test server.
