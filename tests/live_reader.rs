@@ -19,7 +19,7 @@ use changefeed::reader::{FeedReader, FeedReaderOptions, ReadRetryPolicy, Wait};
 use changefeed::{Client, Cursor, CursorStore, Error, Feed, FeedRow, Page};
 use common::events::{
     column_values, create_feed, exec_ok, feed_reader, hex, keys, pairs, read_to_end, required,
-    rows_ok, server_now_ms, spawn_held_writers, spawn_writers, write_ok,
+    rows_ok, server_now_ms, spawn_held_writers, spawn_writers, write_all_ok, write_ok,
 };
 use common::tasks::{bounded, join, join_all, join_result, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
@@ -142,9 +142,7 @@ async fn replay_at_scenario(db: &TestDb) {
     .await;
     let mut writer = db.client().await;
 
-    for id in 1..=10 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 1..=10).await;
     let first = read_to_end(&reader, 0, Cursor::START).await;
     assert_eq!(keys(&first), (1..=10).collect::<Vec<_>>(), "the first ten");
 
@@ -161,9 +159,7 @@ async fn replay_at_scenario(db: &TestDb) {
     }
     tokio::time::sleep(Duration::from_millis(5)).await;
 
-    for id in 11..=20 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 11..=20).await;
 
     let replay = bounded(
         "the replay from Cursor::at(t)",
@@ -223,9 +219,7 @@ async fn cursor_transaction_scenario(db: &TestDb) {
     .await;
     let reader = feed_reader(db, &feed, 3, FeedReaderOptions::default().page_size(4)).await;
     let mut writer = db.client().await;
-    for id in 1..=10 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 1..=10).await;
 
     // The old cursor.
     CursorStore::save(&mut admin, CONSUMER, &feed, 0, Cursor::START)
@@ -592,9 +586,7 @@ async fn expired_stream_scenario(db: &TestDb) {
     )
     .await;
     let mut writer = db.client().await;
-    for id in 1..=20 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 1..=20).await;
     let all = read_to_end(&reader, 0, Cursor::START).await;
     assert_eq!(keys(&all), (1..=20).collect::<Vec<_>>());
 

@@ -16,28 +16,18 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use changefeed::{Client, Cursor, CursorStore, Feed};
-use common::events::{create_feed, exec_ok, hex, read_to_end, required, rows_ok, write_ok};
+use common::events::{
+    create_feed, exec_ok, hex, read_to_end, readable_in_both_modes, required, rows_ok,
+    write_all_ok, write_ok,
+};
 use common::logins::{Login, drop_logins};
 use common::tasks::{bounded, close, join, spawn_bounded};
-use common::{Isolation, TestDb, exec, scalar_i64};
+use common::{Isolation, TestDb, exec, exec_failure, scalar_i64};
 use tiberius::Row;
 use ulid::Ulid;
 
 /// The longest any one call or task may take before the test calls it stuck.
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// The SQL Server error number of a batch that must fail, with its message.
-async fn error_of(client: &mut Client, sql: &str) -> (u32, String) {
-    match exec(client, sql).await {
-        Ok(()) => panic!("`{sql}` succeeded; it must fail"),
-        Err(error) => (
-            error
-                .server_number()
-                .unwrap_or_else(|| panic!("`{sql}`: not a server error: {error}")),
-            error.to_string(),
-        ),
-    }
-}
 
 async fn trancount(client: &mut Client) -> i64 {
     scalar_i64(client, "select @@trancount;").await
@@ -203,9 +193,7 @@ async fn far_cursor_scenario(db: &TestDb) {
     let mut admin = db.client().await;
     let feed = create_feed(&mut admin, "far").await;
     let mut writer = db.client().await;
-    for id in 1..=3 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 1..=3).await;
     let pool = changefeed::pool::pool(&db.ado(), 2).await.expect("a pool");
     let reader = changefeed::reader::FeedReader::new(pool, feed.clone());
     let rows = read_to_end(&reader, 0, Cursor::START).await;
@@ -319,7 +307,7 @@ async fn broken_feed_scenario(db: &TestDb) {
     )
     .await;
     // Documented: a view that names a dropped table cannot be bound until it is rebuilt.
-    let (number, _) = error_of(&mut admin, "select * from changefeed.feed_status;").await;
+    let (number, _) = exec_failure(&mut admin, "select * from changefeed.feed_status;").await;
     assert!(
         matches!(number, 208 | 4413),
         "feed_status before the refresh: {number}"
@@ -399,7 +387,7 @@ async fn broken_feed_scenario(db: &TestDb) {
     write_ok(&mut writer, &keep, 0, 2, None).await;
     assert_eq!(read_to_end(&reader, 0, Cursor::START).await.len(), 2);
 
-    let (number, message) = error_of(
+    let (number, message) = exec_failure(
         &mut admin,
         "exec changefeed.setup_feed @table_name = N'dbo.again', @outbox = 1;",
     )
@@ -513,7 +501,7 @@ async fn access_scenario(db: &TestDb) -> Vec<Login> {
     );
 
     let mut as_stranger = stranger.connect(db).await;
-    let (number, _) = error_of(
+    let (number, _) = exec_failure(
         &mut as_stranger,
         &save_sql("billing", "dbo.acc_a", 0, &hex(&[0; 16])),
     )
@@ -524,7 +512,7 @@ async fn access_scenario(db: &TestDb) -> Vec<Login> {
     CursorStore::save(&mut as_owner, "ops", &b, 0, Cursor::START)
         .await
         .expect("db_owner may save any feed's cursor");
-    let (number, _) = error_of(
+    let (number, _) = exec_failure(
         &mut as_owner,
         "exec changefeed.load_cursor @consumer = N'x', @feed = N'dbo.nothing', @shard_id = 0;",
     )
@@ -617,7 +605,7 @@ async fn backslash_scenario(db: &TestDb) {
         "exec changefeed.upgrade_feed @table_name = N'dbo.back\\slash';",
         "exec changefeed.teardown_feed @table_name = N'dbo.back\\slash';",
     ] {
-        let (number, message) = error_of(&mut admin, call).await;
+        let (number, message) = exec_failure(&mut admin, call).await;
         assert_eq!(number, 51000, "{call}: {message}");
         assert!(
             message.contains('\\'),
@@ -649,7 +637,7 @@ async fn length_scenario(db: &TestDb) {
             hex(bytes)
         };
         let (number, message) =
-            error_of(&mut admin, &save_sql("len", "dbo.len", 0, &literal)).await;
+            exec_failure(&mut admin, &save_sql("len", "dbo.len", 0, &literal)).await;
         assert_eq!(number, 51111, "{} bytes: {message}", bytes.len());
     }
     assert!(saved_cursors(&mut admin, "dbo.len").await.is_empty());
@@ -860,7 +848,7 @@ async fn owner_scenario(db: &TestDb) {
          @shard_column = N'Shard', @ulid_column = N'ULID';",
     ];
     for setup in setups {
-        let (number, message) = error_of(&mut admin, setup).await;
+        let (number, message) = exec_failure(&mut admin, setup).await;
         assert_eq!(number, 51013, "{setup}: {message}");
         assert!(
             message.contains("alter authorization on schema::[ext] to [dbo]")
@@ -878,36 +866,16 @@ async fn owner_scenario(db: &TestDb) {
     for setup in setups {
         exec_ok(&mut admin, setup).await;
     }
-    let outbox = Feed::new("ext", "ev_o").expect("a valid feed name");
-    let serial = Feed::new("ext", "ev_s").expect("a valid feed name");
-    exec_ok(
+    let (outbox, serial, reader, mut client) = readable_in_both_modes(
+        db,
         &mut admin,
-        &format!(
-            "set xact_abort on; begin transaction; \
-             insert into [ext].[ev_o] (id, payload) values (1, N'outbox event'); \
-             insert into {} (shard_id, id) values (0, 1); \
-             commit transaction; \
-             begin transaction; \
-             exec {} @shard_id = 0; \
-             insert into [ext].[ev_s] (id, Shard, ULID, payload) \
-                 values (2, 0, {}(1), N'serialized event'); \
-             commit transaction;",
-            outbox.outbox_table(),
-            serial.object("lock_feed"),
-            serial.object("ulid"),
-        ),
+        "own",
+        ["ext.ev_o", "ext.ev_s"],
+        ("id", "1"),
+        "id, payload",
+        ["1, N'outbox event'", "2, N'serialized event'"],
     )
     .await;
-
-    let reader = Login::new("own", db);
-    reader
-        .create(
-            &mut admin,
-            &[outbox.readers_role(), serial.readers_role()],
-            &[],
-        )
-        .await;
-    let mut client = reader.connect(db).await;
     for (feed, id, payload) in [
         (&outbox, 1, "outbox event"),
         (&serial, 2, "serialized event"),
@@ -946,7 +914,7 @@ async fn view_scenario(db: &TestDb) {
          exec (N'create view [dbo].[a_view] as select id from [dbo].[viewed];');",
     )
     .await;
-    let (number, message) = error_of(
+    let (number, message) = exec_failure(
         &mut admin,
         "exec changefeed.setup_feed @table_name = N'dbo.a_view', @outbox = 1;",
     )
@@ -957,7 +925,7 @@ async fn view_scenario(db: &TestDb) {
         "the refusal says it is a view and what a feed needs: {message}"
     );
     // A name that is neither still gets the message about a missing table.
-    let (number, message) = error_of(
+    let (number, message) = exec_failure(
         &mut admin,
         "exec changefeed.setup_feed @table_name = N'dbo.nothing_here', @outbox = 1;",
     )

@@ -23,7 +23,7 @@ use changefeed::reader::{FeedReader, FeedReaderOptions};
 use changefeed::{Client, Cursor, CursorStore, Error, Feed, FeedRow};
 use common::events::{
     column_values, create_feed, exec_ok, feed_reader, hex, keys, pairs, read_to_end, required,
-    rows_ok, server_now_ms, server_number, spawn_writers, state_row, write_ok,
+    rows_ok, server_now_ms, server_number, spawn_writers, state_row, write_all_ok, write_ok,
 };
 use common::tasks::{join, join_all, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
@@ -55,9 +55,7 @@ async fn lagging_consumer_scenario(db: &TestDb) {
     let feed = create_feed(&mut admin, "lagging").await;
     let reader = reader_for(db, &feed, 100).await;
     let mut writer = db.client().await;
-    for id in 1..=20 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 1..=20).await;
     let u = read_to_end(&reader, 0, Cursor::START).await;
     assert_eq!(keys(&u), (1..=20).collect::<Vec<_>>());
     let u: Vec<Ulid> = u.iter().map(|row| row.ulid).collect();
@@ -139,9 +137,7 @@ async fn lagging_consumer_scenario(db: &TestDb) {
     assert!(lag["B"].expired, "{lag:?}");
 
     // New events after the purge: Cursor::START and the low-water mark read them.
-    for id in 21..=23 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 21..=23).await;
     let start = read_to_end(&reader, 0, Cursor::START).await;
     assert_eq!(keys(&start), vec![21, 22, 23]);
     let at_mark = read_to_end(&reader, 0, Cursor::from_ulid(u[19])).await;
@@ -320,9 +316,7 @@ async fn batches_scenario(db: &TestDb) {
     let feed = create_feed(&mut admin, "batches").await;
     let reader = reader_for(db, &feed, 100).await;
     let mut writer = db.client().await;
-    for id in 1..=25 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 1..=25).await;
     let u: Vec<Ulid> = read_to_end(&reader, 0, Cursor::START)
         .await
         .iter()
@@ -428,9 +422,7 @@ async fn dry_run_scenario(db: &TestDb) {
     let feed = create_feed(&mut admin, "dry_run").await;
     let reader = reader_for(db, &feed, 100).await;
     let mut writer = db.client().await;
-    for id in 1..=12 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 1..=12).await;
     let u: Vec<Ulid> = read_to_end(&reader, 0, Cursor::START)
         .await
         .iter()
@@ -676,9 +668,7 @@ async fn unregistered_scenario(db: &TestDb) {
     let feed = create_feed(&mut admin, "unregistered").await;
     let reader = reader_for(db, &feed, 3).await;
     let mut writer = db.client().await;
-    for id in 1..=10 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 1..=10).await;
     let first = reader
         .read_page::<i64>(0, Cursor::START)
         .await
@@ -717,9 +707,7 @@ async fn refused_scenario(db: &TestDb) {
     let feed = create_feed(&mut admin, "refused").await;
     let reader = reader_for(db, &feed, 100).await;
     let mut writer = db.client().await;
-    for id in 1..=3 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 1..=3).await;
     let u = read_to_end(&reader, 0, Cursor::START).await;
     wait_until_older_than_now(&mut admin, u[2].ulid).await;
     let procedure = feed.object("purge_feed");

@@ -156,6 +156,19 @@ pub async fn exec(client: &mut Client, sql: &str) -> Result<(), changefeed::Erro
     Ok(())
 }
 
+/// The server's error of a batch that must fail: its number and its message.
+pub async fn exec_failure(client: &mut Client, sql: &str) -> (u32, String) {
+    match exec(client, sql).await {
+        Ok(()) => panic!("`{sql}` succeeded; it must fail"),
+        Err(error) => (
+            error
+                .server_number()
+                .unwrap_or_else(|| panic!("`{sql}`: not a server error: {error}")),
+            error.to_string(),
+        ),
+    }
+}
+
 /// Runs a batch and returns the rows of all its result sets, in order.
 pub async fn rows(client: &mut Client, sql: &str) -> Result<Vec<Row>, changefeed::Error> {
     let mut stream = client.simple_query(sql).await?;
