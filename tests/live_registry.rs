@@ -26,6 +26,33 @@ use common::{Isolation, TestDb, exec, exec_failure, scalar_i64};
 use tiberius::Row;
 use ulid::Ulid;
 
+/// `setup_feed` of `table` (`schema.table`) in outbox mode.
+fn setup_outbox_feed(table: &str) -> String {
+    format!("exec changefeed.setup_feed @table_name = N'{table}', @outbox = 1;")
+}
+
+/// `teardown_feed` of `table` (`schema.table`).
+fn teardown_feed(table: &str) -> String {
+    format!("exec changefeed.teardown_feed @table_name = N'{table}';")
+}
+
+/// Saves `cursor` for `consumer` on `shard` of `feed` as `client`, and loads it back, the same.
+async fn assert_round_trip(
+    client: &mut Client,
+    consumer: &str,
+    feed: &Feed,
+    shard: i32,
+    cursor: Cursor,
+) {
+    CursorStore::save(client, consumer, feed, shard, cursor)
+        .await
+        .unwrap_or_else(|error| panic!("{consumer} saves its cursor on {feed}: {error}"));
+    let loaded = CursorStore::load(client, consumer, feed, shard)
+        .await
+        .unwrap_or_else(|error| panic!("{consumer} loads its cursor on {feed}: {error}"));
+    assert_eq!(loaded, Some(cursor), "{consumer} on {feed}, shard {shard}");
+}
+
 /// The longest any one call or task may take before the test calls it stuck.
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -330,24 +357,28 @@ async fn broken_feed_scenario(db: &TestDb) {
         })
         .collect();
     assert_eq!(summary.len(), 3, "{summary:?}");
-    assert_eq!(summary[0].0, "dbo.again");
-    assert_eq!(summary[0].1, None);
-    let again_problem = summary[0].2.clone().expect("again has a problem");
-    assert!(
-        again_problem.contains("re-created")
-            && again_problem.contains("exec changefeed.teardown_feed @table_name = N'dbo.again'"),
-        "{again_problem}"
-    );
-    assert_eq!((summary[1].0.as_str(), summary[1].1), ("dbo.keep", Some(0)));
-    assert_eq!(summary[1].2, None);
-    assert_eq!(summary[2].0, "dbo.ser");
-    assert_eq!(summary[2].1, None);
+    // Per feed: its shard, and what its problem says (with how to tear it down), if any.
+    let expected = [
+        ("dbo.again", None, Some("re-created")),
+        ("dbo.keep", Some(0), None),
+        ("dbo.ser", None, Some("dropped")),
+    ];
+    for ((feed, shard, problem), (name, expected_shard, says)) in summary.iter().zip(expected) {
+        assert_eq!((feed.as_str(), *shard), (name, expected_shard));
+        let Some(says) = says else {
+            assert_eq!(*problem, None, "{feed} has no problem");
+            continue;
+        };
+        let problem = problem
+            .clone()
+            .unwrap_or_else(|| panic!("{feed} has a problem"));
+        let advice = format!("exec changefeed.teardown_feed @table_name = N'{name}'");
+        assert!(
+            problem.contains(says) && problem.contains(&advice),
+            "{problem}"
+        );
+    }
     let ser_problem = summary[2].2.clone().expect("ser has a problem");
-    assert!(
-        ser_problem.contains("dropped")
-            && ser_problem.contains("exec changefeed.teardown_feed @table_name = N'dbo.ser'"),
-        "{ser_problem}"
-    );
     assert_eq!(
         required::<&str>(&status[2], "mode"),
         "serialize_writers",
@@ -387,11 +418,7 @@ async fn broken_feed_scenario(db: &TestDb) {
     write_ok(&mut writer, &keep, 0, 2, None).await;
     assert_eq!(read_to_end(&reader, 0, Cursor::START).await.len(), 2);
 
-    let (number, message) = exec_failure(
-        &mut admin,
-        "exec changefeed.setup_feed @table_name = N'dbo.again', @outbox = 1;",
-    )
-    .await;
+    let (number, message) = exec_failure(&mut admin, &setup_outbox_feed("dbo.again")).await;
     assert_eq!(number, 51001, "{message}");
     assert!(message.contains("Tear it down first"), "{message}");
 
@@ -412,11 +439,7 @@ async fn broken_feed_scenario(db: &TestDb) {
         saved_cursors(&mut admin, "dbo.ser").await.is_empty(),
         "teardown removed ser's cursors"
     );
-    exec_ok(
-        &mut admin,
-        "exec changefeed.setup_feed @table_name = N'dbo.again', @outbox = 1;",
-    )
-    .await;
+    exec_ok(&mut admin, &setup_outbox_feed("dbo.again")).await;
     write_ok(&mut writer, &again, 0, 7, None).await;
     let pool = changefeed::pool::pool(&db.ado(), 2).await.expect("a pool");
     let reader = changefeed::reader::FeedReader::new(pool, again.clone());
@@ -466,15 +489,8 @@ async fn access_scenario(db: &TestDb) -> Vec<Login> {
 
     let mut as_a = reader_a.connect(db).await;
     let cursor = Cursor::from_ulid(Ulid::from_parts(1_700_000_000_000, 42));
-    CursorStore::save(&mut as_a, "billing", &a, 0, cursor)
-        .await
-        .expect("a reader of a saves a's cursor");
-    assert_eq!(
-        CursorStore::load(&mut as_a, "billing", &a, 0)
-            .await
-            .expect("and loads it"),
-        Some(cursor)
-    );
+    // A reader of a saves a's cursor and loads it.
+    assert_round_trip(&mut as_a, "billing", &a, 0, cursor).await;
     let mut as_b = reader_b.connect(db).await;
     CursorStore::save(&mut as_b, "billing", &b, 0, Cursor::START)
         .await
@@ -552,11 +568,7 @@ async fn teardown_scenario(db: &TestDb) {
     )
     .await;
 
-    exec_ok(
-        &mut admin,
-        "exec changefeed.teardown_feed @table_name = N'dbo.td_gone';",
-    )
-    .await;
+    exec_ok(&mut admin, &teardown_feed("dbo.td_gone")).await;
     assert!(saved_cursors(&mut admin, "dbo.td_gone").await.is_empty());
     assert_eq!(
         saved_cursors(&mut admin, "dbo.td_other").await.len(),
@@ -564,11 +576,7 @@ async fn teardown_scenario(db: &TestDb) {
         "another feed's cursors stay"
     );
 
-    exec_ok(
-        &mut admin,
-        "exec changefeed.setup_feed @table_name = N'dbo.td_gone', @outbox = 1;",
-    )
-    .await;
+    exec_ok(&mut admin, &setup_outbox_feed("dbo.td_gone")).await;
     let members = scalar_i64(
         &mut admin,
         "select count_big(*) from sys.database_role_members \
@@ -648,15 +656,7 @@ async fn length_scenario(db: &TestDb) {
     );
     // The Rust binding still round-trips through the wider parameter.
     let cursor = Cursor::from_bytes(&sixteen).expect("16 bytes");
-    CursorStore::save(&mut admin, "rust", &feed, 3, cursor)
-        .await
-        .expect("save");
-    assert_eq!(
-        CursorStore::load(&mut admin, "rust", &feed, 3)
-            .await
-            .expect("load"),
-        Some(cursor)
-    );
+    assert_round_trip(&mut admin, "rust", &feed, 3, cursor).await;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -914,22 +914,14 @@ async fn view_scenario(db: &TestDb) {
          exec (N'create view [dbo].[a_view] as select id from [dbo].[viewed];');",
     )
     .await;
-    let (number, message) = exec_failure(
-        &mut admin,
-        "exec changefeed.setup_feed @table_name = N'dbo.a_view', @outbox = 1;",
-    )
-    .await;
+    let (number, message) = exec_failure(&mut admin, &setup_outbox_feed("dbo.a_view")).await;
     assert_eq!(number, 51001, "{message}");
     assert!(
         message.contains("is a view") && message.contains("needs a table"),
         "the refusal says it is a view and what a feed needs: {message}"
     );
     // A name that is neither still gets the message about a missing table.
-    let (number, message) = exec_failure(
-        &mut admin,
-        "exec changefeed.setup_feed @table_name = N'dbo.nothing_here', @outbox = 1;",
-    )
-    .await;
+    let (number, message) = exec_failure(&mut admin, &setup_outbox_feed("dbo.nothing_here")).await;
     assert_eq!(number, 51001, "{message}");
     assert!(message.contains("does not exist"), "{message}");
 }
