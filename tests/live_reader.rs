@@ -19,7 +19,8 @@ use changefeed::reader::{FeedReader, FeedReaderOptions, ReadRetryPolicy, Wait};
 use changefeed::{Client, Cursor, CursorStore, Error, Feed, FeedRow, Page};
 use common::events::{
     column_values, create_feed, exec_ok, feed_reader, hex, keys, pairs, read_to_end, required,
-    rows_ok, server_now_ms, spawn_held_writers, spawn_writers, write_all_ok, write_ok,
+    rows_ok, server_now_ms, spawn_held_writers, spawn_writers, write_all_ok, write_and_read_all,
+    write_ok,
 };
 use common::tasks::{bounded, join, join_all, join_result, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
@@ -44,18 +45,6 @@ async fn feed_and_reader(
         .wait(Wait::LongPoll(Duration::from_millis(500)));
     let reader = feed_reader(db, &feed, connections, options).await;
     (admin, feed, reader)
-}
-
-/// Writes events `ids` on shard 0 with `writer`, then reads shard 0 from the start to its
-/// end with `reader`: every row the feed has.
-async fn write_and_read_all(
-    writer: &mut Client,
-    feed: &Feed,
-    reader: &FeedReader,
-    ids: std::ops::RangeInclusive<i64>,
-) -> Vec<FeedRow<i64>> {
-    write_all_ok(writer, feed, 0, ids).await;
-    read_to_end(reader, 0, Cursor::START).await
 }
 
 // ------------------------------------------------------------------------------------------

@@ -99,6 +99,19 @@ pub async fn write_all_ok(
     }
 }
 
+/// Writes events `ids` on shard 0 with `writer` ([`write_all_ok`]), then reads shard 0 from
+/// the start to its end with `reader`, so that every row has its ULID: every row the feed
+/// has.
+pub async fn write_and_read_all(
+    writer: &mut Client,
+    feed: &Feed,
+    reader: &FeedReader,
+    ids: impl IntoIterator<Item = i64>,
+) -> Vec<FeedRow<i64>> {
+    write_all_ok(writer, feed, 0, ids).await;
+    read_to_end(reader, 0, Cursor::START).await
+}
+
 /// [`write_event`] for concurrent writers: a transient failure (deadlock victim, lock
 /// timeout, dropped connection) is retried, up to [`MAX_WRITE_RETRIES`] times, after
 /// checking whether the commit made it (a dropped connection may have lost only the
@@ -214,6 +227,11 @@ pub async fn server_now_ms(client: &mut Client) -> i64 {
 /// The keys of `rows`, in order: what the assertions on which events came compare.
 pub fn keys(rows: &[FeedRow<i64>]) -> Vec<i64> {
     rows.iter().map(|row| row.key).collect()
+}
+
+/// The ULIDs of `rows`, in order.
+pub fn ulids(rows: &[FeedRow<i64>]) -> Vec<Ulid> {
+    rows.iter().map(|row| row.ulid).collect()
 }
 
 /// The (ULID, key) pairs of `rows`, in order: what two consumers (or a consumer and the
