@@ -22,14 +22,9 @@ use common::events::{
 };
 use common::logins::{Login, drop_logins};
 use common::tasks::{bounded, close, join, spawn_bounded};
-use common::{Isolation, TestDb, exec, exec_failure, scalar_i64};
+use common::{Isolation, TestDb, exec, exec_failure, scalar_i64, setup_outbox_feed};
 use tiberius::Row;
 use ulid::Ulid;
-
-/// `setup_feed` of `table` (`schema.table`) in outbox mode.
-fn setup_outbox_feed(table: &str) -> String {
-    format!("exec changefeed.setup_feed @table_name = N'{table}', @outbox = 1;")
-}
 
 /// `teardown_feed` of `table` (`schema.table`).
 fn teardown_feed(table: &str) -> String {
@@ -620,10 +615,7 @@ async fn backslash_scenario(db: &TestDb) {
             "the message lists the backslash: {message}"
         );
     }
-    assert_eq!(
-        scalar_i64(&mut admin, "select count_big(*) from changefeed.feeds;").await,
-        0
-    );
+    assert_eq!(common::registered_feeds(&mut admin).await, 0);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -857,7 +849,7 @@ async fn owner_scenario(db: &TestDb) {
         );
     }
     assert_eq!(
-        scalar_i64(&mut admin, "select count_big(*) from changefeed.feeds;").await,
+        common::registered_feeds(&mut admin).await,
         0,
         "nothing was registered"
     );

@@ -156,6 +156,16 @@ pub async fn exec(client: &mut Client, sql: &str) -> Result<(), changefeed::Erro
     Ok(())
 }
 
+/// `setup_feed` of `table` (`schema.table`) in outbox mode.
+pub fn setup_outbox_feed(table: &str) -> String {
+    format!("exec changefeed.setup_feed @table_name = N'{table}', @outbox = 1;")
+}
+
+/// How many feeds the registry (`changefeed.feeds`) holds.
+pub async fn registered_feeds(client: &mut Client) -> i64 {
+    scalar_i64(client, "select count_big(*) from changefeed.feeds;").await
+}
+
 /// The server's error of a batch that must fail: its number and its message.
 pub async fn exec_failure(client: &mut Client, sql: &str) -> (u32, String) {
     match exec(client, sql).await {
