@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 use changefeed::{Client, Cursor, Feed, FeedRow, Page, ReadOptions, read_page};
 use common::events::commit_retrying;
 use common::load::{
-    Load, MAX_TRANSIENT_RETRIES, TASK_LIMIT, WriterKey, check_stored, keys, load_on_1_and_4_shards,
+    Load, MAX_TRANSIENT_RETRIES, TASK_LIMIT, WriterKey, check_stored, keys, load_feed, load_test,
     ulid_of, write_and_read,
 };
-use common::logins::{Login, deletes_from, selects_from, with_logins};
-use common::tasks::{bounded, close, expect_denied, join, spawn_bounded};
+use common::logins::{Login, deletes_from, selects_from};
+use common::tasks::{await_none_left, bounded, close, expect_denied, join, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64, setup_outbox_feed};
 use tokio::sync::Barrier;
 use ulid::Ulid;
@@ -35,23 +35,9 @@ const NOT_BLOCKED_LIMIT: Duration = Duration::from_secs(20);
 // 1. The load matrix
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn load_10_writers_5_readers_100_events_on_1_and_4_shards() {
-    load_on_1_and_4_shards("load_10x5x100", Load::new(10, 5, 100), run_load).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn load_1_writer_20_readers_1000_events_on_1_and_4_shards() {
-    load_on_1_and_4_shards("load_1x20x1000", Load::new(1, 20, 1000), run_load).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn load_10_writers_10_readers_200_events_on_1_and_4_shards() {
-    load_on_1_and_4_shards("load_10x10x200", Load::new(10, 10, 200), run_load).await;
-}
+load_test!(load_10_writers_5_readers_100_events_on_1_and_4_shards: "load_10x5x100" => Load::new(10, 5, 100), run_load);
+load_test!(load_1_writer_20_readers_1000_events_on_1_and_4_shards: "load_1x20x1000" => Load::new(1, 20, 1000), run_load);
+load_test!(load_10_writers_10_readers_200_events_on_1_and_4_shards: "load_10x10x200" => Load::new(10, 10, 200), run_load);
 
 /// W writers commit N events each (one transaction per event, each writer waiting for its
 /// previous commit, so the ordering contract applies to a writer's own events) while R
@@ -64,16 +50,12 @@ async fn load_10_writers_10_readers_200_events_on_1_and_4_shards() {
 /// than R/4). With one writer and 4 shards, shards 1-3 stay empty: readers keep polling
 /// empty shards between pages of the busy one, which must cost them nothing.
 async fn run_load(db: &TestDb, load: Load, shards: i32) {
-    let table = load.table("load", shards);
-    let mut admin = db.client().await;
-    let feed = create_writer_feed(&mut admin, &table).await;
+    let (mut admin, run) = load_feed(db, load, "load", shards, create_writer_feed).await;
+    let (table, feed) = (&run.table, &run.feed);
     // Each writer commits its events one by one, each with its outbox row in one transaction.
     let (_, reference) = write_and_read(
         db,
-        &table,
-        &feed,
-        shards,
-        load,
+        &run,
         move |mut client, database, feed, shard, writer| async move {
             for seq in 0..load.events_per_writer as i32 {
                 // A transient failure (deadlock victim, lock timeout, dropped connection)
@@ -313,28 +295,18 @@ async fn abandoned_writer_scenario(db: &TestDb) {
 
     // Bounded wait for the server to finish the dropped session's rollback. NOLOCK sees
     // uncommitted rows, so it tells when they are really gone.
-    let gone_by = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = scalar_i64(
-            &mut admin,
-            &format!(
-                "select (select count_big(*) from {} with (nolock) where writer in (1, 2)) \
-                 + (select count_big(*) from {} with (nolock) where writer in (1, 2));",
-                feed.outbox_table(),
-                feed.quoted_table()
-            ),
-        )
-        .await;
-        if left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < gone_by,
-            "{left} rows of the abandoned writers are still there 60 s after their \
-             connection was dropped / rolled back"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    await_none_left(
+        &mut admin,
+        &format!(
+            "select (select count_big(*) from {} with (nolock) where writer in (1, 2)) \
+             + (select count_big(*) from {} with (nolock) where writer in (1, 2));",
+            feed.outbox_table(),
+            feed.quoted_table()
+        ),
+        Duration::from_secs(60),
+        "the abandoned writers' rows, their connection dropped / rolled back",
+    )
+    .await;
 
     // No trace: not in the event table, the outbox, the feed, nor any read.
     let abandoned = Some("writer in (1, 2)");
@@ -465,17 +437,9 @@ async fn head_race_scenario(db: &TestDb) {
 // 5. Roles with real logins
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn reader_and_writer_roles_with_real_logins() {
-    common::under_both_isolations("roles", async |db: &TestDb| {
-        let two = async |[reader, writer]: &[Login; 2]| roles_scenario(db, reader, writer).await;
-        with_logins(db, ["reader", "writer"], two).await;
-    })
-    .await;
-}
+common::live_test!(reader_and_writer_roles_with_real_logins: "roles" => with_logins("reader", "writer") roles_scenario);
 
-async fn roles_scenario(db: &TestDb, reader_login: &Login, writer_login: &Login) {
+async fn roles_scenario(db: &TestDb, [reader_login, writer_login]: &[Login; 2]) {
     let mut admin = db.client().await;
     let feed = create_id_feed(&mut admin, "role_events", Some("nvarchar(100) not null")).await;
     reader_login
@@ -715,26 +679,20 @@ async fn read_with_event(
 // 5b. A reader login takes the same shard lock as every other reader
 // ------------------------------------------------------------------------------------------
 
-/// read_feed names its shard lock after `object_id(N'[changefeed].[feed:...]')`. Inside a
-/// procedure, metadata functions answer with the *caller's* permissions, not the owner's
-/// (ownership chaining does not extend to metadata visibility), and a member of the readers
-/// role has no permission on the feed table. If `object_id` answers NULL for it, its lock is
-/// `changefeed::<shard>` instead of `changefeed:<id>:<shard>`: it moves the outbox while a
-/// dbo reader holds the shard's lock, and the "a lost race returns the winner's rows"
-/// guarantee no longer holds between such readers and others. This test holds the shard
-/// lock by the name read_feed is meant to use, first shows that a dbo reader waits for it
-/// (so the name is right), then requires the same of a reader login.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn reader_login_waits_for_the_same_shard_lock_as_other_readers() {
-    common::under_both_isolations("shard_lock", async |db: &TestDb| {
-        let one = async |[reader]: &[Login; 1]| shard_lock_scenario(db, reader).await;
-        with_logins(db, ["lockreader"], one).await;
-    })
-    .await;
-}
+common::live_test!(
+    /// read_feed names its shard lock after `object_id(N'[changefeed].[feed:...]')`. Inside a
+    /// procedure, metadata functions answer with the *caller's* permissions, not the owner's
+    /// (ownership chaining does not extend to metadata visibility), and a member of the readers
+    /// role has no permission on the feed table. If `object_id` answers NULL for it, its lock is
+    /// `changefeed::<shard>` instead of `changefeed:<id>:<shard>`: it moves the outbox while a
+    /// dbo reader holds the shard's lock, and the "a lost race returns the winner's rows"
+    /// guarantee no longer holds between such readers and others. This test holds the shard
+    /// lock by the name read_feed is meant to use, first shows that a dbo reader waits for it
+    /// (so the name is right), then requires the same of a reader login.
+    reader_login_waits_for_the_same_shard_lock_as_other_readers: "shard_lock" => with_logins("lockreader") shard_lock_scenario
+);
 
-async fn shard_lock_scenario(db: &TestDb, reader_login: &Login) {
+async fn shard_lock_scenario(db: &TestDb, [reader_login]: &[Login; 1]) {
     // Far below read_feed's 10 s lock timeout, far above a read that does not wait.
     const HOLD: Duration = Duration::from_secs(2);
     let mut admin = db.client().await;

@@ -27,11 +27,11 @@ use changefeed::writer::lock_feed;
 use changefeed::{Client, Cursor, Feed, FeedRow, Page, ReadOptions, read_page};
 use common::events::{read_state, recover_from_transient, retry_pause};
 use common::load::{
-    Load, MAX_TRANSIENT_RETRIES, WriterKey, check_stored, keys, load_on_1_and_4_shards,
+    Load, MAX_TRANSIENT_RETRIES, WriterKey, check_stored, keys, load_feed, load_test,
     write_and_read,
 };
-use common::logins::{Login, with_logins};
-use common::tasks::{bounded, close, expect_denied};
+use common::logins::Login;
+use common::tasks::{await_none_left, bounded, close, expect_denied};
 use common::{Isolation, TestDb, exec, rows, scalar_i64};
 use tiberius::Row;
 use time::PrimitiveDateTime;
@@ -396,17 +396,8 @@ struct Written {
     done: Instant,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn load_10_writers_5_readers_100_events_on_1_and_4_shards() {
-    load_on_1_and_4_shards("ser_load_10x5x100", Load::new(10, 5, 100), run_load).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn load_10_writers_10_readers_200_events_on_1_and_4_shards() {
-    load_on_1_and_4_shards("ser_load_10x10x200", Load::new(10, 10, 200), run_load).await;
-}
+load_test!(load_10_writers_5_readers_100_events_on_1_and_4_shards: "ser_load_10x5x100" => Load::new(10, 5, 100), run_load);
+load_test!(load_10_writers_10_readers_200_events_on_1_and_4_shards: "ser_load_10x10x200" => Load::new(10, 10, 200), run_load);
 
 /// W writers commit N events each, one per server-side transaction (lock_feed, insert with
 /// ulid(1), commit in one batch), each writer waiting for its previous commit. Writer w
@@ -419,24 +410,14 @@ async fn load_10_writers_10_readers_200_events_on_1_and_4_shards() {
 /// each event's ULID is the @ulid its lock_feed returned (ulid(1) = @ulid); and the ordering
 /// contract: when A's commit had come back before B's batch was sent, ulid(A) < ulid(B).
 async fn run_load(db: &TestDb, load: Load, shards: i32) {
-    let table = load.table("ser_load", shards);
-    let mut admin = db.client().await;
-    let feed = create_serialized_feed(
-        &mut admin,
-        &table,
-        "writer int not null, seq int not null",
-        "writer, seq",
-    )
-    .await;
+    let (mut admin, run) = load_feed(db, load, "ser_load", shards, create_writer_feed).await;
+    let (table, feed) = (&run.table, &run.feed);
     let expected = load.events();
     // Each writer commits its events one by one, each in one server-side batch, and keeps
     // the ULID its lock_feed returned and when the batch was sent and came back.
     let (written, reference) = write_and_read(
         db,
-        &table,
-        &feed,
-        shards,
-        load,
+        &run,
         move |mut client, database, feed, shard, writer| async move {
             let mut written = Vec::with_capacity(load.events_per_writer);
             for seq in 0..load.events_per_writer as i32 {
@@ -1570,17 +1551,9 @@ async fn assert_not_a_feed(admin: &mut Client, table: &str) {
 // 7. Roles with real logins
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn writer_and_reader_roles_with_real_logins() {
-    common::under_both_isolations("ser_roles", async |db: &TestDb| {
-        let two = async |[writer, reader]: &[Login; 2]| roles_scenario(db, writer, reader).await;
-        with_logins(db, ["serwriter", "serreader"], two).await;
-    })
-    .await;
-}
+common::live_test!(writer_and_reader_roles_with_real_logins: "ser_roles" => with_logins("serwriter", "serreader") roles_scenario);
 
-async fn roles_scenario(db: &TestDb, writer_login: &Login, reader_login: &Login) {
+async fn roles_scenario(db: &TestDb, [writer_login, reader_login]: &[Login; 2]) {
     let mut admin = db.client().await;
     let feed_a = create_serialized_feed(&mut admin, "role_a", "id int not null", "id").await;
     let feed_b = create_serialized_feed(&mut admin, "role_b", "id int not null", "id").await;
@@ -1865,13 +1838,7 @@ async fn power_off_unmitigated(db: &TestDb) {
     let wait_limit = power_off_wait();
     let isolation = db.isolation;
     let mut admin = db.client().await;
-    let feed = create_serialized_feed(
-        &mut admin,
-        "poweroff_a",
-        "writer int not null, seq int not null",
-        "writer, seq",
-    )
-    .await;
+    let feed = create_writer_feed(&mut admin, "poweroff_a").await;
     let committed = commit_event(&mut admin, &feed, 0, (0, 0)).await;
 
     let proxy = FreezableProxy::start(server_address(db)).await;
@@ -2060,13 +2027,7 @@ common::live_test!(power_off_with_lock_timeout_other_writers_fail_fast: "ser_pow
 async fn power_off_lock_timeout(db: &TestDb) {
     let isolation = db.isolation;
     let mut admin = db.client().await;
-    let feed = create_serialized_feed(
-        &mut admin,
-        "poweroff_b",
-        "writer int not null, seq int not null",
-        "writer, seq",
-    )
-    .await;
+    let feed = create_writer_feed(&mut admin, "poweroff_b").await;
     commit_event(&mut admin, &feed, 0, (0, 0)).await;
     let proxy = FreezableProxy::start(server_address(db)).await;
     let mut a = connect_through(&proxy, db).await;
@@ -2153,13 +2114,7 @@ async fn power_off_server_side_batch(db: &TestDb) {
     let hold = Duration::from_millis(u64::from(HOLD_MS));
     let isolation = db.isolation;
     let mut admin = db.client().await;
-    let feed = create_serialized_feed(
-        &mut admin,
-        "poweroff_c",
-        "writer int not null, seq int not null",
-        "writer, seq",
-    )
-    .await;
+    let feed = create_writer_feed(&mut admin, "poweroff_c").await;
     commit_event(&mut admin, &feed, 0, (0, 0)).await;
     let proxy = FreezableProxy::start(server_address(db)).await;
     let mut a = connect_through(&proxy, db).await;
@@ -2305,27 +2260,18 @@ async fn power_off_outbox(db: &TestDb) {
 
     // Writer A's connection dies: its rows disappear; the shard goes on.
     proxy.reset().await;
-    let gone_by = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = scalar_i64(
-            &mut admin,
-            &format!(
-                "select (select count(*) from {} with (nolock) where writer = 1) \
-                 + (select count(*) from {} with (nolock) where writer = 1);",
-                feed.quoted_table(),
-                feed.outbox_table()
-            ),
-        )
-        .await;
-        if left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < gone_by,
-            "writer A's rows are still there 60 s after its connection was reset"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    await_none_left(
+        &mut admin,
+        &format!(
+            "select (select count(*) from {} with (nolock) where writer = 1) \
+             + (select count(*) from {} with (nolock) where writer = 1);",
+            feed.quoted_table(),
+            feed.outbox_table()
+        ),
+        Duration::from_secs(60),
+        "writer A's rows, its connection reset",
+    )
+    .await;
     exec(&mut b, &outbox_event(2, 2, true))
         .await
         .expect("writer B's next event");
@@ -2580,6 +2526,18 @@ async fn session_id(client: &mut Client) -> i32 {
 
 /// Creates `[dbo].[table]` with `columns`, an int `Shard`, a binary(16) `ULID`, the primary
 /// key `key` and a unique index on (Shard, ULID), and makes it a serialized-writer feed.
+/// Creates the load and power-off scenarios' serialized feed `[dbo].[table]`: events keyed
+/// by (writer, seq).
+async fn create_writer_feed(admin: &mut Client, table: &str) -> Feed {
+    create_serialized_feed(
+        admin,
+        table,
+        "writer int not null, seq int not null",
+        "writer, seq",
+    )
+    .await
+}
+
 async fn create_serialized_feed(admin: &mut Client, table: &str, columns: &str, key: &str) -> Feed {
     exec(
         admin,

@@ -354,7 +354,10 @@ pub async fn under_both_isolations(label: &str, scenario: impl AsyncFn(&TestDb))
 /// [`under_both_isolations`] with `label`; `current_thread test_name: …` runs on tokio's
 /// default runtime, and `once_locking test_name: …` runs the scenario once, under
 /// [`under_locking_read_committed`], for what does not depend on the setting (the registry's
-/// refusals). Attributes (`#[doc]`…) go first, inside the call.
+/// refusals). `test_name: "label" => with_logins("a", "b") scenario` runs `scenario(db,
+/// &[login_a, login_b])` under both settings with new logins named after "a" and "b"
+/// ([`logins::with_logins`]: dropped afterwards). Attributes (`#[doc]`…) go first, inside
+/// the call.
 ///
 /// ```ignore
 /// common::live_test!(rows_come_in_commit_order: "commit_order" => commit_order);
@@ -376,6 +379,18 @@ macro_rules! live_test {
         #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
         async fn $name() {
             $crate::common::under_locking_read_committed($label, $scenario).await;
+        }
+    };
+    ($(#[$meta:meta])* $name:ident: $label:literal => with_logins($($what:literal),+) $scenario:expr) => {
+        $(#[$meta])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+        async fn $name() {
+            $crate::common::under_both_isolations($label, async |db: &$crate::common::TestDb| {
+                let logins = async |logins: &_| $scenario(db, logins).await;
+                $crate::common::logins::with_logins(db, [$($what),+], logins).await;
+            })
+            .await;
         }
     };
     ($(#[$meta:meta])* $name:ident: $label:literal => $scenario:expr) => {
