@@ -147,49 +147,30 @@ async fn slow_writer_scenario(db: &TestDb) {
     let what = "writer B's commit next to A's open transaction";
     commit_unblocked(&mut writer_b, &feed, (SHARD, 2, 1), what).await;
 
-    let (page, took) = reader
-        .read_unblocked(
-            Cursor::START,
-            "the read next to writer A's open transaction",
-        )
+    let what = format!(
+        "{:?}: the read next to writer A's open transaction (it must return B's committed row \
+         and not A's uncommitted one)",
+        db.isolation
+    );
+    let page = reader
+        .read_within(Cursor::START, LATENCY, &[(2, 1)], &what)
         .await;
-    assert_eq!(
-        keys(&page),
-        vec![(2, 1)],
-        "{:?}: the reader must return B's committed row and not A's uncommitted one",
-        db.isolation
-    );
-    assert!(
-        took <= LATENCY,
-        "{:?}: the read took {took:?}: an uncommitted writer must not delay the readers of \
-         its shard (limit {LATENCY:?})",
-        db.isolation
-    );
     let b_ulid = page.rows[0].ulid;
 
     // Until A commits, no read returns its row, and none waits for it.
     let mut polls = 0;
     while a_began.elapsed() < HOLD {
         for cursor in [Cursor::START, page.next_cursor] {
-            let (again, took) = reader
-                .read_unblocked(cursor, "a read while writer A holds its row")
-                .await;
             let wanted = if cursor == Cursor::START {
                 vec![(2, 1)]
             } else {
                 Vec::new()
             };
-            assert_eq!(
-                keys(&again),
-                wanted,
-                "{:?}: read from {cursor} while A is uncommitted",
+            let what = format!(
+                "{:?}: a read from {cursor} while writer A holds its row",
                 db.isolation
             );
-            assert!(
-                took <= LATENCY,
-                "{:?}: a read while A is open took {took:?}",
-                db.isolation
-            );
+            reader.read_within(cursor, LATENCY, &wanted, &what).await;
         }
         polls += 1;
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -1061,6 +1042,26 @@ impl ShardReader {
             .await
             .unwrap_or_else(|error| panic!("{what}: {error}"));
         (page, started.elapsed())
+    }
+
+    /// A read from `cursor` ([`Self::read_unblocked`]) that must return the rows `wanted`
+    /// within `latency`, `what` says which read: an uncommitted writer must not delay the
+    /// readers of its shard. The page.
+    async fn read_within(
+        &mut self,
+        cursor: Cursor,
+        latency: Duration,
+        wanted: &[WriterKey],
+        what: &str,
+    ) -> Page<FeedRow<WriterKey>> {
+        let (page, took) = self.read_unblocked(cursor, what).await;
+        assert_eq!(keys(&page), wanted, "{what}: the rows it returned");
+        assert!(
+            took <= latency,
+            "{what}: the read took {took:?}: an uncommitted writer must not delay the readers \
+             of its shard (limit {latency:?})"
+        );
+        page
     }
 }
 
