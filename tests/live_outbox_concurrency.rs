@@ -89,7 +89,7 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
     // The server agrees: the feed holds exactly what the readers saw, the outbox is empty.
     check_stored(
         &mut admin,
-        &table,
+        table,
         "the feed table",
         &format!(
             "select shard_id, ulid, writer, seq from {} order by shard_id, ulid;",

@@ -79,9 +79,7 @@ async fn range_scenario(db: &TestDb) {
     let mut writer = db.client().await;
 
     // 1. lock_feed with every output, and ulid(1), ulid(2), ulid(10^11) in the same batch.
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut writer).await;
     let first = rows(
         &mut writer,
         &format!(
@@ -289,9 +287,7 @@ async fn range_scenario(db: &TestDb) {
     .await
     .expect("insert three events numbered by row_number, and commit");
     let mut reader = db.client().await;
-    let page = read_page::<i64>(&mut reader, &feed, 0, Cursor::START, options(100))
-        .await
-        .expect("read_page after the commit");
+    let page = read_from_start::<i64>(&mut reader, &feed, "read_page after the commit").await;
     assert_eq!(
         page.rows
             .iter()
@@ -306,9 +302,7 @@ async fn range_scenario(db: &TestDb) {
     );
 
     // 7. The state survives the commit; a rolled-back reservation is handed out again.
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut writer).await;
     let before_rollback = model;
     let r6 = lock_feed(&mut writer, &feed, 0, Some(t0), None)
         .await
@@ -322,9 +316,7 @@ async fn range_scenario(db: &TestDb) {
         .await
         .expect("rollback");
     model = before_rollback;
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut writer).await;
     let r7 = lock_feed(&mut writer, &feed, 0, Some(t0), None)
         .await
         .expect("lock_feed after a rollback");
@@ -342,9 +334,7 @@ async fn range_scenario(db: &TestDb) {
 
     // 8. Other shards have states of their own; hints before 1970 are clamped to 0. One shard
     // of a feed per transaction (51203 otherwise, see two_shards_of_one_feed_...).
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut writer).await;
     let s1 = lock_feed(&mut writer, &feed, 1, Some(t0), None)
         .await
         .expect("lock_feed on shard 1");
@@ -434,7 +424,7 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
     // The table holds exactly what the readers saw.
     check_stored(
         &mut admin,
-        &table,
+        table,
         "the event table",
         &format!(
             "select Shard, ULID, writer, seq from {} order by Shard, ULID;",
@@ -461,7 +451,7 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
         );
     }
 
-    let checked = check_commit_order(&table, &written, shards);
+    let checked = check_commit_order(table, &written, shards);
     eprintln!(
         "-- {table}: {expected} events; {checked} pairs (A committed before B was sent) all \
          had ulid(A) < ulid(B)"
@@ -576,9 +566,7 @@ async fn two_feeds_scenario(db: &TestDb) {
     let mut writer = db.client().await;
     let mut other = db.client().await;
 
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut writer).await;
     let ra = lock_feed(&mut writer, &feed_a, 0, None, Some(Duration::from_secs(5)))
         .await
         .expect("lock_feed of feed A");
@@ -593,17 +581,11 @@ async fn two_feeds_scenario(db: &TestDb) {
     .expect("insert into A with A's ulid()");
 
     // Holding feed A's shard 0 does not lock feed B's shard 0.
-    exec(&mut other, "begin transaction;").await.expect("begin");
-    bounded(
+    let what = (
         "lock_feed of feed B next to a holder of feed A",
-        NOT_BLOCKED_LIMIT,
-        lock_feed(&mut other, &feed_b, 0, None, Some(Duration::ZERO)),
-    )
-    .await
-    .expect("feed B's shard 0 is free while feed A's is held");
-    exec(&mut other, "rollback transaction;")
-        .await
-        .expect("rollback");
+        "feed B's shard 0 is free while feed A's is held",
+    );
+    assert_shard_free(&mut other, &feed_b, 0, what).await;
 
     let rb = lock_feed(&mut writer, &feed_b, 0, None, Some(Duration::from_secs(5)))
         .await
@@ -644,12 +626,8 @@ async fn two_feeds_scenario(db: &TestDb) {
         .expect("commit both feeds' events at once");
 
     let mut reader = db.client().await;
-    let page_a = read_page::<i32>(&mut reader, &feed_a, 0, Cursor::START, options(100))
-        .await
-        .expect("read feed A");
-    let page_b = read_page::<i32>(&mut reader, &feed_b, 0, Cursor::START, options(100))
-        .await
-        .expect("read feed B");
+    let page_a = read_from_start::<i32>(&mut reader, &feed_a, "read feed A").await;
+    let page_b = read_from_start::<i32>(&mut reader, &feed_b, "read feed B").await;
     assert_eq!(
         ulids_and_keys(&page_a),
         vec![(ra.nth(1).unwrap(), 1), (ra.nth(2).unwrap(), 2)],
@@ -680,8 +658,8 @@ async fn opposite_order_scenario(db: &TestDb) {
     let feed_b = create_serialized_feed(&mut admin, "order_b", "id int not null", "id").await;
     let mut w1 = db.client().await;
     let mut w2 = db.client().await;
-    exec(&mut w1, "begin transaction;").await.expect("begin");
-    exec(&mut w2, "begin transaction;").await.expect("begin");
+    begin(&mut w1).await;
+    begin(&mut w2).await;
     lock_feed(&mut w1, &feed_a, 0, None, None)
         .await
         .expect("writer 1 locks A");
@@ -755,27 +733,19 @@ common::live_test!(lock_timeout_fails_fast_with_51202_and_rolls_back: "ser_timeo
 async fn lock_timeout_scenario(db: &TestDb) {
     let mut admin = db.client().await;
     let feed = create_serialized_feed(&mut admin, "timeouts", "id int not null", "id").await;
-    let ulid_fn = feed.object("ulid");
     let lock = feed.object("lock_feed");
     let mut w1 = db.client().await;
     let mut w2 = db.client().await;
 
     // Phase 1: writer 1 holds shard 0.
-    exec(&mut w1, "begin transaction;").await.expect("begin");
+    begin(&mut w1).await;
     let r1 = lock_feed(&mut w1, &feed, 0, None, None)
         .await
         .expect("writer 1 locks shard 0");
 
-    exec(&mut w2, "begin transaction;").await.expect("begin");
-    let started = Instant::now();
-    let error = bounded(
-        "lock_feed with a 500 ms lock timeout",
-        NOT_BLOCKED_LIMIT,
-        lock_feed(&mut w2, &feed, 0, None, Some(Duration::from_millis(500))),
-    )
-    .await
-    .expect_err("writer 2 cannot get shard 0 while writer 1 holds it");
-    let took = started.elapsed();
+    let timeout = Duration::from_millis(500);
+    let why = "writer 2 cannot get shard 0 while writer 1 holds it";
+    let (error, took) = lock_feed_timing_out(&mut w2, &feed, timeout, why).await;
     eprintln!("-- {:?}: 51202 after {took:?}", db.isolation);
     assert_eq!(
         error.server_number(),
@@ -790,15 +760,8 @@ async fn lock_timeout_scenario(db: &TestDb) {
         error.is_transient(),
         "51202 is transient: retry the transaction"
     );
-    assert!(
-        took >= Duration::from_millis(450) && took <= Duration::from_secs(3),
-        "@lock_timeout_ms = 500 failed after {took:?}; expected about 0.5 s"
-    );
-    assert_eq!(
-        scalar_i64(&mut w2, "select @@trancount;").await,
-        0,
-        "51202 rolled writer 2's transaction back (XACT_ABORT in lock_feed)"
-    );
+    let limit = Duration::from_secs(3);
+    assert_timed_out_and_rolled_back(&mut w2, (took, timeout, limit), "writer 2").await;
 
     // @lock_timeout_ms = 0 fails at once; the same error from T-SQL, inside TRY/CATCH.
     let started = Instant::now();
@@ -828,37 +791,29 @@ async fn lock_timeout_scenario(db: &TestDb) {
     assert_eq!(scalar_i64(&mut w2, "select @@trancount;").await, 0);
 
     // Another shard is free.
-    exec(&mut w2, "begin transaction;").await.expect("begin");
-    bounded(
+    let what = (
         "lock_feed of shard 1 next to a holder of shard 0",
-        NOT_BLOCKED_LIMIT,
-        lock_feed(&mut w2, &feed, 1, None, Some(Duration::ZERO)),
-    )
-    .await
-    .expect("shard 1 is free while shard 0 is held");
-    exec(&mut w2, "rollback transaction;")
-        .await
-        .expect("rollback");
+        "shard 1 is free while shard 0 is held",
+    );
+    assert_shard_free(&mut w2, &feed, 1, what).await;
 
     // Writer 1 was not disturbed.
-    exec(
+    insert_and_commit(
         &mut w1,
-        &format!(
-            "insert into {} (id, Shard, ULID) values (1, 0, {ulid_fn}(1)); commit transaction;",
-            feed.quoted_table()
-        ),
+        &feed,
+        (1, 1),
+        "writer 1 inserts and commits after writer 2's timeouts",
     )
-    .await
-    .expect("writer 1 inserts and commits after writer 2's timeouts");
+    .await;
 
     // Phase 2: a writer that waits (within its timeout) gets a range above the holder's and
     // is let in only when the holder commits.
-    exec(&mut w1, "begin transaction;").await.expect("begin");
+    begin(&mut w1).await;
     let r1b = lock_feed(&mut w1, &feed, 0, None, None)
         .await
         .expect("writer 1 locks shard 0 again");
     assert!(r1b.first() > r1.last());
-    exec(&mut w2, "begin transaction;").await.expect("begin");
+    begin(&mut w2).await;
     let feed_for_w2 = feed.clone();
     let waiting = tokio::spawn(async move {
         let result = lock_feed(
@@ -877,15 +832,7 @@ async fn lock_timeout_scenario(db: &TestDb) {
         "writer 2 got shard 0 while writer 1 still held it"
     );
     let commit_sent = Instant::now();
-    exec(
-        &mut w1,
-        &format!(
-            "insert into {} (id, Shard, ULID) values (2, 0, {ulid_fn}(1)); commit transaction;",
-            feed.quoted_table()
-        ),
-    )
-    .await
-    .expect("writer 1 commits");
+    insert_and_commit(&mut w1, &feed, (2, 1), "writer 1 commits").await;
     let (mut w2, result, granted_at) = bounded("writer 2's wait", NOT_BLOCKED_LIMIT, waiting)
         .await
         .expect("writer 2's task");
@@ -898,20 +845,10 @@ async fn lock_timeout_scenario(db: &TestDb) {
         r2.first() > r1b.last(),
         "the writer let in after a commit gets ULIDs above the whole range of the committed one"
     );
-    exec(
-        &mut w2,
-        &format!(
-            "insert into {} (id, Shard, ULID) values (3, 0, {ulid_fn}(1)); commit transaction;",
-            feed.quoted_table()
-        ),
-    )
-    .await
-    .expect("writer 2 commits");
+    insert_and_commit(&mut w2, &feed, (3, 1), "writer 2 commits").await;
 
     let mut reader = db.client().await;
-    let page = read_page::<i32>(&mut reader, &feed, 0, Cursor::START, options(100))
-        .await
-        .expect("read_page");
+    let page = read_from_start::<i32>(&mut reader, &feed, "read_page").await;
     assert_eq!(
         ulids_and_keys(&page),
         vec![(r1.first(), 1), (r1b.first(), 2), (r2.first(), 3)],
@@ -930,37 +867,18 @@ async fn misuse_scenario(db: &TestDb) {
     let feed = create_serialized_feed(&mut admin, "misuse", "id int not null", "id").await;
     let ulid_fn = feed.object("ulid");
     let lock = feed.object("lock_feed");
-    let table = feed.quoted_table();
     let mut client = db.client().await;
     let mut other = db.client().await;
 
     // A session that never called lock_feed, outside and inside a transaction.
-    expect_needs_lock_feed_outside_and_inside(
-        &mut client,
-        &ulid_fn,
-        "ulid(1) in a session that never called lock_feed",
-        "ulid(1) in a transaction without lock_feed",
-    )
-    .await;
+    let when = "in a session that never called lock_feed";
+    expect_needs_lock_feed_outside_and_inside(&mut client, &ulid_fn, when).await;
 
     // After the transaction that called lock_feed committed.
     begin_and_lock(&mut client, &feed).await;
-    exec(
-        &mut client,
-        &format!(
-            "insert into {table} (id, Shard, ULID) values (1, 0, {ulid_fn}(1)); \
-             commit transaction;"
-        ),
-    )
-    .await
-    .expect("insert and commit");
-    expect_needs_lock_feed_outside_and_inside(
-        &mut client,
-        &ulid_fn,
-        "ulid(1) after the commit",
-        "ulid(1) in the next transaction, which did not call lock_feed",
-    )
-    .await;
+    insert_and_commit(&mut client, &feed, (1, 1), "insert and commit").await;
+    let when = "after the commit";
+    expect_needs_lock_feed_outside_and_inside(&mut client, &ulid_fn, when).await;
 
     // After a rollback.
     begin_and_lock(&mut client, &feed).await;
@@ -1055,9 +973,7 @@ async fn misuse_scenario(db: &TestDb) {
     }
 
     // read_feed refuses to run inside a transaction (51100), as in outbox mode.
-    exec(&mut client, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut client).await;
     let error = read_page::<i32>(&mut client, &feed, 0, Cursor::START, options(10))
         .await
         .expect_err("read_feed inside a transaction");
@@ -1085,36 +1001,112 @@ async fn expect_ulid_failure(client: &mut Client, sql: &str, fragment: &str, wha
     }
 }
 
-/// `select ulid(1)` must fail with NEEDS_LOCK_FEED both as it is (`outside`) and at the
-/// start of a new transaction that did not call lock_feed (`inside`), which is then rolled
-/// back.
-async fn expect_needs_lock_feed_outside_and_inside(
-    client: &mut Client,
-    ulid_fn: &str,
-    outside: &str,
-    inside: &str,
-) {
-    expect_ulid_failure(
-        client,
-        &format!("select {ulid_fn}(1);"),
-        NEEDS_LOCK_FEED,
-        outside,
-    )
-    .await;
-    expect_ulid_failure(
-        client,
-        &format!("begin transaction; select {ulid_fn}(1);"),
-        NEEDS_LOCK_FEED,
-        inside,
-    )
-    .await;
+/// `select ulid(1)` must fail with NEEDS_LOCK_FEED both as it is and at the start of a new
+/// transaction that did not call lock_feed, which is then rolled back; `when` says when it
+/// is called (`ulid(1) <when>`).
+async fn expect_needs_lock_feed_outside_and_inside(client: &mut Client, ulid_fn: &str, when: &str) {
+    let outside = format!("ulid(1) {when}");
+    let select = format!("select {ulid_fn}(1);");
+    expect_ulid_failure(client, &select, NEEDS_LOCK_FEED, &outside).await;
+    let inside = format!("{outside}, in a new transaction that did not call lock_feed");
+    let in_new_transaction = format!("begin transaction; {select}");
+    expect_ulid_failure(client, &in_new_transaction, NEEDS_LOCK_FEED, &inside).await;
     rollback_if_open(client).await;
+}
+
+/// Begins a transaction on `client` and calls lock_feed of shard 0 of `feed` with `timeout`,
+/// which must fail (`why` says why it cannot get the shard): the error, and how long it
+/// took.
+async fn lock_feed_timing_out(
+    client: &mut Client,
+    feed: &Feed,
+    timeout: Duration,
+    why: &str,
+) -> (changefeed::Error, Duration) {
+    begin(client).await;
+    let started = Instant::now();
+    let error = bounded(
+        &format!("lock_feed with @lock_timeout_ms = {}", timeout.as_millis()),
+        NOT_BLOCKED_LIMIT,
+        lock_feed(client, feed, 0, None, Some(timeout)),
+    )
+    .await
+    .expect_err(why);
+    (error, started.elapsed())
+}
+
+/// Asserts a lock_feed given up after `timing.0` with the lock timeout `timing.1` took about
+/// that (at least 90 % of it, at most `timing.2`), and that its 51202 rolled `who`'s
+/// transaction back (XACT_ABORT in lock_feed).
+async fn assert_timed_out_and_rolled_back(
+    client: &mut Client,
+    timing: (Duration, Duration, Duration),
+    who: &str,
+) {
+    let (took, timeout, limit) = timing;
+    assert!(
+        took >= timeout * 9 / 10 && took <= limit,
+        "@lock_timeout_ms = {} failed after {took:?}; expected about {timeout:?}",
+        timeout.as_millis()
+    );
+    assert_eq!(
+        scalar_i64(client, "select @@trancount;").await,
+        0,
+        "51202 rolled {who}'s transaction back (XACT_ABORT in lock_feed)"
+    );
+}
+
+/// Asserts shard `shard` of `feed` is free next to another session's holder: in a
+/// transaction of `client`'s, lock_feed with no wait gets it (`what`: the bounded call, and
+/// what must hold), and the transaction is rolled back.
+async fn assert_shard_free(client: &mut Client, feed: &Feed, shard: i32, what: (&str, &str)) {
+    let (call, free) = what;
+    begin(client).await;
+    bounded(
+        call,
+        NOT_BLOCKED_LIMIT,
+        lock_feed(client, feed, shard, None, Some(Duration::ZERO)),
+    )
+    .await
+    .expect(free);
+    exec(client, "rollback transaction;")
+        .await
+        .expect("rollback");
+}
+
+/// Reads shard 0 of `feed` from the start, a page of up to 100 rows; `what` names the read.
+async fn read_from_start<K: changefeed::row::FromRow>(
+    client: &mut Client,
+    feed: &Feed,
+    what: &str,
+) -> Page<FeedRow<K>> {
+    read_page::<K>(client, feed, 0, Cursor::START, options(100))
+        .await
+        .unwrap_or_else(|error| panic!("{what}: {error}"))
+}
+
+/// Inserts event `event.0` of an `id`-keyed serialized `feed` on shard 0 with ulid(`event.1`)
+/// and commits, on `client`, inside the transaction whose lock_feed it took; `what` names it.
+async fn insert_and_commit(client: &mut Client, feed: &Feed, event: (i32, i32), what: &str) {
+    let (id, i) = event;
+    let batch = format!(
+        "insert into {} (id, Shard, ULID) values ({id}, 0, {}({i})); commit transaction;",
+        feed.quoted_table(),
+        feed.object("ulid")
+    );
+    exec(client, &batch)
+        .await
+        .unwrap_or_else(|error| panic!("{what}: {error}"));
+}
+
+async fn begin(client: &mut Client) {
+    exec(client, "begin transaction;").await.expect("begin");
 }
 
 /// Begins a transaction and takes shard 0 of `feed` with lock_feed (the server's clock, the
 /// default lock timeout), as a writer does before it calls ulid(@i). Returns the range.
 async fn begin_and_lock(client: &mut Client, feed: &Feed) -> UlidRange {
-    exec(client, "begin transaction;").await.expect("begin");
+    begin(client).await;
     lock_feed(client, feed, 0, None, None)
         .await
         .expect("lock_feed")
@@ -1577,9 +1569,7 @@ async fn roles_scenario(db: &TestDb, [writer_login, reader_login]: &[Login; 2]) 
     let mut reader = reader_login.connect(db).await;
 
     // Writer: lock_feed and ulid() of two feeds in one transaction.
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut writer).await;
     let ra = lock_feed(&mut writer, &feed_a, 0, None, Some(Duration::from_secs(5)))
         .await
         .unwrap_or_else(|error| panic!("a member of the writers role runs lock_feed: {error}"));
@@ -1640,13 +1630,11 @@ async fn roles_scenario(db: &TestDb, [writer_login, reader_login]: &[Login; 2]) 
     );
 
     // A writer login and a dbo writer share one shard lock.
-    exec(&mut admin, "begin transaction;").await.expect("begin");
+    begin(&mut admin).await;
     lock_feed(&mut admin, &feed_a, 0, None, None)
         .await
         .expect("dbo locks feed A's shard 0");
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut writer).await;
     let started = Instant::now();
     let error = bounded(
         "a writer login's lock_feed next to a dbo holder",
@@ -1782,15 +1770,13 @@ async fn out_of_order_scenario(db: &TestDb) {
         db.isolation,
         if blocked { "blocked" } else { "not blocked" }
     );
-    exec(
+    insert_and_commit(
         &mut writer,
-        &format!(
-            "insert into {table} (id, Shard, ULID) values (2, 0, {ulid_fn}(1)); \
-             commit transaction;"
-        ),
+        &feed,
+        (2, 1),
+        "insert ulid(1) second, and commit",
     )
-    .await
-    .expect("insert ulid(1) second, and commit");
+    .await;
     let (mut reader, page) = bounded("the reader", NOT_BLOCKED_LIMIT, read)
         .await
         .expect("the reader's task");
@@ -1900,7 +1886,7 @@ async fn power_off_unmitigated(db: &TestDb) {
 
     // Writer B, without mitigation: no lock timeout, no client-side command timeout.
     let mut b = connect_unbounded(db).await;
-    exec(&mut b, "begin transaction;").await.expect("begin");
+    begin(&mut b).await;
     let b_feed = feed.clone();
     let b_started = Instant::now();
     let mut b_task = tokio::spawn(async move {
@@ -2044,31 +2030,17 @@ async fn power_off_lock_timeout(db: &TestDb) {
 
     let mut b = connect_unbounded(db).await;
     for attempt in 1..=3 {
-        exec(&mut b, "begin transaction;").await.expect("begin");
-        let started = Instant::now();
-        let error = bounded(
-            "lock_feed with @lock_timeout_ms = 1000",
-            NOT_BLOCKED_LIMIT,
-            lock_feed(&mut b, &feed, 0, None, Some(Duration::from_millis(1000))),
-        )
-        .await
-        .expect_err("writer B cannot get the shard of the frozen writer");
-        let took = started.elapsed();
+        let timeout = Duration::from_millis(1000);
+        let why = "writer B cannot get the shard of the frozen writer";
+        let (error, took) = lock_feed_timing_out(&mut b, &feed, timeout, why).await;
         eprintln!(
             "POWEROFF [{isolation:?}] (b) with @lock_timeout_ms = 1000: writer B failed with \
              {:?} after {took:?} (attempt {attempt})",
             error.server_number()
         );
         assert_eq!(error.server_number(), Some(51202), "got {error}");
-        assert!(
-            took >= Duration::from_millis(900) && took <= Duration::from_secs(5),
-            "@lock_timeout_ms = 1000 failed after {took:?}; expected about 1 s"
-        );
-        assert_eq!(
-            scalar_i64(&mut b, "select @@trancount;").await,
-            0,
-            "51202 rolled writer B's transaction back"
-        );
+        let limit = Duration::from_secs(5);
+        assert_timed_out_and_rolled_back(&mut b, (took, timeout, limit), "writer B").await;
     }
 
     // The recommended server-side batch with a lock timeout fails the same way.
@@ -2138,7 +2110,7 @@ async fn power_off_server_side_batch(db: &TestDb) {
     let locked_at = Instant::now();
 
     let mut b = connect_unbounded(db).await;
-    exec(&mut b, "begin transaction;").await.expect("begin");
+    begin(&mut b).await;
     let b_started = Instant::now();
     let range = bounded(
         "writer B next to a frozen server-side batch",
@@ -2575,38 +2547,38 @@ fn event_batch(
     } else {
         String::new()
     };
-    format!(
-        "set nocount on; set xact_abort on; \
-         declare @ulid binary(16); \
-         begin try \
-             begin transaction; \
-             exec {lock} @shard_id = {shard}, @lock_timeout_ms = {lock_timeout_ms}, \
-                 @ulid = @ulid output; \
-             insert into {table} (writer, seq, Shard, ULID) \
-                 values ({writer}, {seq}, {shard}, {ulid}(1)); \
-             {hold} \
-             commit transaction; \
-         end try \
-         begin catch \
-             if @@trancount > 0 rollback transaction; \
-             throw; \
-         end catch; \
-         select @ulid as ulid;",
-        lock = feed.object("lock_feed"),
-        table = feed.quoted_table(),
-        ulid = feed.object("ulid"),
-    )
+    let lock_timeout = format!(", @lock_timeout_ms = {lock_timeout_ms}");
+    let row = ("writer, seq", &*format!("{writer}, {seq}"));
+    server_side_batch(feed, shard, &lock_timeout, row, &hold)
 }
 
 /// The same for an `id`-keyed feed.
 fn event_batch_by_id(feed: &Feed, shard: i32, id: i32) -> String {
+    server_side_batch(feed, shard, "", ("id", &id.to_string()), "")
+}
+
+/// One server-side transaction on shard `shard` of `feed`: lock_feed (with the further
+/// arguments `lock_arguments`, each after a comma), an insert of the event `row` (its key
+/// columns and their values) with ulid(1), then `hold` (T-SQL, or nothing), commit; any
+/// error rolls it back and is raised again. The batch's only result is the @ulid lock_feed
+/// returned.
+fn server_side_batch(
+    feed: &Feed,
+    shard: i32,
+    lock_arguments: &str,
+    row: (&str, &str),
+    hold: &str,
+) -> String {
+    let (columns, values) = row;
     format!(
         "set nocount on; set xact_abort on; \
          declare @ulid binary(16); \
          begin try \
              begin transaction; \
-             exec {lock} @shard_id = {shard}, @ulid = @ulid output; \
-             insert into {table} (id, Shard, ULID) values ({id}, {shard}, {ulid}(1)); \
+             exec {lock} @shard_id = {shard}{lock_arguments}, @ulid = @ulid output; \
+             insert into {table} ({columns}, Shard, ULID) \
+                 values ({values}, {shard}, {ulid}(1)); \
+             {hold} \
              commit transaction; \
          end try \
          begin catch \
