@@ -66,8 +66,7 @@ const BIT_62: i64 = 1 << 62;
 common::live_test!(range_arithmetic_matches_the_allocator_model: "ser_ranges" => range_scenario);
 
 async fn range_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_serialized_feed(&mut admin, "ranges", "id bigint not null", "id").await;
+    let (mut admin, feed) = id_feed_in(db, "ranges", "bigint").await;
     let lock = feed.object("lock_feed");
     let ulid_fn = feed.object("ulid");
     // The model's clock: every hint below is at least a minute before the server's clock, so
@@ -570,15 +569,8 @@ async fn two_feeds_scenario(db: &TestDb) {
     let ra = lock_feed(&mut writer, &feed_a, 0, None, Some(Duration::from_secs(5)))
         .await
         .expect("lock_feed of feed A");
-    exec(
-        &mut writer,
-        &format!(
-            "insert into {} (id, Shard, ULID) values (1, 0, {ulid_a}(1));",
-            feed_a.quoted_table()
-        ),
-    )
-    .await
-    .expect("insert into A with A's ulid()");
+    let insert_a = insert_sql(&feed_a, 1, 1);
+    exec_expect(&mut writer, &insert_a, "insert into A with A's ulid()").await;
 
     // Holding feed A's shard 0 does not lock feed B's shard 0.
     let what = (
@@ -590,30 +582,23 @@ async fn two_feeds_scenario(db: &TestDb) {
     let rb = lock_feed(&mut writer, &feed_b, 0, None, Some(Duration::from_secs(5)))
         .await
         .expect("lock_feed of feed B in the same transaction");
-    exec(
+    let b_then_a = insert_sql(&feed_b, 1, 1) + &insert_sql(&feed_a, 2, 2);
+    exec_expect(
         &mut writer,
-        &format!(
-            "insert into {} (id, Shard, ULID) values (1, 0, {ulid_b}(1)); \
-             insert into {} (id, Shard, ULID) values (2, 0, {ulid_a}(2));",
-            feed_b.quoted_table(),
-            feed_a.quoted_table()
-        ),
+        &b_then_a,
+        "insert into B with B's ulid(), then into A with A's",
     )
-    .await
-    .expect("insert into B with B's ulid(), then into A with A's");
-    let now = rows(
+    .await;
+    let select = format!("{ulid_a}(1), {ulid_a}(2), {ulid_b}(1)");
+    let now = select_ulids(
         &mut writer,
-        &format!("select {ulid_a}(1), {ulid_a}(2), {ulid_b}(1);"),
+        &select,
+        "both functions in the same transaction",
     )
-    .await
-    .expect("both functions in the same transaction");
+    .await;
     assert_eq!(
-        (
-            ulid_at(&now[0], 0, "A ulid(1)"),
-            ulid_at(&now[0], 1, "A ulid(2)"),
-            ulid_at(&now[0], 2, "B ulid(1)")
-        ),
-        (ra.nth(1).unwrap(), ra.nth(2).unwrap(), rb.nth(1).unwrap()),
+        now,
+        [ra.nth(1).unwrap(), ra.nth(2).unwrap(), rb.nth(1).unwrap()],
         "after B's lock_feed, A's ulid() still hands out A's range and B's hands out B's"
     );
     assert_ne!(
@@ -731,8 +716,7 @@ async fn opposite_order_scenario(db: &TestDb) {
 common::live_test!(lock_timeout_fails_fast_with_51202_and_rolls_back: "ser_timeout" => lock_timeout_scenario);
 
 async fn lock_timeout_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_serialized_feed(&mut admin, "timeouts", "id int not null", "id").await;
+    let (_admin, feed) = id_feed_in(db, "timeouts", "int").await;
     let lock = feed.object("lock_feed");
     let mut w1 = db.client().await;
     let mut w2 = db.client().await;
@@ -863,8 +847,7 @@ async fn lock_timeout_scenario(db: &TestDb) {
 common::live_test!(ulid_outside_its_transaction_fails_clearly: "ser_misuse" => misuse_scenario);
 
 async fn misuse_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_serialized_feed(&mut admin, "misuse", "id int not null", "id").await;
+    let (_admin, feed) = id_feed_in(db, "misuse", "int").await;
     let ulid_fn = feed.object("ulid");
     let lock = feed.object("lock_feed");
     let mut client = db.client().await;
@@ -902,19 +885,9 @@ async fn misuse_scenario(db: &TestDb) {
         "ulid(1) in another session",
     )
     .await;
-    let edges = rows(
-        &mut client,
-        &format!("select {ulid_fn}(1), {ulid_fn}(100000000000);"),
-    )
-    .await
-    .expect("ulid(1) and ulid(10^11) are in range");
-    assert_eq!(
-        (
-            ulid_at(&edges[0], 0, "ulid(1)"),
-            ulid_at(&edges[0], 1, "ulid(10^11)")
-        ),
-        (range.first(), range.last())
-    );
+    let select = format!("{ulid_fn}(1), {ulid_fn}(100000000000)");
+    let edges = select_ulids(&mut client, &select, "ulid(1) and ulid(10^11) are in range").await;
+    assert_eq!(edges, [range.first(), range.last()]);
     exec(&mut client, "rollback transaction;")
         .await
         .expect("rollback");
@@ -936,15 +909,8 @@ async fn misuse_scenario(db: &TestDb) {
     let error = lock_feed(&mut client, &feed, 0, None, None)
         .await
         .expect_err("lock_feed outside a transaction");
-    assert_eq!(
-        error.server_number(),
-        Some(51200),
-        "lock_feed outside a transaction is 51200, got {error}"
-    );
-    assert!(
-        error.to_string().contains("inside"),
-        "51200 says to call it inside a transaction: {error}"
-    );
+    // 51200 says to call it inside a transaction.
+    assert_refused(&error, (51200, "inside"), "lock_feed outside a transaction");
     let error = exec(&mut client, &format!("exec {lock} @shard_id = 0;"))
         .await
         .expect_err("exec lock_feed outside a transaction");
@@ -1089,12 +1055,50 @@ async fn read_from_start<K: changefeed::row::FromRow>(
 /// and commits, on `client`, inside the transaction whose lock_feed it took; `what` names it.
 async fn insert_and_commit(client: &mut Client, feed: &Feed, event: (i32, i32), what: &str) {
     let (id, i) = event;
-    let batch = format!(
-        "insert into {} (id, Shard, ULID) values ({id}, 0, {}({i})); commit transaction;",
+    let batch = format!("{} commit transaction;", insert_sql(feed, id, i));
+    exec_expect(client, &batch, what).await;
+}
+
+/// The insert of event `id` of an `id`-keyed serialized `feed` on shard 0 with ulid(`i`).
+fn insert_sql(feed: &Feed, id: i32, i: i32) -> String {
+    format!(
+        "insert into {} (id, Shard, ULID) values ({id}, 0, {}({i}));",
         feed.quoted_table(),
         feed.object("ulid")
+    )
+}
+
+/// `select <list>` on `client`, `list` being ULID expressions separated by commas: their
+/// values, in order; `what` names the query.
+async fn select_ulids(client: &mut Client, list: &str, what: &str) -> Vec<Ulid> {
+    let found = rows(client, &format!("select {list};"))
+        .await
+        .unwrap_or_else(|error| panic!("{what}: {error}"));
+    let row = found.first().unwrap_or_else(|| panic!("{what}: no row"));
+    (0..row.len())
+        .map(|i| ulid_at(row, i, &format!("{what}, column {i}")))
+        .collect()
+}
+
+/// Asserts `error`, from `what`, is SQL Server error `expected.0` and that its message says
+/// `expected.1`.
+#[track_caller]
+fn assert_refused(error: &changefeed::Error, expected: (u32, &str), what: &str) {
+    let (number, says) = expected;
+    assert_eq!(
+        error.server_number(),
+        Some(number),
+        "{what}: expected error {number}, got {error}"
     );
-    exec(client, &batch)
+    assert!(
+        error.to_string().contains(says),
+        "{what}: the message of {number} must say '{says}': {error}"
+    );
+}
+
+/// Runs `batch` on `client`, which must succeed; `what` names it.
+async fn exec_expect(client: &mut Client, batch: &str, what: &str) {
+    exec(client, batch)
         .await
         .unwrap_or_else(|error| panic!("{what}: {error}"));
 }
@@ -1292,17 +1296,8 @@ async fn setup_validation_scenario(db: &TestDb) {
                 case.number
             )
         });
-        assert_eq!(
-            error.server_number(),
-            Some(case.number),
-            "setup_feed of dbo.{t}: expected error {}, got {error}",
-            case.number
-        );
-        assert!(
-            error.to_string().contains(case.fragment),
-            "setup_feed of dbo.{t}: the message must say '{}': {error}",
-            case.fragment
-        );
+        let what = format!("setup_feed of dbo.{t}");
+        assert_refused(&error, (case.number, case.fragment), &what);
         assert_not_a_feed(&mut admin, t).await;
     }
 
@@ -1445,15 +1440,9 @@ async fn setup_validation_scenario(db: &TestDb) {
         )
         .await
         .expect_err(what);
-        assert_eq!(
-            error.server_number(),
-            Some(51005),
-            "setup_feed of a registered feed with {what}: expected 51005, got {error}"
-        );
-        assert!(
-            error.to_string().contains("teardown_feed"),
-            "51005 says to tear the feed down first: {error}"
-        );
+        // 51005 says to tear the feed down first.
+        let what = format!("setup_feed of a registered feed with {what}");
+        assert_refused(&error, (51005, "teardown_feed"), &what);
     }
     assert_eq!(
         registry_snapshot(&mut admin, "ok_constraint").await,
@@ -1549,7 +1538,7 @@ async fn roles_scenario(db: &TestDb, [writer_login, reader_login]: &[Login; 2]) 
     let mut admin = db.client().await;
     let feed_a = create_serialized_feed(&mut admin, "role_a", "id int not null", "id").await;
     let feed_b = create_serialized_feed(&mut admin, "role_b", "id int not null", "id").await;
-    let (ulid_a, ulid_b) = (feed_a.object("ulid"), feed_b.object("ulid"));
+    let ulid_a = feed_a.object("ulid");
     // The event tables are the application's: it grants its writers INSERT on them;
     // changefeed grants lock_feed and ulid().
     writer_login
@@ -1573,30 +1562,24 @@ async fn roles_scenario(db: &TestDb, [writer_login, reader_login]: &[Login; 2]) 
     let ra = lock_feed(&mut writer, &feed_a, 0, None, Some(Duration::from_secs(5)))
         .await
         .unwrap_or_else(|error| panic!("a member of the writers role runs lock_feed: {error}"));
-    exec(
+    let insert_a = insert_sql(&feed_a, 1, 1);
+    exec_expect(
         &mut writer,
-        &format!(
-            "insert into {} (id, Shard, ULID) values (1, 0, {ulid_a}(1));",
-            feed_a.quoted_table()
-        ),
+        &insert_a,
+        "a member of the writers role uses ulid()",
     )
-    .await
-    .unwrap_or_else(|error| panic!("a member of the writers role uses ulid(): {error}"));
+    .await;
     let rb = lock_feed(&mut writer, &feed_b, 0, None, Some(Duration::from_secs(5)))
         .await
         .expect("the writer locks feed B in the same transaction");
-    exec(
+    let b_then_a = insert_sql(&feed_b, 1, 1) + &insert_sql(&feed_a, 2, 2);
+    let what = "the writer inserts into both feeds and commits";
+    exec_expect(
         &mut writer,
-        &format!(
-            "insert into {} (id, Shard, ULID) values (1, 0, {ulid_b}(1)); \
-             insert into {} (id, Shard, ULID) values (2, 0, {ulid_a}(2)); \
-             commit transaction;",
-            feed_b.quoted_table(),
-            feed_a.quoted_table()
-        ),
+        &format!("{b_then_a} commit transaction;"),
+        what,
     )
-    .await
-    .expect("the writer inserts into both feeds and commits");
+    .await;
     let stored = rows(
         &mut admin,
         &format!(
@@ -1732,8 +1715,7 @@ common::live_test!(ulids_inserted_out_of_order_in_one_transaction_are_never_skip
 /// if it then continues from ulid(2), it never visits ulid(1), inserted behind its scan
 /// position, and its cursor passes ulid(1) for good.
 async fn out_of_order_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_serialized_feed(&mut admin, "out_of_order", "id int not null", "id").await;
+    let (mut admin, feed) = id_feed_in(db, "out_of_order", "int").await;
     let ulid_fn = feed.object("ulid");
     let table = feed.quoted_table();
     let first = rows(&mut admin, &event_batch_by_id(&feed, 0, 1))
@@ -1823,12 +1805,7 @@ common::live_test!(power_off_client_side_transaction_blocks_the_shard_until_the_
 async fn power_off_unmitigated(db: &TestDb) {
     let wait_limit = power_off_wait();
     let isolation = db.isolation;
-    let mut admin = db.client().await;
-    let feed = create_writer_feed(&mut admin, "poweroff_a").await;
-    let committed = commit_event(&mut admin, &feed, 0, (0, 0)).await;
-
-    let proxy = FreezableProxy::start(server_address(db)).await;
-    let mut a = connect_through(&proxy, db).await;
+    let (mut admin, feed, committed, proxy, mut a) = power_off_start(db, "poweroff_a").await;
     let a_session = session_id(&mut a).await;
     exec(
         &mut a,
@@ -2012,11 +1989,7 @@ common::live_test!(power_off_with_lock_timeout_other_writers_fail_fast: "ser_pow
 /// 51202 after about a second instead of queueing, from Rust and from a server-side batch.
 async fn power_off_lock_timeout(db: &TestDb) {
     let isolation = db.isolation;
-    let mut admin = db.client().await;
-    let feed = create_writer_feed(&mut admin, "poweroff_b").await;
-    commit_event(&mut admin, &feed, 0, (0, 0)).await;
-    let proxy = FreezableProxy::start(server_address(db)).await;
-    let mut a = connect_through(&proxy, db).await;
+    let (_admin, feed, _, proxy, mut a) = power_off_start(db, "poweroff_b").await;
     exec(
         &mut a,
         &format!(
@@ -2085,11 +2058,7 @@ async fn power_off_server_side_batch(db: &TestDb) {
     const HOLD_MS: u32 = 3000;
     let hold = Duration::from_millis(u64::from(HOLD_MS));
     let isolation = db.isolation;
-    let mut admin = db.client().await;
-    let feed = create_writer_feed(&mut admin, "poweroff_c").await;
-    commit_event(&mut admin, &feed, 0, (0, 0)).await;
-    let proxy = FreezableProxy::start(server_address(db)).await;
-    let mut a = connect_through(&proxy, db).await;
+    let (mut admin, feed, _, proxy, mut a) = power_off_start(db, "poweroff_c").await;
     let a_session = session_id(&mut a).await;
 
     let batch = event_batch(&feed, 0, (1, 1), -1, HOLD_MS);
@@ -2255,6 +2224,27 @@ async fn power_off_outbox(db: &TestDb) {
 }
 
 /// How long the unmitigated case may wait: `CHANGEFEED_POWEROFF_WAIT_SECS`, default 90 s.
+/// A scenario's start: the serialized feed `table` keyed by `id` of type `id_type`, created
+/// on a new admin connection; that connection and the feed.
+async fn id_feed_in(db: &TestDb, table: &str, id_type: &str) -> (Client, Feed) {
+    let mut admin = db.client().await;
+    let columns = format!("id {id_type} not null");
+    let feed = create_serialized_feed(&mut admin, table, &columns, "id").await;
+    (admin, feed)
+}
+
+/// A power-off scenario's start: the (writer, seq) feed `table` with one event committed
+/// (its ULID), on an admin connection, and writer A connected through a proxy that can
+/// freeze.
+async fn power_off_start(db: &TestDb, table: &str) -> (Client, Feed, Ulid, FreezableProxy, Client) {
+    let mut admin = db.client().await;
+    let feed = create_writer_feed(&mut admin, table).await;
+    let committed = commit_event(&mut admin, &feed, 0, (0, 0)).await;
+    let proxy = FreezableProxy::start(server_address(db)).await;
+    let a = connect_through(&proxy, db).await;
+    (admin, feed, committed, proxy, a)
+}
+
 fn power_off_wait() -> Duration {
     let seconds = std::env::var("CHANGEFEED_POWEROFF_WAIT_SECS")
         .ok()
