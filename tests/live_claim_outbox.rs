@@ -32,6 +32,7 @@ use changefeed::outbox_store::OutboxStore;
 use changefeed::row::Column;
 use claim_contract::assert_round_trip;
 use common::claims::{decoded, id_list};
+use common::sessions::{await_lock_wait, count_range_locks, session_id};
 use common::{TestDb, enqueue_committed, exec, rows, scalar_i64};
 use serde_json::json;
 use tiberius::Uuid;
@@ -86,6 +87,14 @@ async fn setup_outbox(client: &mut Client, table: &str) {
     .await;
 }
 
+/// A scenario's start: the outbox `table` set up on a new connection, and that connection.
+async fn outbox_in(db: &TestDb, table: &str) -> (OutboxStore, Client) {
+    let store = outbox(table);
+    let mut client = db.client().await;
+    setup_outbox(&mut client, table).await;
+    (store, client)
+}
+
 async fn begin(client: &mut Client) {
     sql(client, "begin transaction;").await;
 }
@@ -107,6 +116,34 @@ fn message_of(aggregate_id: &str, n: usize) -> NewMessage {
 /// One message that belongs to no aggregate.
 fn loose_message(n: usize) -> NewMessage {
     NewMessage::new("audit", json!({ "n": n }))
+}
+
+/// Enqueues `messages` with [`enqueue_committed`]; their ids, in order.
+async fn enqueue_ids<const N: usize>(
+    store: &OutboxStore,
+    client: &mut Client,
+    messages: [NewMessage; N],
+) -> [i64; N] {
+    let enqueued = enqueue_committed(store, client, &messages).await;
+    std::array::from_fn(|i| enqueued[i].id)
+}
+
+/// Begins a transaction on `client` and enqueues `message` in it, leaving it open; its id.
+async fn enqueue_open(store: &OutboxStore, client: &mut Client, message: &NewMessage) -> i64 {
+    begin(client).await;
+    store
+        .enqueue(client, message)
+        .await
+        .expect("enqueue in the open transaction")
+        .id
+}
+
+/// An operator's redrive: `id` requeued without a token, due now; the rows it changed.
+async fn redrive(store: &OutboxStore, client: &mut Client, id: i64) -> u64 {
+    store
+        .requeue(client, id, None, Duration::ZERO)
+        .await
+        .unwrap()
 }
 
 /// Claims, retrying deadlock victims and lock timeouts (the statement rolled back, so it
@@ -143,6 +180,12 @@ async fn claim(
 
 fn ids(batch: &[ClaimedMessage]) -> Vec<i64> {
     batch.iter().map(|m| m.id).collect()
+}
+
+/// Asserts the claim `batch` took the rows `expected`, in order, `why` it must.
+#[track_caller]
+fn assert_ids(batch: &[ClaimedMessage], expected: &[i64], why: &str) {
+    assert_eq!(ids(batch), expected, "{why}");
 }
 
 /// The one token of a non-empty claim; every row of one claim carries it.
@@ -260,27 +303,18 @@ common::live_test!(requeue_without_a_token_redrives_only_failed_and_dead_message
 
 async fn redrive_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_redrive";
-    let store = outbox(TABLE);
-    let mut client = db.client().await;
-    setup_outbox(&mut client, TABLE).await;
+    let (store, mut client) = outbox_in(db, TABLE).await;
 
-    let enqueued = enqueue_committed(
+    let [q, q2] = enqueue_ids(
         &store,
         &mut client,
-        &[message_of("redrive-1", 1), message_of("redrive-1", 2)],
+        [message_of("redrive-1", 1), message_of("redrive-1", 2)],
     )
     .await;
-    let (q, q2) = (enqueued[0].id, enqueued[1].id);
 
     // Without a token a processing message is left alone.
     let t1 = token_of(&claim(&store, &mut client, 10, HELD).await);
-    assert_eq!(
-        store
-            .requeue(&mut client, q, None, Duration::ZERO)
-            .await
-            .unwrap(),
-        0
-    );
+    assert_eq!(redrive(&store, &mut client, q).await, 0);
     let state = row_state(&mut client, TABLE, q).await;
     assert_eq!(state.status, PROCESSING, "{state:?}");
     assert_eq!(state.claim_token, Some(*t1.as_uuid()), "{state:?}");
@@ -319,13 +353,7 @@ async fn redrive_in(db: &TestDb) {
     );
 
     // An operator redrives the dead message: failed, due, attempts unchanged.
-    assert_eq!(
-        store
-            .requeue(&mut client, q, None, Duration::ZERO)
-            .await
-            .unwrap(),
-        1
-    );
+    assert_eq!(redrive(&store, &mut client, q).await, 1);
     let state = row_state(&mut client, TABLE, q).await;
     assert_eq!(state.status, FAILED, "{state:?}");
     assert_eq!(state.attempts, 2, "{state:?}");
@@ -335,13 +363,7 @@ async fn redrive_in(db: &TestDb) {
     assert_eq!(ids(&redriven), vec![q]);
     assert_eq!(redriven[0].attempts, 2);
     // A done message is not redriven.
-    assert_eq!(
-        store
-            .requeue(&mut client, q2, None, Duration::ZERO)
-            .await
-            .unwrap(),
-        0
-    );
+    assert_eq!(redrive(&store, &mut client, q2).await, 0);
     assert_eq!(row_state(&mut client, TABLE, q2).await.status, DONE);
 }
 
@@ -353,9 +375,7 @@ common::live_test!(unicode_and_one_megabyte_payloads_are_stored_whole_as_nvarcha
 
 async fn nvarchar_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_nvarchar";
-    let store = outbox(TABLE);
-    let mut client = db.client().await;
-    setup_outbox(&mut client, TABLE).await;
+    let (store, mut client) = outbox_in(db, TABLE).await;
     let blob: String = "ЖжЯя注文🚀é".chars().cycle().take(1_000_000).collect();
     let sent = NewMessage::new("big", json!({ "blob": blob })).aggregate("заказ", "заказ-№42");
     let enqueued = enqueue_committed(&store, &mut client, std::slice::from_ref(&sent)).await;
@@ -398,6 +418,41 @@ const INDEXES: [&str; 4] = [
     "open_messages",
     "done_by_processed_at",
 ];
+
+/// `create table` for an outbox its owner made by hand: every column setup_outbox requires,
+/// `trace_id` only `with_trace_id`, no `claim_expires_at` (setup_outbox adds that itself),
+/// and `aggregate_id` and `partition_key` in the `collations` given, else the database's.
+fn hand_made_outbox(table: &str, collations: Option<(&str, &str)>, with_trace_id: bool) -> String {
+    let (aggregate_id, partition_key) = collations.map_or_else(Default::default, |(a, p)| {
+        (format!(" collate {a}"), format!(" collate {p}"))
+    });
+    let trace_id = if with_trace_id {
+        "trace_id nvarchar(128) null,"
+    } else {
+        ""
+    };
+    format!(
+        "create table {table} ( \
+             id bigint identity (1, 1) not null primary key clustered, \
+             message_id nvarchar(64) not null default (convert(nvarchar(64), newid())), \
+             topic nvarchar(256) not null, \
+             aggregate_type nvarchar(128) null, \
+             aggregate_id nvarchar(256){aggregate_id} null, \
+             partition_key nvarchar(256){partition_key} null, \
+             payload nvarchar(max) not null, \
+             headers nvarchar(max) null, \
+             {trace_id} \
+             status tinyint not null default 0, \
+             attempts int not null default 0, \
+             claimed_at datetime2(3) null, \
+             claim_token uniqueidentifier null, \
+             next_retry_at datetime2(3) null, \
+             created_at datetime2(3) not null default sysutcdatetime(), \
+             processed_at datetime2(3) null, \
+             last_error nvarchar(2000) null \
+         );"
+    )
+}
 
 /// The named indexes, check constraints and per-outbox procedures of `dbo.<table>`.
 async fn parts(
@@ -576,26 +631,11 @@ async fn setup_outbox_repairs_in(db: &TestDb) {
     // dropped, added or registered.
     sql(
         &mut client,
-        "create table dbo.outbox_handmade ( \
-             id bigint identity (1, 1) not null primary key clustered, \
-             message_id nvarchar(64) not null default (convert(nvarchar(64), newid())), \
-             topic nvarchar(256) not null, \
-             aggregate_type nvarchar(128) null, \
-             aggregate_id nvarchar(256) null, \
-             partition_key nvarchar(256) null, \
-             payload nvarchar(max) not null, \
-             headers nvarchar(max) null, \
-             status tinyint not null default 0, \
-             attempts int not null default 0, \
-             claimed_at datetime2(3) null, \
-             claim_token uniqueidentifier null, \
-             next_retry_at datetime2(3) null, \
-             created_at datetime2(3) not null default sysutcdatetime(), \
-             processed_at datetime2(3) null, \
-             last_error nvarchar(2000) null \
-         ); \
-         insert into dbo.outbox_handmade (topic, payload, aggregate_id) \
-         values (N'orders', N'{\"kept\": true}', N'handmade-1');",
+        &format!(
+            "{} insert into dbo.outbox_handmade (topic, payload, aggregate_id) \
+             values (N'orders', N'{{\"kept\": true}}', N'handmade-1');",
+            hand_made_outbox("dbo.outbox_handmade", None, false)
+        ),
     )
     .await;
     let message = batch_error(
@@ -666,9 +706,7 @@ common::live_test!(invalid_arguments_are_refused_with_their_error_numbers: "clai
 
 async fn invalid_arguments_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_checks";
-    let store = outbox(TABLE);
-    let mut client = db.client().await;
-    setup_outbox(&mut client, TABLE).await;
+    let (store, mut client) = outbox_in(db, TABLE).await;
 
     // Claim batch size 1..=10000 and timeout 1 ms..=24 h.
     for batch_size in [0, 10_001] {
@@ -692,20 +730,16 @@ async fn invalid_arguments_in(db: &TestDb) {
     // mark_done needs a JSON array of ids and a token.
     let mark_done = format!("exec [changefeed].[mark_done:{TABLE}]");
     let some_token = "'6F9619FF-8B86-D011-B42D-00C04FC964FF'";
-    for bad_ids in ["N'{\"id\": 1}'", "N'not json'", "N'12'", "null"] {
-        batch_error(
-            &mut client,
-            &format!("{mark_done} @ids = {bad_ids}, @claim_token = {some_token};"),
-            51302,
-        )
-        .await;
+    for (ids_json, token) in [
+        ("N'{\"id\": 1}'", some_token),
+        ("N'not json'", some_token),
+        ("N'12'", some_token),
+        ("null", some_token),
+        ("N'[1]'", "null"),
+    ] {
+        let call = format!("{mark_done} @ids = {ids_json}, @claim_token = {token};");
+        batch_error(&mut client, &call, 51302).await;
     }
-    batch_error(
-        &mut client,
-        &format!("{mark_done} @ids = N'[1]', @claim_token = null;"),
-        51302,
-    )
-    .await;
 
     // Outside a transaction enqueue is refused, and writes nothing.
     let outside = store.enqueue(&mut client, &message_of("order-43", 1)).await;
@@ -739,39 +773,19 @@ async fn invalid_arguments_in(db: &TestDb) {
     let enqueued = enqueue_committed(&store, &mut client, &[message_of("checks-1", 1)]).await;
     let id = enqueued[0].id;
     let token = token_of(&claim(&store, &mut client, 10, HELD).await);
-    let too_late = Some(days(367));
-    server_error(
-        store
-            .mark_failed(
-                &mut client,
-                Failed {
-                    id,
-                    token,
-                    retry_after: too_late,
-                    dead: false,
-                    error: "x",
-                },
-            )
-            .await,
-        51303,
-        "mark_failed 367 days",
-    );
-    server_error(
-        store
-            .mark_failed(
-                &mut client,
-                Failed {
-                    id,
-                    token,
-                    retry_after: None,
-                    dead: false,
-                    error: "x",
-                },
-            )
-            .await,
-        51303,
-        "mark_failed without a retry time",
-    );
+    for (retry_after, what) in [
+        (Some(days(367)), "mark_failed 367 days"),
+        (None, "mark_failed without a retry time"),
+    ] {
+        let failed = Failed {
+            id,
+            token,
+            retry_after,
+            dead: false,
+            error: "x",
+        };
+        server_error(store.mark_failed(&mut client, failed).await, 51303, what);
+    }
     server_error(
         store.requeue(&mut client, id, Some(token), days(367)).await,
         51303,
@@ -804,20 +818,16 @@ async fn invalid_arguments_in(db: &TestDb) {
     );
 
     // setup_outbox refuses names it cannot use.
-    for bad in ["dbo.x]y", "x", "a.b.c", "changefeed.outbox"] {
-        batch_error(
-            &mut client,
-            &format!("exec changefeed.setup_outbox @table_name = N'{bad}';"),
-            51000,
-        )
-        .await;
+    for (bad, number) in [
+        ("dbo.x]y", 51000),
+        ("x", 51000),
+        ("a.b.c", 51000),
+        ("changefeed.outbox", 51000),
+        ("no_such_schema.outbox", 51001),
+    ] {
+        let call = format!("exec changefeed.setup_outbox @table_name = N'{bad}';");
+        batch_error(&mut client, &call, number).await;
     }
-    batch_error(
-        &mut client,
-        "exec changefeed.setup_outbox @table_name = N'no_such_schema.outbox';",
-        51001,
-    )
-    .await;
     assert_eq!(
         count(
             &mut client,
@@ -890,9 +900,16 @@ async fn claim_unblocked(
     common::tasks::bounded(what, NOT_BLOCKED, claim(store, client, 100, HELD)).await
 }
 
-/// This connection's session id.
-async fn session_id(client: &mut Client) -> i64 {
-    scalar_i64(client, "select convert(int, @@spid);").await
+/// Ends `holder`'s open transaction with `end` (`commit` or `rollback`), then claims what
+/// that released, as [`claim_unblocked`] does.
+async fn claim_after(
+    end: &str,
+    holder: &mut Client,
+    store: &OutboxStore,
+    client: &mut Client,
+) -> Vec<ClaimedMessage> {
+    sql(holder, &format!("{end} transaction;")).await;
+    claim_unblocked(store, client, &format!("claim after the {end}")).await
 }
 
 /// One held aggregate as `held_aggregates` reports it.
@@ -937,27 +954,19 @@ common::live_test!(open_enqueue_of_one_aggregate_does_not_stop_the_claim_of_othe
 
 async fn open_enqueue_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_open_enqueue";
-    let store = outbox(TABLE);
-    let mut client = db.client().await;
+    let (store, mut client) = outbox_in(db, TABLE).await;
     let mut writer = db.client().await;
-    setup_outbox(&mut client, TABLE).await;
     let writer_session = session_id(&mut writer).await;
 
     // A business transaction enqueues A's first message and stays open; A's second message
     // and B's first, and a message without an aggregate, commit after it.
-    begin(&mut writer).await;
-    let a1 = store
-        .enqueue(&mut writer, &message_of("A", 1))
-        .await
-        .expect("enqueue in the open transaction")
-        .id;
-    let committed = enqueue_committed(
+    let a1 = enqueue_open(&store, &mut writer, &message_of("A", 1)).await;
+    let [a2, b1, l1] = enqueue_ids(
         &store,
         &mut client,
-        &[message_of("A", 2), message_of("B", 1), loose_message(1)],
+        [message_of("A", 2), message_of("B", 1), loose_message(1)],
     )
     .await;
-    let [a2, b1, l1] = [committed[0].id, committed[1].id, committed[2].id];
     assert!(a1 < a2, "the open enqueue took the earlier id");
 
     // The claim does not wait for the open transaction: B and the loose message go out,
@@ -992,8 +1001,7 @@ async fn open_enqueue_in(db: &TestDb) {
     );
 
     // The writer commits: A's messages go out in id order, one at a time.
-    commit(&mut writer).await;
-    let after_commit = claim_unblocked(&store, &mut client, "claim after the commit").await;
+    let after_commit = claim_after("commit", &mut writer, &store, &mut client).await;
     assert_eq!(ids(&after_commit), vec![a1]);
     assert!(
         claim(&store, &mut client, 100, HELD).await.is_empty(),
@@ -1007,24 +1015,17 @@ async fn open_enqueue_in(db: &TestDb) {
     assert!(held_aggregates(&mut client, TABLE).await.0.is_empty());
 
     // Another open enqueue, of C, that rolls back: C's later message goes out after it.
-    begin(&mut writer).await;
-    let c1 = store
-        .enqueue(&mut writer, &message_of("C", 1))
-        .await
-        .expect("enqueue in the open transaction")
-        .id;
-    let committed = enqueue_committed(
+    let c1 = enqueue_open(&store, &mut writer, &message_of("C", 1)).await;
+    let [c2, d1] = enqueue_ids(
         &store,
         &mut client,
-        &[message_of("C", 2), message_of("D", 1)],
+        [message_of("C", 2), message_of("D", 1)],
     )
     .await;
-    let [c2, d1] = [committed[0].id, committed[1].id];
     assert!(c1 < c2);
     let only_d = claim_unblocked(&store, &mut client, "claim next to C's open enqueue").await;
     assert_eq!(ids(&only_d), vec![d1]);
-    rollback(&mut writer).await;
-    let after_rollback = claim_unblocked(&store, &mut client, "claim after the rollback").await;
+    let after_rollback = claim_after("rollback", &mut writer, &store, &mut client).await;
     assert_eq!(ids(&after_rollback), vec![c2]);
     assert_eq!(count(&mut client, TABLE, &format!("id = {c1}")).await, 0);
 }
@@ -1033,18 +1034,15 @@ common::live_test!(acknowledgement_in_flight_holds_only_its_aggregate: "claim_ac
 
 async fn ack_in_flight_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_ack_in_flight";
-    let store = outbox(TABLE);
-    let mut client = db.client().await;
+    let (store, mut client) = outbox_in(db, TABLE).await;
     let mut acker = db.client().await;
-    setup_outbox(&mut client, TABLE).await;
 
-    let committed = enqueue_committed(
+    let [a1, a2] = enqueue_ids(
         &store,
         &mut client,
-        &[message_of("A", 1), message_of("A", 2)],
+        [message_of("A", 1), message_of("A", 2)],
     )
     .await;
-    let [a1, a2] = [committed[0].id, committed[1].id];
     let first = claim(&store, &mut client, 100, HELD).await;
     assert_eq!(ids(&first), vec![a1]);
     let token = token_of(&first);
@@ -1078,13 +1076,12 @@ async fn ack_in_flight_in(db: &TestDb) {
 
     // A claim left open in another transaction holds its rows the same way: the next
     // message of that aggregate waits, other aggregates do not.
-    let more = enqueue_committed(
+    let [f1, f2, g1] = enqueue_ids(
         &store,
         &mut client,
-        &[message_of("F", 1), message_of("F", 2), message_of("G", 1)],
+        [message_of("F", 1), message_of("F", 2), message_of("G", 1)],
     )
     .await;
-    let [f1, f2, g1] = [more[0].id, more[1].id, more[2].id];
     begin(&mut acker).await;
     let open_claim = decoded(
         store
@@ -1094,17 +1091,16 @@ async fn ack_in_flight_in(db: &TestDb) {
     );
     assert_eq!(ids(&open_claim), vec![f1]);
     let beside = claim_unblocked(&store, &mut client, "claim next to an open claim").await;
-    assert_eq!(
-        ids(&beside),
-        vec![g1],
-        "f2 waits for f1, whose claim is not committed"
+    assert_ids(
+        &beside,
+        &[g1],
+        "f2 waits for f1, whose claim is not committed",
     );
-    rollback(&mut acker).await;
-    let after_claim_rollback = claim_unblocked(&store, &mut client, "claim after it").await;
-    assert_eq!(
-        ids(&after_claim_rollback),
-        vec![f1],
-        "f1 is pending again, f2 still waits"
+    let after_claim_rollback = claim_after("rollback", &mut acker, &store, &mut client).await;
+    assert_ids(
+        &after_claim_rollback,
+        &[f1],
+        "f1 is pending again, f2 still waits",
     );
     assert!(!ids(&after_claim_rollback).contains(&f2));
 }
@@ -1165,11 +1161,9 @@ async fn same_key_race(
 
 async fn enqueue_keys_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_enqueue_keys";
-    let store = outbox(TABLE);
-    let mut client = db.client().await;
+    let (store, mut client) = outbox_in(db, TABLE).await;
     let mut first = db.client().await;
     let mut second = db.client().await;
-    setup_outbox(&mut client, TABLE).await;
     enqueue_committed(&store, &mut client, &[keyed("key-0005", 1)]).await;
     let first_session = session_id(&mut first).await;
 
@@ -1181,14 +1175,7 @@ async fn enqueue_keys_in(db: &TestDb) {
         .enqueue(&mut first, &keyed("key-0006", 1))
         .await
         .expect("first");
-    let range_locks = scalar_i64(
-        &mut client,
-        &format!(
-            "select count(*) from sys.dm_tran_locks \
-             where request_session_id = {first_session} and request_mode like N'Range%';"
-        ),
-    )
-    .await;
+    let range_locks = count_range_locks(&mut client, first_session).await;
     assert_eq!(range_locks, 0, "enqueue holds no key-range lock");
     begin(&mut second).await;
     for key in ["key-0007", "key-0004", "key-0006a"] {
@@ -1252,18 +1239,15 @@ async fn assert_no_transaction(client: &mut Client, after: &str) {
 
 async fn implicit_transactions_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_implicit";
-    let store = outbox(TABLE);
-    let mut client = db.client().await;
+    let (store, mut client) = outbox_in(db, TABLE).await;
     let mut other = db.client().await;
-    setup_outbox(&mut client, TABLE).await;
     sql(&mut client, "create table dbo.business (n int not null);").await;
-    let enqueued = enqueue_committed(
+    let [a1, b1, c1] = enqueue_ids(
         &store,
         &mut client,
-        &[message_of("A", 1), message_of("B", 1), message_of("C", 1)],
+        [message_of("A", 1), message_of("B", 1), message_of("C", 1)],
     )
     .await;
-    let [a1, b1, c1] = [enqueued[0].id, enqueued[1].id, enqueued[2].id];
 
     sql(&mut client, "set implicit_transactions on;").await;
     assert_no_transaction(&mut client, "set implicit_transactions on").await;
@@ -1386,9 +1370,7 @@ async fn collations(client: &mut Client, table: &str) -> BTreeMap<String, String
 
 async fn collation_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_collation";
-    let store = outbox(TABLE);
-    let mut client = db.client().await;
-    setup_outbox(&mut client, TABLE).await;
+    let (store, mut client) = outbox_in(db, TABLE).await;
     let binary = "Latin1_General_100_BIN2".to_owned();
     assert_eq!(
         collations(&mut client, TABLE).await,
@@ -1424,25 +1406,11 @@ async fn collation_in(db: &TestDb) {
     // the two columns without a collation conflict.
     sql(
         &mut client,
-        "create table dbo.outbox_collation_handmade ( \
-             id bigint identity (1, 1) not null primary key clustered, \
-             message_id nvarchar(64) not null default (convert(nvarchar(64), newid())), \
-             topic nvarchar(256) not null, \
-             aggregate_type nvarchar(128) null, \
-             aggregate_id nvarchar(256) collate Latin1_General_CI_AS null, \
-             partition_key nvarchar(256) collate French_CI_AS null, \
-             payload nvarchar(max) not null, \
-             headers nvarchar(max) null, \
-             trace_id nvarchar(128) null, \
-             status tinyint not null default 0, \
-             attempts int not null default 0, \
-             claimed_at datetime2(3) null, \
-             claim_token uniqueidentifier null, \
-             next_retry_at datetime2(3) null, \
-             created_at datetime2(3) not null default sysutcdatetime(), \
-             processed_at datetime2(3) null, \
-             last_error nvarchar(2000) null \
-         );",
+        &hand_made_outbox(
+            "dbo.outbox_collation_handmade",
+            Some(("Latin1_General_CI_AS", "French_CI_AS")),
+            true,
+        ),
     )
     .await;
     setup_outbox(&mut client, "dbo.outbox_collation_handmade").await;
@@ -1706,9 +1674,7 @@ common::live_test!(an_undecodable_row_is_claimed_with_its_raw_text_and_can_be_ma
 
 async fn undecodable_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_undecodable";
-    let store = outbox(TABLE);
-    let mut client = db.client().await;
-    setup_outbox(&mut client, TABLE).await;
+    let (store, mut client) = outbox_in(db, TABLE).await;
     // Headers that are a JSON array pass the table's ISJSON check (enqueue refuses them,
     // but a hand-written insert does not go through enqueue).
     sql(
@@ -1764,22 +1730,22 @@ fn keyed_of(aggregate_id: &str, message_id: &str, n: usize) -> NewMessage {
     }
 }
 
-/// Waits until `session` is waiting for a lock whose wait type starts with `wait_type`
-/// (`LCK_M_RI` for an insert's range check, `LCK_M_X` for an exclusive applock); fails the
-/// test after [`NOT_BLOCKED`].
-async fn await_lock_wait(client: &mut Client, session: i64, wait_type: &str, what: &str) {
-    let deadline = Instant::now() + NOT_BLOCKED;
-    let query = format!(
-        "select count_big(*) from sys.dm_exec_requests \
-         where session_id = {session} and wait_type like N'{wait_type}%';"
-    );
-    while scalar_i64(client, &query).await == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: session {session} did not wait on {wait_type}* within {NOT_BLOCKED:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Starts `message`'s enqueue on `client` with [`enqueue_in_task`], then waits, asking on
+/// `observer`, until that session waits for a lock like `wait_type` (`LCK_M_RI` for an
+/// insert's range check, `LCK_M_X` for an exclusive applock); fails the test after
+/// [`NOT_BLOCKED`].
+async fn enqueue_waiting(
+    store: &OutboxStore,
+    observer: &mut Client,
+    mut client: Client,
+    message: NewMessage,
+    wait_type: &str,
+    what: &str,
+) -> JoinHandle<(Enqueued, Client)> {
+    let session = session_id(&mut client).await;
+    let task = enqueue_in_task(store, client, message);
+    await_lock_wait(observer, session, wait_type, NOT_BLOCKED, what).await;
+    task
 }
 
 common::live_test!(enqueue_waiting_inside_its_insert_is_not_overtaken: "claim_insert_wait" => insert_wait_in);
@@ -1792,12 +1758,10 @@ common::live_test!(enqueue_waiting_inside_its_insert_is_not_overtaken: "claim_in
 /// makes it wait for the first insert instead; another aggregate does not wait.
 async fn insert_wait_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_insert_wait";
-    let store = outbox(TABLE);
-    let mut client = db.client().await;
+    let (store, mut client) = outbox_in(db, TABLE).await;
     let mut reader = db.client().await;
-    let mut first = db.client().await;
-    let mut second = db.client().await;
-    setup_outbox(&mut client, TABLE).await;
+    let first = db.client().await;
+    let second = db.client().await;
     // A done message whose message_id 'm' is the key after 'k' in message_id_unique: the
     // reader's range lock on it covers 'k' and not 'y' or 'z'.
     let fence = enqueue_committed(&store, &mut client, &[keyed_of("other", "m", 0)]).await[0].id;
@@ -1824,25 +1788,26 @@ async fn insert_wait_in(db: &TestDb) {
         "the SERIALIZABLE reader holds a key-range lock"
     );
 
-    let first_session = session_id(&mut first).await;
-    let a1_task = enqueue_in_task(&store, first, keyed_of("A", "k", 1));
-    await_lock_wait(
-        &mut client,
-        first_session,
-        "LCK_M_RI",
-        "A's first enqueue inside its insert, behind the reader's range lock",
-    )
-    .await;
-
-    let second_session = session_id(&mut second).await;
-    let a2_task = enqueue_in_task(&store, second, keyed_of("A", "z", 2));
-    await_lock_wait(
-        &mut client,
-        second_session,
-        "LCK_M_X",
-        "A's second enqueue waits for A's aggregate lock",
-    )
-    .await;
+    // A's enqueues start one after the other, each seen waiting on its lock.
+    let mut waiting = Vec::new();
+    for (connection, message, wait_type, what) in [
+        (
+            first,
+            keyed_of("A", "k", 1),
+            "LCK_M_RI",
+            "A's first enqueue inside its insert, behind the reader's range lock",
+        ),
+        (
+            second,
+            keyed_of("A", "z", 2),
+            "LCK_M_X",
+            "A's second enqueue waits for A's aggregate lock",
+        ),
+    ] {
+        let task = enqueue_waiting(&store, &mut client, connection, message, wait_type, what);
+        waiting.push(task.await);
+    }
+    let [a1_task, a2_task]: [_; 2] = waiting.try_into().expect("two enqueues");
     assert!(!a2_task.is_finished(), "A's second enqueue waits");
 
     // Another aggregate neither waits nor is held back.
@@ -1862,11 +1827,7 @@ async fn insert_wait_in(db: &TestDb) {
     let (a2, _) = join("A's second enqueue", a2_task).await;
     assert!(a1.id < a2.id, "A's second message got the later id");
     let after = claim_unblocked(&store, &mut client, "claim after the reader ended").await;
-    assert_eq!(
-        ids(&after),
-        vec![a1.id],
-        "A's first message comes first, alone"
-    );
+    assert_ids(&after, &[a1.id], "A's first message comes first, alone");
     store
         .mark_done(&mut client, &[a1.id], token_of(&after))
         .await
@@ -1875,18 +1836,6 @@ async fn insert_wait_in(db: &TestDb) {
         ids(&claim_unblocked(&store, &mut client, "claim of A's second").await),
         vec![a2.id]
     );
-}
-
-/// Key-range locks the session holds.
-async fn count_range_locks(client: &mut Client, session: i64) -> i64 {
-    scalar_i64(
-        client,
-        &format!(
-            "select count_big(*) from sys.dm_tran_locks \
-             where request_session_id = {session} and request_mode like N'Range%';"
-        ),
-    )
-    .await
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1901,9 +1850,7 @@ common::live_test!(a_claim_from_before_claim_expires_at_expires_by_the_reclaimer
 /// expires by the re-claiming relay's timeout.
 async fn own_expiry_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_own_expiry";
-    let store = outbox(TABLE);
-    let mut client = db.client().await;
-    setup_outbox(&mut client, TABLE).await;
+    let (store, mut client) = outbox_in(db, TABLE).await;
     let enqueued = enqueue_committed(&store, &mut client, &[loose_message(1)]).await;
     let m1 = enqueued[0].id;
 
@@ -1932,11 +1879,7 @@ async fn own_expiry_in(db: &TestDb) {
     )
     .await;
     let taken = claim(&store, &mut client, 10, HELD).await;
-    assert_eq!(
-        ids(&taken),
-        vec![m1],
-        "two hours old, past the re-claimer's hour"
-    );
+    assert_ids(&taken, &[m1], "two hours old, past the re-claimer's hour");
     assert_eq!(taken[0].attempts, 1);
 }
 
@@ -1950,9 +1893,7 @@ common::live_test!(enqueue_refuses_set_options_that_break_the_filtered_index: "c
 /// anything is written; with the option restored, the same session enqueues.
 async fn set_options_in(db: &TestDb) {
     const TABLE: &str = "dbo.outbox_set_options";
-    let store = outbox(TABLE);
-    let mut client = db.client().await;
-    setup_outbox(&mut client, TABLE).await;
+    let (store, mut client) = outbox_in(db, TABLE).await;
     // The session as the driver leaves it passes: the premise of the check.
     enqueue_committed(&store, &mut client, &[loose_message(0)]).await;
 
@@ -2052,34 +1993,27 @@ async fn optimized_locking_in(db: &TestDb) {
         }
     );
     setup_outbox(&mut client, TABLE).await;
-    let committed = enqueue_committed(
+    let [a1, b1, c1] = enqueue_ids(
         &store,
         &mut client,
-        &[message_of("A", 1), message_of("B", 1), message_of("C", 1)],
+        [message_of("A", 1), message_of("B", 1), message_of("C", 1)],
     )
     .await;
-    let [a1, b1, c1] = [committed[0].id, committed[1].id, committed[2].id];
     let first = claim_unblocked(&store, &mut client, "the first claim").await;
     assert_eq!(ids(&first), vec![a1, b1, c1]);
     let token = token_of(&first);
     store.mark_done(&mut client, &[c1], token).await.unwrap();
 
     // Open: an enqueue of D, and the acknowledgement of A; B is acknowledged and committed.
-    begin(&mut writer).await;
-    let d1 = store
-        .enqueue(&mut writer, &message_of("D", 1))
-        .await
-        .expect("the open enqueue")
-        .id;
+    let d1 = enqueue_open(&store, &mut writer, &message_of("D", 1)).await;
     store.mark_done(&mut writer, &[a1], token).await.unwrap();
     store.mark_done(&mut client, &[b1], token).await.unwrap();
-    let later = enqueue_committed(
+    let [a2, b2, d2] = enqueue_ids(
         &store,
         &mut client,
-        &[message_of("A", 2), message_of("B", 2), message_of("D", 2)],
+        [message_of("A", 2), message_of("B", 2), message_of("D", 2)],
     )
     .await;
-    let [a2, b2, d2] = [later[0].id, later[1].id, later[2].id];
 
     let what = if optimized {
         "a claim next to open transactions under optimized locking (READPAST waited for the TID lock)"
@@ -2087,13 +2021,12 @@ async fn optimized_locking_in(db: &TestDb) {
         "a claim next to open transactions"
     };
     let during = claim_unblocked(&store, &mut client, what).await;
-    assert_eq!(
-        ids(&during),
-        vec![b2],
-        "READPAST skipped the open rows: A waits for its acknowledgement, D for its enqueue"
+    assert_ids(
+        &during,
+        &[b2],
+        "READPAST skipped the open rows: A waits for its acknowledgement, D for its enqueue",
     );
-    commit(&mut writer).await;
-    let after = claim_unblocked(&store, &mut client, "the claim after the commit").await;
+    let after = claim_after("commit", &mut writer, &store, &mut client).await;
     assert_eq!(ids(&after), vec![a2, d1]);
     assert!(d1 < d2);
 }

@@ -12,11 +12,12 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use changefeed::{Client, Cursor, CursorStore, Feed};
 use common::events::create_feed;
 use common::logins::{Login, with_logins};
+use common::sessions::{self, count_range_locks, session_id};
 use common::tasks::{bounded, join, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
 use ulid::Ulid;
@@ -270,24 +271,9 @@ async fn owner_scenario(db: &TestDb, alice_login: &Login, bob_login: &Login) {
 // 2. save_cursor next to teardown_feed (item 3)
 // ------------------------------------------------------------------------------------------
 
-/// Waits until `session` is waiting for a lock.
+/// Waits until `session` is waiting for a lock, any lock.
 async fn await_lock_wait(client: &mut Client, session: i64, what: &str) {
-    let deadline = Instant::now() + NOT_BLOCKED;
-    let query = format!(
-        "select count_big(*) from sys.dm_exec_requests \
-         where session_id = {session} and wait_type like N'LCK[_]M[_]%';"
-    );
-    while scalar_i64(client, &query).await == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: session {session} never waited for a lock"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn session_id(client: &mut Client) -> i64 {
-    scalar_i64(client, "select convert(bigint, @@spid);").await
+    sessions::await_lock_wait(client, session, "LCK[_]M[_]", NOT_BLOCKED, what).await;
 }
 
 async fn cursor_rows(admin: &mut Client, feed: &Feed) -> i64 {
@@ -314,14 +300,7 @@ async fn teardown_scenario(db: &TestDb) {
     save_sql(&mut consumer, "first", &feed, 0, 1)
         .await
         .expect("first save");
-    let range_locks = scalar_i64(
-        &mut admin,
-        &format!(
-            "select count_big(*) from sys.dm_tran_locks \
-             where request_session_id = {consumer_session} and request_mode like N'Range%';"
-        ),
-    )
-    .await;
+    let range_locks = count_range_locks(&mut admin, consumer_session).await;
     assert_eq!(range_locks, 0, "a first save holds no key-range lock");
     let mut other = db.client().await;
     bounded(

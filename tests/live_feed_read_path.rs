@@ -17,9 +17,12 @@ use std::time::Duration;
 use changefeed::allocator::{HINT_TOLERANCE_MS, ulid_high, ulid_ms};
 use changefeed::writer::lock_feed;
 use changefeed::{Client, Cursor, Feed, ReadOptions, read_page};
-use common::events::{create_feed, exec_ok, hex, required, rows_ok, server_now_ms, write_ok};
-use common::logins::{Login, drop_logins};
-use common::{TestDb, exec, rows, scalar_i64};
+use common::events::{
+    create_feed, exec_ok, hex, readable_in_both_modes, required, rows_ok, server_now_ms,
+    write_all_ok, write_ok,
+};
+use common::logins::drop_logins;
+use common::{TestDb, exec_failure, rows, scalar_i64};
 use tiberius::Row;
 use ulid::Ulid;
 
@@ -50,21 +53,36 @@ async fn create_serialized_feed(admin: &mut Client, table: &str) -> Feed {
     Feed::new("dbo", table).expect("a valid feed name")
 }
 
+/// The end of a transaction that writes event `id` of a serialized feed on shard 0:
+/// lock_feed, insert with ulid(1), commit.
+fn lock_insert_commit(feed: &Feed, id: i64) -> String {
+    format!(
+        "exec {lock} @shard_id = 0; \
+         insert into {table} (id, Shard, ULID) values ({id}, 0, {ulid}(1)); \
+         commit transaction;",
+        lock = feed.object("lock_feed"),
+        table = feed.quoted_table(),
+        ulid = feed.object("ulid"),
+    )
+}
+
 /// Commits event `id` of a serialized feed on shard 0: lock_feed, insert with ulid(1).
 async fn write_serialized(client: &mut Client, feed: &Feed, id: i64) {
+    let write = lock_insert_commit(feed, id);
     exec_ok(
         client,
-        &format!(
-            "set xact_abort on; begin transaction; \
-             exec {lock} @shard_id = 0; \
-             insert into {table} (id, Shard, ULID) values ({id}, 0, {ulid}(1)); \
-             commit transaction;",
-            lock = feed.object("lock_feed"),
-            table = feed.quoted_table(),
-            ulid = feed.object("ulid"),
-        ),
+        &format!("set xact_abort on; begin transaction; {write}"),
     )
     .await;
+}
+
+/// The ids `read_feed` returns for shard 0 from the start, in ULID order.
+async fn read_ids(client: &mut Client, feed: &Feed) -> Vec<i64> {
+    read_everything(client, feed)
+        .await
+        .into_iter()
+        .map(|(_, id)| id)
+        .collect()
 }
 
 fn options() -> ReadOptions {
@@ -77,19 +95,6 @@ async fn read_everything(client: &mut Client, feed: &Feed) -> Vec<(Ulid, i64)> {
         .await
         .unwrap_or_else(|error| panic!("read_page {feed}: {error}"));
     page.rows.iter().map(|row| (row.ulid, row.key)).collect()
-}
-
-/// The server's error of a batch that must fail: (number, message).
-async fn failure(client: &mut Client, sql: &str) -> (u32, String) {
-    match exec(client, sql).await {
-        Ok(()) => panic!("`{sql}` succeeded; it must fail"),
-        Err(error) => (
-            error
-                .server_number()
-                .unwrap_or_else(|| panic!("`{sql}`: not a server error: {error}")),
-            error.to_string(),
-        ),
-    }
 }
 
 async fn rollback_if_open(client: &mut Client) {
@@ -139,9 +144,7 @@ common::live_test!(current_thread read_feed_refuses_cursors_that_are_not_16_byte
 async fn cursor_length(db: &TestDb) {
     let mut admin = db.client().await;
     let outbox = create_feed(&mut admin, "cursor_length").await;
-    for id in [1, 2] {
-        write_ok(&mut admin, &outbox, 0, id, None).await;
-    }
+    write_all_ok(&mut admin, &outbox, 0, [1, 2]).await;
     let serialized = create_serialized_feed(&mut admin, "cursor_length_serialized").await;
     for id in [1, 2] {
         write_serialized(&mut admin, &serialized, id).await;
@@ -163,7 +166,7 @@ async fn cursor_length(db: &TestDb) {
             ("0x00".to_owned(), 1),
             ("0x".to_owned(), 0),
         ] {
-            let (number, message) = failure(
+            let (number, message) = exec_failure(
                 &mut admin,
                 &format!("exec {read_feed} @shard_id = 0, @cursor = {cursor};"),
             )
@@ -208,9 +211,7 @@ common::live_test!(current_thread implicit_transactions_leave_no_transaction_or_
 async fn implicit_transactions(db: &TestDb) {
     let mut admin = db.client().await;
     let outbox = create_feed(&mut admin, "implicit_outbox").await;
-    for id in 1..=3 {
-        write_ok(&mut admin, &outbox, 0, id, None).await;
-    }
+    write_all_ok(&mut admin, &outbox, 0, 1..=3).await;
     let serialized = create_serialized_feed(&mut admin, "implicit_serialized").await;
     for id in 1..=3 {
         write_serialized(&mut admin, &serialized, id).await;
@@ -262,7 +263,7 @@ async fn implicit_transactions(db: &TestDb) {
 
     // lock_feed needs the caller's transaction, and an EXEC does not open an implicit one:
     // refused, with a message that says so.
-    let (number, message) = failure(
+    let (number, message) = exec_failure(
         &mut client,
         &format!(
             "set implicit_transactions on; exec {} @shard_id = 0;",
@@ -282,22 +283,15 @@ async fn implicit_transactions(db: &TestDb) {
         &mut client,
         &format!(
             "set implicit_transactions on; \
-             select count(*) from {table}; \
-             exec {lock} @shard_id = 0; \
-             insert into {table} (id, Shard, ULID) values (5, 0, {ulid}(1)); \
-             commit transaction; \
+             select count(*) from {}; \
+             {} \
              set implicit_transactions off;",
-            lock = serialized.object("lock_feed"),
-            table = serialized.quoted_table(),
-            ulid = serialized.object("ulid"),
+            serialized.quoted_table(),
+            lock_insert_commit(&serialized, 5),
         ),
     )
     .await;
-    let ids: Vec<i64> = read_everything(&mut admin, &serialized)
-        .await
-        .into_iter()
-        .map(|(_, id)| id)
-        .collect();
+    let ids = read_ids(&mut admin, &serialized).await;
     assert_eq!(ids, [1, 2, 3, 5]);
 }
 
@@ -401,7 +395,7 @@ async fn savepoints(db: &TestDb) {
 
     // a. lock_feed only after the savepoint: the rollback removes the reservation (here the
     // shard's first state row) while the session context keeps the range.
-    let (number, message) = failure(
+    let (number, message) = exec_failure(
         &mut writer,
         &format!(
             "set xact_abort off; begin transaction; save transaction s; \
@@ -433,7 +427,7 @@ async fn savepoints(db: &TestDb) {
         ),
     )
     .await;
-    let (number, message) = failure(&mut writer, &format!("select {ulid}(1);")).await;
+    let (number, message) = exec_failure(&mut writer, &format!("select {ulid}(1);")).await;
     assert_eq!(number, 245, "{message}");
     assert!(message.contains(UNDONE), "{message}");
     // Calling lock_feed again after the rollback is the documented way on; the range it
@@ -540,7 +534,7 @@ async fn hints(db: &TestDb) {
     assert_ne!(ulid_high(both[1].0), ulid_high(both[0].0));
 
     // order_sequence is not the writer's to choose (IDENTITY): an explicit value is refused.
-    let (number, message) = failure(
+    let (number, message) = exec_failure(
         &mut admin,
         &format!(
             "insert into {} (shard_id, order_sequence, id) values (0, 1000000, 3);",
@@ -591,11 +585,7 @@ async fn longest_name(db: &TestDb) {
         range.nth(2).expect("in range")
     );
     rollback_if_open(&mut writer).await;
-    let ids: Vec<i64> = read_everything(&mut admin, &feed)
-        .await
-        .into_iter()
-        .map(|(_, id)| id)
-        .collect();
+    let ids = read_ids(&mut admin, &feed).await;
     assert_eq!(ids, [1, 2]);
 }
 
@@ -614,15 +604,9 @@ async fn serial_insert(db: &TestDb) {
     let mut admin = db.client().await;
     let feed = create_feed(&mut admin, "serial_insert").await;
     let mut writer = db.client().await;
-    for id in 1..=3 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 1..=3).await;
     assert_eq!(
-        read_everything(&mut admin, &feed)
-            .await
-            .into_iter()
-            .map(|(_, id)| id)
-            .collect::<Vec<_>>(),
+        read_ids(&mut admin, &feed).await,
         [1, 2, 3],
         "read_feed moved the rows, so the insert statement ran and its plan is cached"
     );
@@ -718,36 +702,16 @@ async fn read_table(db: &TestDb) {
         ),
     )
     .await;
-    let outbox = Feed::new("dbo", "rt_outbox").expect("a valid feed name");
-    let serial = Feed::new("dbo", "rt_serial").expect("a valid feed name");
-    exec_ok(
+    let (outbox, serial, reader, mut client) = readable_in_both_modes(
+        db,
         &mut admin,
-        &format!(
-            "set xact_abort on; begin transaction; \
-             insert into dbo.rt_outbox (code, payload) values (N'{key}', 1); \
-             insert into {} (shard_id, code) values (0, N'{key}'); \
-             commit transaction; \
-             begin transaction; \
-             exec {} @shard_id = 0; \
-             insert into dbo.rt_serial (code, Shard, ULID, payload) \
-                 values (N'{key}', 0, {}(1), 2); \
-             commit transaction;",
-            outbox.outbox_table(),
-            serial.object("lock_feed"),
-            serial.object("ulid"),
-        ),
+        "rt",
+        ["dbo.rt_outbox", "dbo.rt_serial"],
+        ("code", &format!("N'{key}'")),
+        "code, payload",
+        [&format!("N'{key}', 1"), &format!("N'{key}', 2")],
     )
     .await;
-
-    let reader = Login::new("rt", db);
-    reader
-        .create(
-            &mut admin,
-            &[outbox.readers_role(), serial.readers_role()],
-            &[],
-        )
-        .await;
-    let mut client = reader.connect(db).await;
 
     for feed in [&outbox, &serial] {
         for (declaration, what) in [
@@ -758,7 +722,7 @@ async fn read_table(db: &TestDb) {
             ),
             (&*format!("varchar(3) collate {collation}"), "too short"),
         ] {
-            let (number, message) = failure(
+            let (number, message) = exec_failure(
                 &mut client,
                 &format!(
                     "create table #read (ulid binary(16) not null, code {declaration} not null); \
@@ -841,6 +805,16 @@ async fn read_table(db: &TestDb) {
 // Issue 19 item 7: 51203 after a savepoint rollback that undid the first shard (kept)
 // ------------------------------------------------------------------------------------------
 
+/// Begins a transaction on `writer`, saves it, locks shard 0 of `feed` and rolls back to the
+/// savepoint: shard 0's lock_feed is undone, the transaction still open.
+async fn lock_shard_0_and_roll_back_to_a_savepoint(writer: &mut Client, feed: &Feed) {
+    exec_ok(writer, "begin transaction; save transaction before_lock;").await;
+    lock_feed(writer, feed, 0, None, None)
+        .await
+        .expect("lock shard 0");
+    exec_ok(writer, "rollback transaction before_lock;").await;
+}
+
 common::live_test!(current_thread another_shard_after_a_savepoint_rollback_is_still_refused_and_the_same_shard_works: "savepoint_shards" => savepoint_shards);
 
 /// The decision documented in README (lock_feed, 51203): after `rollback transaction s` undid
@@ -851,15 +825,7 @@ async fn savepoint_shards(db: &TestDb) {
     let feed = create_serialized_feed(&mut admin, "savepoint_shards").await;
     let mut writer = db.client().await;
 
-    exec_ok(
-        &mut writer,
-        "begin transaction; save transaction before_lock;",
-    )
-    .await;
-    lock_feed(&mut writer, &feed, 0, None, None)
-        .await
-        .expect("lock shard 0");
-    exec_ok(&mut writer, "rollback transaction before_lock;").await;
+    lock_shard_0_and_roll_back_to_a_savepoint(&mut writer, &feed).await;
     let error = lock_feed(&mut writer, &feed, 1, None, None)
         .await
         .expect_err("shard 1 after the rollback of shard 0's lock_feed");
@@ -870,32 +836,9 @@ async fn savepoint_shards(db: &TestDb) {
         "51203 rolled the transaction back"
     );
 
-    exec_ok(
-        &mut writer,
-        "begin transaction; save transaction before_lock;",
-    )
-    .await;
-    lock_feed(&mut writer, &feed, 0, None, None)
-        .await
-        .expect("lock shard 0");
-    exec_ok(&mut writer, "rollback transaction before_lock;").await;
-    exec_ok(
-        &mut writer,
-        &format!(
-            "exec {lock} @shard_id = 0; \
-             insert into {table} (id, Shard, ULID) values (1, 0, {ulid}(1)); \
-             commit transaction;",
-            lock = feed.object("lock_feed"),
-            table = feed.quoted_table(),
-            ulid = feed.object("ulid"),
-        ),
-    )
-    .await;
-    let ids: Vec<i64> = read_everything(&mut admin, &feed)
-        .await
-        .into_iter()
-        .map(|(_, id)| id)
-        .collect();
+    lock_shard_0_and_roll_back_to_a_savepoint(&mut writer, &feed).await;
+    exec_ok(&mut writer, &lock_insert_commit(&feed, 1)).await;
+    let ids = read_ids(&mut admin, &feed).await;
     assert_eq!(
         ids,
         [1],

@@ -14,15 +14,15 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use changefeed::{Client, Cursor, Feed, ReadOptions, read_page};
+use changefeed::{Client, Cursor, Feed, FeedRow, Page, ReadOptions, read_page};
 use common::events::commit_retrying;
 use common::load::{
-    Load, MAX_TRANSIENT_RETRIES, TASK_LIMIT, WriterKey, check_stored, keys, load_on_1_and_4_shards,
+    Load, MAX_TRANSIENT_RETRIES, TASK_LIMIT, WriterKey, check_stored, keys, load_feed, load_test,
     ulid_of, write_and_read,
 };
-use common::logins::{Login, with_logins};
-use common::tasks::{bounded, close, expect_denied, join, spawn_bounded};
-use common::{TestDb, exec, rows, scalar_i64};
+use common::logins::{Login, deletes_from, selects_from};
+use common::tasks::{await_none_left, bounded, close, expect_denied, join, spawn_bounded};
+use common::{TestDb, exec, rows, scalar_i64, setup_outbox_feed};
 use tokio::sync::Barrier;
 use ulid::Ulid;
 
@@ -35,23 +35,9 @@ const NOT_BLOCKED_LIMIT: Duration = Duration::from_secs(20);
 // 1. The load matrix
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn load_10_writers_5_readers_100_events_on_1_and_4_shards() {
-    load_on_1_and_4_shards("load_10x5x100", Load::new(10, 5, 100), run_load).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn load_1_writer_20_readers_1000_events_on_1_and_4_shards() {
-    load_on_1_and_4_shards("load_1x20x1000", Load::new(1, 20, 1000), run_load).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn load_10_writers_10_readers_200_events_on_1_and_4_shards() {
-    load_on_1_and_4_shards("load_10x10x200", Load::new(10, 10, 200), run_load).await;
-}
+load_test!(load_10_writers_5_readers_100_events_on_1_and_4_shards: "load_10x5x100" => Load::new(10, 5, 100), run_load);
+load_test!(load_1_writer_20_readers_1000_events_on_1_and_4_shards: "load_1x20x1000" => Load::new(1, 20, 1000), run_load);
+load_test!(load_10_writers_10_readers_200_events_on_1_and_4_shards: "load_10x10x200" => Load::new(10, 10, 200), run_load);
 
 /// W writers commit N events each (one transaction per event, each writer waiting for its
 /// previous commit, so the ordering contract applies to a writer's own events) while R
@@ -64,22 +50,12 @@ async fn load_10_writers_10_readers_200_events_on_1_and_4_shards() {
 /// than R/4). With one writer and 4 shards, shards 1-3 stay empty: readers keep polling
 /// empty shards between pages of the busy one, which must cost them nothing.
 async fn run_load(db: &TestDb, load: Load, shards: i32) {
-    let table = load.table("load", shards);
-    let mut admin = db.client().await;
-    let feed = create_feed(
-        &mut admin,
-        &table,
-        "writer int not null, seq int not null, payload nvarchar(50) null",
-        "writer, seq",
-    )
-    .await;
+    let (mut admin, run) = load_feed(db, load, "load", shards, create_writer_feed).await;
+    let (table, feed) = (&run.table, &run.feed);
     // Each writer commits its events one by one, each with its outbox row in one transaction.
     let (_, reference) = write_and_read(
         db,
-        &table,
-        &feed,
-        shards,
-        load,
+        &run,
         move |mut client, database, feed, shard, writer| async move {
             for seq in 0..load.events_per_writer as i32 {
                 // A transient failure (deadlock victim, lock timeout, dropped connection)
@@ -113,7 +89,7 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
     // The server agrees: the feed holds exactly what the readers saw, the outbox is empty.
     check_stored(
         &mut admin,
-        &table,
+        table,
         "the feed table",
         &format!(
             "select shard_id, ulid, writer, seq from {} order by shard_id, ulid;",
@@ -123,11 +99,7 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
         load.events(),
     )
     .await;
-    let left = scalar_i64(
-        &mut admin,
-        &format!("select count_big(*) from {};", feed.outbox_table()),
-    )
-    .await;
+    let left = count_rows(&mut admin, &feed.outbox_table(), None).await;
     assert_eq!(
         left, 0,
         "{table}: {left} outbox rows were never moved although every event was read"
@@ -146,19 +118,18 @@ async fn slow_writer_scenario(db: &TestDb) {
     const LATENCY: Duration = Duration::from_secs(1);
     let options = ReadOptions::default().page_size(100).wait_ms(0);
     let mut admin = db.client().await;
-    let feed = create_feed(
-        &mut admin,
-        "slow_writer",
-        "writer int not null, seq int not null, payload nvarchar(50) null",
-        "writer, seq",
-    )
-    .await;
+    let feed = create_writer_feed(&mut admin, "slow_writer").await;
     let mut writer_a = db.client().await;
     let mut writer_b = db.client().await;
-    let mut reader = db.client().await;
+    let mut reader = ShardReader {
+        client: db.client().await,
+        feed: feed.clone(),
+        shard: SHARD,
+        options,
+    };
     // Warm up the reader's connection and read_feed's plan on another shard, so the timed
     // call below measures waiting, not the first compilation.
-    read_page::<WriterKey>(&mut reader, &feed, 0, Cursor::START, options)
+    read_page::<WriterKey>(&mut reader.client, &feed, 0, Cursor::START, options)
         .await
         .expect("warm-up read of an empty shard");
 
@@ -173,66 +144,33 @@ async fn slow_writer_scenario(db: &TestDb) {
         1,
         "writer A's transaction must stay open between batches"
     );
-    bounded(
-        "writer B's commit next to A's open transaction",
-        NOT_BLOCKED_LIMIT,
-        commit_event(&mut writer_b, &feed, SHARD, 2, 1),
-    )
-    .await
-    .expect("writer B commits");
+    let what = "writer B's commit next to A's open transaction";
+    commit_unblocked(&mut writer_b, &feed, (SHARD, 2, 1), what).await;
 
-    let started = Instant::now();
-    let page = bounded(
-        "the read next to writer A's open transaction",
-        NOT_BLOCKED_LIMIT,
-        read_page::<WriterKey>(&mut reader, &feed, SHARD, Cursor::START, options),
-    )
-    .await
-    .expect("read_page");
-    let took = started.elapsed();
-    assert_eq!(
-        keys(&page),
-        vec![(2, 1)],
-        "{:?}: the reader must return B's committed row and not A's uncommitted one",
+    let what = format!(
+        "{:?}: the read next to writer A's open transaction (it must return B's committed row \
+         and not A's uncommitted one)",
         db.isolation
     );
-    assert!(
-        took <= LATENCY,
-        "{:?}: the read took {took:?}: an uncommitted writer must not delay the readers of \
-         its shard (limit {LATENCY:?})",
-        db.isolation
-    );
+    let page = reader
+        .read_within(Cursor::START, LATENCY, &[(2, 1)], &what)
+        .await;
     let b_ulid = page.rows[0].ulid;
 
     // Until A commits, no read returns its row, and none waits for it.
     let mut polls = 0;
     while a_began.elapsed() < HOLD {
         for cursor in [Cursor::START, page.next_cursor] {
-            let started = Instant::now();
-            let again = bounded(
-                "a read while writer A holds its row",
-                NOT_BLOCKED_LIMIT,
-                read_page::<WriterKey>(&mut reader, &feed, SHARD, cursor, options),
-            )
-            .await
-            .expect("read_page while A is open");
-            let took = started.elapsed();
             let wanted = if cursor == Cursor::START {
                 vec![(2, 1)]
             } else {
                 Vec::new()
             };
-            assert_eq!(
-                keys(&again),
-                wanted,
-                "{:?}: read from {cursor} while A is uncommitted",
+            let what = format!(
+                "{:?}: a read from {cursor} while writer A holds its row",
                 db.isolation
             );
-            assert!(
-                took <= LATENCY,
-                "{:?}: a read while A is open took {took:?}",
-                db.isolation
-            );
+            reader.read_within(cursor, LATENCY, &wanted, &what).await;
         }
         polls += 1;
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -247,13 +185,9 @@ async fn slow_writer_scenario(db: &TestDb) {
     exec(&mut writer_a, "commit transaction;")
         .await
         .expect("writer A commits");
-    let after = bounded(
-        "the read after writer A committed",
-        NOT_BLOCKED_LIMIT,
-        read_page::<WriterKey>(&mut reader, &feed, SHARD, page.next_cursor, options),
-    )
-    .await
-    .expect("read_page after A's commit");
+    let (after, _) = reader
+        .read_unblocked(page.next_cursor, "the read after writer A committed")
+        .await;
     assert_eq!(
         keys(&after),
         vec![(1, 1)],
@@ -267,7 +201,8 @@ async fn slow_writer_scenario(db: &TestDb) {
         db.isolation,
         after.rows[0].ulid
     );
-    let replay = read_page::<WriterKey>(&mut reader, &feed, SHARD, Cursor::START, options)
+    let replay = reader
+        .read(Cursor::START)
         .await
         .expect("replay from the start");
     assert_eq!(keys(&replay), vec![(2, 1), (1, 1)]);
@@ -283,13 +218,7 @@ async fn abandoned_writer_scenario(db: &TestDb) {
     const SHARD: i32 = 0;
     let options = ReadOptions::default().page_size(100).wait_ms(0);
     let mut admin = db.client().await;
-    let feed = create_feed(
-        &mut admin,
-        "abandoned",
-        "writer int not null, seq int not null, payload nvarchar(50) null",
-        "writer, seq",
-    )
-    .await;
+    let feed = create_writer_feed(&mut admin, "abandoned").await;
 
     // Writer 1 will vanish with its transaction open; writer 2 will roll back explicitly.
     let mut vanishing = db.client().await;
@@ -307,22 +236,18 @@ async fn abandoned_writer_scenario(db: &TestDb) {
     // A committed writer is not blocked by either, nor is a reader.
     let mut committer = db.client().await;
     for seq in 1..=3 {
-        bounded(
-            "a commit next to abandoned transactions",
-            NOT_BLOCKED_LIMIT,
-            commit_event(&mut committer, &feed, SHARD, 3, seq),
-        )
-        .await
-        .expect("writer 3 commits");
+        let what = "writer 3's commit next to abandoned transactions";
+        commit_unblocked(&mut committer, &feed, (SHARD, 3, seq), what).await;
     }
-    let mut reader = db.client().await;
-    let page = bounded(
-        "a read next to abandoned transactions",
-        NOT_BLOCKED_LIMIT,
-        read_page::<WriterKey>(&mut reader, &feed, SHARD, Cursor::START, options),
-    )
-    .await
-    .expect("read_page next to abandoned writers");
+    let mut reader = ShardReader {
+        client: db.client().await,
+        feed: feed.clone(),
+        shard: SHARD,
+        options,
+    };
+    let (page, _) = reader
+        .read_unblocked(Cursor::START, "a read next to abandoned transactions")
+        .await;
     assert_eq!(
         keys(&page),
         vec![(3, 1), (3, 2), (3, 3)],
@@ -351,55 +276,29 @@ async fn abandoned_writer_scenario(db: &TestDb) {
 
     // Bounded wait for the server to finish the dropped session's rollback. NOLOCK sees
     // uncommitted rows, so it tells when they are really gone.
-    let gone_by = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = scalar_i64(
-            &mut admin,
-            &format!(
-                "select (select count_big(*) from {} with (nolock) where writer in (1, 2)) \
-                 + (select count_big(*) from {} with (nolock) where writer in (1, 2));",
-                feed.outbox_table(),
-                feed.quoted_table()
-            ),
-        )
-        .await;
-        if left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < gone_by,
-            "{left} rows of the abandoned writers are still there 60 s after their \
-             connection was dropped / rolled back"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-
-    // No trace: not in the event table, the outbox, the feed, nor any read.
-    let events = scalar_i64(
+    await_none_left(
         &mut admin,
         &format!(
-            "select count_big(*) from {} where writer in (1, 2);",
+            "select (select count_big(*) from {} with (nolock) where writer in (1, 2)) \
+             + (select count_big(*) from {} with (nolock) where writer in (1, 2));",
+            feed.outbox_table(),
             feed.quoted_table()
         ),
+        Duration::from_secs(60),
+        "the abandoned writers' rows, their connection dropped / rolled back",
     )
     .await;
+
+    // No trace: not in the event table, the outbox, the feed, nor any read.
+    let abandoned = Some("writer in (1, 2)");
+    let events = count_rows(&mut admin, &feed.quoted_table(), abandoned).await;
     assert_eq!(events, 0, "rolled-back events are gone");
-    let outbox = scalar_i64(
-        &mut admin,
-        &format!("select count_big(*) from {};", feed.outbox_table()),
-    )
-    .await;
+    let outbox = count_rows(&mut admin, &feed.outbox_table(), None).await;
     assert_eq!(outbox, 0, "the outbox is empty after the rollbacks");
-    let in_feed = scalar_i64(
-        &mut admin,
-        &format!(
-            "select count_big(*) from {} where writer in (1, 2);",
-            feed.object("feed")
-        ),
-    )
-    .await;
+    let in_feed = count_rows(&mut admin, &feed.object("feed"), abandoned).await;
     assert_eq!(in_feed, 0, "no rolled-back key reached the feed");
-    let nothing = read_page::<WriterKey>(&mut reader, &feed, SHARD, page.next_cursor, options)
+    let nothing = reader
+        .read(page.next_cursor)
         .await
         .expect("read after the rollbacks");
     assert_eq!(keys(&nothing), Vec::<WriterKey>::new());
@@ -408,14 +307,13 @@ async fn abandoned_writer_scenario(db: &TestDb) {
     commit_event(&mut committer, &feed, SHARD, 3, 4)
         .await
         .expect("a commit after the rollbacks");
-    let next = read_page::<WriterKey>(&mut reader, &feed, SHARD, page.next_cursor, options)
+    let next = reader
+        .read(page.next_cursor)
         .await
         .expect("read the later commit");
     assert_eq!(keys(&next), vec![(3, 4)]);
     assert!(next.rows[0].ulid > page.rows[2].ulid);
-    let replay = read_page::<WriterKey>(&mut reader, &feed, SHARD, Cursor::START, options)
-        .await
-        .expect("replay");
+    let replay = reader.read(Cursor::START).await.expect("replay");
     assert_eq!(keys(&replay), vec![(3, 1), (3, 2), (3, 3), (3, 4)]);
 }
 
@@ -466,36 +364,24 @@ async fn head_race_scenario(db: &TestDb) {
         // barrier, sweeping 0-5.4 ms in 0.6 ms steps; rounds 0 and 10 start at once.
         let delayed = (round % 2) as usize;
         let offset = Duration::from_micros((round as u64 % 10) * 600);
-        let barrier = Arc::new(Barrier::new(2));
-        let mut handles = Vec::new();
-        for (racer, slot) in racers.iter_mut().enumerate() {
-            let mut client = slot.take().expect("racer connection");
-            let (feed, barrier) = (feed.clone(), barrier.clone());
-            handles.push(spawn_bounded(
-                format!("round {round}: racer {racer}"),
-                TASK_LIMIT,
-                async move {
-                    barrier.wait().await;
-                    if racer == delayed && !offset.is_zero() {
-                        // tokio's timer ticks in milliseconds; spin for sub-ms offsets.
-                        let until = Instant::now() + offset;
-                        while Instant::now() < until {
-                            std::hint::spin_loop();
-                        }
+        let name = |racer| format!("round {round}: racer {racer}");
+        let pages = race(&mut racers, name, |racer, mut client| {
+            let feed = feed.clone();
+            async move {
+                if racer == delayed && !offset.is_zero() {
+                    // tokio's timer ticks in milliseconds; spin for sub-ms offsets.
+                    let until = Instant::now() + offset;
+                    while Instant::now() < until {
+                        std::hint::spin_loop();
                     }
-                    let page = read_page::<(i32, i32)>(&mut client, &feed, 0, cursor, options)
-                        .await
-                        .map_err(|error| format!("read_page: {error}"))?;
-                    Ok((client, page))
-                },
-            ));
-        }
-        let mut pages = Vec::new();
-        for (racer, handle) in handles.into_iter().enumerate() {
-            let (client, page) = join(handle).await;
-            racers[racer] = Some(client);
-            pages.push(page);
-        }
+                }
+                let page = read_page::<(i32, i32)>(&mut client, &feed, 0, cursor, options)
+                    .await
+                    .map_err(|error| format!("read_page: {error}"))?;
+                Ok((client, page))
+            }
+        })
+        .await;
 
         let wanted: Vec<(i32, i32)> = (0..EVENTS).map(|n| (round, n)).collect();
         for (racer, page) in pages.iter().enumerate() {
@@ -521,11 +407,7 @@ async fn head_race_scenario(db: &TestDb) {
             pages[0], pages[1],
             "round {round}: both racers read from the same cursor and must get the same page"
         );
-        let left = scalar_i64(
-            &mut admin,
-            &format!("select count_big(*) from {};", feed.outbox_table()),
-        )
-        .await;
+        let left = count_rows(&mut admin, &feed.outbox_table(), None).await;
         assert_eq!(left, 0, "round {round}: the outbox was not emptied");
         assert!(pages[0].next_cursor > cursor);
         cursor = pages[0].next_cursor;
@@ -536,25 +418,11 @@ async fn head_race_scenario(db: &TestDb) {
 // 5. Roles with real logins
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn reader_and_writer_roles_with_real_logins() {
-    common::under_both_isolations("roles", async |db: &TestDb| {
-        let two = async |[reader, writer]: &[Login; 2]| roles_scenario(db, reader, writer).await;
-        with_logins(db, ["reader", "writer"], two).await;
-    })
-    .await;
-}
+common::live_test!(reader_and_writer_roles_with_real_logins: "roles" => with_logins("reader", "writer") roles_scenario);
 
-async fn roles_scenario(db: &TestDb, reader_login: &Login, writer_login: &Login) {
+async fn roles_scenario(db: &TestDb, [reader_login, writer_login]: &[Login; 2]) {
     let mut admin = db.client().await;
-    let feed = create_feed(
-        &mut admin,
-        "role_events",
-        "id int not null, payload nvarchar(100) not null",
-        "id",
-    )
-    .await;
+    let feed = create_id_feed(&mut admin, "role_events", Some("nvarchar(100) not null")).await;
     reader_login
         .create(&mut admin, &[feed.readers_role()], &[])
         .await;
@@ -659,31 +527,19 @@ async fn roles_scenario(db: &TestDb, reader_login: &Login, writer_login: &Login)
         ),
     }
     for (sql, what) in [
-        (
-            format!("select * from {};", feed.outbox_table()),
-            "writer selects from the outbox",
-        ),
-        (
-            format!("select * from {};", feed.object("feed")),
-            "writer selects from the feed",
-        ),
-        (
-            format!("select * from {};", feed.object("state")),
-            "writer selects from the state",
-        ),
-        (
-            format!("delete from {};", feed.outbox_table()),
-            "writer deletes from the outbox",
-        ),
+        selects_from(&feed, "writer", "outbox"),
+        selects_from(&feed, "writer", "feed"),
+        selects_from(&feed, "writer", "state"),
+        deletes_from(&feed, "writer", "outbox"),
         (
             format!(
                 "update {} set time_hint = sysutcdatetime();",
                 feed.outbox_table()
             ),
-            "writer updates the outbox",
+            "writer updates the outbox".to_owned(),
         ),
     ] {
-        expect_denied(&mut writer, &sql, what).await;
+        expect_denied(&mut writer, &sql, &what).await;
     }
 
     // Reader: read_page works, and moves the outbox through ownership chaining (it is the
@@ -713,55 +569,34 @@ async fn roles_scenario(db: &TestDb, reader_login: &Login, writer_login: &Login)
     // Reader: nothing else.
     let zero_ulid = "0x00000000000000000000000000000000";
     for (sql, what) in [
-        (
-            format!("select * from {};", feed.outbox_table()),
-            "reader selects from the outbox",
-        ),
-        (
-            format!("select * from {};", feed.object("feed")),
-            "reader selects from the feed",
-        ),
-        (
-            format!("select * from {};", feed.object("state")),
-            "reader selects from the state",
-        ),
+        selects_from(&feed, "reader", "outbox"),
+        selects_from(&feed, "reader", "feed"),
+        selects_from(&feed, "reader", "state"),
         (
             format!("insert into {} (id) values (99);", feed.outbox_table()),
-            "reader inserts into the outbox",
+            "reader inserts into the outbox".to_owned(),
         ),
-        (
-            format!("delete from {};", feed.outbox_table()),
-            "reader deletes from the outbox",
-        ),
+        deletes_from(&feed, "reader", "outbox"),
         (
             format!(
                 "insert into {} (shard_id, ulid, id) values (0, {zero_ulid}, 99);",
                 feed.object("feed")
             ),
-            "reader inserts into the feed",
+            "reader inserts into the feed".to_owned(),
         ),
-        (
-            format!("delete from {};", feed.object("feed")),
-            "reader deletes from the feed",
-        ),
+        deletes_from(&feed, "reader", "feed"),
         (
             format!("update {} set next_counter = 0;", feed.object("state")),
-            "reader updates the state",
+            "reader updates the state".to_owned(),
         ),
+        deletes_from(&feed, "reader", "state"),
+        selects_from(&feed, "reader", "event table"),
         (
-            format!("delete from {};", feed.object("state")),
-            "reader deletes from the state",
-        ),
-        (
-            format!("select * from {};", feed.quoted_table()),
-            "reader selects from the event table",
-        ),
-        (
-            "exec changefeed.setup_feed @table_name = N'dbo.role_events', @outbox = 1;".to_owned(),
-            "reader calls setup_feed",
+            setup_outbox_feed("dbo.role_events"),
+            "reader calls setup_feed".to_owned(),
         ),
     ] {
-        expect_denied(&mut reader, &sql, what).await;
+        expect_denied(&mut reader, &sql, &what).await;
     }
 
     // None of the refused statements changed anything.
@@ -825,36 +660,24 @@ async fn read_with_event(
 // 5b. A reader login takes the same shard lock as every other reader
 // ------------------------------------------------------------------------------------------
 
-/// read_feed names its shard lock after `object_id(N'[changefeed].[feed:...]')`. Inside a
-/// procedure, metadata functions answer with the *caller's* permissions, not the owner's
-/// (ownership chaining does not extend to metadata visibility), and a member of the readers
-/// role has no permission on the feed table. If `object_id` answers NULL for it, its lock is
-/// `changefeed::<shard>` instead of `changefeed:<id>:<shard>`: it moves the outbox while a
-/// dbo reader holds the shard's lock, and the "a lost race returns the winner's rows"
-/// guarantee no longer holds between such readers and others. This test holds the shard
-/// lock by the name read_feed is meant to use, first shows that a dbo reader waits for it
-/// (so the name is right), then requires the same of a reader login.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn reader_login_waits_for_the_same_shard_lock_as_other_readers() {
-    common::under_both_isolations("shard_lock", async |db: &TestDb| {
-        let one = async |[reader]: &[Login; 1]| shard_lock_scenario(db, reader).await;
-        with_logins(db, ["lockreader"], one).await;
-    })
-    .await;
-}
+common::live_test!(
+    /// read_feed names its shard lock after `object_id(N'[changefeed].[feed:...]')`. Inside a
+    /// procedure, metadata functions answer with the *caller's* permissions, not the owner's
+    /// (ownership chaining does not extend to metadata visibility), and a member of the readers
+    /// role has no permission on the feed table. If `object_id` answers NULL for it, its lock is
+    /// `changefeed::<shard>` instead of `changefeed:<id>:<shard>`: it moves the outbox while a
+    /// dbo reader holds the shard's lock, and the "a lost race returns the winner's rows"
+    /// guarantee no longer holds between such readers and others. This test holds the shard
+    /// lock by the name read_feed is meant to use, first shows that a dbo reader waits for it
+    /// (so the name is right), then requires the same of a reader login.
+    reader_login_waits_for_the_same_shard_lock_as_other_readers: "shard_lock" => with_logins("lockreader") shard_lock_scenario
+);
 
-async fn shard_lock_scenario(db: &TestDb, reader_login: &Login) {
+async fn shard_lock_scenario(db: &TestDb, [reader_login]: &[Login; 1]) {
     // Far below read_feed's 10 s lock timeout, far above a read that does not wait.
     const HOLD: Duration = Duration::from_secs(2);
     let mut admin = db.client().await;
-    let feed = create_feed(
-        &mut admin,
-        "lock_events",
-        "id int not null, payload nvarchar(50) null",
-        "id",
-    )
-    .await;
+    let feed = create_id_feed(&mut admin, "lock_events", Some("nvarchar(50) null")).await;
     reader_login
         .create(&mut admin, &[feed.readers_role()], &[])
         .await;
@@ -863,18 +686,7 @@ async fn shard_lock_scenario(db: &TestDb, reader_login: &Login) {
     let mut cursor = Cursor::START;
     for (phase, ids) in [("dbo reader", [1, 2, 3]), ("reader login", [4, 5, 6])] {
         for id in ids {
-            exec(
-                &mut admin,
-                &format!(
-                    "set xact_abort on; begin transaction; \
-                     insert into {} (id) values ({id}); insert into {} (id) values ({id}); \
-                     commit transaction;",
-                    feed.quoted_table(),
-                    feed.outbox_table()
-                ),
-            )
-            .await
-            .expect("commit an event");
+            commit_id_event(&mut admin, &feed, id).await;
         }
         let lock = rows(
             &mut holder,
@@ -975,32 +787,13 @@ async fn setup_race_scenario(db: &TestDb) {
         .expect("create the event table");
         let feed = Feed::new("dbo", &table).expect("a valid feed name");
 
-        let barrier = Arc::new(Barrier::new(RACERS));
-        let mut handles = Vec::new();
-        for (racer, slot) in racers.iter_mut().enumerate() {
-            let mut client = slot.take().expect("racer connection");
-            let (barrier, table) = (barrier.clone(), table.clone());
-            handles.push(spawn_bounded(
-                format!("{table}: setup_feed racer {racer}"),
-                TASK_LIMIT,
-                async move {
-                    barrier.wait().await;
-                    let outcome = exec(
-                        &mut client,
-                        &format!(
-                            "exec changefeed.setup_feed @table_name = N'dbo.{table}', @outbox = 1;"
-                        ),
-                    )
-                    .await;
-                    let open = scalar_i64(&mut client, "select @@trancount;").await;
-                    Ok((client, outcome, open))
-                },
-            ));
-        }
+        let tables = vec![table.clone(); RACERS];
         let mut succeeded = 0;
-        for (racer, handle) in handles.into_iter().enumerate() {
-            let (client, outcome, open) = join(handle).await;
-            racers[racer] = Some(client);
+        for (racer, (outcome, open)) in race_setup_feed(&mut racers, &tables)
+            .await
+            .into_iter()
+            .enumerate()
+        {
             assert_eq!(
                 open, 0,
                 "{table}: racer {racer}'s setup_feed left a transaction open"
@@ -1024,27 +817,13 @@ async fn setup_race_scenario(db: &TestDb) {
 
         check_one_feed(&mut admin, &feed).await;
         // A later call is a no-op, and leaves the same single feed.
-        exec(
-            &mut admin,
-            &format!("exec changefeed.setup_feed @table_name = N'dbo.{table}', @outbox = 1;"),
-        )
-        .await
-        .expect("setup_feed again is idempotent");
+        exec(&mut admin, &setup_outbox_feed(&format!("dbo.{table}")))
+            .await
+            .expect("setup_feed again is idempotent");
         check_one_feed(&mut admin, &feed).await;
 
         // And the feed works, and appears once in feed_status.
-        exec(
-            &mut admin,
-            &format!(
-                "set xact_abort on; begin transaction; \
-                 insert into {} (id) values (1); insert into {} (id) values (1); \
-                 commit transaction;",
-                feed.quoted_table(),
-                feed.outbox_table()
-            ),
-        )
-        .await
-        .expect("write an event");
+        commit_id_event(&mut admin, &feed, 1).await;
         let page = read_page::<i32>(&mut admin, &feed, 0, Cursor::START, ReadOptions::default())
             .await
             .expect("read the raced feed");
@@ -1069,74 +848,68 @@ async fn setup_race_scenario(db: &TestDb) {
 /// Exactly one registry row and one complete set of per-feed objects, roles and grants.
 async fn check_one_feed(admin: &mut Client, feed: &Feed) {
     let (schema, table) = (feed.schema(), feed.table());
-    let registered = scalar_i64(
-        admin,
-        &format!(
-            "select count_big(*) from changefeed.feeds \
-             where schema_name = N'{schema}' and table_name = N'{table}';"
+    // Each count, what it must be, and what it counts.
+    let checks = [
+        (
+            format!(
+                "select count_big(*) from changefeed.feeds \
+                 where schema_name = N'{schema}' and table_name = N'{table}';"
+            ),
+            1,
+            "registry rows",
         ),
-    )
-    .await;
-    assert_eq!(registered, 1, "{feed}: registry rows");
-    let objects = scalar_i64(
-        admin,
-        &format!(
-            "select count_big(*) from sys.objects \
-             where schema_id = schema_id(N'changefeed') and name in ( \
-               N'read_feed:{feed}', N'status:{feed}', N'feed:{feed}', N'outbox:{feed}', \
-               N'state:{feed}');"
+        (
+            format!(
+                "select count_big(*) from sys.objects \
+                 where schema_id = schema_id(N'changefeed') and name in ( \
+                   N'read_feed:{feed}', N'status:{feed}', N'feed:{feed}', N'outbox:{feed}', \
+                   N'state:{feed}');"
+            ),
+            5,
+            "read_feed, status, feed, outbox, state",
         ),
-    )
-    .await;
-    assert_eq!(objects, 5, "{feed}: read_feed, status, feed, outbox, state");
-    let types = scalar_i64(
-        admin,
-        &format!(
-            "select count_big(*) from sys.types \
-             where is_user_defined = 1 and name = N'type:read:{feed}';"
+        (
+            format!(
+                "select count_big(*) from sys.types \
+                 where is_user_defined = 1 and name = N'type:read:{feed}';"
+            ),
+            1,
+            "the read type",
         ),
-    )
-    .await;
-    assert_eq!(types, 1, "{feed}: the read type");
-    let roles = scalar_i64(
-        admin,
-        &format!(
-            "select count_big(*) from sys.database_principals where type = 'R' and name in \
-             (N'changefeed.writers:{feed}', N'changefeed.readers:{feed}');"
+        (
+            format!(
+                "select count_big(*) from sys.database_principals where type = 'R' and name in \
+                 (N'changefeed.writers:{feed}', N'changefeed.readers:{feed}');"
+            ),
+            2,
+            "the writers and readers roles",
         ),
-    )
-    .await;
-    assert_eq!(roles, 2, "{feed}: the writers and readers roles");
-    let grants = scalar_i64(
-        admin,
-        &format!(
-            "select count_big(*) from sys.database_permissions \
-             where state = 'G' and grantee_principal_id in ( \
-               database_principal_id(N'changefeed.writers:{feed}'), \
-               database_principal_id(N'changefeed.readers:{feed}'));"
+        (
+            format!(
+                "select count_big(*) from sys.database_permissions \
+                 where state = 'G' and grantee_principal_id in ( \
+                   database_principal_id(N'changefeed.writers:{feed}'), \
+                   database_principal_id(N'changefeed.readers:{feed}'));"
+            ),
+            3,
+            "INSERT on the outbox, EXECUTE on read_feed and on the read type",
         ),
-    )
-    .await;
-    assert_eq!(
-        grants, 3,
-        "{feed}: INSERT on the outbox, EXECUTE on read_feed and on the read type"
-    );
-    let everything = scalar_i64(
-        admin,
-        &format!(
-            "select count_big(*) from changefeed.feed_objects(N'{schema}', N'{table}') as o \
-             where case o.object_class \
-                     when 'TT' then type_id(o.quoted_name) \
-                     when 'R' then database_principal_id(o.object_name) \
-                     else object_id(o.quoted_name) \
-                   end is null;"
+        (
+            format!(
+                "select count_big(*) from changefeed.feed_objects(N'{schema}', N'{table}') as o \
+                 where case o.object_class \
+                         when 'TT' then type_id(o.quoted_name) \
+                         when 'R' then database_principal_id(o.object_name) \
+                         else object_id(o.quoted_name) \
+                       end is null;"
+            ),
+            0,
+            "a per-feed object of feed_objects is missing",
         ),
-    )
-    .await;
-    assert_eq!(
-        everything, 0,
-        "{feed}: a per-feed object of feed_objects is missing"
-    );
+    ];
+    for (sql, expected, what) in checks {
+        assert_eq!(scalar_i64(admin, &sql).await, expected, "{feed}: {what}");
+    }
 }
 
 common::live_test!(concurrent_setup_feed_of_different_tables_keeps_every_feed_in_feed_status: "setup_pairs" => setup_pairs_scenario);
@@ -1154,13 +927,7 @@ async fn setup_pairs_scenario(db: &TestDb) {
     // on changefeed.feeds (setup_feed's UPDLOCK, HOLDLOCK probe) may fall into different
     // ranges and stop serializing the two calls.
     for spread in 0..4 {
-        create_feed(
-            &mut admin,
-            &format!("spread_{spread}"),
-            "id int not null",
-            "id",
-        )
-        .await;
+        create_id_feed(&mut admin, &format!("spread_{spread}"), None).await;
     }
     let mut racers = [Some(db.client().await), Some(db.client().await)];
 
@@ -1177,31 +944,11 @@ async fn setup_pairs_scenario(db: &TestDb) {
             .await
             .expect("create the event table");
         }
-        let barrier = Arc::new(Barrier::new(2));
-        let mut handles = Vec::new();
-        for (racer, slot) in racers.iter_mut().enumerate() {
-            let mut client = slot.take().expect("racer connection");
-            let (barrier, table) = (barrier.clone(), tables[racer].clone());
-            handles.push(spawn_bounded(
-                format!("{table}: setup_feed"),
-                TASK_LIMIT,
-                async move {
-                    barrier.wait().await;
-                    let outcome = exec(
-                        &mut client,
-                        &format!(
-                            "exec changefeed.setup_feed @table_name = N'dbo.{table}', @outbox = 1;"
-                        ),
-                    )
-                    .await;
-                    let open = scalar_i64(&mut client, "select @@trancount;").await;
-                    Ok((client, outcome, open))
-                },
-            ));
-        }
-        for (racer, handle) in handles.into_iter().enumerate() {
-            let (client, outcome, open) = join(handle).await;
-            racers[racer] = Some(client);
+        for (racer, (outcome, open)) in race_setup_feed(&mut racers, &tables)
+            .await
+            .into_iter()
+            .enumerate()
+        {
             let table = &tables[racer];
             assert_eq!(open, 0, "{table}: setup_feed left a transaction open");
             if let Err(error) = outcome {
@@ -1210,19 +957,14 @@ async fn setup_pairs_scenario(db: &TestDb) {
                     "{table}: setup_feed failed without a server error: {error}"
                 );
                 eprintln!("-- {table}: setup_feed failed cleanly, retrying alone: {error}");
-                exec(
-                    &mut admin,
-                    &format!(
-                        "exec changefeed.setup_feed @table_name = N'dbo.{table}', @outbox = 1;"
-                    ),
-                )
-                .await
-                .unwrap_or_else(|error| panic!("{table}: setup_feed retried alone: {error}"));
+                exec(&mut admin, &setup_outbox_feed(&format!("dbo.{table}")))
+                    .await
+                    .unwrap_or_else(|error| panic!("{table}: setup_feed retried alone: {error}"));
             }
         }
     }
 
-    let registered = scalar_i64(&mut admin, "select count_big(*) from changefeed.feeds;").await;
+    let registered = common::registered_feeds(&mut admin).await;
     assert_eq!(registered, (4 + 2 * ROUNDS) as i64, "registered feeds");
     let missing = rows(
         &mut admin,
@@ -1250,6 +992,143 @@ async fn setup_pairs_scenario(db: &TestDb) {
 // Helpers
 // ------------------------------------------------------------------------------------------
 
+/// Creates the load and writer scenarios' feed `[dbo].[table]`: events keyed by
+/// (writer, seq), with a payload.
+async fn create_writer_feed(admin: &mut Client, table: &str) -> Feed {
+    let columns = "writer int not null, seq int not null, payload nvarchar(50) null";
+    create_feed(admin, table, columns, "writer, seq").await
+}
+
+/// `count_big(*)` of `table`, of the rows matching `condition` when there is one.
+async fn count_rows(client: &mut Client, table: &str, condition: Option<&str>) -> i64 {
+    let filter = condition.map_or_else(String::new, |condition| format!(" where {condition}"));
+    scalar_i64(
+        client,
+        &format!("select count_big(*) from {table}{filter};"),
+    )
+    .await
+}
+
+/// A reader connection of one shard of a feed, always reading with the same options.
+struct ShardReader {
+    client: Client,
+    feed: Feed,
+    shard: i32,
+    options: ReadOptions,
+}
+
+impl ShardReader {
+    /// One `read_page` from `cursor`.
+    async fn read(&mut self, cursor: Cursor) -> changefeed::Result<Page<FeedRow<WriterKey>>> {
+        read_page::<WriterKey>(
+            &mut self.client,
+            &self.feed,
+            self.shard,
+            cursor,
+            self.options,
+        )
+        .await
+    }
+
+    /// A read from `cursor` that must not wait for any open transaction: it fails the test,
+    /// naming `what`, after [`NOT_BLOCKED_LIMIT`]. The page, and how long the read took.
+    async fn read_unblocked(
+        &mut self,
+        cursor: Cursor,
+        what: &str,
+    ) -> (Page<FeedRow<WriterKey>>, Duration) {
+        let started = Instant::now();
+        let page = bounded(what, NOT_BLOCKED_LIMIT, self.read(cursor))
+            .await
+            .unwrap_or_else(|error| panic!("{what}: {error}"));
+        (page, started.elapsed())
+    }
+
+    /// A read from `cursor` ([`Self::read_unblocked`]) that must return the rows `wanted`
+    /// within `latency`, `what` says which read: an uncommitted writer must not delay the
+    /// readers of its shard. The page.
+    async fn read_within(
+        &mut self,
+        cursor: Cursor,
+        latency: Duration,
+        wanted: &[WriterKey],
+        what: &str,
+    ) -> Page<FeedRow<WriterKey>> {
+        let (page, took) = self.read_unblocked(cursor, what).await;
+        assert_eq!(keys(&page), wanted, "{what}: the rows it returned");
+        assert!(
+            took <= latency,
+            "{what}: the read took {took:?}: an uncommitted writer must not delay the readers \
+             of its shard (limit {latency:?})"
+        );
+        page
+    }
+}
+
+/// [`commit_event`] of `event` (shard, writer, seq) that must not wait for any open
+/// transaction: it fails the test, naming `what`, after [`NOT_BLOCKED_LIMIT`].
+async fn commit_unblocked(client: &mut Client, feed: &Feed, event: (i32, i32, i32), what: &str) {
+    let (shard, writer, seq) = event;
+    bounded(
+        what,
+        NOT_BLOCKED_LIMIT,
+        commit_event(client, feed, shard, writer, seq),
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{what}: {error}"));
+}
+
+/// Runs `task` once for each connection of `racers`, in tasks of their own released together
+/// by a barrier (each named by `name`, bounded by [`TASK_LIMIT`]); each task hands its
+/// connection back, and the connections go back into `racers`. The tasks' values, in racer
+/// order.
+async fn race<T, F, Fut>(
+    racers: &mut [Option<Client>],
+    name: impl Fn(usize) -> String,
+    task: F,
+) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(usize, Client) -> Fut,
+    Fut: Future<Output = Result<(Client, T), String>> + Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(racers.len()));
+    let mut handles = Vec::new();
+    for (racer, slot) in racers.iter_mut().enumerate() {
+        let run = task(racer, slot.take().expect("racer connection"));
+        let barrier = barrier.clone();
+        handles.push(spawn_bounded(name(racer), TASK_LIMIT, async move {
+            barrier.wait().await;
+            run.await
+        }));
+    }
+    let mut values = Vec::new();
+    for (racer, handle) in handles.into_iter().enumerate() {
+        let (client, value) = join(handle).await;
+        racers[racer] = Some(client);
+        values.push(value);
+    }
+    values
+}
+
+/// Races `setup_feed` of `tables[racer]` (in `dbo`, outbox mode) on each connection of
+/// `racers` ([`race`]): each call's outcome, and how many transactions it left open.
+async fn race_setup_feed(
+    racers: &mut [Option<Client>],
+    tables: &[String],
+) -> Vec<(changefeed::Result<()>, i64)> {
+    let name = |racer| format!("{}: setup_feed racer {racer}", tables[racer]);
+    race(racers, name, |racer, mut client| {
+        let setup = setup_outbox_feed(&format!("dbo.{}", tables[racer]));
+        async move {
+            let outcome = exec(&mut client, &setup).await;
+            let open = scalar_i64(&mut client, "select @@trancount;").await;
+            Ok((client, (outcome, open)))
+        }
+    })
+    .await
+}
+
 /// Creates `[dbo].[table]` and makes it an outbox-mode feed.
 async fn create_feed(admin: &mut Client, table: &str, columns: &str, key: &str) -> Feed {
     exec(
@@ -1261,13 +1140,37 @@ async fn create_feed(admin: &mut Client, table: &str, columns: &str, key: &str) 
     )
     .await
     .unwrap_or_else(|error| panic!("create table dbo.{table}: {error}"));
+    exec(admin, &setup_outbox_feed(&format!("dbo.{table}")))
+        .await
+        .unwrap_or_else(|error| panic!("setup_feed dbo.{table}: {error}"));
+    Feed::new("dbo", table).expect("a valid feed name")
+}
+
+/// Creates `[dbo].[table]` keyed by `id int` alone, with a column `payload` of the type
+/// `payload` when there is one, and makes it an outbox-mode feed.
+async fn create_id_feed(admin: &mut Client, table: &str, payload: Option<&str>) -> Feed {
+    let columns = match payload {
+        Some(payload) => format!("id int not null, payload {payload}"),
+        None => "id int not null".to_owned(),
+    };
+    create_feed(admin, table, &columns, "id").await
+}
+
+/// Commits event `id` of a feed keyed by `id` alone, and its outbox row (the default shard),
+/// in one transaction.
+async fn commit_id_event(client: &mut Client, feed: &Feed, id: i32) {
     exec(
-        admin,
-        &format!("exec changefeed.setup_feed @table_name = N'dbo.{table}', @outbox = 1;"),
+        client,
+        &format!(
+            "set xact_abort on; begin transaction; \
+             insert into {} (id) values ({id}); insert into {} (id) values ({id}); \
+             commit transaction;",
+            feed.quoted_table(),
+            feed.outbox_table()
+        ),
     )
     .await
-    .unwrap_or_else(|error| panic!("setup_feed dbo.{table}: {error}"));
-    Feed::new("dbo", table).expect("a valid feed name")
+    .unwrap_or_else(|error| panic!("commit event {id} of {feed}: {error}"));
 }
 
 /// The batch that inserts event (writer, seq) and its outbox row and leaves the

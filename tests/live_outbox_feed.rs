@@ -138,6 +138,20 @@ async fn create_feed(client: &mut Client, feed: &Feed) {
     setup_feed(client, feed).await;
 }
 
+/// The feed `name` (`schema.table`), created with [`create_feed`].
+async fn created(client: &mut Client, name: &str) -> Feed {
+    let feed = feed(name);
+    create_feed(client, &feed).await;
+    feed
+}
+
+/// A scenario's start: a new connection, and on it the feed `name` created.
+async fn feed_in(db: &TestDb, name: &str) -> (Client, Feed) {
+    let mut client = db.client().await;
+    let feed = created(&mut client, name).await;
+    (client, feed)
+}
+
 fn quantity_of(id: i32) -> i16 {
     (id % 1000) as i16
 }
@@ -279,9 +293,7 @@ async fn read_with_event(
 common::live_test!(current_thread five_events_read_with_page_size_three_come_as_three_then_two_then_an_empty_page: "paging" => paging);
 
 async fn paging(db: &TestDb) {
-    let mut client = db.client().await;
-    let feed = feed("dbo.paging");
-    create_feed(&mut client, &feed).await;
+    let (mut client, feed) = feed_in(db, "dbo.paging").await;
     // Not in key order, so "insertion order" cannot pass by sorting on the key.
     write_events(&mut client, &feed, 0, &[30, 10, 50, 20, 40]).await;
 
@@ -337,9 +349,7 @@ async fn paging(db: &TestDb) {
 common::live_test!(current_thread feed_order_follows_insertion_order_even_when_time_hints_decrease: "insertion_order" => insertion_order);
 
 async fn insertion_order(db: &TestDb) {
-    let mut client = db.client().await;
-    let feed = feed("dbo.insertion_order");
-    create_feed(&mut client, &feed).await;
+    let (mut client, feed) = feed_in(db, "dbo.insertion_order").await;
     // Hints in the past (a later one would be clamped to the server's clock + 1 s).
     let now = server_now_ms(&mut client).await;
     let hints = [now - 1_000, now - 2_000, now - 3_000, now - 5_000];
@@ -363,9 +373,7 @@ async fn insertion_order(db: &TestDb) {
 common::live_test!(current_thread time_hints_are_lifted_to_their_running_max_and_ulid_time_never_goes_back: "running_max" => running_max);
 
 async fn running_max(db: &TestDb) {
-    let mut client = db.client().await;
-    let feed = feed("dbo.running_max");
-    create_feed(&mut client, &feed).await;
+    let (mut client, feed) = feed_in(db, "dbo.running_max").await;
     let t0 = server_now_ms(&mut client).await;
     for (id, hint) in (1..).zip([t0 + 5, t0, t0 + 10, t0 + 2]) {
         write_event(&mut client, &feed, 0, id, Some(hint)).await;
@@ -609,9 +617,7 @@ async fn allocator_model(db: &TestDb) {
 common::live_test!(current_thread a_writer_that_rolls_back_leaves_no_trace_in_outbox_or_feed: "rollback" => rolled_back_writer);
 
 async fn rolled_back_writer(db: &TestDb) {
-    let mut client = db.client().await;
-    let feed = feed("dbo.rolled_back");
-    create_feed(&mut client, &feed).await;
+    let (mut client, feed) = feed_in(db, "dbo.rolled_back").await;
     exec_ok(
         &mut client,
         &format!(
@@ -653,9 +659,7 @@ async fn rolled_back_writer(db: &TestDb) {
 common::live_test!(current_thread read_feed_fills_a_callers_read_temp_table_instead_of_returning_rows: "read_temp_table" => read_temp_table);
 
 async fn read_temp_table(db: &TestDb) {
-    let mut client = db.client().await;
-    let feed = feed("dbo.into_read");
-    create_feed(&mut client, &feed).await;
+    let (mut client, feed) = feed_in(db, "dbo.into_read").await;
     write_events(&mut client, &feed, 0, &[7, 3, 9]).await;
     let read_feed = feed.read_feed_procedure();
 
@@ -726,9 +730,7 @@ async fn read_temp_table(db: &TestDb) {
 common::live_test!(current_thread with_event_returns_every_event_column_and_a_deleted_event_as_nulls: "with_event" => with_event);
 
 async fn with_event(db: &TestDb) {
-    let mut client = db.client().await;
-    let feed = feed("dbo.with_event");
-    create_feed(&mut client, &feed).await;
+    let (mut client, feed) = feed_in(db, "dbo.with_event").await;
     write_events(&mut client, &feed, 0, &[1, 2, 3]).await;
     // Written and committed, then deleted before anyone read it.
     exec_ok(
@@ -780,9 +782,7 @@ async fn with_event(db: &TestDb) {
 common::live_test!(current_thread read_feed_refuses_a_transaction_with_51100_and_bad_arguments_with_51101: "read_errors" => read_errors);
 
 async fn read_errors(db: &TestDb) {
-    let mut client = db.client().await;
-    let feed = feed("dbo.read_errors");
-    create_feed(&mut client, &feed).await;
+    let (mut client, feed) = feed_in(db, "dbo.read_errors").await;
     write_events(&mut client, &feed, 0, &[1]).await;
     let read_feed = feed.read_feed_procedure();
 
@@ -1161,9 +1161,7 @@ async fn registry_rows(client: &mut Client, table: &str) -> i64 {
 common::live_test!(current_thread setup_twice_changes_nothing_and_teardown_drops_every_per_feed_object_once: "setup_teardown" => setup_teardown);
 
 async fn setup_teardown(db: &TestDb) {
-    let mut client = db.client().await;
-    let feed = feed("dbo.idem");
-    create_feed(&mut client, &feed).await;
+    let (mut client, feed) = feed_in(db, "dbo.idem").await;
     write_events(&mut client, &feed, 0, &[1, 2, 3]).await;
     let (read_before, _) = read_all::<i32>(&mut client, &feed, 0, Cursor::START, 10).await;
     let ids = code_and_storage_ids(&mut client, &feed).await;
@@ -1324,44 +1322,21 @@ async fn bad_setup(db: &TestDb) {
     assert_eq!(exec_error(&mut client, null_name).await, 51000);
 
     // Nothing was left behind by any refused call.
-    assert_eq!(
-        count(&mut client, "select count_big(*) from changefeed.feeds;").await,
-        0
-    );
-    assert_eq!(
-        count(
-            &mut client,
-            "select count_big(*) from sys.objects \
-             where schema_id = schema_id(N'changefeed') and name like N'%:dbo.%';"
-        )
-        .await,
-        0
-    );
-    assert_eq!(
-        count(
-            &mut client,
-            "select count_big(*) from sys.types \
-             where schema_id = schema_id(N'changefeed') and name like N'%:dbo.%';"
-        )
-        .await,
-        0
-    );
-    assert_eq!(
-        count(
-            &mut client,
-            "select count_big(*) from sys.database_principals \
-             where name like N'changefeed.%:dbo.%';"
-        )
-        .await,
-        0
-    );
+    for left_behind in [
+        "select count_big(*) from changefeed.feeds;",
+        "select count_big(*) from sys.objects \
+         where schema_id = schema_id(N'changefeed') and name like N'%:dbo.%';",
+        "select count_big(*) from sys.types \
+         where schema_id = schema_id(N'changefeed') and name like N'%:dbo.%';",
+        "select count_big(*) from sys.database_principals \
+         where name like N'changefeed.%:dbo.%';",
+    ] {
+        assert_eq!(count(&mut client, left_behind).await, 0, "{left_behind}");
+    }
 
     // The table refused for a bad call is fine with good arguments.
     setup_feed(&mut client, &feed("dbo.modes")).await;
-    assert_eq!(
-        count(&mut client, "select count_big(*) from changefeed.feeds;").await,
-        1
-    );
+    assert_eq!(common::registered_feeds(&mut client).await, 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1372,10 +1347,8 @@ common::live_test!(current_thread upgrade_all_feeds_regenerates_code_and_keeps_e
 
 async fn upgrade(db: &TestDb) {
     let mut client = db.client().await;
-    let a = feed("dbo.upgrade_a");
-    let b = feed("dbo.upgrade_b");
-    create_feed(&mut client, &a).await;
-    create_feed(&mut client, &b).await;
+    let a = created(&mut client, "dbo.upgrade_a").await;
+    let b = created(&mut client, "dbo.upgrade_b").await;
     write_events(&mut client, &a, 0, &[1, 2, 3]).await;
     write_events(&mut client, &b, 1, &[10, 20]).await;
     let (read_a, cursor_a) = read_all::<i32>(&mut client, &a, 0, Cursor::START, 2).await;
@@ -1530,10 +1503,8 @@ common::live_test!(current_thread feed_status_shows_each_feed_and_shard_with_com
 
 async fn status_view(db: &TestDb) {
     let mut client = db.client().await;
-    let a = feed("dbo.status_a");
-    let b = feed("dbo.status_b");
-    create_feed(&mut client, &a).await;
-    create_feed(&mut client, &b).await;
+    let a = created(&mut client, "dbo.status_a").await;
+    let b = created(&mut client, "dbo.status_b").await;
     assert!(
         feed_status(&mut client).await.is_empty(),
         "no shard used yet"
@@ -1589,9 +1560,7 @@ async fn status_view(db: &TestDb) {
 common::live_test!(current_thread shards_are_independent_logs_each_with_strictly_increasing_ulids: "shards" => shards);
 
 async fn shards(db: &TestDb) {
-    let mut client = db.client().await;
-    let feed = feed("dbo.sharded");
-    create_feed(&mut client, &feed).await;
+    let (mut client, feed) = feed_in(db, "dbo.sharded").await;
     // Interleaved: shard s gets s*100 + 1 .. s*100 + 4.
     for i in 1..=4 {
         for shard in 0..4 {

@@ -19,7 +19,8 @@ use changefeed::reader::{FeedReader, FeedReaderOptions, ReadRetryPolicy, Wait};
 use changefeed::{Client, Cursor, CursorStore, Error, Feed, FeedRow, Page};
 use common::events::{
     column_values, create_feed, exec_ok, feed_reader, hex, keys, pairs, read_to_end, required,
-    rows_ok, server_now_ms, spawn_held_writers, spawn_writers, write_ok,
+    rows_ok, server_now_ms, spawn_held_writers, spawn_writers, write_all_ok, write_and_read_all,
+    write_ok,
 };
 use common::tasks::{bounded, join, join_all, join_result, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
@@ -28,6 +29,23 @@ use ulid::Ulid;
 
 /// The longest any one task (writer, consumer, killer) may run before the test calls it stuck.
 const TASK_LIMIT: Duration = Duration::from_secs(180);
+
+/// A scenario's feed `table` and a reader of it with a pool of `connections`, pages of
+/// `page_size` and a short long-poll (500 ms); and the admin connection that created it.
+async fn feed_and_reader(
+    db: &TestDb,
+    table: &str,
+    connections: u32,
+    page_size: u32,
+) -> (Client, Feed, FeedReader) {
+    let mut admin = db.client().await;
+    let feed = create_feed(&mut admin, table).await;
+    let options = FeedReaderOptions::default()
+        .page_size(page_size)
+        .wait(Wait::LongPoll(Duration::from_millis(500)));
+    let reader = feed_reader(db, &feed, connections, options).await;
+    (admin, feed, reader)
+}
 
 // ------------------------------------------------------------------------------------------
 // 1. Three consumers, four writers, one feed
@@ -48,18 +66,8 @@ async fn three_consumers_scenario(db: &TestDb) {
     const EVENTS_PER_WRITER: i64 = 50;
     let total = (WRITERS * EVENTS_PER_WRITER) as usize;
 
-    let mut admin = db.client().await;
-    let feed = create_feed(&mut admin, "three_consumers").await;
     // Small pages, so that pages and moves interleave; a short long-poll.
-    let reader = feed_reader(
-        db,
-        &feed,
-        6,
-        FeedReaderOptions::default()
-            .page_size(17)
-            .wait(Wait::LongPoll(Duration::from_millis(500))),
-    )
-    .await;
+    let (mut admin, feed, reader) = feed_and_reader(db, "three_consumers", 6, 17).await;
 
     // The consumers start first, on an empty feed: they long-poll until rows come.
     let consumers: Vec<_> = (0..CONSUMERS)
@@ -129,23 +137,10 @@ common::live_test!(replay_from_a_point_in_time_yields_exactly_the_later_events: 
 /// `Cursor::at(t)` is `t`'s millisecond with a zero tail: below every ULID of that
 /// millisecond or later, above every ULID of an earlier one.
 async fn replay_at_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_feed(&mut admin, "replay_at").await;
-    let reader = feed_reader(
-        db,
-        &feed,
-        3,
-        FeedReaderOptions::default()
-            .page_size(100)
-            .wait(Wait::LongPoll(Duration::from_millis(500))),
-    )
-    .await;
+    let (mut admin, feed, reader) = feed_and_reader(db, "replay_at", 3, 100).await;
     let mut writer = db.client().await;
 
-    for id in 1..=10 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
-    let first = read_to_end(&reader, 0, Cursor::START).await;
+    let first = write_and_read_all(&mut writer, &feed, &reader, 1..=10).await;
     assert_eq!(keys(&first), (1..=10).collect::<Vec<_>>(), "the first ten");
 
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -161,9 +156,7 @@ async fn replay_at_scenario(db: &TestDb) {
     }
     tokio::time::sleep(Duration::from_millis(5)).await;
 
-    for id in 11..=20 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 11..=20).await;
 
     let replay = bounded(
         "the replay from Cursor::at(t)",
@@ -223,9 +216,7 @@ async fn cursor_transaction_scenario(db: &TestDb) {
     .await;
     let reader = feed_reader(db, &feed, 3, FeedReaderOptions::default().page_size(4)).await;
     let mut writer = db.client().await;
-    for id in 1..=10 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 1..=10).await;
 
     // The old cursor.
     CursorStore::save(&mut admin, CONSUMER, &feed, 0, Cursor::START)
@@ -580,22 +571,9 @@ common::live_test!(stream_ends_with_cursor_expired_when_a_forced_purge_passes_it
 /// does not go on as if nothing were missing. A stream at the low-water mark itself, or
 /// from `Cursor::START`, reads on from event 10.
 async fn expired_stream_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_feed(&mut admin, "expired_stream").await;
-    let reader = feed_reader(
-        db,
-        &feed,
-        4,
-        FeedReaderOptions::default()
-            .page_size(5)
-            .wait(Wait::LongPoll(Duration::from_millis(500))),
-    )
-    .await;
+    let (mut admin, feed, reader) = feed_and_reader(db, "expired_stream", 4, 5).await;
     let mut writer = db.client().await;
-    for id in 1..=20 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
-    let all = read_to_end(&reader, 0, Cursor::START).await;
+    let all = write_and_read_all(&mut writer, &feed, &reader, 1..=20).await;
     assert_eq!(keys(&all), (1..=20).collect::<Vec<_>>());
 
     let mut pages = std::pin::pin!(reader.stream::<i64>(0, Cursor::START));

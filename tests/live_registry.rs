@@ -16,28 +16,40 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use changefeed::{Client, Cursor, CursorStore, Feed};
-use common::events::{create_feed, exec_ok, hex, read_to_end, required, rows_ok, write_ok};
+use common::events::{
+    create_feed, exec_ok, hex, read_to_end, readable_in_both_modes, required, rows_ok,
+    write_all_ok, write_ok,
+};
 use common::logins::{Login, drop_logins};
 use common::tasks::{bounded, close, join, spawn_bounded};
-use common::{Isolation, TestDb, exec, scalar_i64};
+use common::{Isolation, TestDb, exec, exec_failure, scalar_i64, setup_outbox_feed};
 use tiberius::Row;
 use ulid::Ulid;
 
+/// `teardown_feed` of `table` (`schema.table`).
+fn teardown_feed(table: &str) -> String {
+    format!("exec changefeed.teardown_feed @table_name = N'{table}';")
+}
+
+/// Saves `cursor` for `consumer` on `shard` of `feed` as `client`, and loads it back, the same.
+async fn assert_round_trip(
+    client: &mut Client,
+    consumer: &str,
+    feed: &Feed,
+    shard: i32,
+    cursor: Cursor,
+) {
+    CursorStore::save(client, consumer, feed, shard, cursor)
+        .await
+        .unwrap_or_else(|error| panic!("{consumer} saves its cursor on {feed}: {error}"));
+    let loaded = CursorStore::load(client, consumer, feed, shard)
+        .await
+        .unwrap_or_else(|error| panic!("{consumer} loads its cursor on {feed}: {error}"));
+    assert_eq!(loaded, Some(cursor), "{consumer} on {feed}, shard {shard}");
+}
+
 /// The longest any one call or task may take before the test calls it stuck.
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// The SQL Server error number of a batch that must fail, with its message.
-async fn error_of(client: &mut Client, sql: &str) -> (u32, String) {
-    match exec(client, sql).await {
-        Ok(()) => panic!("`{sql}` succeeded; it must fail"),
-        Err(error) => (
-            error
-                .server_number()
-                .unwrap_or_else(|| panic!("`{sql}`: not a server error: {error}")),
-            error.to_string(),
-        ),
-    }
-}
 
 async fn trancount(client: &mut Client) -> i64 {
     scalar_i64(client, "select @@trancount;").await
@@ -203,9 +215,7 @@ async fn far_cursor_scenario(db: &TestDb) {
     let mut admin = db.client().await;
     let feed = create_feed(&mut admin, "far").await;
     let mut writer = db.client().await;
-    for id in 1..=3 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 1..=3).await;
     let pool = changefeed::pool::pool(&db.ado(), 2).await.expect("a pool");
     let reader = changefeed::reader::FeedReader::new(pool, feed.clone());
     let rows = read_to_end(&reader, 0, Cursor::START).await;
@@ -319,7 +329,7 @@ async fn broken_feed_scenario(db: &TestDb) {
     )
     .await;
     // Documented: a view that names a dropped table cannot be bound until it is rebuilt.
-    let (number, _) = error_of(&mut admin, "select * from changefeed.feed_status;").await;
+    let (number, _) = exec_failure(&mut admin, "select * from changefeed.feed_status;").await;
     assert!(
         matches!(number, 208 | 4413),
         "feed_status before the refresh: {number}"
@@ -342,24 +352,28 @@ async fn broken_feed_scenario(db: &TestDb) {
         })
         .collect();
     assert_eq!(summary.len(), 3, "{summary:?}");
-    assert_eq!(summary[0].0, "dbo.again");
-    assert_eq!(summary[0].1, None);
-    let again_problem = summary[0].2.clone().expect("again has a problem");
-    assert!(
-        again_problem.contains("re-created")
-            && again_problem.contains("exec changefeed.teardown_feed @table_name = N'dbo.again'"),
-        "{again_problem}"
-    );
-    assert_eq!((summary[1].0.as_str(), summary[1].1), ("dbo.keep", Some(0)));
-    assert_eq!(summary[1].2, None);
-    assert_eq!(summary[2].0, "dbo.ser");
-    assert_eq!(summary[2].1, None);
+    // Per feed: its shard, and what its problem says (with how to tear it down), if any.
+    let expected = [
+        ("dbo.again", None, Some("re-created")),
+        ("dbo.keep", Some(0), None),
+        ("dbo.ser", None, Some("dropped")),
+    ];
+    for ((feed, shard, problem), (name, expected_shard, says)) in summary.iter().zip(expected) {
+        assert_eq!((feed.as_str(), *shard), (name, expected_shard));
+        let Some(says) = says else {
+            assert_eq!(*problem, None, "{feed} has no problem");
+            continue;
+        };
+        let problem = problem
+            .clone()
+            .unwrap_or_else(|| panic!("{feed} has a problem"));
+        let advice = format!("exec changefeed.teardown_feed @table_name = N'{name}'");
+        assert!(
+            problem.contains(says) && problem.contains(&advice),
+            "{problem}"
+        );
+    }
     let ser_problem = summary[2].2.clone().expect("ser has a problem");
-    assert!(
-        ser_problem.contains("dropped")
-            && ser_problem.contains("exec changefeed.teardown_feed @table_name = N'dbo.ser'"),
-        "{ser_problem}"
-    );
     assert_eq!(
         required::<&str>(&status[2], "mode"),
         "serialize_writers",
@@ -399,11 +413,7 @@ async fn broken_feed_scenario(db: &TestDb) {
     write_ok(&mut writer, &keep, 0, 2, None).await;
     assert_eq!(read_to_end(&reader, 0, Cursor::START).await.len(), 2);
 
-    let (number, message) = error_of(
-        &mut admin,
-        "exec changefeed.setup_feed @table_name = N'dbo.again', @outbox = 1;",
-    )
-    .await;
+    let (number, message) = exec_failure(&mut admin, &setup_outbox_feed("dbo.again")).await;
     assert_eq!(number, 51001, "{message}");
     assert!(message.contains("Tear it down first"), "{message}");
 
@@ -424,11 +434,7 @@ async fn broken_feed_scenario(db: &TestDb) {
         saved_cursors(&mut admin, "dbo.ser").await.is_empty(),
         "teardown removed ser's cursors"
     );
-    exec_ok(
-        &mut admin,
-        "exec changefeed.setup_feed @table_name = N'dbo.again', @outbox = 1;",
-    )
-    .await;
+    exec_ok(&mut admin, &setup_outbox_feed("dbo.again")).await;
     write_ok(&mut writer, &again, 0, 7, None).await;
     let pool = changefeed::pool::pool(&db.ado(), 2).await.expect("a pool");
     let reader = changefeed::reader::FeedReader::new(pool, again.clone());
@@ -478,15 +484,8 @@ async fn access_scenario(db: &TestDb) -> Vec<Login> {
 
     let mut as_a = reader_a.connect(db).await;
     let cursor = Cursor::from_ulid(Ulid::from_parts(1_700_000_000_000, 42));
-    CursorStore::save(&mut as_a, "billing", &a, 0, cursor)
-        .await
-        .expect("a reader of a saves a's cursor");
-    assert_eq!(
-        CursorStore::load(&mut as_a, "billing", &a, 0)
-            .await
-            .expect("and loads it"),
-        Some(cursor)
-    );
+    // A reader of a saves a's cursor and loads it.
+    assert_round_trip(&mut as_a, "billing", &a, 0, cursor).await;
     let mut as_b = reader_b.connect(db).await;
     CursorStore::save(&mut as_b, "billing", &b, 0, Cursor::START)
         .await
@@ -513,7 +512,7 @@ async fn access_scenario(db: &TestDb) -> Vec<Login> {
     );
 
     let mut as_stranger = stranger.connect(db).await;
-    let (number, _) = error_of(
+    let (number, _) = exec_failure(
         &mut as_stranger,
         &save_sql("billing", "dbo.acc_a", 0, &hex(&[0; 16])),
     )
@@ -524,7 +523,7 @@ async fn access_scenario(db: &TestDb) -> Vec<Login> {
     CursorStore::save(&mut as_owner, "ops", &b, 0, Cursor::START)
         .await
         .expect("db_owner may save any feed's cursor");
-    let (number, _) = error_of(
+    let (number, _) = exec_failure(
         &mut as_owner,
         "exec changefeed.load_cursor @consumer = N'x', @feed = N'dbo.nothing', @shard_id = 0;",
     )
@@ -564,11 +563,7 @@ async fn teardown_scenario(db: &TestDb) {
     )
     .await;
 
-    exec_ok(
-        &mut admin,
-        "exec changefeed.teardown_feed @table_name = N'dbo.td_gone';",
-    )
-    .await;
+    exec_ok(&mut admin, &teardown_feed("dbo.td_gone")).await;
     assert!(saved_cursors(&mut admin, "dbo.td_gone").await.is_empty());
     assert_eq!(
         saved_cursors(&mut admin, "dbo.td_other").await.len(),
@@ -576,11 +571,7 @@ async fn teardown_scenario(db: &TestDb) {
         "another feed's cursors stay"
     );
 
-    exec_ok(
-        &mut admin,
-        "exec changefeed.setup_feed @table_name = N'dbo.td_gone', @outbox = 1;",
-    )
-    .await;
+    exec_ok(&mut admin, &setup_outbox_feed("dbo.td_gone")).await;
     let members = scalar_i64(
         &mut admin,
         "select count_big(*) from sys.database_role_members \
@@ -617,17 +608,14 @@ async fn backslash_scenario(db: &TestDb) {
         "exec changefeed.upgrade_feed @table_name = N'dbo.back\\slash';",
         "exec changefeed.teardown_feed @table_name = N'dbo.back\\slash';",
     ] {
-        let (number, message) = error_of(&mut admin, call).await;
+        let (number, message) = exec_failure(&mut admin, call).await;
         assert_eq!(number, 51000, "{call}: {message}");
         assert!(
             message.contains('\\'),
             "the message lists the backslash: {message}"
         );
     }
-    assert_eq!(
-        scalar_i64(&mut admin, "select count_big(*) from changefeed.feeds;").await,
-        0
-    );
+    assert_eq!(common::registered_feeds(&mut admin).await, 0);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -649,7 +637,7 @@ async fn length_scenario(db: &TestDb) {
             hex(bytes)
         };
         let (number, message) =
-            error_of(&mut admin, &save_sql("len", "dbo.len", 0, &literal)).await;
+            exec_failure(&mut admin, &save_sql("len", "dbo.len", 0, &literal)).await;
         assert_eq!(number, 51111, "{} bytes: {message}", bytes.len());
     }
     assert!(saved_cursors(&mut admin, "dbo.len").await.is_empty());
@@ -660,15 +648,7 @@ async fn length_scenario(db: &TestDb) {
     );
     // The Rust binding still round-trips through the wider parameter.
     let cursor = Cursor::from_bytes(&sixteen).expect("16 bytes");
-    CursorStore::save(&mut admin, "rust", &feed, 3, cursor)
-        .await
-        .expect("save");
-    assert_eq!(
-        CursorStore::load(&mut admin, "rust", &feed, 3)
-            .await
-            .expect("load"),
-        Some(cursor)
-    );
+    assert_round_trip(&mut admin, "rust", &feed, 3, cursor).await;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -860,7 +840,7 @@ async fn owner_scenario(db: &TestDb) {
          @shard_column = N'Shard', @ulid_column = N'ULID';",
     ];
     for setup in setups {
-        let (number, message) = error_of(&mut admin, setup).await;
+        let (number, message) = exec_failure(&mut admin, setup).await;
         assert_eq!(number, 51013, "{setup}: {message}");
         assert!(
             message.contains("alter authorization on schema::[ext] to [dbo]")
@@ -869,7 +849,7 @@ async fn owner_scenario(db: &TestDb) {
         );
     }
     assert_eq!(
-        scalar_i64(&mut admin, "select count_big(*) from changefeed.feeds;").await,
+        common::registered_feeds(&mut admin).await,
         0,
         "nothing was registered"
     );
@@ -878,36 +858,16 @@ async fn owner_scenario(db: &TestDb) {
     for setup in setups {
         exec_ok(&mut admin, setup).await;
     }
-    let outbox = Feed::new("ext", "ev_o").expect("a valid feed name");
-    let serial = Feed::new("ext", "ev_s").expect("a valid feed name");
-    exec_ok(
+    let (outbox, serial, reader, mut client) = readable_in_both_modes(
+        db,
         &mut admin,
-        &format!(
-            "set xact_abort on; begin transaction; \
-             insert into [ext].[ev_o] (id, payload) values (1, N'outbox event'); \
-             insert into {} (shard_id, id) values (0, 1); \
-             commit transaction; \
-             begin transaction; \
-             exec {} @shard_id = 0; \
-             insert into [ext].[ev_s] (id, Shard, ULID, payload) \
-                 values (2, 0, {}(1), N'serialized event'); \
-             commit transaction;",
-            outbox.outbox_table(),
-            serial.object("lock_feed"),
-            serial.object("ulid"),
-        ),
+        "own",
+        ["ext.ev_o", "ext.ev_s"],
+        ("id", "1"),
+        "id, payload",
+        ["1, N'outbox event'", "2, N'serialized event'"],
     )
     .await;
-
-    let reader = Login::new("own", db);
-    reader
-        .create(
-            &mut admin,
-            &[outbox.readers_role(), serial.readers_role()],
-            &[],
-        )
-        .await;
-    let mut client = reader.connect(db).await;
     for (feed, id, payload) in [
         (&outbox, 1, "outbox event"),
         (&serial, 2, "serialized event"),
@@ -946,22 +906,14 @@ async fn view_scenario(db: &TestDb) {
          exec (N'create view [dbo].[a_view] as select id from [dbo].[viewed];');",
     )
     .await;
-    let (number, message) = error_of(
-        &mut admin,
-        "exec changefeed.setup_feed @table_name = N'dbo.a_view', @outbox = 1;",
-    )
-    .await;
+    let (number, message) = exec_failure(&mut admin, &setup_outbox_feed("dbo.a_view")).await;
     assert_eq!(number, 51001, "{message}");
     assert!(
         message.contains("is a view") && message.contains("needs a table"),
         "the refusal says it is a view and what a feed needs: {message}"
     );
     // A name that is neither still gets the message about a missing table.
-    let (number, message) = error_of(
-        &mut admin,
-        "exec changefeed.setup_feed @table_name = N'dbo.nothing_here', @outbox = 1;",
-    )
-    .await;
+    let (number, message) = exec_failure(&mut admin, &setup_outbox_feed("dbo.nothing_here")).await;
     assert_eq!(number, 51001, "{message}");
     assert!(message.contains("does not exist"), "{message}");
 }

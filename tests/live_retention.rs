@@ -23,7 +23,8 @@ use changefeed::reader::{FeedReader, FeedReaderOptions};
 use changefeed::{Client, Cursor, CursorStore, Error, Feed, FeedRow};
 use common::events::{
     column_values, create_feed, exec_ok, feed_reader, hex, keys, pairs, read_to_end, required,
-    rows_ok, server_now_ms, server_number, spawn_writers, state_row, write_ok,
+    rows_ok, server_now_ms, server_number, spawn_writers, state_row, ulids, write_all_ok,
+    write_and_read_all, write_ok,
 };
 use common::tasks::{join, join_all, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
@@ -51,16 +52,11 @@ common::live_test!(purge_is_held_back_by_a_lagging_consumer_and_force_expires_it
 /// and so does a cursor at the low-water mark; A saving `Cursor::START` (what README tells an
 /// expired consumer to do) is no longer expired.
 async fn lagging_consumer_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_feed(&mut admin, "lagging").await;
-    let reader = reader_for(db, &feed, 100).await;
+    let (mut admin, feed, reader) = start(db, "lagging", 100).await;
     let mut writer = db.client().await;
-    for id in 1..=20 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
-    let u = read_to_end(&reader, 0, Cursor::START).await;
+    let u = write_and_read_all(&mut writer, &feed, &reader, 1..=20).await;
     assert_eq!(keys(&u), (1..=20).collect::<Vec<_>>());
-    let u: Vec<Ulid> = u.iter().map(|row| row.ulid).collect();
+    let u = ulids(&u);
 
     save(&mut admin, "A", &feed, 0, Cursor::from_ulid(u[7])).await;
     save(&mut admin, "B", &feed, 0, Cursor::from_ulid(u[14])).await;
@@ -139,9 +135,7 @@ async fn lagging_consumer_scenario(db: &TestDb) {
     assert!(lag["B"].expired, "{lag:?}");
 
     // New events after the purge: Cursor::START and the low-water mark read them.
-    for id in 21..=23 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 21..=23).await;
     let start = read_to_end(&reader, 0, Cursor::START).await;
     assert_eq!(keys(&start), vec![21, 22, 23]);
     let at_mark = read_to_end(&reader, 0, Cursor::from_ulid(u[19])).await;
@@ -174,9 +168,7 @@ common::live_test!(purge_windows_of_90_and_400_days_go_by_ulid_time: "retention_
 /// exactly 400 days old would be *more* than 400 days old by then: the groups keep a day
 /// clear of each window's edge.
 async fn windows_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_feed(&mut admin, "windows").await;
-    let reader = reader_for(db, &feed, 100).await;
+    let (mut admin, feed, reader) = start(db, "windows", 100).await;
     let mut writer = db.client().await;
 
     let mut next_id = 1;
@@ -243,20 +235,9 @@ async fn windows_scenario(db: &TestDb) {
     };
 
     // 90 days, shard 0.
-    let report = purge(
-        &mut admin,
-        &feed,
-        &Purge {
-            shard_id: Some(0),
-            ..Purge::older_than(90 * DAY_MS)
-        },
-    )
-    .await;
-    assert_eq!(report.len(), 1, "only shard 0: {report:?}");
-    assert_eq!(report[0].shard_id, 0);
-    assert_eq!(report[0].deleted, 6, "{report:?}");
-    assert_eq!(report[0].stopped_because, "cutoff reached");
-    assert_eq!(report[0].purged_through, Some(groups[&(0, "100d")][2].ulid));
+    let report = purge_shard(&mut admin, &feed, 0, 90 * DAY_MS, 6).await;
+    assert_eq!(report.stopped_because, "cutoff reached");
+    assert_eq!(report.purged_through, Some(groups[&(0, "100d")][2].ulid));
     let mut expected_0 = group_keys(0, &["10d", "new"]);
     expected_0.push(lifted_id);
     assert_eq!(feed_keys(&mut admin, &feed, 0).await, expected_0);
@@ -267,19 +248,8 @@ async fn windows_scenario(db: &TestDb) {
     );
 
     // 400 days, shard 1.
-    let report = purge(
-        &mut admin,
-        &feed,
-        &Purge {
-            shard_id: Some(1),
-            ..Purge::older_than(400 * DAY_MS)
-        },
-    )
-    .await;
-    assert_eq!(report.len(), 1, "only shard 1: {report:?}");
-    assert_eq!(report[0].shard_id, 1);
-    assert_eq!(report[0].deleted, 6, "{report:?}");
-    assert_eq!(report[0].purged_through, Some(groups[&(1, "401d")][2].ulid));
+    let report = purge_shard(&mut admin, &feed, 1, 400 * DAY_MS, 6).await;
+    assert_eq!(report.purged_through, Some(groups[&(1, "401d")][2].ulid));
     assert_eq!(
         feed_keys(&mut admin, &feed, 1).await,
         group_keys(1, &["399d", "100d", "new"])
@@ -316,18 +286,9 @@ common::live_test!(purge_honours_batch_size_and_max_rows: "retention_batches" =>
 /// with 10 rows deleted ('max rows reached', low-water mark event 10). A second purge with
 /// `@batch_size = 4` and no limit deletes the other 15 ('cutoff reached').
 async fn batches_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_feed(&mut admin, "batches").await;
-    let reader = reader_for(db, &feed, 100).await;
+    let (mut admin, feed, reader) = start(db, "batches", 100).await;
     let mut writer = db.client().await;
-    for id in 1..=25 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
-    let u: Vec<Ulid> = read_to_end(&reader, 0, Cursor::START)
-        .await
-        .iter()
-        .map(|row| row.ulid)
-        .collect();
+    let u = ulids(&write_and_read_all(&mut writer, &feed, &reader, 1..=25).await);
     assert_eq!(u.len(), 25);
     wait_until_older_than_now(&mut admin, u[24]).await;
 
@@ -424,18 +385,9 @@ common::live_test!(dry_run_deletes_nothing_and_reports_the_count: "retention_dry
 /// `@max_rows = 7`; 5 held back by a consumer at event 5, with batches of 5 (the count past
 /// the first batch) — and deletes nothing, moves no low-water mark, says `dry_run = 1`.
 async fn dry_run_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_feed(&mut admin, "dry_run").await;
-    let reader = reader_for(db, &feed, 100).await;
+    let (mut admin, feed, reader) = start(db, "dry_run", 100).await;
     let mut writer = db.client().await;
-    for id in 1..=12 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
-    let u: Vec<Ulid> = read_to_end(&reader, 0, Cursor::START)
-        .await
-        .iter()
-        .map(|row| row.ulid)
-        .collect();
+    let u = ulids(&write_and_read_all(&mut writer, &feed, &reader, 1..=12).await);
     wait_until_older_than_now(&mut admin, u[11]).await;
     let all: Vec<i64> = (1..=12).collect();
 
@@ -512,9 +464,7 @@ async fn concurrent_scenario(db: &TestDb) {
     const READ_LIMIT: Duration = Duration::from_secs(5);
     let total = (WRITERS * EVENTS_PER_WRITER) as usize;
 
-    let mut admin = db.client().await;
-    let feed = create_feed(&mut admin, "concurrent").await;
-    let reader = reader_for(db, &feed, 10).await;
+    let (mut admin, feed, reader) = start(db, "concurrent", 10).await;
     let names: Vec<String> = (0..READERS).map(|r| format!("reader {r}")).collect();
     for name in &names {
         save(&mut admin, name, &feed, 0, Cursor::START).await;
@@ -672,13 +622,9 @@ common::live_test!(consumer_that_never_saved_a_cursor_is_not_protected: "retenti
 /// it does not skip them silently. A registered consumer on *another* shard protects nothing
 /// here either. Register every consumer whose events must wait for it.
 async fn unregistered_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_feed(&mut admin, "unregistered").await;
-    let reader = reader_for(db, &feed, 3).await;
+    let (mut admin, feed, reader) = start(db, "unregistered", 3).await;
     let mut writer = db.client().await;
-    for id in 1..=10 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
+    write_all_ok(&mut writer, &feed, 0, 1..=10).await;
     let first = reader
         .read_page::<i64>(0, Cursor::START)
         .await
@@ -713,14 +659,9 @@ common::live_test!(purge_refuses_a_transaction_and_a_missing_cutoff: "retention_
 /// `purge_feed` inside a transaction is 51400 (each batch must commit on its own); without a
 /// cutoff, or with an argument out of range, 51401. Nothing is deleted.
 async fn refused_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_feed(&mut admin, "refused").await;
-    let reader = reader_for(db, &feed, 100).await;
+    let (mut admin, feed, reader) = start(db, "refused", 100).await;
     let mut writer = db.client().await;
-    for id in 1..=3 {
-        write_ok(&mut writer, &feed, 0, id, None).await;
-    }
-    let u = read_to_end(&reader, 0, Cursor::START).await;
+    let u = write_and_read_all(&mut writer, &feed, &reader, 1..=3).await;
     wait_until_older_than_now(&mut admin, u[2].ulid).await;
     let procedure = feed.object("purge_feed");
 
@@ -776,6 +717,14 @@ impl Purge {
         Purge {
             older_than_ms: Some(ms),
             ..Purge::default()
+        }
+    }
+
+    /// The same call, on shard `shard` only.
+    fn on_shard(self, shard: i32) -> Purge {
+        Purge {
+            shard_id: Some(shard),
+            ..self
         }
     }
 
@@ -838,6 +787,27 @@ async fn try_purge(
         .collect())
 }
 
+/// Purges shard `shard` alone of rows older than `older_than_ms`, and asserts the report
+/// names that shard only, with `deleted` rows deleted: its report.
+async fn purge_shard(
+    client: &mut Client,
+    feed: &Feed,
+    shard: i32,
+    older_than_ms: i64,
+    deleted: i64,
+) -> PurgeReport {
+    let report = purge(
+        client,
+        feed,
+        &Purge::older_than(older_than_ms).on_shard(shard),
+    )
+    .await;
+    assert_eq!(report.len(), 1, "only shard {shard}: {report:?}");
+    assert_eq!(report[0].shard_id, shard);
+    assert_eq!(report[0].deleted, deleted, "{report:?}");
+    report.into_iter().next().expect("one shard's report")
+}
+
 async fn purge(client: &mut Client, feed: &Feed, call: &Purge) -> Vec<PurgeReport> {
     let sql = call.sql(feed);
     try_purge(client, feed, call)
@@ -880,6 +850,15 @@ async fn consumer_lag(client: &mut Client, feed: &Feed) -> BTreeMap<String, Lag>
 async fn purged_through(client: &mut Client, feed: &Feed, shard: i32) -> Option<Ulid> {
     let row = state_row(client, feed, shard, "purged_through").await?;
     optional_ulid(&row, "purged_through")
+}
+
+/// A scenario's start: the feed `table` on an admin connection, and a reader of it with
+/// pages of `page_size`.
+async fn start(db: &TestDb, table: &str, page_size: u32) -> (Client, Feed, FeedReader) {
+    let mut admin = db.client().await;
+    let feed = create_feed(&mut admin, table).await;
+    let reader = reader_for(db, &feed, page_size).await;
+    (admin, feed, reader)
 }
 
 async fn reader_for(db: &TestDb, feed: &Feed, page_size: u32) -> FeedReader {

@@ -27,11 +27,11 @@ use changefeed::writer::lock_feed;
 use changefeed::{Client, Cursor, Feed, FeedRow, Page, ReadOptions, read_page};
 use common::events::{read_state, recover_from_transient, retry_pause};
 use common::load::{
-    Load, MAX_TRANSIENT_RETRIES, WriterKey, check_stored, keys, load_on_1_and_4_shards,
+    Load, MAX_TRANSIENT_RETRIES, WriterKey, check_stored, keys, load_feed, load_test,
     write_and_read,
 };
-use common::logins::{Login, with_logins};
-use common::tasks::{bounded, close, expect_denied};
+use common::logins::Login;
+use common::tasks::{await_none_left, bounded, close, expect_denied};
 use common::{Isolation, TestDb, exec, rows, scalar_i64};
 use tiberius::Row;
 use time::PrimitiveDateTime;
@@ -66,8 +66,7 @@ const BIT_62: i64 = 1 << 62;
 common::live_test!(range_arithmetic_matches_the_allocator_model: "ser_ranges" => range_scenario);
 
 async fn range_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_serialized_feed(&mut admin, "ranges", "id bigint not null", "id").await;
+    let (mut admin, feed) = id_feed_in(db, "ranges", "bigint").await;
     let lock = feed.object("lock_feed");
     let ulid_fn = feed.object("ulid");
     // The model's clock: every hint below is at least a minute before the server's clock, so
@@ -79,9 +78,7 @@ async fn range_scenario(db: &TestDb) {
     let mut writer = db.client().await;
 
     // 1. lock_feed with every output, and ulid(1), ulid(2), ulid(10^11) in the same batch.
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut writer).await;
     let first = rows(
         &mut writer,
         &format!(
@@ -289,9 +286,7 @@ async fn range_scenario(db: &TestDb) {
     .await
     .expect("insert three events numbered by row_number, and commit");
     let mut reader = db.client().await;
-    let page = read_page::<i64>(&mut reader, &feed, 0, Cursor::START, options(100))
-        .await
-        .expect("read_page after the commit");
+    let page = read_from_start::<i64>(&mut reader, &feed, "read_page after the commit").await;
     assert_eq!(
         page.rows
             .iter()
@@ -306,9 +301,7 @@ async fn range_scenario(db: &TestDb) {
     );
 
     // 7. The state survives the commit; a rolled-back reservation is handed out again.
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut writer).await;
     let before_rollback = model;
     let r6 = lock_feed(&mut writer, &feed, 0, Some(t0), None)
         .await
@@ -322,9 +315,7 @@ async fn range_scenario(db: &TestDb) {
         .await
         .expect("rollback");
     model = before_rollback;
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut writer).await;
     let r7 = lock_feed(&mut writer, &feed, 0, Some(t0), None)
         .await
         .expect("lock_feed after a rollback");
@@ -342,9 +333,7 @@ async fn range_scenario(db: &TestDb) {
 
     // 8. Other shards have states of their own; hints before 1970 are clamped to 0. One shard
     // of a feed per transaction (51203 otherwise, see two_shards_of_one_feed_...).
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut writer).await;
     let s1 = lock_feed(&mut writer, &feed, 1, Some(t0), None)
         .await
         .expect("lock_feed on shard 1");
@@ -396,17 +385,8 @@ struct Written {
     done: Instant,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn load_10_writers_5_readers_100_events_on_1_and_4_shards() {
-    load_on_1_and_4_shards("ser_load_10x5x100", Load::new(10, 5, 100), run_load).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn load_10_writers_10_readers_200_events_on_1_and_4_shards() {
-    load_on_1_and_4_shards("ser_load_10x10x200", Load::new(10, 10, 200), run_load).await;
-}
+load_test!(load_10_writers_5_readers_100_events_on_1_and_4_shards: "ser_load_10x5x100" => Load::new(10, 5, 100), run_load);
+load_test!(load_10_writers_10_readers_200_events_on_1_and_4_shards: "ser_load_10x10x200" => Load::new(10, 10, 200), run_load);
 
 /// W writers commit N events each, one per server-side transaction (lock_feed, insert with
 /// ulid(1), commit in one batch), each writer waiting for its previous commit. Writer w
@@ -419,24 +399,14 @@ async fn load_10_writers_10_readers_200_events_on_1_and_4_shards() {
 /// each event's ULID is the @ulid its lock_feed returned (ulid(1) = @ulid); and the ordering
 /// contract: when A's commit had come back before B's batch was sent, ulid(A) < ulid(B).
 async fn run_load(db: &TestDb, load: Load, shards: i32) {
-    let table = load.table("ser_load", shards);
-    let mut admin = db.client().await;
-    let feed = create_serialized_feed(
-        &mut admin,
-        &table,
-        "writer int not null, seq int not null",
-        "writer, seq",
-    )
-    .await;
+    let (mut admin, run) = load_feed(db, load, "ser_load", shards, create_writer_feed).await;
+    let (table, feed) = (&run.table, &run.feed);
     let expected = load.events();
     // Each writer commits its events one by one, each in one server-side batch, and keeps
     // the ULID its lock_feed returned and when the batch was sent and came back.
     let (written, reference) = write_and_read(
         db,
-        &table,
-        &feed,
-        shards,
-        load,
+        &run,
         move |mut client, database, feed, shard, writer| async move {
             let mut written = Vec::with_capacity(load.events_per_writer);
             for seq in 0..load.events_per_writer as i32 {
@@ -453,7 +423,7 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
     // The table holds exactly what the readers saw.
     check_stored(
         &mut admin,
-        &table,
+        table,
         "the event table",
         &format!(
             "select Shard, ULID, writer, seq from {} order by Shard, ULID;",
@@ -480,7 +450,7 @@ async fn run_load(db: &TestDb, load: Load, shards: i32) {
         );
     }
 
-    let checked = check_commit_order(&table, &written, shards);
+    let checked = check_commit_order(table, &written, shards);
     eprintln!(
         "-- {table}: {expected} events; {checked} pairs (A committed before B was sent) all \
          had ulid(A) < ulid(B)"
@@ -595,62 +565,40 @@ async fn two_feeds_scenario(db: &TestDb) {
     let mut writer = db.client().await;
     let mut other = db.client().await;
 
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut writer).await;
     let ra = lock_feed(&mut writer, &feed_a, 0, None, Some(Duration::from_secs(5)))
         .await
         .expect("lock_feed of feed A");
-    exec(
-        &mut writer,
-        &format!(
-            "insert into {} (id, Shard, ULID) values (1, 0, {ulid_a}(1));",
-            feed_a.quoted_table()
-        ),
-    )
-    .await
-    .expect("insert into A with A's ulid()");
+    let insert_a = insert_sql(&feed_a, 1, 1);
+    exec_expect(&mut writer, &insert_a, "insert into A with A's ulid()").await;
 
     // Holding feed A's shard 0 does not lock feed B's shard 0.
-    exec(&mut other, "begin transaction;").await.expect("begin");
-    bounded(
+    let what = (
         "lock_feed of feed B next to a holder of feed A",
-        NOT_BLOCKED_LIMIT,
-        lock_feed(&mut other, &feed_b, 0, None, Some(Duration::ZERO)),
-    )
-    .await
-    .expect("feed B's shard 0 is free while feed A's is held");
-    exec(&mut other, "rollback transaction;")
-        .await
-        .expect("rollback");
+        "feed B's shard 0 is free while feed A's is held",
+    );
+    assert_shard_free(&mut other, &feed_b, 0, what).await;
 
     let rb = lock_feed(&mut writer, &feed_b, 0, None, Some(Duration::from_secs(5)))
         .await
         .expect("lock_feed of feed B in the same transaction");
-    exec(
+    let b_then_a = insert_sql(&feed_b, 1, 1) + &insert_sql(&feed_a, 2, 2);
+    exec_expect(
         &mut writer,
-        &format!(
-            "insert into {} (id, Shard, ULID) values (1, 0, {ulid_b}(1)); \
-             insert into {} (id, Shard, ULID) values (2, 0, {ulid_a}(2));",
-            feed_b.quoted_table(),
-            feed_a.quoted_table()
-        ),
+        &b_then_a,
+        "insert into B with B's ulid(), then into A with A's",
     )
-    .await
-    .expect("insert into B with B's ulid(), then into A with A's");
-    let now = rows(
+    .await;
+    let select = format!("{ulid_a}(1), {ulid_a}(2), {ulid_b}(1)");
+    let now = select_ulids(
         &mut writer,
-        &format!("select {ulid_a}(1), {ulid_a}(2), {ulid_b}(1);"),
+        &select,
+        "both functions in the same transaction",
     )
-    .await
-    .expect("both functions in the same transaction");
+    .await;
     assert_eq!(
-        (
-            ulid_at(&now[0], 0, "A ulid(1)"),
-            ulid_at(&now[0], 1, "A ulid(2)"),
-            ulid_at(&now[0], 2, "B ulid(1)")
-        ),
-        (ra.nth(1).unwrap(), ra.nth(2).unwrap(), rb.nth(1).unwrap()),
+        now,
+        [ra.nth(1).unwrap(), ra.nth(2).unwrap(), rb.nth(1).unwrap()],
         "after B's lock_feed, A's ulid() still hands out A's range and B's hands out B's"
     );
     assert_ne!(
@@ -663,12 +611,8 @@ async fn two_feeds_scenario(db: &TestDb) {
         .expect("commit both feeds' events at once");
 
     let mut reader = db.client().await;
-    let page_a = read_page::<i32>(&mut reader, &feed_a, 0, Cursor::START, options(100))
-        .await
-        .expect("read feed A");
-    let page_b = read_page::<i32>(&mut reader, &feed_b, 0, Cursor::START, options(100))
-        .await
-        .expect("read feed B");
+    let page_a = read_from_start::<i32>(&mut reader, &feed_a, "read feed A").await;
+    let page_b = read_from_start::<i32>(&mut reader, &feed_b, "read feed B").await;
     assert_eq!(
         ulids_and_keys(&page_a),
         vec![(ra.nth(1).unwrap(), 1), (ra.nth(2).unwrap(), 2)],
@@ -699,8 +643,8 @@ async fn opposite_order_scenario(db: &TestDb) {
     let feed_b = create_serialized_feed(&mut admin, "order_b", "id int not null", "id").await;
     let mut w1 = db.client().await;
     let mut w2 = db.client().await;
-    exec(&mut w1, "begin transaction;").await.expect("begin");
-    exec(&mut w2, "begin transaction;").await.expect("begin");
+    begin(&mut w1).await;
+    begin(&mut w2).await;
     lock_feed(&mut w1, &feed_a, 0, None, None)
         .await
         .expect("writer 1 locks A");
@@ -772,29 +716,20 @@ async fn opposite_order_scenario(db: &TestDb) {
 common::live_test!(lock_timeout_fails_fast_with_51202_and_rolls_back: "ser_timeout" => lock_timeout_scenario);
 
 async fn lock_timeout_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_serialized_feed(&mut admin, "timeouts", "id int not null", "id").await;
-    let ulid_fn = feed.object("ulid");
+    let (_admin, feed) = id_feed_in(db, "timeouts", "int").await;
     let lock = feed.object("lock_feed");
     let mut w1 = db.client().await;
     let mut w2 = db.client().await;
 
     // Phase 1: writer 1 holds shard 0.
-    exec(&mut w1, "begin transaction;").await.expect("begin");
+    begin(&mut w1).await;
     let r1 = lock_feed(&mut w1, &feed, 0, None, None)
         .await
         .expect("writer 1 locks shard 0");
 
-    exec(&mut w2, "begin transaction;").await.expect("begin");
-    let started = Instant::now();
-    let error = bounded(
-        "lock_feed with a 500 ms lock timeout",
-        NOT_BLOCKED_LIMIT,
-        lock_feed(&mut w2, &feed, 0, None, Some(Duration::from_millis(500))),
-    )
-    .await
-    .expect_err("writer 2 cannot get shard 0 while writer 1 holds it");
-    let took = started.elapsed();
+    let timeout = Duration::from_millis(500);
+    let why = "writer 2 cannot get shard 0 while writer 1 holds it";
+    let (error, took) = lock_feed_timing_out(&mut w2, &feed, timeout, why).await;
     eprintln!("-- {:?}: 51202 after {took:?}", db.isolation);
     assert_eq!(
         error.server_number(),
@@ -809,15 +744,8 @@ async fn lock_timeout_scenario(db: &TestDb) {
         error.is_transient(),
         "51202 is transient: retry the transaction"
     );
-    assert!(
-        took >= Duration::from_millis(450) && took <= Duration::from_secs(3),
-        "@lock_timeout_ms = 500 failed after {took:?}; expected about 0.5 s"
-    );
-    assert_eq!(
-        scalar_i64(&mut w2, "select @@trancount;").await,
-        0,
-        "51202 rolled writer 2's transaction back (XACT_ABORT in lock_feed)"
-    );
+    let limit = Duration::from_secs(3);
+    assert_timed_out_and_rolled_back(&mut w2, (took, timeout, limit), "writer 2").await;
 
     // @lock_timeout_ms = 0 fails at once; the same error from T-SQL, inside TRY/CATCH.
     let started = Instant::now();
@@ -847,37 +775,29 @@ async fn lock_timeout_scenario(db: &TestDb) {
     assert_eq!(scalar_i64(&mut w2, "select @@trancount;").await, 0);
 
     // Another shard is free.
-    exec(&mut w2, "begin transaction;").await.expect("begin");
-    bounded(
+    let what = (
         "lock_feed of shard 1 next to a holder of shard 0",
-        NOT_BLOCKED_LIMIT,
-        lock_feed(&mut w2, &feed, 1, None, Some(Duration::ZERO)),
-    )
-    .await
-    .expect("shard 1 is free while shard 0 is held");
-    exec(&mut w2, "rollback transaction;")
-        .await
-        .expect("rollback");
+        "shard 1 is free while shard 0 is held",
+    );
+    assert_shard_free(&mut w2, &feed, 1, what).await;
 
     // Writer 1 was not disturbed.
-    exec(
+    insert_and_commit(
         &mut w1,
-        &format!(
-            "insert into {} (id, Shard, ULID) values (1, 0, {ulid_fn}(1)); commit transaction;",
-            feed.quoted_table()
-        ),
+        &feed,
+        (1, 1),
+        "writer 1 inserts and commits after writer 2's timeouts",
     )
-    .await
-    .expect("writer 1 inserts and commits after writer 2's timeouts");
+    .await;
 
     // Phase 2: a writer that waits (within its timeout) gets a range above the holder's and
     // is let in only when the holder commits.
-    exec(&mut w1, "begin transaction;").await.expect("begin");
+    begin(&mut w1).await;
     let r1b = lock_feed(&mut w1, &feed, 0, None, None)
         .await
         .expect("writer 1 locks shard 0 again");
     assert!(r1b.first() > r1.last());
-    exec(&mut w2, "begin transaction;").await.expect("begin");
+    begin(&mut w2).await;
     let feed_for_w2 = feed.clone();
     let waiting = tokio::spawn(async move {
         let result = lock_feed(
@@ -896,15 +816,7 @@ async fn lock_timeout_scenario(db: &TestDb) {
         "writer 2 got shard 0 while writer 1 still held it"
     );
     let commit_sent = Instant::now();
-    exec(
-        &mut w1,
-        &format!(
-            "insert into {} (id, Shard, ULID) values (2, 0, {ulid_fn}(1)); commit transaction;",
-            feed.quoted_table()
-        ),
-    )
-    .await
-    .expect("writer 1 commits");
+    insert_and_commit(&mut w1, &feed, (2, 1), "writer 1 commits").await;
     let (mut w2, result, granted_at) = bounded("writer 2's wait", NOT_BLOCKED_LIMIT, waiting)
         .await
         .expect("writer 2's task");
@@ -917,20 +829,10 @@ async fn lock_timeout_scenario(db: &TestDb) {
         r2.first() > r1b.last(),
         "the writer let in after a commit gets ULIDs above the whole range of the committed one"
     );
-    exec(
-        &mut w2,
-        &format!(
-            "insert into {} (id, Shard, ULID) values (3, 0, {ulid_fn}(1)); commit transaction;",
-            feed.quoted_table()
-        ),
-    )
-    .await
-    .expect("writer 2 commits");
+    insert_and_commit(&mut w2, &feed, (3, 1), "writer 2 commits").await;
 
     let mut reader = db.client().await;
-    let page = read_page::<i32>(&mut reader, &feed, 0, Cursor::START, options(100))
-        .await
-        .expect("read_page");
+    let page = read_from_start::<i32>(&mut reader, &feed, "read_page").await;
     assert_eq!(
         ulids_and_keys(&page),
         vec![(r1.first(), 1), (r1b.first(), 2), (r2.first(), 3)],
@@ -945,41 +847,21 @@ async fn lock_timeout_scenario(db: &TestDb) {
 common::live_test!(ulid_outside_its_transaction_fails_clearly: "ser_misuse" => misuse_scenario);
 
 async fn misuse_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_serialized_feed(&mut admin, "misuse", "id int not null", "id").await;
+    let (_admin, feed) = id_feed_in(db, "misuse", "int").await;
     let ulid_fn = feed.object("ulid");
     let lock = feed.object("lock_feed");
-    let table = feed.quoted_table();
     let mut client = db.client().await;
     let mut other = db.client().await;
 
     // A session that never called lock_feed, outside and inside a transaction.
-    expect_needs_lock_feed_outside_and_inside(
-        &mut client,
-        &ulid_fn,
-        "ulid(1) in a session that never called lock_feed",
-        "ulid(1) in a transaction without lock_feed",
-    )
-    .await;
+    let when = "in a session that never called lock_feed";
+    expect_needs_lock_feed_outside_and_inside(&mut client, &ulid_fn, when).await;
 
     // After the transaction that called lock_feed committed.
     begin_and_lock(&mut client, &feed).await;
-    exec(
-        &mut client,
-        &format!(
-            "insert into {table} (id, Shard, ULID) values (1, 0, {ulid_fn}(1)); \
-             commit transaction;"
-        ),
-    )
-    .await
-    .expect("insert and commit");
-    expect_needs_lock_feed_outside_and_inside(
-        &mut client,
-        &ulid_fn,
-        "ulid(1) after the commit",
-        "ulid(1) in the next transaction, which did not call lock_feed",
-    )
-    .await;
+    insert_and_commit(&mut client, &feed, (1, 1), "insert and commit").await;
+    let when = "after the commit";
+    expect_needs_lock_feed_outside_and_inside(&mut client, &ulid_fn, when).await;
 
     // After a rollback.
     begin_and_lock(&mut client, &feed).await;
@@ -1003,19 +885,9 @@ async fn misuse_scenario(db: &TestDb) {
         "ulid(1) in another session",
     )
     .await;
-    let edges = rows(
-        &mut client,
-        &format!("select {ulid_fn}(1), {ulid_fn}(100000000000);"),
-    )
-    .await
-    .expect("ulid(1) and ulid(10^11) are in range");
-    assert_eq!(
-        (
-            ulid_at(&edges[0], 0, "ulid(1)"),
-            ulid_at(&edges[0], 1, "ulid(10^11)")
-        ),
-        (range.first(), range.last())
-    );
+    let select = format!("{ulid_fn}(1), {ulid_fn}(100000000000)");
+    let edges = select_ulids(&mut client, &select, "ulid(1) and ulid(10^11) are in range").await;
+    assert_eq!(edges, [range.first(), range.last()]);
     exec(&mut client, "rollback transaction;")
         .await
         .expect("rollback");
@@ -1037,15 +909,8 @@ async fn misuse_scenario(db: &TestDb) {
     let error = lock_feed(&mut client, &feed, 0, None, None)
         .await
         .expect_err("lock_feed outside a transaction");
-    assert_eq!(
-        error.server_number(),
-        Some(51200),
-        "lock_feed outside a transaction is 51200, got {error}"
-    );
-    assert!(
-        error.to_string().contains("inside"),
-        "51200 says to call it inside a transaction: {error}"
-    );
+    // 51200 says to call it inside a transaction.
+    assert_refused(&error, (51200, "inside"), "lock_feed outside a transaction");
     let error = exec(&mut client, &format!("exec {lock} @shard_id = 0;"))
         .await
         .expect_err("exec lock_feed outside a transaction");
@@ -1074,9 +939,7 @@ async fn misuse_scenario(db: &TestDb) {
     }
 
     // read_feed refuses to run inside a transaction (51100), as in outbox mode.
-    exec(&mut client, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut client).await;
     let error = read_page::<i32>(&mut client, &feed, 0, Cursor::START, options(10))
         .await
         .expect_err("read_feed inside a transaction");
@@ -1104,36 +967,150 @@ async fn expect_ulid_failure(client: &mut Client, sql: &str, fragment: &str, wha
     }
 }
 
-/// `select ulid(1)` must fail with NEEDS_LOCK_FEED both as it is (`outside`) and at the
-/// start of a new transaction that did not call lock_feed (`inside`), which is then rolled
-/// back.
-async fn expect_needs_lock_feed_outside_and_inside(
-    client: &mut Client,
-    ulid_fn: &str,
-    outside: &str,
-    inside: &str,
-) {
-    expect_ulid_failure(
-        client,
-        &format!("select {ulid_fn}(1);"),
-        NEEDS_LOCK_FEED,
-        outside,
-    )
-    .await;
-    expect_ulid_failure(
-        client,
-        &format!("begin transaction; select {ulid_fn}(1);"),
-        NEEDS_LOCK_FEED,
-        inside,
-    )
-    .await;
+/// `select ulid(1)` must fail with NEEDS_LOCK_FEED both as it is and at the start of a new
+/// transaction that did not call lock_feed, which is then rolled back; `when` says when it
+/// is called (`ulid(1) <when>`).
+async fn expect_needs_lock_feed_outside_and_inside(client: &mut Client, ulid_fn: &str, when: &str) {
+    let outside = format!("ulid(1) {when}");
+    let select = format!("select {ulid_fn}(1);");
+    expect_ulid_failure(client, &select, NEEDS_LOCK_FEED, &outside).await;
+    let inside = format!("{outside}, in a new transaction that did not call lock_feed");
+    let in_new_transaction = format!("begin transaction; {select}");
+    expect_ulid_failure(client, &in_new_transaction, NEEDS_LOCK_FEED, &inside).await;
     rollback_if_open(client).await;
+}
+
+/// Begins a transaction on `client` and calls lock_feed of shard 0 of `feed` with `timeout`,
+/// which must fail (`why` says why it cannot get the shard): the error, and how long it
+/// took.
+async fn lock_feed_timing_out(
+    client: &mut Client,
+    feed: &Feed,
+    timeout: Duration,
+    why: &str,
+) -> (changefeed::Error, Duration) {
+    begin(client).await;
+    let started = Instant::now();
+    let error = bounded(
+        &format!("lock_feed with @lock_timeout_ms = {}", timeout.as_millis()),
+        NOT_BLOCKED_LIMIT,
+        lock_feed(client, feed, 0, None, Some(timeout)),
+    )
+    .await
+    .expect_err(why);
+    (error, started.elapsed())
+}
+
+/// Asserts a lock_feed given up after `timing.0` with the lock timeout `timing.1` took about
+/// that (at least 90 % of it, at most `timing.2`), and that its 51202 rolled `who`'s
+/// transaction back (XACT_ABORT in lock_feed).
+async fn assert_timed_out_and_rolled_back(
+    client: &mut Client,
+    timing: (Duration, Duration, Duration),
+    who: &str,
+) {
+    let (took, timeout, limit) = timing;
+    assert!(
+        took >= timeout * 9 / 10 && took <= limit,
+        "@lock_timeout_ms = {} failed after {took:?}; expected about {timeout:?}",
+        timeout.as_millis()
+    );
+    assert_eq!(
+        scalar_i64(client, "select @@trancount;").await,
+        0,
+        "51202 rolled {who}'s transaction back (XACT_ABORT in lock_feed)"
+    );
+}
+
+/// Asserts shard `shard` of `feed` is free next to another session's holder: in a
+/// transaction of `client`'s, lock_feed with no wait gets it (`what`: the bounded call, and
+/// what must hold), and the transaction is rolled back.
+async fn assert_shard_free(client: &mut Client, feed: &Feed, shard: i32, what: (&str, &str)) {
+    let (call, free) = what;
+    begin(client).await;
+    bounded(
+        call,
+        NOT_BLOCKED_LIMIT,
+        lock_feed(client, feed, shard, None, Some(Duration::ZERO)),
+    )
+    .await
+    .expect(free);
+    exec(client, "rollback transaction;")
+        .await
+        .expect("rollback");
+}
+
+/// Reads shard 0 of `feed` from the start, a page of up to 100 rows; `what` names the read.
+async fn read_from_start<K: changefeed::row::FromRow>(
+    client: &mut Client,
+    feed: &Feed,
+    what: &str,
+) -> Page<FeedRow<K>> {
+    read_page::<K>(client, feed, 0, Cursor::START, options(100))
+        .await
+        .unwrap_or_else(|error| panic!("{what}: {error}"))
+}
+
+/// Inserts event `event.0` of an `id`-keyed serialized `feed` on shard 0 with ulid(`event.1`)
+/// and commits, on `client`, inside the transaction whose lock_feed it took; `what` names it.
+async fn insert_and_commit(client: &mut Client, feed: &Feed, event: (i32, i32), what: &str) {
+    let (id, i) = event;
+    let batch = format!("{} commit transaction;", insert_sql(feed, id, i));
+    exec_expect(client, &batch, what).await;
+}
+
+/// The insert of event `id` of an `id`-keyed serialized `feed` on shard 0 with ulid(`i`).
+fn insert_sql(feed: &Feed, id: i32, i: i32) -> String {
+    format!(
+        "insert into {} (id, Shard, ULID) values ({id}, 0, {}({i}));",
+        feed.quoted_table(),
+        feed.object("ulid")
+    )
+}
+
+/// `select <list>` on `client`, `list` being ULID expressions separated by commas: their
+/// values, in order; `what` names the query.
+async fn select_ulids(client: &mut Client, list: &str, what: &str) -> Vec<Ulid> {
+    let found = rows(client, &format!("select {list};"))
+        .await
+        .unwrap_or_else(|error| panic!("{what}: {error}"));
+    let row = found.first().unwrap_or_else(|| panic!("{what}: no row"));
+    (0..row.len())
+        .map(|i| ulid_at(row, i, &format!("{what}, column {i}")))
+        .collect()
+}
+
+/// Asserts `error`, from `what`, is SQL Server error `expected.0` and that its message says
+/// `expected.1`.
+#[track_caller]
+fn assert_refused(error: &changefeed::Error, expected: (u32, &str), what: &str) {
+    let (number, says) = expected;
+    assert_eq!(
+        error.server_number(),
+        Some(number),
+        "{what}: expected error {number}, got {error}"
+    );
+    assert!(
+        error.to_string().contains(says),
+        "{what}: the message of {number} must say '{says}': {error}"
+    );
+}
+
+/// Runs `batch` on `client`, which must succeed; `what` names it.
+async fn exec_expect(client: &mut Client, batch: &str, what: &str) {
+    exec(client, batch)
+        .await
+        .unwrap_or_else(|error| panic!("{what}: {error}"));
+}
+
+async fn begin(client: &mut Client) {
+    exec(client, "begin transaction;").await.expect("begin");
 }
 
 /// Begins a transaction and takes shard 0 of `feed` with lock_feed (the server's clock, the
 /// default lock timeout), as a writer does before it calls ulid(@i). Returns the range.
 async fn begin_and_lock(client: &mut Client, feed: &Feed) -> UlidRange {
-    exec(client, "begin transaction;").await.expect("begin");
+    begin(client).await;
     lock_feed(client, feed, 0, None, None)
         .await
         .expect("lock_feed")
@@ -1319,17 +1296,8 @@ async fn setup_validation_scenario(db: &TestDb) {
                 case.number
             )
         });
-        assert_eq!(
-            error.server_number(),
-            Some(case.number),
-            "setup_feed of dbo.{t}: expected error {}, got {error}",
-            case.number
-        );
-        assert!(
-            error.to_string().contains(case.fragment),
-            "setup_feed of dbo.{t}: the message must say '{}': {error}",
-            case.fragment
-        );
+        let what = format!("setup_feed of dbo.{t}");
+        assert_refused(&error, (case.number, case.fragment), &what);
         assert_not_a_feed(&mut admin, t).await;
     }
 
@@ -1472,15 +1440,9 @@ async fn setup_validation_scenario(db: &TestDb) {
         )
         .await
         .expect_err(what);
-        assert_eq!(
-            error.server_number(),
-            Some(51005),
-            "setup_feed of a registered feed with {what}: expected 51005, got {error}"
-        );
-        assert!(
-            error.to_string().contains("teardown_feed"),
-            "51005 says to tear the feed down first: {error}"
-        );
+        // 51005 says to tear the feed down first.
+        let what = format!("setup_feed of a registered feed with {what}");
+        assert_refused(&error, (51005, "teardown_feed"), &what);
     }
     assert_eq!(
         registry_snapshot(&mut admin, "ok_constraint").await,
@@ -1570,21 +1532,13 @@ async fn assert_not_a_feed(admin: &mut Client, table: &str) {
 // 7. Roles with real logins
 // ------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-async fn writer_and_reader_roles_with_real_logins() {
-    common::under_both_isolations("ser_roles", async |db: &TestDb| {
-        let two = async |[writer, reader]: &[Login; 2]| roles_scenario(db, writer, reader).await;
-        with_logins(db, ["serwriter", "serreader"], two).await;
-    })
-    .await;
-}
+common::live_test!(writer_and_reader_roles_with_real_logins: "ser_roles" => with_logins("serwriter", "serreader") roles_scenario);
 
-async fn roles_scenario(db: &TestDb, writer_login: &Login, reader_login: &Login) {
+async fn roles_scenario(db: &TestDb, [writer_login, reader_login]: &[Login; 2]) {
     let mut admin = db.client().await;
     let feed_a = create_serialized_feed(&mut admin, "role_a", "id int not null", "id").await;
     let feed_b = create_serialized_feed(&mut admin, "role_b", "id int not null", "id").await;
-    let (ulid_a, ulid_b) = (feed_a.object("ulid"), feed_b.object("ulid"));
+    let ulid_a = feed_a.object("ulid");
     // The event tables are the application's: it grants its writers INSERT on them;
     // changefeed grants lock_feed and ulid().
     writer_login
@@ -1604,36 +1558,28 @@ async fn roles_scenario(db: &TestDb, writer_login: &Login, reader_login: &Login)
     let mut reader = reader_login.connect(db).await;
 
     // Writer: lock_feed and ulid() of two feeds in one transaction.
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut writer).await;
     let ra = lock_feed(&mut writer, &feed_a, 0, None, Some(Duration::from_secs(5)))
         .await
         .unwrap_or_else(|error| panic!("a member of the writers role runs lock_feed: {error}"));
-    exec(
+    let insert_a = insert_sql(&feed_a, 1, 1);
+    exec_expect(
         &mut writer,
-        &format!(
-            "insert into {} (id, Shard, ULID) values (1, 0, {ulid_a}(1));",
-            feed_a.quoted_table()
-        ),
+        &insert_a,
+        "a member of the writers role uses ulid()",
     )
-    .await
-    .unwrap_or_else(|error| panic!("a member of the writers role uses ulid(): {error}"));
+    .await;
     let rb = lock_feed(&mut writer, &feed_b, 0, None, Some(Duration::from_secs(5)))
         .await
         .expect("the writer locks feed B in the same transaction");
-    exec(
+    let b_then_a = insert_sql(&feed_b, 1, 1) + &insert_sql(&feed_a, 2, 2);
+    let what = "the writer inserts into both feeds and commits";
+    exec_expect(
         &mut writer,
-        &format!(
-            "insert into {} (id, Shard, ULID) values (1, 0, {ulid_b}(1)); \
-             insert into {} (id, Shard, ULID) values (2, 0, {ulid_a}(2)); \
-             commit transaction;",
-            feed_b.quoted_table(),
-            feed_a.quoted_table()
-        ),
+        &format!("{b_then_a} commit transaction;"),
+        what,
     )
-    .await
-    .expect("the writer inserts into both feeds and commits");
+    .await;
     let stored = rows(
         &mut admin,
         &format!(
@@ -1667,13 +1613,11 @@ async fn roles_scenario(db: &TestDb, writer_login: &Login, reader_login: &Login)
     );
 
     // A writer login and a dbo writer share one shard lock.
-    exec(&mut admin, "begin transaction;").await.expect("begin");
+    begin(&mut admin).await;
     lock_feed(&mut admin, &feed_a, 0, None, None)
         .await
         .expect("dbo locks feed A's shard 0");
-    exec(&mut writer, "begin transaction;")
-        .await
-        .expect("begin");
+    begin(&mut writer).await;
     let started = Instant::now();
     let error = bounded(
         "a writer login's lock_feed next to a dbo holder",
@@ -1771,8 +1715,7 @@ common::live_test!(ulids_inserted_out_of_order_in_one_transaction_are_never_skip
 /// if it then continues from ulid(2), it never visits ulid(1), inserted behind its scan
 /// position, and its cursor passes ulid(1) for good.
 async fn out_of_order_scenario(db: &TestDb) {
-    let mut admin = db.client().await;
-    let feed = create_serialized_feed(&mut admin, "out_of_order", "id int not null", "id").await;
+    let (mut admin, feed) = id_feed_in(db, "out_of_order", "int").await;
     let ulid_fn = feed.object("ulid");
     let table = feed.quoted_table();
     let first = rows(&mut admin, &event_batch_by_id(&feed, 0, 1))
@@ -1809,15 +1752,13 @@ async fn out_of_order_scenario(db: &TestDb) {
         db.isolation,
         if blocked { "blocked" } else { "not blocked" }
     );
-    exec(
+    insert_and_commit(
         &mut writer,
-        &format!(
-            "insert into {table} (id, Shard, ULID) values (2, 0, {ulid_fn}(1)); \
-             commit transaction;"
-        ),
+        &feed,
+        (2, 1),
+        "insert ulid(1) second, and commit",
     )
-    .await
-    .expect("insert ulid(1) second, and commit");
+    .await;
     let (mut reader, page) = bounded("the reader", NOT_BLOCKED_LIMIT, read)
         .await
         .expect("the reader's task");
@@ -1864,18 +1805,7 @@ common::live_test!(power_off_client_side_transaction_blocks_the_shard_until_the_
 async fn power_off_unmitigated(db: &TestDb) {
     let wait_limit = power_off_wait();
     let isolation = db.isolation;
-    let mut admin = db.client().await;
-    let feed = create_serialized_feed(
-        &mut admin,
-        "poweroff_a",
-        "writer int not null, seq int not null",
-        "writer, seq",
-    )
-    .await;
-    let committed = commit_event(&mut admin, &feed, 0, (0, 0)).await;
-
-    let proxy = FreezableProxy::start(server_address(db)).await;
-    let mut a = connect_through(&proxy, db).await;
+    let (mut admin, feed, committed, proxy, mut a) = power_off_start(db, "poweroff_a").await;
     let a_session = session_id(&mut a).await;
     exec(
         &mut a,
@@ -1933,7 +1863,7 @@ async fn power_off_unmitigated(db: &TestDb) {
 
     // Writer B, without mitigation: no lock timeout, no client-side command timeout.
     let mut b = connect_unbounded(db).await;
-    exec(&mut b, "begin transaction;").await.expect("begin");
+    begin(&mut b).await;
     let b_feed = feed.clone();
     let b_started = Instant::now();
     let mut b_task = tokio::spawn(async move {
@@ -2059,17 +1989,7 @@ common::live_test!(power_off_with_lock_timeout_other_writers_fail_fast: "ser_pow
 /// 51202 after about a second instead of queueing, from Rust and from a server-side batch.
 async fn power_off_lock_timeout(db: &TestDb) {
     let isolation = db.isolation;
-    let mut admin = db.client().await;
-    let feed = create_serialized_feed(
-        &mut admin,
-        "poweroff_b",
-        "writer int not null, seq int not null",
-        "writer, seq",
-    )
-    .await;
-    commit_event(&mut admin, &feed, 0, (0, 0)).await;
-    let proxy = FreezableProxy::start(server_address(db)).await;
-    let mut a = connect_through(&proxy, db).await;
+    let (_admin, feed, _, proxy, mut a) = power_off_start(db, "poweroff_b").await;
     exec(
         &mut a,
         &format!(
@@ -2083,31 +2003,17 @@ async fn power_off_lock_timeout(db: &TestDb) {
 
     let mut b = connect_unbounded(db).await;
     for attempt in 1..=3 {
-        exec(&mut b, "begin transaction;").await.expect("begin");
-        let started = Instant::now();
-        let error = bounded(
-            "lock_feed with @lock_timeout_ms = 1000",
-            NOT_BLOCKED_LIMIT,
-            lock_feed(&mut b, &feed, 0, None, Some(Duration::from_millis(1000))),
-        )
-        .await
-        .expect_err("writer B cannot get the shard of the frozen writer");
-        let took = started.elapsed();
+        let timeout = Duration::from_millis(1000);
+        let why = "writer B cannot get the shard of the frozen writer";
+        let (error, took) = lock_feed_timing_out(&mut b, &feed, timeout, why).await;
         eprintln!(
             "POWEROFF [{isolation:?}] (b) with @lock_timeout_ms = 1000: writer B failed with \
              {:?} after {took:?} (attempt {attempt})",
             error.server_number()
         );
         assert_eq!(error.server_number(), Some(51202), "got {error}");
-        assert!(
-            took >= Duration::from_millis(900) && took <= Duration::from_secs(5),
-            "@lock_timeout_ms = 1000 failed after {took:?}; expected about 1 s"
-        );
-        assert_eq!(
-            scalar_i64(&mut b, "select @@trancount;").await,
-            0,
-            "51202 rolled writer B's transaction back"
-        );
+        let limit = Duration::from_secs(5);
+        assert_timed_out_and_rolled_back(&mut b, (took, timeout, limit), "writer B").await;
     }
 
     // The recommended server-side batch with a lock timeout fails the same way.
@@ -2152,17 +2058,7 @@ async fn power_off_server_side_batch(db: &TestDb) {
     const HOLD_MS: u32 = 3000;
     let hold = Duration::from_millis(u64::from(HOLD_MS));
     let isolation = db.isolation;
-    let mut admin = db.client().await;
-    let feed = create_serialized_feed(
-        &mut admin,
-        "poweroff_c",
-        "writer int not null, seq int not null",
-        "writer, seq",
-    )
-    .await;
-    commit_event(&mut admin, &feed, 0, (0, 0)).await;
-    let proxy = FreezableProxy::start(server_address(db)).await;
-    let mut a = connect_through(&proxy, db).await;
+    let (mut admin, feed, _, proxy, mut a) = power_off_start(db, "poweroff_c").await;
     let a_session = session_id(&mut a).await;
 
     let batch = event_batch(&feed, 0, (1, 1), -1, HOLD_MS);
@@ -2183,7 +2079,7 @@ async fn power_off_server_side_batch(db: &TestDb) {
     let locked_at = Instant::now();
 
     let mut b = connect_unbounded(db).await;
-    exec(&mut b, "begin transaction;").await.expect("begin");
+    begin(&mut b).await;
     let b_started = Instant::now();
     let range = bounded(
         "writer B next to a frozen server-side batch",
@@ -2305,27 +2201,18 @@ async fn power_off_outbox(db: &TestDb) {
 
     // Writer A's connection dies: its rows disappear; the shard goes on.
     proxy.reset().await;
-    let gone_by = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = scalar_i64(
-            &mut admin,
-            &format!(
-                "select (select count(*) from {} with (nolock) where writer = 1) \
-                 + (select count(*) from {} with (nolock) where writer = 1);",
-                feed.quoted_table(),
-                feed.outbox_table()
-            ),
-        )
-        .await;
-        if left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < gone_by,
-            "writer A's rows are still there 60 s after its connection was reset"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    await_none_left(
+        &mut admin,
+        &format!(
+            "select (select count(*) from {} with (nolock) where writer = 1) \
+             + (select count(*) from {} with (nolock) where writer = 1);",
+            feed.quoted_table(),
+            feed.outbox_table()
+        ),
+        Duration::from_secs(60),
+        "writer A's rows, its connection reset",
+    )
+    .await;
     exec(&mut b, &outbox_event(2, 2, true))
         .await
         .expect("writer B's next event");
@@ -2337,6 +2224,27 @@ async fn power_off_outbox(db: &TestDb) {
 }
 
 /// How long the unmitigated case may wait: `CHANGEFEED_POWEROFF_WAIT_SECS`, default 90 s.
+/// A scenario's start: the serialized feed `table` keyed by `id` of type `id_type`, created
+/// on a new admin connection; that connection and the feed.
+async fn id_feed_in(db: &TestDb, table: &str, id_type: &str) -> (Client, Feed) {
+    let mut admin = db.client().await;
+    let columns = format!("id {id_type} not null");
+    let feed = create_serialized_feed(&mut admin, table, &columns, "id").await;
+    (admin, feed)
+}
+
+/// A power-off scenario's start: the (writer, seq) feed `table` with one event committed
+/// (its ULID), on an admin connection, and writer A connected through a proxy that can
+/// freeze.
+async fn power_off_start(db: &TestDb, table: &str) -> (Client, Feed, Ulid, FreezableProxy, Client) {
+    let mut admin = db.client().await;
+    let feed = create_writer_feed(&mut admin, table).await;
+    let committed = commit_event(&mut admin, &feed, 0, (0, 0)).await;
+    let proxy = FreezableProxy::start(server_address(db)).await;
+    let a = connect_through(&proxy, db).await;
+    (admin, feed, committed, proxy, a)
+}
+
 fn power_off_wait() -> Duration {
     let seconds = std::env::var("CHANGEFEED_POWEROFF_WAIT_SECS")
         .ok()
@@ -2580,6 +2488,18 @@ async fn session_id(client: &mut Client) -> i32 {
 
 /// Creates `[dbo].[table]` with `columns`, an int `Shard`, a binary(16) `ULID`, the primary
 /// key `key` and a unique index on (Shard, ULID), and makes it a serialized-writer feed.
+/// Creates the load and power-off scenarios' serialized feed `[dbo].[table]`: events keyed
+/// by (writer, seq).
+async fn create_writer_feed(admin: &mut Client, table: &str) -> Feed {
+    create_serialized_feed(
+        admin,
+        table,
+        "writer int not null, seq int not null",
+        "writer, seq",
+    )
+    .await
+}
+
 async fn create_serialized_feed(admin: &mut Client, table: &str, columns: &str, key: &str) -> Feed {
     exec(
         admin,
@@ -2617,38 +2537,38 @@ fn event_batch(
     } else {
         String::new()
     };
-    format!(
-        "set nocount on; set xact_abort on; \
-         declare @ulid binary(16); \
-         begin try \
-             begin transaction; \
-             exec {lock} @shard_id = {shard}, @lock_timeout_ms = {lock_timeout_ms}, \
-                 @ulid = @ulid output; \
-             insert into {table} (writer, seq, Shard, ULID) \
-                 values ({writer}, {seq}, {shard}, {ulid}(1)); \
-             {hold} \
-             commit transaction; \
-         end try \
-         begin catch \
-             if @@trancount > 0 rollback transaction; \
-             throw; \
-         end catch; \
-         select @ulid as ulid;",
-        lock = feed.object("lock_feed"),
-        table = feed.quoted_table(),
-        ulid = feed.object("ulid"),
-    )
+    let lock_timeout = format!(", @lock_timeout_ms = {lock_timeout_ms}");
+    let row = ("writer, seq", &*format!("{writer}, {seq}"));
+    server_side_batch(feed, shard, &lock_timeout, row, &hold)
 }
 
 /// The same for an `id`-keyed feed.
 fn event_batch_by_id(feed: &Feed, shard: i32, id: i32) -> String {
+    server_side_batch(feed, shard, "", ("id", &id.to_string()), "")
+}
+
+/// One server-side transaction on shard `shard` of `feed`: lock_feed (with the further
+/// arguments `lock_arguments`, each after a comma), an insert of the event `row` (its key
+/// columns and their values) with ulid(1), then `hold` (T-SQL, or nothing), commit; any
+/// error rolls it back and is raised again. The batch's only result is the @ulid lock_feed
+/// returned.
+fn server_side_batch(
+    feed: &Feed,
+    shard: i32,
+    lock_arguments: &str,
+    row: (&str, &str),
+    hold: &str,
+) -> String {
+    let (columns, values) = row;
     format!(
         "set nocount on; set xact_abort on; \
          declare @ulid binary(16); \
          begin try \
              begin transaction; \
-             exec {lock} @shard_id = {shard}, @ulid = @ulid output; \
-             insert into {table} (id, Shard, ULID) values ({id}, {shard}, {ulid}(1)); \
+             exec {lock} @shard_id = {shard}{lock_arguments}, @ulid = @ulid output; \
+             insert into {table} ({columns}, Shard, ULID) \
+                 values ({values}, {shard}, {ulid}(1)); \
+             {hold} \
              commit transaction; \
          end try \
          begin catch \

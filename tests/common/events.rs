@@ -18,6 +18,7 @@ use ulid::Ulid;
 
 use tokio::task::JoinHandle;
 
+use super::logins::Login;
 use super::tasks::spawn_bounded;
 use super::{TestDb, connect_to, exec, rows, scalar_i64};
 
@@ -83,6 +84,32 @@ pub async fn write_ok(
     write_event(client, feed, shard, id, time_hint)
         .await
         .unwrap_or_else(|error| panic!("write event {id}: {error}"));
+}
+
+/// [`write_ok`] for each of `ids` in turn, on `shard`, with the server's clock: one
+/// committed event after the other.
+pub async fn write_all_ok(
+    client: &mut Client,
+    feed: &Feed,
+    shard: i32,
+    ids: impl IntoIterator<Item = i64>,
+) {
+    for id in ids {
+        write_ok(client, feed, shard, id, None).await;
+    }
+}
+
+/// Writes events `ids` on shard 0 with `writer` ([`write_all_ok`]), then reads shard 0 from
+/// the start to its end with `reader`, so that every row has its ULID: every row the feed
+/// has.
+pub async fn write_and_read_all(
+    writer: &mut Client,
+    feed: &Feed,
+    reader: &FeedReader,
+    ids: impl IntoIterator<Item = i64>,
+) -> Vec<FeedRow<i64>> {
+    write_all_ok(writer, feed, 0, ids).await;
+    read_to_end(reader, 0, Cursor::START).await
 }
 
 /// [`write_event`] for concurrent writers: a transient failure (deadlock victim, lock
@@ -200,6 +227,11 @@ pub async fn server_now_ms(client: &mut Client) -> i64 {
 /// The keys of `rows`, in order: what the assertions on which events came compare.
 pub fn keys(rows: &[FeedRow<i64>]) -> Vec<i64> {
     rows.iter().map(|row| row.key).collect()
+}
+
+/// The ULIDs of `rows`, in order.
+pub fn ulids(rows: &[FeedRow<i64>]) -> Vec<Ulid> {
+    rows.iter().map(|row| row.ulid).collect()
 }
 
 /// The (ULID, key) pairs of `rows`, in order: what two consumers (or a consumer and the
@@ -349,4 +381,52 @@ pub fn server_number<T: std::fmt::Debug>(what: &str, result: changefeed::Result<
             .server_number()
             .unwrap_or_else(|| panic!("{what}: expected a SQL Server error, got {error}")),
     }
+}
+
+/// Two feeds of one shape, `tables` (`schema.table`, already set up): the first in outbox
+/// mode, the second a serialized-writer feed. Commits one event in each, on shard 0, in a
+/// transaction of its own: `values[0]` into the first (`columns`), with its outbox row keyed
+/// by `key` (column, value); then, under the second's lock_feed, `values[1]` into the second
+/// with its `ulid(1)`. Then creates a login named after `login` that is only in both feeds'
+/// readers roles: the feeds, the login and a connection as it.
+pub async fn readable_in_both_modes(
+    db: &TestDb,
+    admin: &mut Client,
+    login: &str,
+    tables: [&str; 2],
+    key: (&str, &str),
+    columns: &str,
+    values: [&str; 2],
+) -> (Feed, Feed, Login, Client) {
+    let [outbox, serial] = tables.map(|table| {
+        table
+            .parse::<Feed>()
+            .unwrap_or_else(|error| panic!("{table} is a valid feed name: {error}"))
+    });
+    let ((key_column, key_value), [outbox_values, serial_values]) = (key, values);
+    exec_ok(
+        admin,
+        &format!(
+            "set xact_abort on; begin transaction; \
+             insert into {} ({columns}) values ({outbox_values}); \
+             insert into {} (shard_id, {key_column}) values (0, {key_value}); \
+             commit transaction; \
+             begin transaction; \
+             exec {} @shard_id = 0; \
+             insert into {} ({columns}, Shard, ULID) values ({serial_values}, 0, {}(1)); \
+             commit transaction;",
+            outbox.quoted_table(),
+            outbox.outbox_table(),
+            serial.object("lock_feed"),
+            serial.quoted_table(),
+            serial.object("ulid"),
+        ),
+    )
+    .await;
+    let reader = Login::new(login, db);
+    reader
+        .create(admin, &[outbox.readers_role(), serial.readers_role()], &[])
+        .await;
+    let client = reader.connect(db).await;
+    (outbox, serial, reader, client)
 }

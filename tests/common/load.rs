@@ -86,6 +86,52 @@ pub async fn load_on_1_and_4_shards(
     .await;
 }
 
+/// Declares one load test, in one line: `test_name: "label" => Load::new(w, r, n), run_load`
+/// is an `#[ignore]`d test on tokio's multi-thread runtime with four workers that runs
+/// `run_load` with that load by [`load_on_1_and_4_shards`].
+#[allow(unused_macros)] // a test binary without load tests
+macro_rules! load_test {
+    ($name:ident: $label:literal => $load:expr, $run_load:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+        async fn $name() {
+            $crate::common::load::load_on_1_and_4_shards($label, $load, $run_load).await;
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use load_test;
+
+/// One run of a load scenario: its feed, over how many shards, under which load.
+pub struct LoadFeed {
+    /// The feed's table, named for the load and the shards ([`Load::table`]).
+    pub table: String,
+    pub feed: Feed,
+    pub shards: i32,
+    pub load: Load,
+}
+
+/// A load scenario's start: the table `prefix` named for `load` on `shards` shards, made a
+/// feed by `create` on a new admin connection; that connection and the run.
+pub async fn load_feed(
+    db: &TestDb,
+    load: Load,
+    prefix: &str,
+    shards: i32,
+    create: impl AsyncFnOnce(&mut Client, &str) -> Feed,
+) -> (Client, LoadFeed) {
+    let table = load.table(prefix, shards);
+    let mut admin = db.client().await;
+    let feed = create(&mut admin, &table).await;
+    let run = LoadFeed {
+        table,
+        feed,
+        shards,
+        load,
+    };
+    (admin, run)
+}
+
 /// One load run on `feed`, whose `shards` shards the writers fill: `load.writers` writers
 /// and `load.readers` readers, each on a connection of its own, all starting together once
 /// every connection is open.
@@ -97,19 +143,13 @@ pub async fn load_on_1_and_4_shards(
 /// the same feed ([`check_all_readers`]).
 ///
 /// Returns what each writer returned, in writer order, and the feed all readers saw.
-pub async fn write_and_read<T, F, Fut>(
-    db: &TestDb,
-    table: &str,
-    feed: &Feed,
-    shards: i32,
-    load: Load,
-    write: F,
-) -> (Vec<T>, FeedMap)
+pub async fn write_and_read<T, F, Fut>(db: &TestDb, run: &LoadFeed, write: F) -> (Vec<T>, FeedMap)
 where
     T: Send + 'static,
     F: Fn(Client, String, Feed, i32, i32) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<T, String>> + Send + 'static,
 {
+    let (table, feed, shards, load) = (&run.table, &run.feed, run.shards, run.load);
     eprintln!("-- {table}: {load:?} over {shards} shard(s) in {}", db.name);
     let barrier = Arc::new(Barrier::new(load.writers + load.readers));
     let writers: Vec<_> = (0..load.writers as i32)

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use changefeed::Client;
+use changefeed::{Client, Feed};
 
 use super::{TestDb, exec};
 
@@ -124,4 +124,31 @@ pub async fn drop_logins(db: &TestDb, logins: &[&Login]) {
             eprintln!("-- cleanup: could not drop login {name}; drop it by hand");
         }
     }
+}
+
+/// The table of `feed` that `object` names: `outbox`, `feed`, `state` or `event table`.
+fn feed_table(feed: &Feed, object: &str) -> String {
+    match object {
+        "outbox" => feed.outbox_table(),
+        "feed" | "state" => feed.object(object),
+        "event table" => feed.quoted_table(),
+        other => panic!("{other} is not one of a feed's tables"),
+    }
+}
+
+/// `select * from` the table of `feed` that `object` names (see [`feed_table`]), and what
+/// that is when `who` tries it: a statement for [`super::tasks::expect_denied`].
+pub fn selects_from(feed: &Feed, who: &str, object: &str) -> (String, String) {
+    (
+        format!("select * from {};", feed_table(feed, object)),
+        format!("{who} selects from the {object}"),
+    )
+}
+
+/// `delete from` the table of `feed` that `object` names, as [`selects_from`].
+pub fn deletes_from(feed: &Feed, who: &str, object: &str) -> (String, String) {
+    (
+        format!("delete from {};", feed_table(feed, object)),
+        format!("{who} deletes from the {object}"),
+    )
 }

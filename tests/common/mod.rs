@@ -19,6 +19,7 @@ pub mod load;
 pub mod logins;
 #[path = "../../examples/live_suite/report.rs"]
 pub mod report;
+pub mod sessions;
 pub mod tasks;
 
 /// The environment variable naming the test server.
@@ -153,6 +154,29 @@ pub async fn exec(client: &mut Client, sql: &str) -> Result<(), changefeed::Erro
     let mut stream = client.simple_query(sql).await?;
     while stream.try_next().await?.is_some() {}
     Ok(())
+}
+
+/// `setup_feed` of `table` (`schema.table`) in outbox mode.
+pub fn setup_outbox_feed(table: &str) -> String {
+    format!("exec changefeed.setup_feed @table_name = N'{table}', @outbox = 1;")
+}
+
+/// How many feeds the registry (`changefeed.feeds`) holds.
+pub async fn registered_feeds(client: &mut Client) -> i64 {
+    scalar_i64(client, "select count_big(*) from changefeed.feeds;").await
+}
+
+/// The server's error of a batch that must fail: its number and its message.
+pub async fn exec_failure(client: &mut Client, sql: &str) -> (u32, String) {
+    match exec(client, sql).await {
+        Ok(()) => panic!("`{sql}` succeeded; it must fail"),
+        Err(error) => (
+            error
+                .server_number()
+                .unwrap_or_else(|| panic!("`{sql}`: not a server error: {error}")),
+            error.to_string(),
+        ),
+    }
 }
 
 /// Runs a batch and returns the rows of all its result sets, in order.
@@ -330,7 +354,10 @@ pub async fn under_both_isolations(label: &str, scenario: impl AsyncFn(&TestDb))
 /// [`under_both_isolations`] with `label`; `current_thread test_name: …` runs on tokio's
 /// default runtime, and `once_locking test_name: …` runs the scenario once, under
 /// [`under_locking_read_committed`], for what does not depend on the setting (the registry's
-/// refusals). Attributes (`#[doc]`…) go first, inside the call.
+/// refusals). `test_name: "label" => with_logins("a", "b") scenario` runs `scenario(db,
+/// &[login_a, login_b])` under both settings with new logins named after "a" and "b"
+/// ([`logins::with_logins`]: dropped afterwards). Attributes (`#[doc]`…) go first, inside
+/// the call.
 ///
 /// ```ignore
 /// common::live_test!(rows_come_in_commit_order: "commit_order" => commit_order);
@@ -352,6 +379,18 @@ macro_rules! live_test {
         #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
         async fn $name() {
             $crate::common::under_locking_read_committed($label, $scenario).await;
+        }
+    };
+    ($(#[$meta:meta])* $name:ident: $label:literal => with_logins($($what:literal),+) $scenario:expr) => {
+        $(#[$meta])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
+        async fn $name() {
+            $crate::common::under_both_isolations($label, async |db: &$crate::common::TestDb| {
+                let logins = async |logins: &_| $scenario(db, logins).await;
+                $crate::common::logins::with_logins(db, [$($what),+], logins).await;
+            })
+            .await;
         }
     };
     ($(#[$meta:meta])* $name:ident: $label:literal => $scenario:expr) => {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use changefeed::Client;
 use tokio::task::JoinHandle;
 
-use super::exec;
+use super::{exec, scalar_i64};
 
 /// A statement that must be refused with a permission error.
 pub async fn expect_denied(client: &mut Client, sql: &str, what: &str) {
@@ -72,4 +72,22 @@ pub async fn join_all<T>(handles: Vec<JoinHandle<Result<T, String>>>) -> Vec<T> 
         results.push(join(handle).await);
     }
     results
+}
+
+/// Polls the count `sql` on `client` every 100 ms until it is 0, as rows of an ended session
+/// disappear once the server has rolled it back; fails the test, naming `what` and the
+/// count left, when that takes longer than `limit`.
+pub async fn await_none_left(client: &mut Client, sql: &str, limit: Duration, what: &str) {
+    let gone_by = std::time::Instant::now() + limit;
+    loop {
+        let left = scalar_i64(client, sql).await;
+        if left == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < gone_by,
+            "{what}: {left} rows are still there {limit:?} later"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
