@@ -182,30 +182,16 @@ impl ContractDb for Outbox {
     }
 }
 
-macro_rules! contract {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-        async fn $name() {
-            common::under_both_isolations(
-                concat!("contract_", stringify!($name)),
-                async |db: &TestDb| claim_contract::$name(&Outbox::new(db).await).await,
-            )
-            .await;
-        }
-    )*};
+/// Runs a contract scenario under both READ_COMMITTED_SNAPSHOT settings, each time on the
+/// outbox of a fresh database of its own.
+async fn under_both_isolations(test: &str, scenario: impl AsyncFn(&Outbox)) {
+    common::under_both_isolations(&format!("contract_{test}"), async |db: &TestDb| {
+        scenario(&Outbox::new(db).await).await
+    })
+    .await;
 }
 
-contract!(
-    enqueue_is_transactional_and_idempotent,
-    head_of_aggregate_with_refill,
-    six_claimers_share_thirty_aggregates,
-    fifty_claimers_on_one_aggregate,
-    reaper_and_fenced_acknowledgements,
-    a_claim_expires_by_its_holders_timeout,
-    retry_requeue_and_dead,
-    purge_deletes_only_old_done_rows,
-    unicode_and_one_megabyte_payloads_round_trip,
-    an_open_enqueue_delays_only_its_aggregate,
-    a_relay_killed_mid_batch_loses_nothing,
+claim_contract::contract_tests!(
+    "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker",
+    under_both_isolations
 );

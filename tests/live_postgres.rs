@@ -137,30 +137,14 @@ impl ContractDb for Outbox {
 // 1. The contract
 // ------------------------------------------------------------------------------------------
 
-macro_rules! contract {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        #[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
-        async fn $name() {
-            let db = outbox(stringify!($name)).await;
-            claim_contract::$name(&db).await;
-        }
-    )*};
+/// Runs a contract scenario on the outbox of a fresh database of its own.
+async fn on_a_fresh_outbox(test: &str, scenario: impl AsyncFnOnce(&Outbox)) {
+    scenario(&outbox(test).await).await;
 }
 
-contract!(
-    enqueue_is_transactional_and_idempotent,
-    head_of_aggregate_with_refill,
-    six_claimers_share_thirty_aggregates,
-    fifty_claimers_on_one_aggregate,
-    reaper_and_fenced_acknowledgements,
-    a_claim_expires_by_its_holders_timeout,
-    retry_requeue_and_dead,
-    purge_deletes_only_old_done_rows,
-    unicode_and_one_megabyte_payloads_round_trip,
-    an_open_enqueue_delays_only_its_aggregate,
-    a_relay_killed_mid_batch_loses_nothing,
-    a_relay_killed_with_batches_in_flight_loses_nothing,
+claim_contract::contract_tests!(
+    "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES",
+    on_a_fresh_outbox
 );
 
 // ------------------------------------------------------------------------------------------

@@ -214,6 +214,40 @@ impl Recorder {
     }
 }
 
+/// Declares the contract's tests in a store's test file: one per scenario below, named as
+/// the scenario, `#[ignore]`d with `$ignore` (it needs a live server) on a four-worker
+/// runtime, each calling `$run(scenario_name, scenario).await`, where the store's harness
+/// makes a fresh outbox (under each setting it has, SQL Server's two isolations) and runs
+/// the scenario on it. So every store runs the same list, kept here once.
+macro_rules! contract_tests {
+    ($ignore:literal, $run:path) => {
+        $crate::claim_contract::contract_tests!(
+            @each $ignore,
+            $run,
+            enqueue_is_transactional_and_idempotent,
+            head_of_aggregate_with_refill,
+            six_claimers_share_thirty_aggregates,
+            fifty_claimers_on_one_aggregate,
+            reaper_and_fenced_acknowledgements,
+            a_claim_expires_by_its_holders_timeout,
+            retry_requeue_and_dead,
+            purge_deletes_only_old_done_rows,
+            unicode_and_one_megabyte_payloads_round_trip,
+            an_open_enqueue_delays_only_its_aggregate,
+            a_relay_killed_mid_batch_loses_nothing,
+            a_relay_killed_with_batches_in_flight_loses_nothing,
+        );
+    };
+    (@each $ignore:literal, $run:path, $($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        #[ignore = $ignore]
+        async fn $name() {
+            $run(stringify!($name), $crate::claim_contract::$name).await;
+        }
+    )*};
+}
+pub(crate) use contract_tests;
+
 // ------------------------------------------------------------------------------------------
 // The scenarios
 // ------------------------------------------------------------------------------------------
