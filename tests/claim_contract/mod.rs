@@ -16,6 +16,10 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+#[cfg(feature = "cli")]
+pub mod cli;
+pub mod wake;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -219,6 +223,7 @@ impl Recorder {
 /// runtime, each calling `$run(scenario_name, scenario).await`, where the store's harness
 /// makes a fresh outbox (under each setting it has, SQL Server's two isolations) and runs
 /// the scenario on it. So every store runs the same list, kept here once.
+#[allow(unused_macros)] // the stores' own test files do not declare the contract
 macro_rules! contract_tests {
     ($ignore:literal, $run:path) => {
         $crate::claim_contract::contract_tests!(
@@ -246,6 +251,7 @@ macro_rules! contract_tests {
         }
     )*};
 }
+#[allow(unused_imports)]
 pub(crate) use contract_tests;
 
 // ------------------------------------------------------------------------------------------
