@@ -774,9 +774,6 @@ async fn a_row_larger_than_the_relays_packet_is_isolated_and_the_rest_flows() {
     );
 }
 
-/// Each claim expires by the timeout of the relay that made it: a relay with a 1 s timeout
-/// does not take a row another relay holds for an hour, and a relay with an hour's timeout
-/// takes a row whose 1 s claim has run out. Before the fix both went by the re-claimer's.
 /// A column that does not decode (here trace_id made VARBINARY by hand and holding a byte
 /// that is not UTF-8): the row is handed over undecodable, naming the column, instead of
 /// failing every claim.

@@ -237,18 +237,15 @@ async fn setup_outbox_checks_names_completes_tables_and_never_drops_data() {
 async fn connections_are_read_committed_with_a_statement_timeout() {
     let db = database("session").await;
     let client = changefeed::postgres::connect(&db.config).await.unwrap();
-    let timeout: String = client
-        .query_one("show statement_timeout", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(timeout, "30s");
-    let isolation: String = client
-        .query_one("show default_transaction_isolation", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(isolation, "read committed");
+    let show = async |setting: &str| -> String {
+        let row = client.query_one(&format!("show {setting}"), &[]).await;
+        row.unwrap_or_else(|e| panic!("show {setting}: {e}")).get(0)
+    };
+    assert_eq!(show("statement_timeout").await, "30s");
+    assert_eq!(
+        show("default_transaction_isolation").await,
+        "read committed"
+    );
     let version = changefeed::postgres::server_version(&client).await.unwrap();
     assert!(version.starts_with(char::is_numeric), "{version}");
 }
