@@ -22,6 +22,8 @@ mod server;
 #[path = "bench/stats.rs"]
 #[allow(dead_code)]
 mod stats;
+#[path = "support/store_bench.rs"]
+mod store_bench;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,8 +33,8 @@ use changefeed::postgres::{
     OutboxTable, PostgresOutboxStore, PostgresWaker, PostgresWakerConfig, WakerState, connect,
     enqueue, migrate, setup_outbox,
 };
-use changefeed::relay::{Relay, RelayConfig};
-use relay_bench::{AGGREGATES, BATCH, Clock, LATENCY_SAMPLES, fail};
+use changefeed::relay::RelayConfig;
+use relay_bench::{AGGREGATES, BATCH, fail};
 use stats::Summary;
 use tokio_postgres::{Client, Config};
 
@@ -209,44 +211,19 @@ async fn bare_throughput(
 /// or by polling every [`POLL`] (no waker).
 async fn latency(config: &Config, table: &OutboxTable, notify: bool) -> Option<Summary> {
     reset(config, table).await;
-    let clock = Arc::new(Clock::default());
-    let relay_config = RelayConfig::default().poll_interval(if notify {
-        Duration::from_secs(60)
-    } else {
-        POLL
-    });
-    let relay = Relay::new(
-        PostgresOutboxStore::new(table.clone(), config.clone()),
-        Arc::clone(&clock),
-        relay_config,
-    )
-    .unwrap_or_else(|e| fail("relay", e));
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut waker_task = None;
-    if notify {
-        let waker = PostgresWaker::new(
-            config.clone(),
-            table.clone(),
-            relay.handle(),
-            PostgresWakerConfig::default(),
-        );
+    let waker = notify.then_some(async |handle, stop| {
+        let settings = PostgresWakerConfig::default();
+        let waker = PostgresWaker::new(config.clone(), table.clone(), handle, settings);
         let mut state = waker.state();
-        let mut stopped = stopped.clone();
-        waker_task = Some(tokio::spawn(waker.run(async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        })));
+        let task = tokio::spawn(waker.run(store_bench::stopped(stop)));
         let _ = state
             .wait_for(|s| matches!(s, WakerState::Listening { .. }))
             .await;
-    }
-    let mut relay_stopped = stopped.clone();
-    let relay_task = tokio::spawn(relay.run(async move {
-        let _ = relay_stopped.wait_for(|s| *s).await;
-    }));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+        task
+    });
     // Every commit on one connection, as before; the mutex only lends it to each commit.
     let writer = Arc::new(tokio::sync::Mutex::new(client(config).await));
-    let commits = relay_bench::spaced_commits(LATENCY_SAMPLES, |n| {
+    let commit = |n| {
         let writer = Arc::clone(&writer);
         async move {
             let mut writer = writer.lock().await;
@@ -261,18 +238,9 @@ async fn latency(config: &Config, table: &OutboxTable, notify: bool) -> Option<S
             tx.commit().await.unwrap_or_else(|e| fail("commit", e));
             e.id
         }
-    })
-    .await;
-    tokio::time::sleep(POLL * 3).await;
-    let _ = stop.send(true);
-    let _ = relay_task.await;
-    if let Some(task) = waker_task {
-        let _ = task.await;
-    }
-    let published = clock.0.lock().await.clone();
-    relay_bench::commit_to_publish(&commits, |id| {
-        published.iter().find(|(p, _)| *p == id).map(|(_, at)| *at)
-    })
+    };
+    let store = PostgresOutboxStore::new(table.clone(), config.clone());
+    store_bench::latency(store, POLL, waker, commit).await
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -315,10 +283,7 @@ async fn main() {
     for relays in [1, 4] {
         let relay = relay_throughput(&config, &table, messages, relays).await;
         let bare = bare_throughput(&config, &table, messages, relays).await;
-        let ratio = stats::ratio(relay, bare).unwrap_or(0.0);
-        println!("| {relays} relay(s), no-op publisher | {relay:.0} msg/s |");
-        println!("| {relays} bare SQL loop(s) | {bare:.0} msg/s |");
-        println!("| ratio relay / bare, {relays} | {ratio:.2} |");
+        store_bench::print_relay_and_bare(relays, relay, bare);
         if relays == 1 {
             let store = store_throughput(&config, &table, messages).await;
             let store_ratio = stats::ratio(store, bare).unwrap_or(0.0);
