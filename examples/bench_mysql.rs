@@ -58,12 +58,9 @@ async fn latency(db: &BenchDb, binlog: bool) -> Option<Summary> {
     let waker = binlog.then_some(async |handle, stop| {
         let config = BinlogWakerConfig::default();
         let waker = BinlogWaker::new(opts.clone(), table.clone(), handle, config);
-        let mut state = waker.state();
-        let task = tokio::spawn(waker.run(store_bench::stopped(stop)));
-        let _ = state
-            .wait_for(|s| matches!(s, WakerState::Following { .. }))
-            .await;
-        task
+        let state = waker.state();
+        let following = |s: &WakerState| matches!(s, WakerState::Following { .. });
+        store_bench::spawn_waker(state, following, waker.run(store_bench::stopped(stop))).await
     });
     // Every commit on one connection, as before; the mutex only lends it to each commit.
     let conn = pool.get_conn().await.unwrap_or_else(|e| fail("connect", e));

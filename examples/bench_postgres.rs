@@ -65,22 +65,27 @@ async fn fill(config: &Config, table: &OutboxTable, messages: usize) {
     }
 }
 
-/// Empties the outbox and refreshes its statistics, so every run starts alike.
-async fn reset(config: &Config, table: &OutboxTable) {
+/// Runs `sql` (statements named `what` in a failure) on a connection of its own.
+async fn execute(config: &Config, sql: &str, what: &str) {
     client(config)
         .await
-        .batch_execute(&format!("truncate table {table}; analyze {table}"))
+        .batch_execute(sql)
         .await
-        .unwrap_or_else(|e| fail("truncate", e));
+        .unwrap_or_else(|e| fail(what, changefeed::Error::from(e)));
 }
 
-/// After a fill: fresh statistics, as autovacuum would give a long-lived outbox.
-async fn analyze(config: &Config, table: &OutboxTable) {
-    client(config)
-        .await
-        .batch_execute(&format!("analyze {table}"))
-        .await
-        .unwrap_or_else(|e| fail("analyze", e));
+/// Empties the outbox and refreshes its statistics, so every run starts alike.
+async fn reset(config: &Config, table: &OutboxTable) {
+    let sql = format!("truncate table {table}; analyze {table}");
+    execute(config, &sql, "truncate").await;
+}
+
+/// An outbox of `messages` pending messages and no other row, with fresh statistics (as
+/// autovacuum would give a long-lived outbox).
+async fn refill(config: &Config, table: &OutboxTable, messages: usize) {
+    reset(config, table).await;
+    fill(config, table, messages).await;
+    execute(config, &format!("analyze {table}"), "analyze").await;
 }
 
 /// Messages per second through `relays` relays with a no-op publisher.
@@ -90,9 +95,7 @@ async fn relay_throughput(
     messages: usize,
     relays: usize,
 ) -> f64 {
-    reset(config, table).await;
-    fill(config, table, messages).await;
-    analyze(config, table).await;
+    refill(config, table, messages).await;
     relay_bench::relay_throughput(messages, relays, || {
         PostgresOutboxStore::new(table.clone(), config.clone())
     })
@@ -104,9 +107,7 @@ async fn relay_throughput(
 /// the bare loop into the store's round trips and decoding, and the relay's own work.
 async fn store_throughput(config: &Config, table: &OutboxTable, messages: usize) -> f64 {
     use changefeed::outbox::ClaimStore;
-    reset(config, table).await;
-    fill(config, table, messages).await;
-    analyze(config, table).await;
+    refill(config, table, messages).await;
     let mut store = PostgresOutboxStore::new(table.clone(), config.clone());
     let started = Instant::now();
     let mut done = 0usize;
@@ -182,9 +183,7 @@ async fn bare_throughput(
     messages: usize,
     loops: usize,
 ) -> f64 {
-    reset(config, table).await;
-    fill(config, table, messages).await;
-    analyze(config, table).await;
+    refill(config, table, messages).await;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..loops {
@@ -214,12 +213,9 @@ async fn latency(config: &Config, table: &OutboxTable, notify: bool) -> Option<S
     let waker = notify.then_some(async |handle, stop| {
         let settings = PostgresWakerConfig::default();
         let waker = PostgresWaker::new(config.clone(), table.clone(), handle, settings);
-        let mut state = waker.state();
-        let task = tokio::spawn(waker.run(store_bench::stopped(stop)));
-        let _ = state
-            .wait_for(|s| matches!(s, WakerState::Listening { .. }))
-            .await;
-        task
+        let state = waker.state();
+        let listening = |s: &WakerState| matches!(s, WakerState::Listening { .. });
+        store_bench::spawn_waker(state, listening, waker.run(store_bench::stopped(stop))).await
     });
     // Every commit on one connection, as before; the mutex only lends it to each commit.
     let writer = Arc::new(tokio::sync::Mutex::new(client(config).await));

@@ -22,6 +22,18 @@ pub async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|stopped| *stopped).await;
 }
 
+/// Spawns a waker's `run` and waits until its `state` says it follows its source (`awake`);
+/// returns its task.
+pub async fn spawn_waker<St>(
+    mut state: watch::Receiver<St>,
+    awake: impl Fn(&St) -> bool,
+    run: impl Future<Output = ()> + Send + 'static,
+) -> JoinHandle<()> {
+    let task = tokio::spawn(run);
+    let _ = state.wait_for(awake).await;
+    task
+}
+
 /// Commit-to-publish latencies of [`LATENCY_SAMPLES`] single-message commits (`commit(n)`
 /// commits message `n` and returns its id) to a relay over `store` that polls every `poll`;
 /// or, with `waker`, that polls every [`WOKEN_POLL`] and is woken by the store's waker:
