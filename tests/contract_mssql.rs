@@ -24,7 +24,6 @@ use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
 use claim_contract::{ContractDb, OpenEnqueue};
 use common::claims::id_list;
 use common::{TestDb, enqueue_committed, exec, scalar_i64};
-use tokio::sync::oneshot;
 
 /// The outbox every scenario works on, in its own database.
 const TABLE: &str = "dbo.outbox";
@@ -111,9 +110,7 @@ impl ContractDb for Outbox {
     async fn enqueue_open(&self, message: NewMessage) -> OpenEnqueue {
         let mut client = self.client().await;
         let outbox = self.outbox.clone();
-        let (inserted, inserted_rx) = oneshot::channel();
-        let (finish, finish_rx) = oneshot::channel::<bool>();
-        let done = tokio::spawn(async move {
+        OpenEnqueue::spawn(|handover| async move {
             exec(&mut client, "begin transaction;").await.unwrap();
             let row = outbox.enqueue(&mut client, &message).await.unwrap();
             let own = scalar_i64(
@@ -121,16 +118,13 @@ impl ContractDb for Outbox {
                 &format!("select count_big(*) from {TABLE} where id = {};", row.id),
             )
             .await;
-            assert_eq!(own, 1, "the transaction sees its own enqueue");
-            let _ = inserted.send(row);
-            let end = if finish_rx.await.unwrap_or(false) {
+            let end = if handover.commit_when_told(row, own).await {
                 "commit transaction;"
             } else {
                 "rollback transaction;"
             };
             exec(&mut client, end).await.unwrap();
-        });
-        OpenEnqueue::new(inserted_rx, finish, done)
+        })
     }
 
     async fn state(&self, id: i64) -> (i64, i64) {

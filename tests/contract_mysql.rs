@@ -17,7 +17,6 @@ use changefeed::outbox::{Enqueued, NewMessage};
 use claim_contract::{ContractDb, OpenEnqueue};
 use common_mysql::{TestDb, database};
 use mysql_async::prelude::Queryable;
-use tokio::sync::oneshot;
 
 /// The outbox `outbox` of a test database, for the contract.
 struct Outbox {
@@ -40,9 +39,7 @@ impl ContractDb for Outbox {
     async fn enqueue_open(&self, message: NewMessage) -> OpenEnqueue {
         let mut conn = self.db.conn().await;
         let table: OutboxTable = TABLE.parse().unwrap();
-        let (inserted, inserted_rx) = oneshot::channel();
-        let (finish, finish_rx) = oneshot::channel::<bool>();
-        let done = tokio::spawn(async move {
+        OpenEnqueue::spawn(|handover| async move {
             let mut tx = conn.start_transaction(Default::default()).await.unwrap();
             let row = enqueue(&mut tx, &table, &message).await.unwrap();
             let own: Option<i64> = tx
@@ -52,15 +49,12 @@ impl ContractDb for Outbox {
                 )
                 .await
                 .unwrap();
-            assert_eq!(own, Some(1), "the transaction sees its own enqueue");
-            let _ = inserted.send(row);
-            if finish_rx.await.unwrap_or(false) {
+            if handover.commit_when_told(row, own.unwrap_or(0)).await {
                 tx.commit().await.unwrap();
             } else {
                 tx.rollback().await.unwrap();
             }
-        });
-        OpenEnqueue::new(inserted_rx, finish, done)
+        })
     }
 
     async fn state(&self, id: i64) -> (i64, i64) {

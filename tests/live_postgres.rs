@@ -28,7 +28,7 @@ use claim_contract::wake::{self, Kinds, WokenRelay};
 use claim_contract::{ContractDb, OpenEnqueue, message_of};
 use common_postgres::{TestDb, database};
 use futures::StreamExt;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 
 /// One outbox of a test database, for the contract.
 struct Outbox {
@@ -59,28 +59,17 @@ impl ContractDb for Outbox {
     async fn enqueue_open(&self, message: NewMessage) -> OpenEnqueue {
         let mut client = self.db.client().await;
         let table: OutboxTable = self.table.parse().unwrap();
-        let (inserted, inserted_rx) = oneshot::channel();
-        let (finish, finish_rx) = oneshot::channel::<bool>();
-        let done = tokio::spawn(async move {
+        OpenEnqueue::spawn(|handover| async move {
             let tx = client.transaction().await.unwrap();
             let row = enqueue(&tx, &table, &message).await.unwrap();
-            let own: i64 = tx
-                .query_one(
-                    &format!("select count(*) from {table} where id = $1"),
-                    &[&row.id],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            assert_eq!(own, 1, "the transaction sees its own enqueue");
-            let _ = inserted.send(row);
-            if finish_rx.await.unwrap_or(false) {
+            let sql = format!("select count(*) from {table} where id = $1");
+            let own: i64 = tx.query_one(&sql, &[&row.id]).await.unwrap().get(0);
+            if handover.commit_when_told(row, own).await {
                 tx.commit().await.unwrap();
             } else {
                 tx.rollback().await.unwrap();
             }
-        });
-        OpenEnqueue::new(inserted_rx, finish, done)
+        })
     }
 
     async fn state(&self, id: i64) -> (i64, i64) {

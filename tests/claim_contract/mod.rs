@@ -86,19 +86,42 @@ pub struct OpenEnqueue {
     done: tokio::task::JoinHandle<()>,
 }
 
+/// The enqueuing task's end of an [`OpenEnqueue`].
+pub struct Handover {
+    inserted: oneshot::Sender<Enqueued>,
+    finish: oneshot::Receiver<bool>,
+}
+
+impl Handover {
+    /// Hands the enqueued `row` to the test, once the transaction counted it `own_count`
+    /// times itself (it must see its own enqueue: once), and waits for the test's word:
+    /// `true` to commit, `false` (or the [`OpenEnqueue`] dropped) to roll back.
+    pub async fn commit_when_told(self, row: Enqueued, own_count: i64) -> bool {
+        assert_eq!(own_count, 1, "the transaction sees its own enqueue");
+        let _ = self.inserted.send(row);
+        self.finish.await.unwrap_or(false)
+    }
+}
+
 impl OpenEnqueue {
-    /// Wraps the task of a store's harness: it sends the enqueued row on `inserted` once
-    /// the insert returned (and the transaction saw its own row), then commits on `true` from `finish` and rolls back on `false`
-    /// (or when the sender is dropped).
-    pub fn new(
-        inserted: oneshot::Receiver<Enqueued>,
-        finish: oneshot::Sender<bool>,
-        done: tokio::task::JoinHandle<()>,
-    ) -> Self {
-        OpenEnqueue {
+    /// Spawns the task `transaction` makes of a [`Handover`]: a store's harness begins a
+    /// transaction on a connection of its own, enqueues, hands the row over with
+    /// [`Handover::commit_when_told`], then commits or rolls back as told.
+    pub fn spawn<F, T>(transaction: F) -> Self
+    where
+        F: FnOnce(Handover) -> T,
+        T: Future<Output = ()> + Send + 'static,
+    {
+        let (inserted, inserted_rx) = oneshot::channel();
+        let (finish, finish_rx) = oneshot::channel();
+        let handover = Handover {
             inserted,
+            finish: finish_rx,
+        };
+        OpenEnqueue {
+            inserted: inserted_rx,
             finish,
-            done,
+            done: tokio::spawn(transaction(handover)),
         }
     }
 
