@@ -26,7 +26,7 @@ use changefeed::Error;
 use changefeed::mysql::{
     BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, OutboxTable, WakerState, enqueue,
 };
-use changefeed::outbox::{ClaimStore, Claimed, Enqueued, Failed, NewMessage};
+use changefeed::outbox::{ClaimStore, Claimed, Enqueued, Failed, NewMessage, UndecodableMessage};
 use changefeed::relay::{Relay, RelayConfig};
 use claim_contract::wake::{self, Kinds, WokenRelay};
 use claim_contract::{DEAD, HELD, Recorder, claim, ids, message_of, token_of};
@@ -84,6 +84,28 @@ fn config_error<T: std::fmt::Debug>(result: changefeed::Result<T>, needle: &str)
         Err(Error::Config(message)) => assert!(message.contains(needle), "{message}"),
         other => panic!("expected a configuration error about {needle}, got {other:?}"),
     }
+}
+
+/// The undecodable row `row` is, handed over with its `message_id` "odd" and an error that
+/// names `column`.
+#[track_caller]
+fn undecodable<'a>(row: &'a Claimed, column: &str) -> &'a UndecodableMessage {
+    match row {
+        Claimed::Undecodable(odd) => {
+            assert_eq!(odd.message_id.as_deref(), Some("odd"));
+            assert!(odd.error.contains(column), "{}", odd.error);
+            odd
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// How many messages one pass of a relay (default settings: a batch of 100) over `store`
+/// published.
+async fn published_in_one_pass(store: MysqlOutboxStore) -> usize {
+    let recorder = Arc::new(Recorder::default());
+    let mut relay = Relay::new(store, recorder, RelayConfig::default()).unwrap();
+    relay.run_once().await.unwrap().published
 }
 
 // ------------------------------------------------------------------------------------------
@@ -379,26 +401,12 @@ async fn an_undecodable_row_is_handed_over_and_the_relay_marks_it_dead() {
     let rows = store.claim(10, HELD).await.unwrap();
     assert_eq!(rows.len(), 2);
     assert!(matches!(&rows[0], Claimed::Message(m) if m.id == e[0].id));
-    match &rows[1] {
-        Claimed::Undecodable(odd) => {
-            assert_eq!(odd.message_id.as_deref(), Some("odd"));
-            assert_eq!(odd.headers.as_deref(), Some("[1, 2]"));
-            assert!(odd.error.contains("headers"), "{}", odd.error);
-        }
-        other => panic!("{other:?}"),
-    }
+    let odd = undecodable(&rows[1], "headers");
+    assert_eq!(odd.headers.as_deref(), Some("[1, 2]"));
     // A relay dead-letters such a row and publishes the rest.
     db.sql("update outbox_odd set status = 0, claim_token = null")
         .await;
-    let publisher = Arc::new(Recorder::default());
-    let mut relay = Relay::new(
-        db.store("outbox_odd"),
-        Arc::clone(&publisher),
-        RelayConfig::default(),
-    )
-    .unwrap();
-    let report = relay.run_once().await.unwrap();
-    assert_eq!(report.published, 1);
+    assert_eq!(published_in_one_pass(db.store("outbox_odd")).await, 1);
     assert_eq!(
         db.count("outbox_odd", "status = 4 and message_id = 'odd'")
             .await,
@@ -710,15 +718,7 @@ async fn a_row_that_breaks_a_check_constraint_is_marked_dead_and_the_rest_flows(
     .await;
     let others: Vec<NewMessage> = (0..21).map(|i| message_of(&format!("c-{i}"), i)).collect();
     db.enqueue_committed("outbox_check", &others).await;
-    let recorder = Arc::new(Recorder::default());
-    let mut relay = Relay::new(
-        db.store("outbox_check"),
-        Arc::clone(&recorder),
-        RelayConfig::default().batch_size(100),
-    )
-    .unwrap();
-    let report = relay.run_once().await.unwrap();
-    assert_eq!(report.published, 21);
+    assert_eq!(published_in_one_pass(db.store("outbox_check")).await, 21);
     let bad: i64 = db
         .scalar("select id from outbox_check where message_id = 'bad'")
         .await;
@@ -750,15 +750,7 @@ async fn a_row_larger_than_the_relays_packet_is_isolated_and_the_rest_flows() {
         .max_allowed_packet(Some(1 << 20))
         .into();
     let store = MysqlOutboxStore::new(table("outbox_big"), small_packets);
-    let recorder = Arc::new(Recorder::default());
-    let mut relay = Relay::new(
-        store,
-        Arc::clone(&recorder),
-        RelayConfig::default().batch_size(100),
-    )
-    .unwrap();
-    let report = relay.run_once().await.unwrap();
-    assert_eq!(report.published, 20);
+    assert_eq!(published_in_one_pass(store).await, 20);
     let state = row_state(&db, "outbox_big", big_id).await;
     assert_eq!(state.status, DEAD, "{state:?}");
     let error = state.last_error.unwrap();
@@ -794,14 +786,8 @@ async fn a_column_that_does_not_decode_makes_the_row_undecodable() {
         .await;
     let rows = store.claim(10, HELD).await.unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
-    match &rows[0] {
-        Claimed::Undecodable(odd) => {
-            assert_eq!(odd.message_id.as_deref(), Some("odd"));
-            assert_eq!(odd.payload.as_deref(), Some("{}"));
-            assert!(odd.error.contains("trace_id"), "{}", odd.error);
-        }
-        other => panic!("{other:?}"),
-    }
+    let odd = undecodable(&rows[0], "trace_id");
+    assert_eq!(odd.payload.as_deref(), Some("{}"));
     assert!(matches!(&rows[1], Claimed::Message(m) if m.id == good[0].id));
 }
 
