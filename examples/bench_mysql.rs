@@ -55,12 +55,12 @@ async fn relay_throughput(db: &BenchDb, messages: usize, relays: usize) -> f64 {
 async fn latency(db: &BenchDb, binlog: bool) -> Option<Summary> {
     let (pool, opts, table) = (&db.pool, &db.opts, &db.table);
     db.reset().await;
-    let waker = binlog.then_some(async |handle, stop| {
+    let waker = binlog.then_some(|handle, stop| {
         let config = BinlogWakerConfig::default();
         let waker = BinlogWaker::new(opts.clone(), table.clone(), handle, config);
         let state = waker.state();
         let following = |s: &WakerState| matches!(s, WakerState::Following { .. });
-        store_bench::spawn_waker(state, following, waker.run(store_bench::stopped(stop))).await
+        store_bench::spawn_waker(state, following, waker.run(store_bench::stopped(stop)))
     });
     // Every commit on one connection, as before; the mutex only lends it to each commit.
     let conn = pool.get_conn().await.unwrap_or_else(|e| fail("connect", e));

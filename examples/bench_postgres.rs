@@ -210,12 +210,12 @@ async fn bare_throughput(
 /// or by polling every [`POLL`] (no waker).
 async fn latency(config: &Config, table: &OutboxTable, notify: bool) -> Option<Summary> {
     reset(config, table).await;
-    let waker = notify.then_some(async |handle, stop| {
+    let waker = notify.then_some(|handle, stop| {
         let settings = PostgresWakerConfig::default();
         let waker = PostgresWaker::new(config.clone(), table.clone(), handle, settings);
         let state = waker.state();
         let listening = |s: &WakerState| matches!(s, WakerState::Listening { .. });
-        store_bench::spawn_waker(state, listening, waker.run(store_bench::stopped(stop))).await
+        store_bench::spawn_waker(state, listening, waker.run(store_bench::stopped(stop)))
     });
     // Every commit on one connection, as before; the mutex only lends it to each commit.
     let writer = Arc::new(tokio::sync::Mutex::new(client(config).await));
