@@ -25,15 +25,16 @@ mod server;
 #[path = "bench/stats.rs"]
 #[allow(dead_code)]
 mod stats;
+#[path = "support/store_bench.rs"]
+mod store_bench;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore};
+use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, WakerState};
 use changefeed::outbox::NewMessage;
-use changefeed::relay::{Relay, RelayConfig};
 use mysql_bench::BenchDb;
-use relay_bench::{AGGREGATES, BATCH, Clock, LATENCY_SAMPLES, fail};
+use relay_bench::{AGGREGATES, BATCH, fail};
 use stats::Summary;
 
 /// The polling relay's interval in the latency comparison.
@@ -54,63 +55,26 @@ async fn relay_throughput(db: &BenchDb, messages: usize, relays: usize) -> f64 {
 async fn latency(db: &BenchDb, binlog: bool) -> Option<Summary> {
     let (pool, opts, table) = (&db.pool, &db.opts, &db.table);
     db.reset().await;
-    let clock = Arc::new(Clock::default());
-    let config = RelayConfig::default().poll_interval(if binlog {
-        Duration::from_secs(60)
-    } else {
-        POLL
+    let waker = binlog.then_some(|handle, stop| {
+        let config = BinlogWakerConfig::default();
+        let waker = BinlogWaker::new(opts.clone(), table.clone(), handle, config);
+        let state = waker.state();
+        let following = |s: &WakerState| matches!(s, WakerState::Following { .. });
+        store_bench::spawn_waker(state, following, waker.run(store_bench::stopped(stop)))
     });
-    let relay = Relay::new(
-        MysqlOutboxStore::new(table.clone(), opts.clone()),
-        Arc::clone(&clock),
-        config,
-    )
-    .unwrap_or_else(|e| fail("relay", e));
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut waker_task = None;
-    if binlog {
-        let waker = BinlogWaker::new(
-            opts.clone(),
-            table.clone(),
-            relay.handle(),
-            BinlogWakerConfig::default(),
-        );
-        let mut state = waker.state();
-        let mut stopped = stopped.clone();
-        waker_task = Some(tokio::spawn(waker.run(async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        })));
-        let _ = state
-            .wait_for(|s| matches!(s, changefeed::mysql::WakerState::Following { .. }))
-            .await;
-    }
-    let mut relay_stopped = stopped.clone();
-    let relay_task = tokio::spawn(relay.run(async move {
-        let _ = relay_stopped.wait_for(|s| *s).await;
-    }));
-    tokio::time::sleep(Duration::from_millis(100)).await;
     // Every commit on one connection, as before; the mutex only lends it to each commit.
     let conn = pool.get_conn().await.unwrap_or_else(|e| fail("connect", e));
     let conn = Arc::new(tokio::sync::Mutex::new(conn));
-    let commits = relay_bench::spaced_commits(LATENCY_SAMPLES, |n| {
+    let commit = |n| {
         let conn = Arc::clone(&conn);
         async move {
             let mut conn = conn.lock().await;
             let message = NewMessage::new("latency", serde_json::json!({ "n": n }));
             db.commit_one(&mut conn, &message).await
         }
-    })
-    .await;
-    tokio::time::sleep(POLL * 3).await;
-    let _ = stop.send(true);
-    let _ = relay_task.await;
-    if let Some(task) = waker_task {
-        let _ = task.await;
-    }
-    let published = clock.0.lock().await.clone();
-    relay_bench::commit_to_publish(&commits, |id| {
-        published.iter().find(|(p, _)| *p == id).map(|(_, at)| *at)
-    })
+    };
+    let store = MysqlOutboxStore::new(table.clone(), opts.clone());
+    store_bench::latency(store, POLL, waker, commit).await
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -128,10 +92,7 @@ async fn main() {
     for relays in [1, 4] {
         let relay = relay_throughput(&db, messages, relays).await;
         let bare = db.bare_throughput(messages, relays).await;
-        let ratio = stats::ratio(relay, bare).unwrap_or(0.0);
-        println!("| {relays} relay(s), no-op publisher | {relay:.0} msg/s |");
-        println!("| {relays} bare SQL loop(s) | {bare:.0} msg/s |");
-        println!("| ratio relay / bare, {relays} | {ratio:.2} |");
+        store_bench::print_relay_and_bare(relays, relay, bare);
     }
     for (name, binlog) in [("binlog wake", true), ("polling every 100 ms", false)] {
         let cell = relay_bench::latency_cell(latency(&db, binlog).await, "nothing published");

@@ -22,6 +22,8 @@ mod server;
 #[path = "bench/stats.rs"]
 #[allow(dead_code)]
 mod stats;
+#[path = "support/store_bench.rs"]
+mod store_bench;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,8 +33,8 @@ use changefeed::postgres::{
     OutboxTable, PostgresOutboxStore, PostgresWaker, PostgresWakerConfig, WakerState, connect,
     enqueue, migrate, setup_outbox,
 };
-use changefeed::relay::{Relay, RelayConfig};
-use relay_bench::{AGGREGATES, BATCH, Clock, LATENCY_SAMPLES, fail};
+use changefeed::relay::RelayConfig;
+use relay_bench::{AGGREGATES, BATCH, fail};
 use stats::Summary;
 use tokio_postgres::{Client, Config};
 
@@ -63,22 +65,27 @@ async fn fill(config: &Config, table: &OutboxTable, messages: usize) {
     }
 }
 
-/// Empties the outbox and refreshes its statistics, so every run starts alike.
-async fn reset(config: &Config, table: &OutboxTable) {
+/// Runs `sql` (statements named `what` in a failure) on a connection of its own.
+async fn execute(config: &Config, sql: &str, what: &str) {
     client(config)
         .await
-        .batch_execute(&format!("truncate table {table}; analyze {table}"))
+        .batch_execute(sql)
         .await
-        .unwrap_or_else(|e| fail("truncate", e));
+        .unwrap_or_else(|e| fail(what, changefeed::Error::from(e)));
 }
 
-/// After a fill: fresh statistics, as autovacuum would give a long-lived outbox.
-async fn analyze(config: &Config, table: &OutboxTable) {
-    client(config)
-        .await
-        .batch_execute(&format!("analyze {table}"))
-        .await
-        .unwrap_or_else(|e| fail("analyze", e));
+/// Empties the outbox and refreshes its statistics, so every run starts alike.
+async fn reset(config: &Config, table: &OutboxTable) {
+    let sql = format!("truncate table {table}; analyze {table}");
+    execute(config, &sql, "truncate").await;
+}
+
+/// An outbox of `messages` pending messages and no other row, with fresh statistics (as
+/// autovacuum would give a long-lived outbox).
+async fn refill(config: &Config, table: &OutboxTable, messages: usize) {
+    reset(config, table).await;
+    fill(config, table, messages).await;
+    execute(config, &format!("analyze {table}"), "analyze").await;
 }
 
 /// Messages per second through `relays` relays with a no-op publisher.
@@ -88,9 +95,7 @@ async fn relay_throughput(
     messages: usize,
     relays: usize,
 ) -> f64 {
-    reset(config, table).await;
-    fill(config, table, messages).await;
-    analyze(config, table).await;
+    refill(config, table, messages).await;
     relay_bench::relay_throughput(messages, relays, || {
         PostgresOutboxStore::new(table.clone(), config.clone())
     })
@@ -102,9 +107,7 @@ async fn relay_throughput(
 /// the bare loop into the store's round trips and decoding, and the relay's own work.
 async fn store_throughput(config: &Config, table: &OutboxTable, messages: usize) -> f64 {
     use changefeed::outbox::ClaimStore;
-    reset(config, table).await;
-    fill(config, table, messages).await;
-    analyze(config, table).await;
+    refill(config, table, messages).await;
     let mut store = PostgresOutboxStore::new(table.clone(), config.clone());
     let started = Instant::now();
     let mut done = 0usize;
@@ -180,9 +183,7 @@ async fn bare_throughput(
     messages: usize,
     loops: usize,
 ) -> f64 {
-    reset(config, table).await;
-    fill(config, table, messages).await;
-    analyze(config, table).await;
+    refill(config, table, messages).await;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..loops {
@@ -209,44 +210,16 @@ async fn bare_throughput(
 /// or by polling every [`POLL`] (no waker).
 async fn latency(config: &Config, table: &OutboxTable, notify: bool) -> Option<Summary> {
     reset(config, table).await;
-    let clock = Arc::new(Clock::default());
-    let relay_config = RelayConfig::default().poll_interval(if notify {
-        Duration::from_secs(60)
-    } else {
-        POLL
+    let waker = notify.then_some(|handle, stop| {
+        let settings = PostgresWakerConfig::default();
+        let waker = PostgresWaker::new(config.clone(), table.clone(), handle, settings);
+        let state = waker.state();
+        let listening = |s: &WakerState| matches!(s, WakerState::Listening { .. });
+        store_bench::spawn_waker(state, listening, waker.run(store_bench::stopped(stop)))
     });
-    let relay = Relay::new(
-        PostgresOutboxStore::new(table.clone(), config.clone()),
-        Arc::clone(&clock),
-        relay_config,
-    )
-    .unwrap_or_else(|e| fail("relay", e));
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut waker_task = None;
-    if notify {
-        let waker = PostgresWaker::new(
-            config.clone(),
-            table.clone(),
-            relay.handle(),
-            PostgresWakerConfig::default(),
-        );
-        let mut state = waker.state();
-        let mut stopped = stopped.clone();
-        waker_task = Some(tokio::spawn(waker.run(async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        })));
-        let _ = state
-            .wait_for(|s| matches!(s, WakerState::Listening { .. }))
-            .await;
-    }
-    let mut relay_stopped = stopped.clone();
-    let relay_task = tokio::spawn(relay.run(async move {
-        let _ = relay_stopped.wait_for(|s| *s).await;
-    }));
-    tokio::time::sleep(Duration::from_millis(100)).await;
     // Every commit on one connection, as before; the mutex only lends it to each commit.
     let writer = Arc::new(tokio::sync::Mutex::new(client(config).await));
-    let commits = relay_bench::spaced_commits(LATENCY_SAMPLES, |n| {
+    let commit = |n| {
         let writer = Arc::clone(&writer);
         async move {
             let mut writer = writer.lock().await;
@@ -261,18 +234,9 @@ async fn latency(config: &Config, table: &OutboxTable, notify: bool) -> Option<S
             tx.commit().await.unwrap_or_else(|e| fail("commit", e));
             e.id
         }
-    })
-    .await;
-    tokio::time::sleep(POLL * 3).await;
-    let _ = stop.send(true);
-    let _ = relay_task.await;
-    if let Some(task) = waker_task {
-        let _ = task.await;
-    }
-    let published = clock.0.lock().await.clone();
-    relay_bench::commit_to_publish(&commits, |id| {
-        published.iter().find(|(p, _)| *p == id).map(|(_, at)| *at)
-    })
+    };
+    let store = PostgresOutboxStore::new(table.clone(), config.clone());
+    store_bench::latency(store, POLL, waker, commit).await
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -315,10 +279,7 @@ async fn main() {
     for relays in [1, 4] {
         let relay = relay_throughput(&config, &table, messages, relays).await;
         let bare = bare_throughput(&config, &table, messages, relays).await;
-        let ratio = stats::ratio(relay, bare).unwrap_or(0.0);
-        println!("| {relays} relay(s), no-op publisher | {relay:.0} msg/s |");
-        println!("| {relays} bare SQL loop(s) | {bare:.0} msg/s |");
-        println!("| ratio relay / bare, {relays} | {ratio:.2} |");
+        store_bench::print_relay_and_bare(relays, relay, bare);
         if relays == 1 {
             let store = store_throughput(&config, &table, messages).await;
             let store_ratio = stats::ratio(store, bare).unwrap_or(0.0);

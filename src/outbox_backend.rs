@@ -1,29 +1,36 @@
 //! What the claim-outbox stores over MariaDB/MySQL ([`crate::mysql`]) and PostgreSQL
 //! ([`crate::postgres`]) share, written once: the time bound on a call, the stored form
-//! of a new message, the batching of a purge, and the polling fallback of their wakers.
+//! of a new message, the batching of a purge, and the loop of their wakers (follow the
+//! source, fall back to polling).
 //! Their argument ranges are [`crate::claim_limits`]. This module imports neither store.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tokio::time::{Instant, sleep_until};
 
 use crate::error::{Error, Result, decode_error};
 use crate::outbox::NewMessage;
 use crate::relay::RelayHandle;
 
-/// `call`, failing as an [`Error::Connection`] (transient) with the message `overran`
-/// after `limit`: a silent server or network must not hold the caller for ever, and the
-/// connection the call used is not to be trusted after that.
-pub(crate) async fn within<T>(
+/// Runs `call` (a call to `server` named `what`) for at most `limit`. Past it the call is
+/// abandoned and an [`Error::Connection`] (transient) says so: a silent server or network
+/// must not hold the caller for ever, and the connection the call used is in an unknown
+/// state, to be dropped by the caller and never used again.
+pub(crate) async fn bounded<T>(
+    server: &str,
     limit: Duration,
+    what: &str,
     call: impl Future<Output = Result<T>>,
-    overran: impl FnOnce() -> String,
 ) -> Result<T> {
     match tokio::time::timeout(limit, call).await {
         Ok(result) => result,
-        Err(_) => Err(Error::Connection(overran())),
+        Err(_) => Err(Error::Connection(format!(
+            "{server}: {what} did not answer within {limit:?} (server stopped, overloaded \
+             or unreachable); the connection was dropped"
+        ))),
     }
 }
 
@@ -54,18 +61,70 @@ pub(crate) fn headers_json(message: &NewMessage) -> Result<Option<String>> {
         .map_err(|e| decode_error("headers", e))
 }
 
+/// Runs a purge's batches: `delete(take)` deletes up to `take` done rows (one statement,
+/// its own transaction) and returns how many went. Batches go on until one deletes fewer
+/// than it was given (nothing old is left) or `max_rows` rows went. Returns how many went in
+/// all; an error stops the purge (the batches before it stay deleted).
+pub(crate) async fn purge_in_batches(
+    batch_size: u32,
+    max_rows: Option<u64>,
+    mut delete: impl AsyncFnMut(u64) -> Result<u64>,
+) -> Result<u64> {
+    let mut deleted = 0u64;
+    loop {
+        let take = purge_batch(batch_size, max_rows, deleted);
+        if take == 0 {
+            return Ok(deleted);
+        }
+        let count = delete(take).await?;
+        deleted += count;
+        if count < take {
+            return Ok(deleted);
+        }
+    }
+}
+
 /// How many rows the next batch of a purge deletes, `deleted` rows into it: `batch_size`,
 /// or what is left of `max_rows` if that is less (0: the purge is over).
-pub(crate) fn purge_batch(batch_size: u32, max_rows: Option<u64>, deleted: u64) -> u64 {
+fn purge_batch(batch_size: u32, max_rows: Option<u64>, deleted: u64) -> u64 {
     max_rows.map_or(u64::from(batch_size), |max| {
         (max - deleted).min(u64::from(batch_size))
     })
 }
 
+/// What a waker does until `shutdown` completes: `follow(&mut source)` follows its source
+/// (the binlog, LISTEN; `source` is the waker and, for the binlog, where to resume, which
+/// `follow` keeps up to date) and wakes the relay on each commit, and returns why it
+/// stopped; then `polling(reason)` reports the fallback (the waker's state, its log line
+/// and metric), and the relay is polled (see [`poll_until_reconnect`]) until it is time to
+/// follow again. (`follow`'s future is boxed so that the waker's `run` stays `Send`.)
+pub(crate) async fn follow_or_poll<S>(
+    handle: &RelayHandle,
+    fallback_poll: Duration,
+    reconnect_delay: Duration,
+    shutdown: impl Future<Output = ()>,
+    mut source: S,
+    follow: impl for<'a> Fn(&'a mut S) -> BoxFuture<'a, String>,
+    polling: impl Fn(String),
+) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let reason = tokio::select! {
+            biased;
+            () = shutdown.as_mut() => return,
+            reason = follow(&mut source) => reason,
+        };
+        polling(reason);
+        if !poll_until_reconnect(handle, fallback_poll, reconnect_delay, shutdown.as_mut()).await {
+            return;
+        }
+    }
+}
+
 /// A waker that cannot follow its source (the binlog, LISTEN) wakes the relay at once (rows
 /// may have been committed meanwhile), then every `fallback_poll` until `reconnect_delay`
 /// has passed, when it tries its source again. Returns `false` if `shutdown` came first.
-pub(crate) async fn poll_until_reconnect<F: Future<Output = ()>>(
+async fn poll_until_reconnect<F: Future<Output = ()>>(
     handle: &RelayHandle,
     fallback_poll: Duration,
     reconnect_delay: Duration,

@@ -24,7 +24,6 @@ use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
 use claim_contract::{ContractDb, OpenEnqueue};
 use common::claims::id_list;
 use common::{TestDb, enqueue_committed, exec, scalar_i64};
-use tokio::sync::oneshot;
 
 /// The outbox every scenario works on, in its own database.
 const TABLE: &str = "dbo.outbox";
@@ -111,9 +110,7 @@ impl ContractDb for Outbox {
     async fn enqueue_open(&self, message: NewMessage) -> OpenEnqueue {
         let mut client = self.client().await;
         let outbox = self.outbox.clone();
-        let (inserted, inserted_rx) = oneshot::channel();
-        let (finish, finish_rx) = oneshot::channel::<bool>();
-        let done = tokio::spawn(async move {
+        OpenEnqueue::spawn(|handover| async move {
             exec(&mut client, "begin transaction;").await.unwrap();
             let row = outbox.enqueue(&mut client, &message).await.unwrap();
             let own = scalar_i64(
@@ -121,16 +118,13 @@ impl ContractDb for Outbox {
                 &format!("select count_big(*) from {TABLE} where id = {};", row.id),
             )
             .await;
-            assert_eq!(own, 1, "the transaction sees its own enqueue");
-            let _ = inserted.send(row);
-            let end = if finish_rx.await.unwrap_or(false) {
+            let end = if handover.commit_when_told(row, own).await {
                 "commit transaction;"
             } else {
                 "rollback transaction;"
             };
             exec(&mut client, end).await.unwrap();
-        });
-        OpenEnqueue::new(inserted_rx, finish, done)
+        })
     }
 
     async fn state(&self, id: i64) -> (i64, i64) {
@@ -182,30 +176,16 @@ impl ContractDb for Outbox {
     }
 }
 
-macro_rules! contract {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        #[ignore = "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker"]
-        async fn $name() {
-            common::under_both_isolations(
-                concat!("contract_", stringify!($name)),
-                async |db: &TestDb| claim_contract::$name(&Outbox::new(db).await).await,
-            )
-            .await;
-        }
-    )*};
+/// Runs a contract scenario under both READ_COMMITTED_SNAPSHOT settings, each time on the
+/// outbox of a fresh database of its own.
+async fn under_both_isolations(test: &str, scenario: impl AsyncFn(&Outbox)) {
+    common::under_both_isolations(&format!("contract_{test}"), async |db: &TestDb| {
+        scenario(&Outbox::new(db).await).await
+    })
+    .await;
 }
 
-contract!(
-    enqueue_is_transactional_and_idempotent,
-    head_of_aggregate_with_refill,
-    six_claimers_share_thirty_aggregates,
-    fifty_claimers_on_one_aggregate,
-    reaper_and_fenced_acknowledgements,
-    a_claim_expires_by_its_holders_timeout,
-    retry_requeue_and_dead,
-    purge_deletes_only_old_done_rows,
-    unicode_and_one_megabyte_payloads_round_trip,
-    an_open_enqueue_delays_only_its_aggregate,
-    a_relay_killed_mid_batch_loses_nothing,
+claim_contract::contract_tests!(
+    "needs SQL Server: set CHANGEFEED_TEST_MSSQL or run Docker",
+    under_both_isolations
 );

@@ -17,7 +17,6 @@ use changefeed::outbox::{Enqueued, NewMessage};
 use claim_contract::{ContractDb, OpenEnqueue};
 use common_mysql::{TestDb, database};
 use mysql_async::prelude::Queryable;
-use tokio::sync::oneshot;
 
 /// The outbox `outbox` of a test database, for the contract.
 struct Outbox {
@@ -40,9 +39,7 @@ impl ContractDb for Outbox {
     async fn enqueue_open(&self, message: NewMessage) -> OpenEnqueue {
         let mut conn = self.db.conn().await;
         let table: OutboxTable = TABLE.parse().unwrap();
-        let (inserted, inserted_rx) = oneshot::channel();
-        let (finish, finish_rx) = oneshot::channel::<bool>();
-        let done = tokio::spawn(async move {
+        OpenEnqueue::spawn(|handover| async move {
             let mut tx = conn.start_transaction(Default::default()).await.unwrap();
             let row = enqueue(&mut tx, &table, &message).await.unwrap();
             let own: Option<i64> = tx
@@ -52,15 +49,12 @@ impl ContractDb for Outbox {
                 )
                 .await
                 .unwrap();
-            assert_eq!(own, Some(1), "the transaction sees its own enqueue");
-            let _ = inserted.send(row);
-            if finish_rx.await.unwrap_or(false) {
+            if handover.commit_when_told(row, own.unwrap_or(0)).await {
                 tx.commit().await.unwrap();
             } else {
                 tx.rollback().await.unwrap();
             }
-        });
-        OpenEnqueue::new(inserted_rx, finish, done)
+        })
     }
 
     async fn state(&self, id: i64) -> (i64, i64) {
@@ -105,29 +99,14 @@ impl ContractDb for Outbox {
     }
 }
 
-macro_rules! contract {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
-        async fn $name() {
-            let db = database(concat!("contract_", stringify!($name))).await;
-            db.outbox(TABLE).await;
-            claim_contract::$name(&Outbox { db }).await;
-        }
-    )*};
+/// Runs a contract scenario on the outbox of a fresh database of its own.
+async fn on_a_fresh_outbox(test: &str, scenario: impl AsyncFnOnce(&Outbox)) {
+    let db = database(&format!("contract_{test}")).await;
+    db.outbox(TABLE).await;
+    scenario(&Outbox { db }).await;
 }
 
-contract!(
-    enqueue_is_transactional_and_idempotent,
-    head_of_aggregate_with_refill,
-    six_claimers_share_thirty_aggregates,
-    fifty_claimers_on_one_aggregate,
-    reaper_and_fenced_acknowledgements,
-    a_claim_expires_by_its_holders_timeout,
-    retry_requeue_and_dead,
-    purge_deletes_only_old_done_rows,
-    unicode_and_one_megabyte_payloads_round_trip,
-    an_open_enqueue_delays_only_its_aggregate,
-    a_relay_killed_mid_batch_loses_nothing,
-    a_relay_killed_with_batches_in_flight_loses_nothing,
+claim_contract::contract_tests!(
+    "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL",
+    on_a_fresh_outbox
 );

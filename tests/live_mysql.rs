@@ -26,8 +26,9 @@ use changefeed::Error;
 use changefeed::mysql::{
     BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, OutboxTable, WakerState, enqueue,
 };
-use changefeed::outbox::{ClaimStore, Claimed, Enqueued, Failed, NewMessage};
+use changefeed::outbox::{ClaimStore, Claimed, Enqueued, Failed, NewMessage, UndecodableMessage};
 use changefeed::relay::{Relay, RelayConfig};
+use claim_contract::wake::{self, Kinds, WokenRelay};
 use claim_contract::{DEAD, HELD, Recorder, claim, ids, message_of, token_of};
 use common_mysql::{TestDb, database};
 use mysql_async::prelude::Queryable;
@@ -83,6 +84,28 @@ fn config_error<T: std::fmt::Debug>(result: changefeed::Result<T>, needle: &str)
         Err(Error::Config(message)) => assert!(message.contains(needle), "{message}"),
         other => panic!("expected a configuration error about {needle}, got {other:?}"),
     }
+}
+
+/// The undecodable row `row` is, handed over with its `message_id` "odd" and an error that
+/// names `column`.
+#[track_caller]
+fn undecodable<'a>(row: &'a Claimed, column: &str) -> &'a UndecodableMessage {
+    match row {
+        Claimed::Undecodable(odd) => {
+            assert_eq!(odd.message_id.as_deref(), Some("odd"));
+            assert!(odd.error.contains(column), "{}", odd.error);
+            odd
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// How many messages one pass of a relay (default settings: a batch of 100) over `store`
+/// published.
+async fn published_in_one_pass(store: MysqlOutboxStore) -> usize {
+    let recorder = Arc::new(Recorder::default());
+    let mut relay = Relay::new(store, recorder, RelayConfig::default()).unwrap();
+    relay.run_once().await.unwrap().published
 }
 
 // ------------------------------------------------------------------------------------------
@@ -378,26 +401,12 @@ async fn an_undecodable_row_is_handed_over_and_the_relay_marks_it_dead() {
     let rows = store.claim(10, HELD).await.unwrap();
     assert_eq!(rows.len(), 2);
     assert!(matches!(&rows[0], Claimed::Message(m) if m.id == e[0].id));
-    match &rows[1] {
-        Claimed::Undecodable(odd) => {
-            assert_eq!(odd.message_id.as_deref(), Some("odd"));
-            assert_eq!(odd.headers.as_deref(), Some("[1, 2]"));
-            assert!(odd.error.contains("headers"), "{}", odd.error);
-        }
-        other => panic!("{other:?}"),
-    }
+    let odd = undecodable(&rows[1], "headers");
+    assert_eq!(odd.headers.as_deref(), Some("[1, 2]"));
     // A relay dead-letters such a row and publishes the rest.
     db.sql("update outbox_odd set status = 0, claim_token = null")
         .await;
-    let publisher = Arc::new(Recorder::default());
-    let mut relay = Relay::new(
-        db.store("outbox_odd"),
-        Arc::clone(&publisher),
-        RelayConfig::default(),
-    )
-    .unwrap();
-    let report = relay.run_once().await.unwrap();
-    assert_eq!(report.published, 1);
+    assert_eq!(published_in_one_pass(db.store("outbox_odd")).await, 1);
     assert_eq!(
         db.count("outbox_odd", "status = 4 and message_id = 'odd'")
             .await,
@@ -411,56 +420,24 @@ async fn an_undecodable_row_is_handed_over_and_the_relay_marks_it_dead() {
 //    contract's)
 // ------------------------------------------------------------------------------------------
 
-/// A relay over `outbox` whose own poll is 60 s, so that only the waker can wake it fast;
-/// returns its recorder, the waker's state and a stop switch.
+/// A relay over `outbox` woken by a binlog waker with `waker_config`, the waker following
+/// the binlog.
 async fn relay_with_waker(
     db: &TestDb,
     outbox: &str,
     waker_config: BinlogWakerConfig,
-) -> (
-    Arc<Recorder>,
-    tokio::sync::watch::Receiver<WakerState>,
-    impl FnOnce(),
-) {
-    let recorder = Arc::new(Recorder::default());
-    let config = RelayConfig::default().poll_interval(Duration::from_secs(60));
-    let relay = Relay::new(db.store(outbox), Arc::clone(&recorder), config).unwrap();
-    let waker = BinlogWaker::new(db.opts.clone(), table(outbox), relay.handle(), waker_config);
-    let mut state = waker.state();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut stopped_relay = stopped.clone();
-    let mut stopped_waker = stopped;
-    tokio::spawn(relay.run(async move {
-        let _ = stopped_relay.wait_for(|s| *s).await;
-    }));
-    tokio::spawn(waker.run(async move {
-        let _ = stopped_waker.wait_for(|s| *s).await;
-    }));
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        state.wait_for(|s| matches!(s, WakerState::Following { .. })),
-    )
-    .await
-    .expect("the waker follows the binlog within 30 s")
-    .unwrap();
-    // The relay's first claim (at start) is over once it sleeps; give it a moment.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    (recorder, state, move || {
-        let _ = stop.send(true);
+) -> WokenRelay<WakerState> {
+    let kinds = Kinds {
+        awake: |s| matches!(s, WakerState::Following { .. }),
+        polling: |s| matches!(s, WakerState::Polling { .. }),
+    };
+    WokenRelay::start_awake(db.store(outbox), kinds, |handle, stop| {
+        let waker = BinlogWaker::new(db.opts.clone(), table(outbox), handle, waker_config);
+        let state = waker.state();
+        tokio::spawn(waker.run(wake::stopped(stop)));
+        state
     })
-}
-
-/// Kills the waker's binlog dump connection, as a failover or a network cut would.
-async fn kill_dump_threads(db: &TestDb) -> usize {
-    let mut conn = db.conn().await;
-    let ids: Vec<u64> = conn
-        .query("select id from information_schema.processlist where command = 'Binlog Dump' and db = database()")
-        .await
-        .unwrap();
-    for id in &ids {
-        let _ = conn.query_drop(format!("kill {id}")).await;
-    }
-    ids.len()
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -468,65 +445,20 @@ async fn kill_dump_threads(db: &TestDb) -> usize {
 async fn the_binlog_wakes_the_relay_within_milliseconds_of_a_commit() {
     let db = database("binlog_wake").await;
     db.outbox("outbox_wake").await;
-    let (recorder, mut state, stop) =
-        relay_with_waker(&db, "outbox_wake", BinlogWakerConfig::default()).await;
-    let mut latencies = Vec::new();
-    for n in 0..20 {
-        if n == 10 {
-            // Halfway, the stream is cut; the waker reconnects within about a second and
-            // the wake is as fast again.
-            assert_eq!(kill_dump_threads(&db).await, 1);
-            tokio::time::timeout(
-                Duration::from_secs(10),
-                state.wait_for(|s| matches!(s, WakerState::Polling { .. })),
-            )
-            .await
-            .expect("the waker notices the cut")
-            .unwrap();
-            tokio::time::timeout(
-                Duration::from_secs(10),
-                state.wait_for(|s| matches!(s, WakerState::Following { .. })),
-            )
-            .await
-            .expect("the waker follows again")
-            .unwrap();
-        }
+    let relay = relay_with_waker(&db, "outbox_wake", BinlogWakerConfig::default()).await;
+    let commit = async |n: usize| {
         let mut conn = db.conn().await;
         let mut tx = conn.start_transaction(Default::default()).await.unwrap();
-        let e = enqueue(
-            &mut tx,
-            &table("outbox_wake"),
-            &message_of(&format!("w-{n}"), n),
-        )
-        .await
-        .unwrap();
-        tx.commit().await.unwrap();
-        let committed = Instant::now();
-        let published = recorder
-            .wait_for(e.id, Duration::from_secs(10))
+        let message = message_of(&format!("w-{n}"), n);
+        let e = enqueue(&mut tx, &table("outbox_wake"), &message)
             .await
-            .unwrap_or_else(|| {
-                panic!("message {n} was not published within 10 s (the relay polls every 60 s)")
-            });
-        latencies.push(published.saturating_duration_since(committed));
-    }
-    stop();
-    latencies.sort();
-    let median = latencies[latencies.len() / 2];
-    let worst = *latencies.last().unwrap();
-    eprintln!(
-        "binlog wake, commit to publish: median {median:?}, worst {worst:?} (20 commits, the stream cut and resumed after 10)"
-    );
-    // The bound: far below any poll interval. The benchmark measures the real figures; a
-    // shared CI machine gets a generous margin here.
-    assert!(
-        median < Duration::from_millis(100),
-        "median {median:?}: {latencies:?}"
-    );
-    assert!(
-        worst < Duration::from_secs(2),
-        "worst {worst:?}: {latencies:?}"
-    );
+            .unwrap();
+        tx.commit().await.unwrap();
+        e.id
+    };
+    let cut = async || db.kill_binlog_dumps().await;
+    wake::commits_wake_the_relay_within_milliseconds(&relay, "binlog", commit, cut).await;
+    relay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -539,38 +471,21 @@ async fn polling_takes_over_when_the_binlog_stream_is_cut_and_following_resumes(
         reconnect_delay: Duration::from_secs(3),
         ..BinlogWakerConfig::default()
     };
-    let (recorder, mut state, stop) = relay_with_waker(&db, "outbox_cut", config).await;
-    let before = state.borrow().clone();
+    let relay = relay_with_waker(&db, "outbox_cut", config).await;
+    let before = relay.state.borrow().clone();
     assert!(
-        kill_dump_threads(&db).await >= 1,
+        db.kill_binlog_dumps().await >= 1,
         "the waker's dump thread is there"
     );
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        state.wait_for(|s| matches!(s, WakerState::Polling { .. })),
-    )
-    .await
-    .expect("the waker notices the cut")
-    .unwrap();
+    relay.until_polling(Duration::from_secs(10)).await;
     // While it polls, a commit is still published, by the 200 ms fallback poll.
     let e = db
         .enqueue_committed("outbox_cut", &[message_of("c", 1)])
         .await;
-    let committed = Instant::now();
-    let published = recorder
-        .wait_for(e[0].id, Duration::from_secs(10))
-        .await
-        .expect("published while polling");
-    let took = published.saturating_duration_since(committed);
+    let took = relay.published_after(e[0].id, Instant::now()).await;
     assert!(took < Duration::from_secs(2), "took {took:?}");
     // Then it follows again, from where it was (not from the server's current end).
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        state.wait_for(|s| matches!(s, WakerState::Following { .. })),
-    )
-    .await
-    .expect("the waker follows again")
-    .unwrap();
+    let after = relay.until_awake(Duration::from_secs(30)).await;
     let (
         WakerState::Following {
             file: f0,
@@ -580,7 +495,7 @@ async fn polling_takes_over_when_the_binlog_stream_is_cut_and_following_resumes(
             file: f1,
             position: p1,
         },
-    ) = (before, state.borrow().clone())
+    ) = (before, after)
     else {
         panic!("states")
     };
@@ -591,20 +506,12 @@ async fn polling_takes_over_when_the_binlog_stream_is_cut_and_following_resumes(
     let e2 = db
         .enqueue_committed("outbox_cut", &[message_of("c", 2)])
         .await;
-    let committed = Instant::now();
-    let published = recorder
-        .wait_for(e2[0].id, Duration::from_secs(10))
-        .await
-        .expect("published after resuming");
+    let took = relay.published_after(e2[0].id, Instant::now()).await;
     // Still following (a resume at a wrong position would have fallen back to polling),
     // and the relay polls every 60 s: the binlog delivered it.
-    assert!(
-        matches!(*state.borrow(), WakerState::Following { .. }),
-        "{:?}",
-        *state.borrow()
-    );
-    assert!(published.saturating_duration_since(committed) < Duration::from_secs(1));
-    stop();
+    assert!(relay.awake(), "{:?}", *relay.state.borrow());
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    relay.stop().await;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -615,43 +522,13 @@ async fn polling_takes_over_when_the_binlog_stream_is_cut_and_following_resumes(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
 async fn the_cli_relays_a_mariadb_outbox_to_stdout_as_json_lines() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
+    use claim_contract::cli::{cli_message, relays_a_message_as_a_json_line};
 
     let db = database("cli_relay").await;
     db.outbox("outbox_cli").await;
-    let e = db
-        .enqueue_committed("outbox_cli", &[message_of("cli-1", 1)])
-        .await;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
-        .args(["relay", "--outbox", "outbox_cli", "--url", &db.url])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the changefeed binary runs");
-    let stdout = child.stdout.take().unwrap();
-    let line = tokio::task::spawn_blocking(move || {
-        BufReader::new(stdout).lines().next().map(|l| l.unwrap())
-    });
-    let line = tokio::time::timeout(Duration::from_secs(30), line)
-        .await
-        .expect("a line within 30 s")
-        .unwrap();
-    // Printed, then acknowledged: done within moments (it is killed only after that).
-    let started = Instant::now();
-    while db.count("outbox_cli", "status = 2").await == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "never marked done"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    child.kill().ok();
-    child.wait().ok();
-    let line: serde_json::Value = serde_json::from_str(&line.expect("one line")).unwrap();
-    assert_eq!(line["id"], e[0].id);
-    assert_eq!(line["key"], "cli-1");
-    assert_eq!(line["payload"], json!({ "aggregate": "cli-1", "n": 1 }));
+    let e = db.enqueue_committed("outbox_cli", &[cli_message()]).await;
+    let done = async || db.count("outbox_cli", "status = 2").await;
+    relays_a_message_as_a_json_line(&db.url, "outbox_cli", &[], &e[0], done).await;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -841,15 +718,7 @@ async fn a_row_that_breaks_a_check_constraint_is_marked_dead_and_the_rest_flows(
     .await;
     let others: Vec<NewMessage> = (0..21).map(|i| message_of(&format!("c-{i}"), i)).collect();
     db.enqueue_committed("outbox_check", &others).await;
-    let recorder = Arc::new(Recorder::default());
-    let mut relay = Relay::new(
-        db.store("outbox_check"),
-        Arc::clone(&recorder),
-        RelayConfig::default().batch_size(100),
-    )
-    .unwrap();
-    let report = relay.run_once().await.unwrap();
-    assert_eq!(report.published, 21);
+    assert_eq!(published_in_one_pass(db.store("outbox_check")).await, 21);
     let bad: i64 = db
         .scalar("select id from outbox_check where message_id = 'bad'")
         .await;
@@ -881,15 +750,7 @@ async fn a_row_larger_than_the_relays_packet_is_isolated_and_the_rest_flows() {
         .max_allowed_packet(Some(1 << 20))
         .into();
     let store = MysqlOutboxStore::new(table("outbox_big"), small_packets);
-    let recorder = Arc::new(Recorder::default());
-    let mut relay = Relay::new(
-        store,
-        Arc::clone(&recorder),
-        RelayConfig::default().batch_size(100),
-    )
-    .unwrap();
-    let report = relay.run_once().await.unwrap();
-    assert_eq!(report.published, 20);
+    assert_eq!(published_in_one_pass(store).await, 20);
     let state = row_state(&db, "outbox_big", big_id).await;
     assert_eq!(state.status, DEAD, "{state:?}");
     let error = state.last_error.unwrap();
@@ -905,9 +766,6 @@ async fn a_row_larger_than_the_relays_packet_is_isolated_and_the_rest_flows() {
     );
 }
 
-/// Each claim expires by the timeout of the relay that made it: a relay with a 1 s timeout
-/// does not take a row another relay holds for an hour, and a relay with an hour's timeout
-/// takes a row whose 1 s claim has run out. Before the fix both went by the re-claimer's.
 /// A column that does not decode (here trace_id made VARBINARY by hand and holding a byte
 /// that is not UTF-8): the row is handed over undecodable, naming the column, instead of
 /// failing every claim.
@@ -928,14 +786,8 @@ async fn a_column_that_does_not_decode_makes_the_row_undecodable() {
         .await;
     let rows = store.claim(10, HELD).await.unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
-    match &rows[0] {
-        Claimed::Undecodable(odd) => {
-            assert_eq!(odd.message_id.as_deref(), Some("odd"));
-            assert_eq!(odd.payload.as_deref(), Some("{}"));
-            assert!(odd.error.contains("trace_id"), "{}", odd.error);
-        }
-        other => panic!("{other:?}"),
-    }
+    let odd = undecodable(&rows[0], "trace_id");
+    assert_eq!(odd.payload.as_deref(), Some("{}"));
     assert!(matches!(&rows[1], Claimed::Message(m) if m.id == good[0].id));
 }
 

@@ -24,8 +24,8 @@ use changefeed::Error;
 use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, WakerState};
 use changefeed::outbox::{ClaimedMessage, NewMessage};
 use changefeed::relay::{Hooks, PublishOutcome, Publisher, Relay, RelayConfig};
+use common_mysql::TestDb;
 use common_mysql::owned::{OwnedServer, send_signal};
-use common_mysql::{TestDb, database_on};
 use common_process::{signal, stderr_lines, wait_for_exit};
 use serde_json::json;
 use tokio::sync::watch;
@@ -177,6 +177,16 @@ fn start(
 }
 
 impl Running {
+    /// The waker's state, once it follows the binlog (30 s at most).
+    async fn following(&self) -> watch::Receiver<WakerState> {
+        let mut state = self.waker.clone().expect("a waker");
+        tokio::time::timeout(secs(30), state.wait_for(following))
+            .await
+            .expect("the waker follows the binlog")
+            .unwrap();
+        state
+    }
+
     /// Asks the relay to stop and waits up to `limit` for it: how long it took.
     async fn stop(self, limit: Duration) -> Duration {
         let asked = Instant::now();
@@ -188,6 +198,35 @@ impl Running {
             .expect("the relay ends without an error");
         asked.elapsed()
     }
+}
+
+fn following(state: &WakerState) -> bool {
+    matches!(state, WakerState::Following { .. })
+}
+
+/// Kills the waker's binlog dump connection (a failover, a network cut) and waits until
+/// the waker notices.
+async fn cut_the_binlog_stream(db: &TestDb, state: &mut watch::Receiver<WakerState>) {
+    assert_eq!(db.kill_binlog_dumps().await, 1);
+    tokio::time::timeout(secs(10), state.wait_for(|s| !following(s)))
+        .await
+        .expect("the waker notices the cut")
+        .unwrap();
+}
+
+/// Whether the waker follows the binlog file `file` within `limit`; a failure shows the state.
+async fn follows_file(state: &mut watch::Receiver<WakerState>, file: &str, limit: Duration) {
+    let follows = tokio::time::timeout(
+        limit,
+        state.wait_for(|s| matches!(s, WakerState::Following { file: f, .. } if f == file)),
+    )
+    .await
+    .is_ok();
+    assert!(
+        follows,
+        "the waker does not follow {file}: {:?}",
+        *state.borrow()
+    );
 }
 
 /// A fresh pool over the database of `db`, for after a server restart (the old pool's
@@ -211,8 +250,7 @@ async fn frozen_after_the_first_batch(
     count: usize,
     max_in_flight: u32,
 ) -> (OwnedServer, TestDb, Running) {
-    let server = OwnedServer::start(name);
-    let db = database_on(name, |d| server.url_for(d)).await;
+    let (server, db) = OwnedServer::with_database(name).await;
     db.outbox(outbox).await;
     db.enqueue_committed(outbox, &messages(count, 10, 5)).await;
     let running = start(&db, outbox, Duration::from_millis(100), None, max_in_flight);
@@ -314,8 +352,7 @@ in_flight_variants!(
 async fn a_killed_and_restarted_server_loses_nothing_and_the_binlog_wake_comes_back(
     max_in_flight: u32,
 ) {
-    let mut server = OwnedServer::start("restart");
-    let db = database_on("restart", |d| server.url_for(d)).await;
+    let (mut server, db) = OwnedServer::with_database("restart").await;
     db.outbox("outbox_restart").await;
     // The relay's own poll is a minute: only the waker moves it quickly.
     let running = start(
@@ -325,12 +362,7 @@ async fn a_killed_and_restarted_server_loses_nothing_and_the_binlog_wake_comes_b
         Some(waker_config()),
         max_in_flight,
     );
-    let mut state = running.waker.clone().expect("a waker");
-    let following = |s: &WakerState| matches!(s, WakerState::Following { .. });
-    tokio::time::timeout(secs(30), state.wait_for(following))
-        .await
-        .expect("the waker follows the binlog")
-        .unwrap();
+    let mut state = running.following().await;
     db.enqueue_committed("outbox_restart", &messages(10, 10, 5))
         .await;
     wait_until("the first ten", secs(10), async || {
@@ -350,37 +382,10 @@ async fn a_killed_and_restarted_server_loses_nothing_and_the_binlog_wake_comes_b
     .await;
 
     // Following the server's current file again.
-    let current_file = || async {
-        let row: Option<mysql_async::Row> = {
-            use mysql_async::prelude::Queryable;
-            db.conn()
-                .await
-                .query_first("show master status")
-                .await
-                .unwrap()
-        };
-        let file: Option<String> = row.expect("binary logging is on").get(0);
-        file.expect("a binlog file")
-    };
-    let file = current_file().await;
-    let follows_current = tokio::time::timeout(
-        secs(30),
-        state.wait_for(|s| matches!(s, WakerState::Following { file: f, .. } if *f == file)),
-    )
-    .await
-    .is_ok();
-    assert!(
-        follows_current,
-        "the waker does not follow {file}: {:?}",
-        *state.borrow()
-    );
+    follows_file(&mut state, &db.binlog_file().await, secs(30)).await;
 
     // Its stream is cut (a failover, a killed dump thread): it resumes, from the new file.
-    assert_eq!(db.kill_binlog_dumps().await, 1);
-    tokio::time::timeout(secs(10), state.wait_for(|s| !following(s)))
-        .await
-        .expect("the waker notices the cut")
-        .unwrap();
+    cut_the_binlog_stream(&db, &mut state).await;
     let follows_again = tokio::time::timeout(secs(15), state.wait_for(following))
         .await
         .is_ok();
@@ -412,8 +417,7 @@ async fn a_killed_and_restarted_server_loses_nothing_and_the_binlog_wake_comes_b
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs MariaDB: .ci/run installs it"]
 async fn a_purged_resume_file_falls_back_to_the_current_position() {
-    let server = OwnedServer::start("purged");
-    let db = database_on("purged", |d| server.url_for(d)).await;
+    let (_server, db) = OwnedServer::with_database("purged").await;
     db.outbox("outbox_purged").await;
     // Reconnects 5 s after a cut: time to purge what it was reading.
     let config = BinlogWakerConfig {
@@ -421,43 +425,14 @@ async fn a_purged_resume_file_falls_back_to_the_current_position() {
         ..waker_config()
     };
     let running = start(&db, "outbox_purged", secs(60), Some(config), 1);
-    let mut state = running.waker.clone().expect("a waker");
-    let following = |s: &WakerState| matches!(s, WakerState::Following { .. });
-    tokio::time::timeout(secs(30), state.wait_for(following))
-        .await
-        .expect("the waker follows the binlog")
-        .unwrap();
+    let mut state = running.following().await;
     // Cut the stream, and before the waker reconnects move to a new file and purge the one
     // it was reading.
-    assert_eq!(db.kill_binlog_dumps().await, 1);
-    tokio::time::timeout(secs(10), state.wait_for(|s| !following(s)))
-        .await
-        .expect("the waker notices the cut")
-        .unwrap();
+    cut_the_binlog_stream(&db, &mut state).await;
     db.sql("flush binary logs").await;
-    let file = {
-        use mysql_async::prelude::Queryable;
-        let row: Option<mysql_async::Row> = db
-            .conn()
-            .await
-            .query_first("show master status")
-            .await
-            .unwrap();
-        let file: Option<String> = row.expect("binary logging is on").get(0);
-        file.expect("a binlog file")
-    };
+    let file = db.binlog_file().await;
     db.sql(&format!("purge binary logs to '{file}'")).await;
-    let follows = tokio::time::timeout(
-        secs(15),
-        state.wait_for(|s| matches!(s, WakerState::Following { file: f, .. } if *f == file)),
-    )
-    .await
-    .is_ok();
-    assert!(
-        follows,
-        "the waker does not follow {file}: {:?}",
-        *state.borrow()
-    );
+    follows_file(&mut state, &file, secs(15)).await;
     db.enqueue_committed("outbox_purged", &messages(1, 10, 1))
         .await;
     wait_until("a wake after the fallback", secs(5), async || {
@@ -472,20 +447,12 @@ async fn a_purged_resume_file_falls_back_to_the_current_position() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs MariaDB: .ci/run installs it"]
 async fn compressed_binlog_events_still_wake_the_relay() {
-    let server = OwnedServer::start("compressed");
-    let db = database_on("compressed", |d| server.url_for(d)).await;
+    let (_server, db) = OwnedServer::with_database("compressed").await;
     db.outbox("outbox_compressed").await;
     db.sql("set global log_bin_compress = on, global log_bin_compress_min_len = 10")
         .await;
     let running = start(&db, "outbox_compressed", secs(60), Some(waker_config()), 1);
-    let mut state = running.waker.clone().expect("a waker");
-    tokio::time::timeout(
-        secs(30),
-        state.wait_for(|s| matches!(s, WakerState::Following { .. })),
-    )
-    .await
-    .expect("the waker follows the binlog")
-    .unwrap();
+    let state = running.following().await;
     // The relay's first claim (at start) is over once it sleeps; give it a moment.
     tokio::time::sleep(Duration::from_millis(500)).await;
     for round in 1..=3 {
@@ -497,11 +464,7 @@ async fn compressed_binlog_events_still_wake_the_relay() {
         })
         .await;
     }
-    assert!(
-        matches!(*state.borrow(), WakerState::Following { .. }),
-        "{:?}",
-        *state.borrow()
-    );
+    assert!(following(&state.borrow()), "{:?}", *state.borrow());
     running.stop(secs(30)).await;
 }
 
@@ -539,8 +502,7 @@ in_flight_variants!(
 /// write blocks. The first SIGINT still ends it within --shutdown-grace; and a second
 /// SIGINT ends it at once whatever the grace.
 async fn the_cli_relay_stops_while_its_standard_output_is_blocked(max_in_flight: u32) {
-    let server = OwnedServer::start("pipe");
-    let db = database_on("blocked_pipe", |d| server.url_for(d)).await;
+    let (_server, db) = OwnedServer::with_database("pipe").await;
     for (outbox, grace, signals) in [("outbox_grace", "2s", 1), ("outbox_twice", "1h", 2)] {
         db.outbox(outbox).await;
         db.enqueue_committed(outbox, &messages(100, 2000, 100))
@@ -587,8 +549,7 @@ in_flight_variants!(
 async fn the_cli_relay_stops_within_its_grace_while_mark_done_hangs(max_in_flight: u32) {
     use std::io::{BufRead, BufReader, Read};
 
-    let server = OwnedServer::start("cli_frozen");
-    let db = database_on("cli_frozen", |d| server.url_for(d)).await;
+    let (server, db) = OwnedServer::with_database("cli_frozen").await;
     db.outbox("outbox_cli_frozen").await;
     db.enqueue_committed("outbox_cli_frozen", &messages(100, 2000, 100))
         .await;
@@ -638,8 +599,7 @@ async fn the_cli_relay_stops_within_its_grace_while_mark_done_hangs(max_in_fligh
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs MariaDB: .ci/run installs it"]
 async fn an_enqueue_over_max_allowed_packet_is_permanent_and_names_the_limit() {
-    let server = OwnedServer::start("packet");
-    let db = database_on("packet", |d| server.url_for(d)).await;
+    let (_server, db) = OwnedServer::with_database("packet").await;
     db.outbox("outbox_packet").await;
     db.sql("set global max_allowed_packet = 1048576").await;
     // Connections opened from now on get the smaller limit.

@@ -23,12 +23,12 @@ use changefeed::postgres::{
     OutboxTable, PostgresOutboxStore, PostgresWaker, PostgresWakerConfig, WakerState, enqueue,
     setup_outbox,
 };
-use changefeed::relay::{Relay, RelayConfig};
-use claim_contract::{ContractDb, OpenEnqueue, Recorder, message_of};
+use changefeed::relay::RelayHandle;
+use claim_contract::wake::{self, Kinds, WokenRelay};
+use claim_contract::{ContractDb, OpenEnqueue, message_of};
 use common_postgres::{TestDb, database};
 use futures::StreamExt;
-use std::sync::Arc;
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 
 /// One outbox of a test database, for the contract.
 struct Outbox {
@@ -59,28 +59,17 @@ impl ContractDb for Outbox {
     async fn enqueue_open(&self, message: NewMessage) -> OpenEnqueue {
         let mut client = self.db.client().await;
         let table: OutboxTable = self.table.parse().unwrap();
-        let (inserted, inserted_rx) = oneshot::channel();
-        let (finish, finish_rx) = oneshot::channel::<bool>();
-        let done = tokio::spawn(async move {
+        OpenEnqueue::spawn(|handover| async move {
             let tx = client.transaction().await.unwrap();
             let row = enqueue(&tx, &table, &message).await.unwrap();
-            let own: i64 = tx
-                .query_one(
-                    &format!("select count(*) from {table} where id = $1"),
-                    &[&row.id],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            assert_eq!(own, 1, "the transaction sees its own enqueue");
-            let _ = inserted.send(row);
-            if finish_rx.await.unwrap_or(false) {
+            let sql = format!("select count(*) from {table} where id = $1");
+            let own: i64 = tx.query_one(&sql, &[&row.id]).await.unwrap().get(0);
+            if handover.commit_when_told(row, own).await {
                 tx.commit().await.unwrap();
             } else {
                 tx.rollback().await.unwrap();
             }
-        });
-        OpenEnqueue::new(inserted_rx, finish, done)
+        })
     }
 
     async fn state(&self, id: i64) -> (i64, i64) {
@@ -137,30 +126,14 @@ impl ContractDb for Outbox {
 // 1. The contract
 // ------------------------------------------------------------------------------------------
 
-macro_rules! contract {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        #[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
-        async fn $name() {
-            let db = outbox(stringify!($name)).await;
-            claim_contract::$name(&db).await;
-        }
-    )*};
+/// Runs a contract scenario on the outbox of a fresh database of its own.
+async fn on_a_fresh_outbox(test: &str, scenario: impl AsyncFnOnce(&Outbox)) {
+    scenario(&outbox(test).await).await;
 }
 
-contract!(
-    enqueue_is_transactional_and_idempotent,
-    head_of_aggregate_with_refill,
-    six_claimers_share_thirty_aggregates,
-    fifty_claimers_on_one_aggregate,
-    reaper_and_fenced_acknowledgements,
-    a_claim_expires_by_its_holders_timeout,
-    retry_requeue_and_dead,
-    purge_deletes_only_old_done_rows,
-    unicode_and_one_megabyte_payloads_round_trip,
-    an_open_enqueue_delays_only_its_aggregate,
-    a_relay_killed_mid_batch_loses_nothing,
-    a_relay_killed_with_batches_in_flight_loses_nothing,
+claim_contract::contract_tests!(
+    "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES",
+    on_a_fresh_outbox
 );
 
 // ------------------------------------------------------------------------------------------
@@ -253,18 +226,15 @@ async fn setup_outbox_checks_names_completes_tables_and_never_drops_data() {
 async fn connections_are_read_committed_with_a_statement_timeout() {
     let db = database("session").await;
     let client = changefeed::postgres::connect(&db.config).await.unwrap();
-    let timeout: String = client
-        .query_one("show statement_timeout", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(timeout, "30s");
-    let isolation: String = client
-        .query_one("show default_transaction_isolation", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(isolation, "read committed");
+    let show = async |setting: &str| -> String {
+        let row = client.query_one(&format!("show {setting}"), &[]).await;
+        row.unwrap_or_else(|e| panic!("show {setting}: {e}")).get(0)
+    };
+    assert_eq!(show("statement_timeout").await, "30s");
+    assert_eq!(
+        show("default_transaction_isolation").await,
+        "read committed"
+    );
     let version = changefeed::postgres::server_version(&client).await.unwrap();
     assert!(version.starts_with(char::is_numeric), "{version}");
 }
@@ -374,55 +344,42 @@ async fn one_notification_per_committed_transaction() {
     );
 }
 
-/// A relay over `public.outbox` whose own poll is 60 s, so that only the waker can wake it
-/// fast; returns its recorder, the waker's state and a stop switch.
-async fn relay_with_waker(
-    db: &Outbox,
-    settings: PostgresWakerConfig,
-) -> (
-    Arc<Recorder>,
-    tokio::sync::watch::Receiver<WakerState>,
-    impl FnOnce(),
-) {
-    let recorder = Arc::new(Recorder::default());
-    let config = RelayConfig::default().poll_interval(Duration::from_secs(60));
-    let relay = Relay::new(db.store(), Arc::clone(&recorder), config).unwrap();
-    let waker = PostgresWaker::new(
-        db.db.config.clone(),
-        db.table.parse().unwrap(),
-        relay.handle(),
-        settings,
-    );
-    let mut state = waker.state();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut stopped_relay = stopped.clone();
-    let mut stopped_waker = stopped;
-    tokio::spawn(relay.run(async move {
-        let _ = stopped_relay.wait_for(|s| *s).await;
-    }));
-    tokio::spawn(waker.run(async move {
-        let _ = stopped_waker.wait_for(|s| *s).await;
-    }));
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        state.wait_for(|s| matches!(s, WakerState::Listening { .. })),
-    )
-    .await
-    .expect("the waker listens within 30 s")
-    .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    (recorder, state, move || {
-        let _ = stop.send(true);
-    })
+/// The waker's two kinds of state the tests wait for.
+fn kinds() -> Kinds<WakerState> {
+    Kinds {
+        awake: |s| matches!(s, WakerState::Listening { .. }),
+        polling: |s| matches!(s, WakerState::Polling { .. }),
+    }
 }
 
-/// Ends the waker's listening session, as a failover or a network cut would.
-async fn terminate_listeners(db: &TestDb) -> i64 {
-    db.scalar(
-        "select count(pg_terminate_backend(pid)) from pg_stat_activity \
-         where datname = current_database() and query ilike 'listen%' and pid <> pg_backend_pid()",
-    )
-    .await
+/// Starts a `PostgresWaker` on `config` (the outbox's database, or another) for `handle`'s
+/// relay and returns its state.
+fn start_waker(
+    config: tokio_postgres::Config,
+    db: &Outbox,
+    settings: PostgresWakerConfig,
+) -> impl FnOnce(RelayHandle, watch::Receiver<bool>) -> watch::Receiver<WakerState> {
+    let table = db.table.parse().unwrap();
+    move |handle, stop| {
+        let waker = PostgresWaker::new(config, table, handle, settings);
+        let state = waker.state();
+        tokio::spawn(waker.run(wake::stopped(stop)));
+        state
+    }
+}
+
+/// Ends the waker's listening session, as a failover or a network cut would. Its last
+/// statement is its LISTEN or, a heartbeat later, the empty query of the heartbeat (no other
+/// session of the test runs one).
+async fn terminate_listeners(db: &TestDb) -> usize {
+    let ended = db
+        .scalar(
+            "select count(pg_terminate_backend(pid)) from pg_stat_activity \
+             where datname = current_database() and (query ilike 'listen%' or query = '') \
+             and pid <> pg_backend_pid()",
+        )
+        .await;
+    usize::try_from(ended).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -434,45 +391,17 @@ async fn notify_wakes_the_relay_and_listening_resumes_after_a_lost_connection() 
         reconnect_delay: Duration::from_millis(300),
         heartbeat: Duration::from_secs(1),
     };
-    let (recorder, mut state, stop) = relay_with_waker(&db, settings).await;
-    let mut latencies = Vec::new();
-    for n in 0..20 {
-        if n == 10 {
-            assert_eq!(terminate_listeners(&db.db).await, 1);
-            tokio::time::timeout(
-                Duration::from_secs(10),
-                state.wait_for(|s| matches!(s, WakerState::Polling { .. })),
-            )
-            .await
-            .expect("the waker says it polls")
-            .unwrap();
-            tokio::time::timeout(
-                Duration::from_secs(10),
-                state.wait_for(|s| matches!(s, WakerState::Listening { .. })),
-            )
-            .await
-            .expect("the waker listens again")
-            .unwrap();
-        }
+    let waker = start_waker(db.db.config.clone(), &db, settings);
+    let relay = WokenRelay::start_awake(db.store(), kinds(), waker).await;
+    let commit = async |n: usize| {
         let e = db
             .enqueue_committed(&[message_of(&format!("w-{n}"), n)])
             .await;
-        let committed = Instant::now();
-        let published = recorder
-            .wait_for(e[0].id, Duration::from_secs(10))
-            .await
-            .unwrap_or_else(|| {
-                panic!("message {n} not published within 10 s (the relay polls every 60 s)")
-            });
-        latencies.push(published.saturating_duration_since(committed));
-    }
-    stop();
-    latencies.sort();
-    let median = latencies[latencies.len() / 2];
-    let worst = *latencies.last().unwrap();
-    eprintln!("notify wake, commit to publish: median {median:?}, worst {worst:?}");
-    assert!(median < Duration::from_millis(100), "{latencies:?}");
-    assert!(worst < Duration::from_secs(2), "{latencies:?}");
+        e[0].id
+    };
+    let cut = async || terminate_listeners(&db.db).await;
+    wake::commits_wake_the_relay_within_milliseconds(&relay, "notify", commit, cut).await;
+    relay.stop().await;
 }
 
 /// A waker that cannot connect says so and polls: the relay still gets its messages.
@@ -480,55 +409,29 @@ async fn notify_wakes_the_relay_and_listening_resumes_after_a_lost_connection() 
 #[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
 async fn a_waker_that_cannot_listen_polls_instead() {
     let db = outbox("notify_poll").await;
-    let recorder = Arc::new(Recorder::default());
-    let relay = Relay::new(
-        db.store(),
-        Arc::clone(&recorder),
-        RelayConfig::default().poll_interval(Duration::from_secs(60)),
-    )
-    .unwrap();
     let mut unreachable = db.db.config.clone();
     unreachable.dbname("no_such_database");
-    let waker = PostgresWaker::new(
-        unreachable,
-        db.table.parse().unwrap(),
-        relay.handle(),
-        PostgresWakerConfig {
-            fallback_poll: Duration::from_millis(100),
-            ..PostgresWakerConfig::default()
-        },
-    );
-    let mut state = waker.state();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let (mut a, mut b) = (stopped.clone(), stopped);
-    let relay_task = tokio::spawn(relay.run(async move {
-        let _ = a.wait_for(|s| *s).await;
-    }));
-    tokio::spawn(waker.run(async move {
-        let _ = b.wait_for(|s| *s).await;
-    }));
-    let polling = tokio::time::timeout(
-        Duration::from_secs(30),
-        state.wait_for(|s| matches!(s, WakerState::Polling { .. })),
-    )
-    .await
-    .unwrap()
-    .unwrap()
-    .clone();
+    let settings = PostgresWakerConfig {
+        fallback_poll: Duration::from_millis(100),
+        ..PostgresWakerConfig::default()
+    };
+    let waker = start_waker(unreachable, &db, settings);
+    let relay = WokenRelay::start(db.store(), kinds(), waker);
+    let polling = relay.until_polling(Duration::from_secs(30)).await;
     assert!(
         matches!(&polling, WakerState::Polling { reason } if reason.contains("no_such_database")),
         "{polling:?}"
     );
     let e = db.enqueue_committed(&[message_of("p", 0)]).await;
     assert!(
-        recorder
+        relay
+            .recorder
             .wait_for(e[0].id, Duration::from_secs(5))
             .await
             .is_some(),
         "polled"
     );
-    let _ = stop.send(true);
-    relay_task.await.unwrap().unwrap();
+    relay.stop().await;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -542,8 +445,8 @@ async fn a_waker_that_cannot_listen_polls_instead() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
 async fn the_cli_sets_up_and_relays_a_postgres_outbox() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
+    use claim_contract::cli::{cli_message, relays_a_message_as_a_json_line};
+    use std::process::Command;
 
     let db = database("cli").await;
     let cli = |args: &[&str]| {
@@ -575,50 +478,8 @@ async fn the_cli_sets_up_and_relays_a_postgres_outbox() {
     );
 
     let e = db
-        .enqueue_committed("public.cli_outbox", &[message_of("cli-1", 1)])
+        .enqueue_committed("public.cli_outbox", &[cli_message()])
         .await;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
-        .args([
-            "relay",
-            "--outbox",
-            "public.cli_outbox",
-            "--url",
-            &db.url,
-            "--quiet",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the changefeed binary runs");
-    let stdout = child.stdout.take().unwrap();
-    let line = tokio::task::spawn_blocking(move || {
-        BufReader::new(stdout).lines().next().map(|l| l.unwrap())
-    });
-    let line = tokio::time::timeout(Duration::from_secs(30), line)
-        .await
-        .expect("a line within 30 s")
-        .unwrap();
-    let started = Instant::now();
-    while db.count("public.cli_outbox", "status = 2").await == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "never marked done"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = tokio::task::spawn_blocking(move || child.wait().unwrap());
-    let status = tokio::time::timeout(Duration::from_secs(30), status)
-        .await
-        .expect("SIGTERM stops the relay within 30 s")
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
-    let line: serde_json::Value = serde_json::from_str(&line.expect("one line")).unwrap();
-    assert_eq!(line["id"], e[0].id);
-    assert_eq!(line["key"], "cli-1");
-    assert_eq!(
-        line["payload"],
-        serde_json::json!({ "aggregate": "cli-1", "n": 1 })
-    );
+    let done = async || db.count("public.cli_outbox", "status = 2").await;
+    relays_a_message_as_a_json_line(&db.url, "public.cli_outbox", &["--quiet"], &e[0], done).await;
 }

@@ -23,7 +23,6 @@
 //! (MariaDB's `log_bin_compress`, MySQL's `binlog_transaction_compression`) still wake it.
 
 use std::future::Future;
-use std::pin::pin;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -33,10 +32,10 @@ use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, Row};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout};
 
-use super::connection::{DEFAULT_CONNECT_TIMEOUT, bounded, with_keepalive};
+use super::connection::{DEFAULT_CONNECT_TIMEOUT, SERVER, with_keepalive};
 use super::table::OutboxTable;
 use crate::error::Error;
-use crate::outbox_backend::poll_until_reconnect;
+use crate::outbox_backend::{bounded, follow_or_poll};
 use crate::relay::RelayHandle;
 
 /// The server refused to send the binlog from the position asked for
@@ -182,22 +181,23 @@ impl BinlogWaker {
     /// missing grant, a broken stream) wakes it every `fallback_poll` and tries again every
     /// `reconnect_delay`, resuming from the last transaction boundary it saw.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let mut shutdown = pin!(shutdown);
-        let mut resume: Option<Position> = None;
-        loop {
-            let reason = tokio::select! {
-                biased;
-                () = shutdown.as_mut() => return,
-                reason = self.follow(&mut resume) => reason,
-            };
+        let (poll, delay) = (self.config.fallback_poll, self.config.reconnect_delay);
+        let polling = |reason: String| {
             tracing::warn!(%reason, "binlog waker: polling until the binlog can be followed again");
             self.state.send_replace(WakerState::Polling { reason });
             crate::metrics::wake_following(self.table.name(), "binlog", false);
-            let (poll, delay) = (self.config.fallback_poll, self.config.reconnect_delay);
-            if !poll_until_reconnect(&self.handle, poll, delay, shutdown.as_mut()).await {
-                return;
-            }
-        }
+        };
+        let resume: Option<Position> = None;
+        follow_or_poll(
+            &self.handle,
+            poll,
+            delay,
+            shutdown,
+            (&self, resume),
+            |(waker, resume)| Box::pin(waker.follow(resume)),
+            polling,
+        )
+        .await;
     }
 
     /// Connects, checks the settings, streams the binlog and wakes on commits; returns why
@@ -205,7 +205,7 @@ impl BinlogWaker {
     async fn follow(&self, resume: &mut Option<Position>) -> String {
         let limit = self.config.connect_timeout;
         let connect = async { Ok(Conn::new(with_keepalive(&self.opts)).await?) };
-        let mut conn = match bounded(limit, "the binlog connect", connect).await {
+        let mut conn = match bounded(SERVER, limit, "the binlog connect", connect).await {
             Ok(conn) => conn,
             Err(error) => return format!("cannot connect: {error}"),
         };
@@ -213,7 +213,7 @@ impl BinlogWaker {
             Some(position) => position,
             None => {
                 let read = async { Ok(current_position(&mut conn).await) };
-                match bounded(limit, "show master status", read).await {
+                match bounded(SERVER, limit, "show master status", read).await {
                     Ok(Ok(position)) => position,
                     Ok(Err(reason)) => return reason,
                     Err(error) => return error.to_string(),
@@ -227,14 +227,14 @@ impl BinlogWaker {
              @source_heartbeat_period = {heartbeat_ns}"
         ));
         let set_heartbeat = async { Ok(set_heartbeat.await?) };
-        if let Err(error) = bounded(limit, "setting the heartbeat", set_heartbeat).await {
+        if let Err(error) = bounded(SERVER, limit, "setting the heartbeat", set_heartbeat).await {
             return format!("cannot set the heartbeat: {error}");
         }
         let request = BinlogStreamRequest::new(self.config.server_id)
             .with_filename(start.file.as_bytes())
             .with_pos(start.position);
         let ask = async { Ok(conn.get_binlog_stream(request).await?) };
-        let mut stream = match bounded(limit, "the binlog dump request", ask).await {
+        let mut stream = match bounded(SERVER, limit, "the binlog dump request", ask).await {
             Ok(stream) => stream,
             Err(error) => {
                 forget_refused_position(&error, resume);

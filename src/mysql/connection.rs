@@ -7,13 +7,13 @@
 //! is bounded by [`bounded`], and TCP keepalive ([`TCP_KEEPALIVE`]) lets the kernel notice
 //! a peer that vanished while a connection sits idle.
 
-use std::future::Future;
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 
 use crate::error::{Error, Result};
+use crate::outbox_backend::bounded;
 
 /// How long a connect (TCP or socket, handshake, login, session setup) may take when the
 /// caller names no bound: 15 s, the CLI's `--connect-timeout` default.
@@ -66,7 +66,10 @@ pub async fn connect(opts: &Opts) -> Result<Conn> {
 /// naming the bound, instead of hanging.
 pub async fn connect_within(opts: &Opts, limit: Duration) -> Result<Conn> {
     let opts = with_keepalive(opts).setup(vec![SESSION_SETUP]);
-    bounded(limit, "connect", async { Ok(Conn::new(opts).await?) }).await
+    bounded(SERVER, limit, "connect", async {
+        Ok(Conn::new(opts).await?)
+    })
+    .await
 }
 
 /// The least time a store call gets, whatever the claim timeout: a claim timeout shorter than
@@ -78,22 +81,8 @@ pub(crate) fn with_keepalive(opts: &Opts) -> OptsBuilder {
     OptsBuilder::from_opts(opts.clone()).tcp_keepalive(Some(TCP_KEEPALIVE))
 }
 
-/// Runs `call` (a call named `what`) for at most `limit`. Past it the call is abandoned and
-/// an [`Error::Connection`] (transient) says so: the connection it used is in an unknown
-/// state and must be dropped by the caller, never used again.
-pub(crate) async fn bounded<T>(
-    limit: Duration,
-    what: &str,
-    call: impl Future<Output = Result<T>>,
-) -> Result<T> {
-    crate::outbox_backend::within(limit, call, || {
-        format!(
-            "MariaDB/MySQL: {what} did not answer within {limit:?} (server stopped, \
-             overloaded or unreachable); the connection was dropped"
-        )
-    })
-    .await
-}
+/// The server as a call's time-bound error names it.
+pub(crate) const SERVER: &str = "MariaDB/MySQL";
 
 /// The server's version line, e.g. `10.11.6-MariaDB-0+deb12u1`.
 pub async fn server_version(conn: &mut Conn) -> Result<String> {
@@ -107,7 +96,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_call_past_its_bound_is_a_transient_connection_error() {
-        let hang = bounded(Duration::from_secs(3), "claim", async {
+        let hang = bounded(SERVER, Duration::from_secs(3), "claim", async {
             std::future::pending::<Result<()>>().await
         });
         let error = hang.await.unwrap_err();
@@ -117,7 +106,7 @@ mod tests {
             "{error}"
         );
         assert_eq!(
-            bounded(Duration::from_secs(3), "claim", async { Ok(7) })
+            bounded(SERVER, Duration::from_secs(3), "claim", async { Ok(7) })
                 .await
                 .unwrap(),
             7

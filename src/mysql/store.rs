@@ -23,7 +23,7 @@ use crate::claim_limits::{
 };
 use crate::error::{Error, Result};
 use crate::outbox::{BACKLOG_COUNT_LIMIT, ClaimStore, ClaimToken, Claimed, Failed, OutboxBacklog};
-use crate::outbox_backend::{forget_if_broken, purge_batch};
+use crate::outbox_backend::{bounded, forget_if_broken, purge_in_batches};
 
 /// The claim outbox `table` over MariaDB/MySQL, for a [`Relay`](crate::relay::Relay): it
 /// owns one connection, opened on first use and again after a connection-level failure.
@@ -95,7 +95,7 @@ impl MysqlOutboxStore {
             crate::metrics::store_connected(self.table.name(), "mysql");
         }
         let conn = self.conn.as_mut().expect("connected above");
-        let result = connection::bounded(limit, what, call(&self.table, conn)).await;
+        let result = bounded(connection::SERVER, limit, what, call(&self.table, conn)).await;
         forget_if_broken(&mut self.conn, &result);
         result
     }
@@ -238,7 +238,7 @@ impl MysqlOutboxStore {
         let limit = self.call_timeout;
         self.with_conn("purge_done", MAX_CLAIM_TIMEOUT, async |table, conn| {
             // One cutoff for every batch, so rows done while the purge runs are not chased.
-            connection::bounded(limit, "purge_done", async {
+            bounded(connection::SERVER, limit, "purge_done", async {
                 Ok(conn
                     .query_drop(format!(
                         "set @changefeed_cutoff = utc_timestamp(3) - interval {older_than_us} \
@@ -247,13 +247,8 @@ impl MysqlOutboxStore {
                     .await?)
             })
             .await?;
-            let mut deleted = 0u64;
-            loop {
-                let take = purge_batch(batch_size, max_rows, deleted);
-                if take == 0 {
-                    break;
-                }
-                connection::bounded(limit, "purge_done", async {
+            let deleted = purge_in_batches(batch_size, max_rows, async |take| {
+                bounded(connection::SERVER, limit, "purge_done", async {
                     Ok(conn
                         .query_drop(format!(
                             "delete from {} where status = 2 \
@@ -263,12 +258,9 @@ impl MysqlOutboxStore {
                         .await?)
                 })
                 .await?;
-                let count = conn.affected_rows();
-                deleted += count;
-                if count < take {
-                    break;
-                }
-            }
+                Ok(conn.affected_rows())
+            })
+            .await?;
             forget_idle_aggregates(conn, table, batch_size).await?;
             Ok(deleted)
         })

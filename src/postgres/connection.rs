@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, Config, NoTls};
 
 use crate::error::{Error, Result};
+use crate::outbox_backend::bounded;
 
 /// The connect timeout when the URL sets none (`connect_timeout=` in seconds).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -66,7 +67,7 @@ pub async fn connect(config: &Config) -> Result<Client> {
         .get_connect_timeout()
         .copied()
         .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
-    bounded(limit, "connect", async {
+    bounded(SERVER, limit, "connect", async {
         let (client, connection) = config.connect(NoTls).await?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
@@ -85,22 +86,12 @@ pub async fn connect(config: &Config) -> Result<Client> {
     .await
 }
 
-/// `call`, failing as a connection error after `limit`: a silent server or network must not
-/// hold the caller for ever, and the connection is not to be trusted after that.
-pub(crate) async fn bounded<T>(
-    limit: Duration,
-    what: &str,
-    call: impl Future<Output = Result<T>>,
-) -> Result<T> {
-    crate::outbox_backend::within(limit, call, || {
-        format!("PostgreSQL did not answer {what} within {limit:?}")
-    })
-    .await
-}
+/// The server as a call's time-bound error names it.
+pub(crate) const SERVER: &str = "PostgreSQL";
 
 /// The server's version, e.g. `15.8 (Debian 15.8-0+deb12u1)`.
 pub async fn server_version(client: &Client) -> Result<String> {
-    let row = bounded(CALL_TIMEOUT, "show server_version", async {
+    let row = bounded(SERVER, CALL_TIMEOUT, "show server_version", async {
         Ok(client.query_one("show server_version", &[]).await?)
     })
     .await?;

@@ -13,9 +13,10 @@
 
 use tokio_postgres::Client;
 
-use super::connection::{CALL_TIMEOUT, bounded};
+use super::connection::{CALL_TIMEOUT, SERVER};
 use super::table::OutboxTable;
 use crate::error::{Error, Result, find_cause};
+use crate::outbox_backend::bounded;
 
 mod embedded {
     refinery::embed_migrations!("postgres");
@@ -48,7 +49,7 @@ pub async fn migrate(client: &mut Client) -> Result<refinery::Report> {
 /// changefeed.setup_outbox($1)`): the same as calling the function from a SQL migration of
 /// yours. Fails with SQLSTATE CF306 (number 51306) when an existing table lacks columns.
 pub async fn setup_outbox(client: &Client, table: &OutboxTable) -> Result<()> {
-    bounded(CALL_TIMEOUT, "changefeed.setup_outbox", async {
+    bounded(SERVER, CALL_TIMEOUT, "changefeed.setup_outbox", async {
         client
             .execute("select changefeed.setup_outbox($1::text)", &[&table.name()])
             .await?;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, GenericClient, Row};
 
-use super::connection::{CALL_TIMEOUT, bounded, connect};
+use super::connection::{CALL_TIMEOUT, SERVER, connect};
 use super::table::OutboxTable;
 use crate::claim_limits::{
     MAX_CLAIM_TIMEOUT, MAX_PURGE_WINDOW, MAX_RETRY, check_claim, check_purge, failure_retry_us,
@@ -24,7 +24,9 @@ use crate::outbox::{
     ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Failed, Headers, NewMessage,
     UndecodableMessage,
 };
-use crate::outbox_backend::{forget_if_broken, headers_json, message_id, purge_batch};
+use crate::outbox_backend::{
+    bounded, forget_if_broken, headers_json, message_id, purge_in_batches,
+};
 use crate::outbox_store::{check_payload, parse_headers};
 
 /// The columns a claim returns, in the order [`claimed`] reads them.
@@ -168,7 +170,7 @@ impl PostgresOutboxStore {
         }
         let client = self.client.as_ref().expect("connected above");
         let table = self.table.quoted();
-        let result = bounded(CALL_TIMEOUT, what, call(&table, client)).await;
+        let result = bounded(SERVER, CALL_TIMEOUT, what, call(&table, client)).await;
         forget_if_broken(&mut self.client, &result);
         result
     }
@@ -296,32 +298,17 @@ impl PostgresOutboxStore {
                 row.try_get(0).map_err(|e| decode_error("cutoff", e))
             })
             .await?;
-        let mut deleted = 0u64;
-        loop {
-            let take = purge_batch(batch_size, max_rows, deleted);
-            if take == 0 {
-                break;
-            }
+        purge_in_batches(batch_size, max_rows, async |take| {
             let limit = i64::try_from(take).unwrap_or(i64::MAX);
-            let count = self
-                .execute(
-                    "a purge batch",
-                    |t| {
-                        format!(
-                            "delete from {t} where id in (select id from {t} \
-                             where status = 2 and processed_at < $1::text::timestamptz \
-                             limit $2)"
-                        )
-                    },
-                    &[&cutoff, &limit],
+            let sql = |t: &str| {
+                format!(
+                    "delete from {t} where id in (select id from {t} \
+                     where status = 2 and processed_at < $1::text::timestamptz limit $2)"
                 )
-                .await?;
-            deleted += count;
-            if count < take {
-                break;
-            }
-        }
-        Ok(deleted)
+            };
+            self.execute("a purge batch", sql, &[&cutoff, &limit]).await
+        })
+        .await
     }
 }
 

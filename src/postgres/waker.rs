@@ -9,7 +9,6 @@
 //! poll interval or one empty claim.
 
 use std::future::Future;
-use std::pin::pin;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -20,7 +19,7 @@ use tokio_postgres::{AsyncMessage, Config, NoTls};
 use super::connection::DEFAULT_CONNECT_TIMEOUT;
 use super::table::OutboxTable;
 use crate::error::Error;
-use crate::outbox_backend::poll_until_reconnect;
+use crate::outbox_backend::follow_or_poll;
 use crate::relay::RelayHandle;
 
 /// How the waker behaves; [`Default`] suits most deployments.
@@ -129,21 +128,23 @@ impl PostgresWaker {
     /// `fallback_poll` and tries again every `reconnect_delay`. Each (re)connection wakes the
     /// relay once, for what was committed while nobody listened.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let mut shutdown = pin!(shutdown);
-        loop {
-            let reason = tokio::select! {
-                biased;
-                () = shutdown.as_mut() => return,
-                reason = self.listen() => reason,
-            };
+        let (poll, delay) = (self.settings.fallback_poll, self.settings.reconnect_delay);
+        let polling = |reason: String| {
             tracing::warn!(%reason, "PostgreSQL waker: polling until it can listen again");
             self.state.send_replace(WakerState::Polling { reason });
             crate::metrics::wake_following(self.table.name(), "notify", false);
-            let (poll, delay) = (self.settings.fallback_poll, self.settings.reconnect_delay);
-            if !poll_until_reconnect(&self.handle, poll, delay, shutdown.as_mut()).await {
-                return;
-            }
-        }
+        };
+        // LISTEN has no position to resume from: the source is the waker alone.
+        follow_or_poll(
+            &self.handle,
+            poll,
+            delay,
+            shutdown,
+            &self,
+            |waker| Box::pin(waker.listen()),
+            polling,
+        )
+        .await;
     }
 
     /// Connects, LISTENs and wakes on notifications; returns why it stopped.

@@ -16,6 +16,10 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+#[cfg(feature = "cli")]
+pub mod cli;
+pub mod wake;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -82,19 +86,42 @@ pub struct OpenEnqueue {
     done: tokio::task::JoinHandle<()>,
 }
 
+/// The enqueuing task's end of an [`OpenEnqueue`].
+pub struct Handover {
+    inserted: oneshot::Sender<Enqueued>,
+    finish: oneshot::Receiver<bool>,
+}
+
+impl Handover {
+    /// Hands the enqueued `row` to the test, once the transaction counted it `own_count`
+    /// times itself (it must see its own enqueue: once), and waits for the test's word:
+    /// `true` to commit, `false` (or the [`OpenEnqueue`] dropped) to roll back.
+    pub async fn commit_when_told(self, row: Enqueued, own_count: i64) -> bool {
+        assert_eq!(own_count, 1, "the transaction sees its own enqueue");
+        let _ = self.inserted.send(row);
+        self.finish.await.unwrap_or(false)
+    }
+}
+
 impl OpenEnqueue {
-    /// Wraps the task of a store's harness: it sends the enqueued row on `inserted` once
-    /// the insert returned (and the transaction saw its own row), then commits on `true` from `finish` and rolls back on `false`
-    /// (or when the sender is dropped).
-    pub fn new(
-        inserted: oneshot::Receiver<Enqueued>,
-        finish: oneshot::Sender<bool>,
-        done: tokio::task::JoinHandle<()>,
-    ) -> Self {
-        OpenEnqueue {
+    /// Spawns the task `transaction` makes of a [`Handover`]: a store's harness begins a
+    /// transaction on a connection of its own, enqueues, hands the row over with
+    /// [`Handover::commit_when_told`], then commits or rolls back as told.
+    pub fn spawn<F, T>(transaction: F) -> Self
+    where
+        F: FnOnce(Handover) -> T,
+        T: Future<Output = ()> + Send + 'static,
+    {
+        let (inserted, inserted_rx) = oneshot::channel();
+        let (finish, finish_rx) = oneshot::channel();
+        let handover = Handover {
             inserted,
+            finish: finish_rx,
+        };
+        OpenEnqueue {
+            inserted: inserted_rx,
             finish,
-            done,
+            done: tokio::spawn(transaction(handover)),
         }
     }
 
@@ -213,6 +240,42 @@ impl Recorder {
         None
     }
 }
+
+/// Declares the contract's tests in a store's test file: one per scenario below, named as
+/// the scenario, `#[ignore]`d with `$ignore` (it needs a live server) on a four-worker
+/// runtime, each calling `$run(scenario_name, scenario).await`, where the store's harness
+/// makes a fresh outbox (under each setting it has, SQL Server's two isolations) and runs
+/// the scenario on it. So every store runs the same list, kept here once.
+#[allow(unused_macros)] // the stores' own test files do not declare the contract
+macro_rules! contract_tests {
+    ($ignore:literal, $run:path) => {
+        $crate::claim_contract::contract_tests!(
+            @each $ignore,
+            $run,
+            enqueue_is_transactional_and_idempotent,
+            head_of_aggregate_with_refill,
+            six_claimers_share_thirty_aggregates,
+            fifty_claimers_on_one_aggregate,
+            reaper_and_fenced_acknowledgements,
+            a_claim_expires_by_its_holders_timeout,
+            retry_requeue_and_dead,
+            purge_deletes_only_old_done_rows,
+            unicode_and_one_megabyte_payloads_round_trip,
+            an_open_enqueue_delays_only_its_aggregate,
+            a_relay_killed_mid_batch_loses_nothing,
+            a_relay_killed_with_batches_in_flight_loses_nothing,
+        );
+    };
+    (@each $ignore:literal, $run:path, $($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        #[ignore = $ignore]
+        async fn $name() {
+            $run(stringify!($name), $crate::claim_contract::$name).await;
+        }
+    )*};
+}
+#[allow(unused_imports)]
+pub(crate) use contract_tests;
 
 // ------------------------------------------------------------------------------------------
 // The scenarios

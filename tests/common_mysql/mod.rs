@@ -158,6 +158,18 @@ impl TestDb {
         ids.len()
     }
 
+    /// The binlog file the server writes now (`SHOW MASTER STATUS`).
+    pub async fn binlog_file(&self) -> String {
+        let row: Option<mysql_async::Row> = self
+            .conn()
+            .await
+            .query_first("show master status")
+            .await
+            .unwrap_or_else(|e| panic!("show master status: {e}"));
+        let file: Option<String> = row.expect("binary logging is on").get(0);
+        file.expect("a binlog file")
+    }
+
     /// `count(*)` of `table` where `condition`.
     pub async fn count(&self, table: &str, condition: &str) -> i64 {
         self.scalar(&format!("select count(*) from `{table}` where {condition}"))

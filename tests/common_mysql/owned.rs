@@ -44,6 +44,14 @@ impl OwnedServer {
         wait_until_up(&self.d(), START_LIMIT);
     }
 
+    /// Starts a server of its own (`name`) with a fresh database of the same name on it,
+    /// the bundle applied.
+    pub async fn with_database(name: &str) -> (Self, super::TestDb) {
+        let server = Self::start(name);
+        let db = super::database_on(name, |database| server.url_for(database)).await;
+        (server, db)
+    }
+
     /// A `mysql://` URL of `database` on this server (over its socket).
     pub fn url_for(&self, database: &str) -> String {
         format!("mysql://root@localhost/{database}?socket={}/sock", self.d())

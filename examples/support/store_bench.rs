@@ -1,0 +1,87 @@
+//! What the two store benchmarks (bench_mysql, bench_postgres) run alike around their own
+//! store, waker and commits: the commit-to-publish latency of a relay woken by the store's
+//! waker or polling, and the rows comparing a relay fleet with the bare SQL loop.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use changefeed::outbox::ClaimStore;
+use changefeed::relay::{Relay, RelayConfig, RelayHandle};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::relay_bench::{self, Clock, LATENCY_SAMPLES, fail};
+use crate::stats::{self, Summary};
+
+/// The relay's own poll when a waker wakes it: longer than a latency run.
+pub const WOKEN_POLL: Duration = Duration::from_secs(60);
+
+/// Resolves once the run stops: the shutdown future of a waker.
+pub async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stopped| *stopped).await;
+}
+
+/// Spawns a waker's `run` and waits until its `state` says it follows its source (`awake`);
+/// returns its task.
+pub async fn spawn_waker<St>(
+    mut state: watch::Receiver<St>,
+    awake: impl Fn(&St) -> bool,
+    run: impl Future<Output = ()> + Send + 'static,
+) -> JoinHandle<()> {
+    let task = tokio::spawn(run);
+    let _ = state.wait_for(awake).await;
+    task
+}
+
+/// Commit-to-publish latencies of [`LATENCY_SAMPLES`] single-message commits (`commit(n)`
+/// commits message `n` and returns its id) to a relay over `store` that polls every `poll`;
+/// or, with `waker`, that polls every [`WOKEN_POLL`] and is woken by the store's waker:
+/// `waker(handle, stop)` spawns one for the relay's `handle`, running until
+/// [`stopped`]`(stop)`, and returns its task once it follows its source. The run ends three
+/// `poll`s after the last commit.
+pub async fn latency<S, W, WF, C, CF>(
+    store: S,
+    poll: Duration,
+    waker: Option<W>,
+    commit: C,
+) -> Option<Summary>
+where
+    S: ClaimStore + Send + 'static,
+    W: FnOnce(RelayHandle, watch::Receiver<bool>) -> WF,
+    WF: Future<Output = JoinHandle<()>>,
+    C: FnMut(usize) -> CF,
+    CF: Future<Output = i64>,
+{
+    let clock = Arc::new(Clock::default());
+    let relay_poll = if waker.is_some() { WOKEN_POLL } else { poll };
+    let config = RelayConfig::default().poll_interval(relay_poll);
+    let relay = Relay::new(store, Arc::clone(&clock), config).unwrap_or_else(|e| fail("relay", e));
+    let (stop, stop_rx) = watch::channel(false);
+    let waker_task = match waker {
+        Some(start) => Some(start(relay.handle(), stop_rx.clone()).await),
+        None => None,
+    };
+    let relay_task = tokio::spawn(relay.run(stopped(stop_rx)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let commits = relay_bench::spaced_commits(LATENCY_SAMPLES, commit).await;
+    tokio::time::sleep(poll * 3).await;
+    let _ = stop.send(true);
+    let _ = relay_task.await;
+    if let Some(task) = waker_task {
+        let _ = task.await;
+    }
+    let published = clock.0.lock().await.clone();
+    relay_bench::commit_to_publish(&commits, |id| {
+        published.iter().find(|(p, _)| *p == id).map(|(_, at)| *at)
+    })
+}
+
+/// The table's rows for `relays` relays at `relay` msg/s next to as many bare SQL loops at
+/// `bare` msg/s, and their ratio.
+pub fn print_relay_and_bare(relays: usize, relay: f64, bare: f64) {
+    let ratio = stats::ratio(relay, bare).unwrap_or(0.0);
+    println!("| {relays} relay(s), no-op publisher | {relay:.0} msg/s |");
+    println!("| {relays} bare SQL loop(s) | {bare:.0} msg/s |");
+    println!("| ratio relay / bare, {relays} | {ratio:.2} |");
+}
