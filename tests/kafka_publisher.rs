@@ -24,7 +24,10 @@ use changefeed::relay::{
 };
 use serde_json::json;
 
-use common_kafka::{Cluster, Consumed, consume, count_by_message_id, create_topic, start_cluster};
+use common_kafka::{
+    Cluster, Consumed, ONE_REQUEST_IN_FLIGHT, consume, count_by_message_id, create_topic,
+    start_cluster,
+};
 use memory_store::{MemoryStore, Status};
 
 const TOPIC: &str = "orders";
@@ -37,6 +40,7 @@ fn producer(cluster: &Cluster) -> ProducerSettings {
         // Short, so a test about an outage ends in seconds; still well below the claim
         // timeout, as KafkaPublisher's documentation asks.
         .set("message.timeout.ms", "4000")
+        .set(ONE_REQUEST_IN_FLIGHT.0, ONE_REQUEST_IN_FLIGHT.1)
 }
 
 fn publisher(settings: ProducerSettings) -> KafkaPublisher {

@@ -15,6 +15,20 @@ use changefeed::kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
 /// How long a metadata or watermark request may take.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The producer setting of every test producer that meets failed produce requests: one
+/// request in flight to a broker at a time.
+///
+/// The mock cluster checks an idempotent producer's sequence numbers only when it has a
+/// transactional id. With several requests in flight, a request the mock fails lets the
+/// next one be written first, and librdkafka then counts the failed request's messages as
+/// delivered ("implicitly acked by subsequent batch success") though the mock never wrote
+/// them. A real broker refuses that next request with OUT_OF_ORDER_SEQUENCE_NUMBER, so
+/// this is the mock's gap, not the client's: seen as an export that "lost" the first
+/// messages of a partition (their delivery reports said offset -1001). One request at a
+/// time keeps a failed request's messages at the head of their partition's queue, so
+/// nothing later is sent before they are written.
+pub const ONE_REQUEST_IN_FLIGHT: (&str, &str) = ("max.in.flight.requests.per.connection", "1");
+
 /// A mock cluster of librdkafka's in-process brokers (ids `1..=brokers`).
 pub type Cluster = MockCluster<'static, DefaultProducerContext>;
 

@@ -9,7 +9,7 @@ use changefeed::kafka::rdkafka::producer::{DefaultProducerContext, FutureProduce
 use serde_json::Value;
 use ulid::Ulid;
 
-use crate::common_kafka::{self, Consumed};
+use crate::common_kafka::{self, Consumed, ONE_REQUEST_IN_FLIGHT};
 
 /// A one-broker mock cluster (broker id 1) with `topic` of three partitions.
 pub fn cluster(topic: &str) -> MockCluster<'static, DefaultProducerContext> {
@@ -20,14 +20,16 @@ pub fn cluster(topic: &str) -> MockCluster<'static, DefaultProducerContext> {
     cluster
 }
 
-/// An idempotent producer (`acks=all`) for `bootstrap`, with the extra settings.
+/// An idempotent producer (`acks=all`) for `bootstrap`, with the extra settings, and one
+/// produce request in flight at a time (see [`ONE_REQUEST_IN_FLIGHT`]).
 pub fn producer(bootstrap: &str, extra: &[(&str, &str)]) -> FutureProducer {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("linger.ms", "2");
+        .set("linger.ms", "2")
+        .set(ONE_REQUEST_IN_FLIGHT.0, ONE_REQUEST_IN_FLIGHT.1);
     for (key, value) in extra {
         config.set(*key, *value);
     }
