@@ -24,6 +24,7 @@ use changefeed::outbox_store::{CLAIM_PAUSE_MAX, OutboxStore, SqlClaimStore};
 use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
 use common::claims::decoded;
 use common::events::{exec_ok, rows_ok};
+use common::sessions::session_id;
 use common::tasks::{bounded, join, spawn_bounded};
 use common::{TestDb, scalar_i64};
 use serde_json::json;
@@ -49,10 +50,6 @@ async fn enqueue_committed(store: &OutboxStore, client: &mut Client, message: &N
     let enqueued = store.enqueue(client, message).await.expect("enqueue");
     exec_ok(client, "commit transaction;").await;
     enqueued.id
-}
-
-async fn session_id(client: &mut Client) -> i64 {
-    scalar_i64(client, "select convert(bigint, @@spid);").await
 }
 
 // ------------------------------------------------------------------------------------------
