@@ -369,26 +369,6 @@ async fn mariadb_outbox(name: &str, outbox: &str, max_in_flight: u32) -> common_
     db
 }
 
-/// Waits up to `limit` (checking every 50 ms) for `count` rows or more of `outbox` to match
-/// `condition`: whether they did.
-#[cfg(feature = "mysql")]
-async fn rows_reach(
-    db: &common_mysql::TestDb,
-    outbox: &str,
-    condition: &str,
-    count: i64,
-    limit: Duration,
-) -> bool {
-    let started = Instant::now();
-    while db.count(outbox, condition).await < count {
-        if started.elapsed() > limit {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    true
-}
-
 /// Declares the tests of the MariaDB relay test `$name` (an `async fn $name(max_in_flight:
 /// u32)` next to it, under the `mysql` feature): one and four batches in flight, ignored
 /// unless MariaDB is asked for.
@@ -429,14 +409,9 @@ async fn relay_delivers_a_mariadb_outbox_to_kafka_and_stops_on_sigint_with_0(max
         ],
         Stdio::piped(),
     );
-    if !rows_reach(
-        &db,
-        "outbox_kafka",
-        "status = 2",
-        5,
-        Duration::from_secs(60),
-    )
-    .await
+    if !db
+        .count_reaches("outbox_kafka", "status = 2", 5, Duration::from_secs(60))
+        .await
     {
         let (status, stderr) = wait_for_exit(child, Duration::ZERO);
         panic!("not all 5 messages were marked done within 60 s ({status}): {stderr}");
@@ -513,14 +488,8 @@ async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal(max_in_flight: 
     .await;
     // Claimed (status 1, processing): its publish waits for the broker.
     assert!(
-        rows_reach(
-            &db,
-            "outbox_twice",
-            "status = 1",
-            1,
-            Duration::from_secs(30)
-        )
-        .await,
+        db.count_reaches("outbox_twice", "status = 1", 1, Duration::from_secs(30))
+            .await,
         "never claimed"
     );
     signal(&child, libc::SIGINT);
@@ -583,14 +552,8 @@ async fn relay_to_stdout_from_mariadb_stops_on_sigterm_with_0_and_its_counts(max
         .unwrap();
     assert_eq!(lines.len(), 3, "{lines:?}");
     assert!(
-        rows_reach(
-            &db,
-            "outbox_stdout",
-            "status = 2",
-            3,
-            Duration::from_secs(30)
-        )
-        .await,
+        db.count_reaches("outbox_stdout", "status = 2", 3, Duration::from_secs(30))
+            .await,
         "never marked done"
     );
     tokio::time::sleep(Duration::from_millis(1200)).await;

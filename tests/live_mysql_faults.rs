@@ -42,12 +42,11 @@ fn secs(n: u64) -> Duration {
 }
 
 /// Polls `condition` every 50 ms until it holds; fails the test after `limit`.
-async fn wait_until(what: &str, limit: Duration, mut condition: impl AsyncFnMut() -> bool) {
-    let started = Instant::now();
-    while !condition().await {
-        assert!(started.elapsed() < limit, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+async fn wait_until(what: &str, limit: Duration, condition: impl AsyncFnMut() -> bool) {
+    assert!(
+        common_mysql::poll_until(limit, condition).await,
+        "not within {limit:?}: {what}"
+    );
 }
 
 /// `count` messages of `aggregates` aggregates, each with a payload of `size` bytes. A

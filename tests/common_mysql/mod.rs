@@ -10,6 +10,7 @@ use changefeed::mysql::{MysqlOutboxStore, OutboxTable, enqueue, migrate, setup_o
 use changefeed::outbox::{Enqueued, NewMessage};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Pool};
+use std::time::{Duration, Instant};
 
 /// One test's database.
 pub struct TestDb {
@@ -175,4 +176,28 @@ impl TestDb {
         self.scalar(&format!("select count(*) from `{table}` where {condition}"))
             .await
     }
+
+    /// Whether [`count`](Self::count) of `table` where `condition` reaches `count` within
+    /// `limit`.
+    pub async fn count_reaches(
+        &self,
+        table: &str,
+        condition: &str,
+        count: i64,
+        limit: Duration,
+    ) -> bool {
+        poll_until(limit, async || self.count(table, condition).await >= count).await
+    }
+}
+
+/// Polls `condition` every 50 ms: `true` once it holds, `false` when `limit` passed first.
+pub async fn poll_until(limit: Duration, mut condition: impl AsyncFnMut() -> bool) -> bool {
+    let started = Instant::now();
+    while !condition().await {
+        if started.elapsed() > limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
 }
