@@ -146,20 +146,27 @@ mod tests {
         Cli::try_parse_from(std::iter::once("changefeed").chain(args.iter().copied()))
     }
 
+    /// The arguments of `$command` if it is the subcommand `$variant`, else a panic that
+    /// shows what it is.
+    macro_rules! arguments_of {
+        ($variant:path, $command:expr) => {
+            match $command {
+                $variant(arguments) => arguments,
+                other => panic!("{other:?}"),
+            }
+        };
+    }
+
     #[test]
     fn subcommands_parse_with_their_defaults() {
         let cli = parse(&["--url", "server=x", "tail", "app.Event"]).unwrap();
         assert_eq!(cli.url.as_deref(), Some("server=x"));
         assert_eq!(cli.connect_timeout.value, Duration::from_secs(15));
-        match cli.command {
-            Command::Tail(tail) => {
-                assert_eq!(tail.shard, 0);
-                assert_eq!(tail.from, StartAt::Start);
-                assert!(!tail.with_event);
-                assert_eq!(tail.page.page_size, 1000);
-            }
-            other => panic!("{other:?}"),
-        }
+        let tail = arguments_of!(Command::Tail, cli.command);
+        assert_eq!(tail.shard, 0);
+        assert_eq!(tail.from, StartAt::Start);
+        assert!(!tail.with_event);
+        assert_eq!(tail.page.page_size, 1000);
 
         let cli = parse(&[
             "purge",
@@ -173,25 +180,17 @@ mod tests {
             "10",
         ])
         .unwrap();
-        match cli.command {
-            Command::Purge(purge) => {
-                assert_eq!(purge.older_than.as_millis_i64(), 2_592_000_000);
-                assert_eq!(purge.shard, Some(2));
-                assert!(purge.dry_run && !purge.force);
-                assert_eq!(purge.batch_size, 5000);
-                assert_eq!(purge.max_rows, Some(10));
-            }
-            other => panic!("{other:?}"),
-        }
+        let purge = arguments_of!(Command::Purge, cli.command);
+        assert_eq!(purge.older_than.as_millis_i64(), 2_592_000_000);
+        assert_eq!(purge.shard, Some(2));
+        assert!(purge.dry_run && !purge.force);
+        assert_eq!(purge.batch_size, 5000);
+        assert_eq!(purge.max_rows, Some(10));
 
         let cli = parse(&["purge-outbox", "dbo.outbox", "--older-than", "7d"]).unwrap();
-        match cli.command {
-            Command::PurgeOutbox(purge) => {
-                assert_eq!(purge.older_than.value, Duration::from_secs(7 * 86_400));
-                assert_eq!(purge.batch_size, 1000);
-            }
-            other => panic!("{other:?}"),
-        }
+        let purge = arguments_of!(Command::PurgeOutbox, cli.command);
+        assert_eq!(purge.older_than.value, Duration::from_secs(7 * 86_400));
+        assert_eq!(purge.batch_size, 1000);
         // The global options also go after the subcommand.
         let cli = parse(&["status", "--consumers", "--url", "server=y"]).unwrap();
         assert_eq!(cli.url.as_deref(), Some("server=y"));
@@ -207,21 +206,17 @@ mod tests {
     #[test]
     fn relay_and_export_parse_with_their_kafka_defaults() {
         let cli = parse(&["relay", "--outbox", "dbo.outbox"]).unwrap();
-        match cli.command {
-            Command::Relay(relay) => {
-                assert_eq!(relay.brokers, None);
-                assert_eq!(relay.topic_prefix, "");
-                assert_eq!(relay.dlq_suffix, ".dlq");
-                assert_eq!(relay.max_in_flight, 4);
-                assert!(relay.service.producer.settings.is_empty());
-                assert_eq!(
-                    relay.service.producer.broker_timeout.value,
-                    Duration::from_secs(10)
-                );
-                assert_eq!(relay.service.progress.every(), Some(Duration::from_secs(5)));
-            }
-            other => panic!("{other:?}"),
-        }
+        let relay = arguments_of!(Command::Relay, cli.command);
+        assert_eq!(relay.brokers, None);
+        assert_eq!(relay.topic_prefix, "");
+        assert_eq!(relay.dlq_suffix, ".dlq");
+        assert_eq!(relay.max_in_flight, 4);
+        assert!(relay.service.producer.settings.is_empty());
+        assert_eq!(
+            relay.service.producer.broker_timeout.value,
+            Duration::from_secs(10)
+        );
+        assert_eq!(relay.service.progress.every(), Some(Duration::from_secs(5)));
         let cli = parse(&[
             "export",
             "app.Order",
@@ -240,23 +235,19 @@ mod tests {
             "--quiet",
         ])
         .unwrap();
-        match cli.command {
-            Command::Export(export) => {
-                assert_eq!(export.brokers, "k1:9092,k2:9092");
-                assert_eq!(export.shards, [2, 0, 2]);
-                assert_eq!(export.from, StartAt::Start);
-                assert_eq!(export.page.page_size, 1000);
-                assert_eq!(
-                    export.service.producer.settings,
-                    [
-                        ("compression.type".to_owned(), "zstd".to_owned()),
-                        ("sasl.password".to_owned(), "a=b".to_owned())
-                    ]
-                );
-                assert_eq!(export.service.progress.every(), None);
-            }
-            other => panic!("{other:?}"),
-        }
+        let export = arguments_of!(Command::Export, cli.command);
+        assert_eq!(export.brokers, "k1:9092,k2:9092");
+        assert_eq!(export.shards, [2, 0, 2]);
+        assert_eq!(export.from, StartAt::Start);
+        assert_eq!(export.page.page_size, 1000);
+        assert_eq!(
+            export.service.producer.settings,
+            [
+                ("compression.type".to_owned(), "zstd".to_owned()),
+                ("sasl.password".to_owned(), "a=b".to_owned())
+            ]
+        );
+        assert_eq!(export.service.progress.every(), None);
         // The Kafka-only relay options need --brokers; export needs all three names.
         for bad in [
             &["relay", "--outbox", "o", "--topic-prefix", "p."][..],
@@ -286,14 +277,10 @@ mod tests {
             "ULID",
         ])
         .unwrap();
-        match cli.command {
-            Command::SetupFeed(setup) => {
-                assert!(setup.serialize_writers && !setup.outbox);
-                assert_eq!(setup.shard_column.as_deref(), Some("Shard"));
-                assert_eq!(setup.ulid_column.as_deref(), Some("ULID"));
-            }
-            other => panic!("{other:?}"),
-        }
+        let setup = arguments_of!(Command::SetupFeed, cli.command);
+        assert!(setup.serialize_writers && !setup.outbox);
+        assert_eq!(setup.shard_column.as_deref(), Some("Shard"));
+        assert_eq!(setup.ulid_column.as_deref(), Some("ULID"));
         for bad in [
             &["setup-feed", "app.Event"][..],
             &["setup-feed", "app.Event", "--outbox", "--serialize-writers"],
@@ -359,10 +346,8 @@ mod tests {
     fn max_in_flight_is_between_1_and_64() {
         for (given, expected) in [("1", 1), ("8", 8), ("64", 64)] {
             let cli = parse(&["relay", "--outbox", "o", "--max-in-flight", given]).unwrap();
-            match cli.command {
-                Command::Relay(relay) => assert_eq!(relay.max_in_flight, expected),
-                other => panic!("{other:?}"),
-            }
+            let relay = arguments_of!(Command::Relay, cli.command);
+            assert_eq!(relay.max_in_flight, expected);
         }
         for bad in ["0", "65", "four"] {
             let error = parse(&["relay", "--outbox", "o", "--max-in-flight", bad])
