@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use changefeed::outbox::{ClaimedMessage, Headers, NewMessage};
-use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
+use changefeed::outbox_store::SqlClaimStore;
 use changefeed::relay::{DeadLetter, PublishError, PublishOutcome, Publisher, Relay, RelayConfig};
 
 #[derive(Default)]
@@ -65,24 +65,12 @@ impl Publisher for InMemoryBroker {
 
 #[tokio::main]
 async fn main() {
-    let mut client = support::connect_and_migrate().await;
-    support::exec(
-        &mut client,
-        "exec changefeed.setup_outbox @table_name = N'dbo.custom_publisher_outbox';",
-    )
-    .await
-    .unwrap_or_else(|e| support::exit_with(e));
-    let outbox: OutboxStore = "dbo.custom_publisher_outbox".parse().expect("a valid name");
-
-    let pool = support::pool_from_env().await;
     let messages = [
         NewMessage::new("orders", serde_json::json!({ "order": 1 })),
         NewMessage::new("orders", serde_json::json!({ "order": 2, "poison": true })),
         NewMessage::new("slow", serde_json::json!({ "order": 3 })),
     ];
-    support::enqueue_all(&pool, &outbox, &messages)
-        .await
-        .unwrap_or_else(|e| support::exit_with(e));
+    let (outbox, pool) = support::outbox_with("dbo.custom_publisher_outbox", &messages).await;
 
     let broker = std::sync::Arc::new(InMemoryBroker::default());
     let relay = Relay::new(

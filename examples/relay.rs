@@ -13,21 +13,11 @@
 mod support;
 
 use changefeed::outbox::NewMessage;
-use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
+use changefeed::outbox_store::SqlClaimStore;
 use changefeed::relay::{JsonLines, Relay, RelayConfig};
 
 #[tokio::main]
 async fn main() {
-    let mut client = support::connect_and_migrate().await;
-    support::exec(
-        &mut client,
-        "exec changefeed.setup_outbox @table_name = N'dbo.outbox';",
-    )
-    .await
-    .unwrap_or_else(|e| support::exit_with(e));
-
-    let outbox: OutboxStore = "dbo.outbox".parse().expect("a valid name");
-    let pool = support::pool_from_env().await;
     let messages: Vec<NewMessage> = [(1, "order-1"), (2, "order-1"), (3, "order-2")]
         .into_iter()
         .map(|(n, aggregate)| {
@@ -35,9 +25,7 @@ async fn main() {
                 .aggregate("order", aggregate)
         })
         .collect();
-    support::enqueue_all(&pool, &outbox, &messages)
-        .await
-        .unwrap_or_else(|e| support::exit_with(e));
+    let (outbox, pool) = support::outbox_with("dbo.outbox", &messages).await;
 
     let store = SqlClaimStore::with_pool(outbox, pool);
     let relay = Relay::new(store, JsonLines, RelayConfig::default())

@@ -65,16 +65,36 @@ impl From<&str> for Failure {
 /// A measurement's result.
 pub type Outcome<T> = Result<T, Failure>;
 
+/// A failure a loop can go on after: the statement rolled back and the connection is still
+/// usable (a lost connection is not, so it fails the loop however transient it is).
 fn is_transient(error: &changefeed::Error) -> bool {
     error.is_transient() && !matches!(error, changefeed::Error::Connection(_))
 }
 
+/// What every loop does with a failed call: a transient failure is counted in `transient`
+/// and the loop goes on (`Ok`), until there have been more than [`MAX_TRANSIENT`]; any
+/// other failure, and the transient one past that budget, ends the loop (`Err`).
+pub fn absorb_transient(error: changefeed::Error, transient: &mut u64) -> Outcome<()> {
+    if !is_transient(&error) {
+        return Err(error.into());
+    }
+    *transient += 1;
+    if *transient > MAX_TRANSIENT {
+        return Err(Failure(format!(
+            "more than {MAX_TRANSIENT} transient failures; the last: {error}"
+        )));
+    }
+    Ok(())
+}
+
 /// All rows of the first result of a parameterized batch; a transient failure (the
-/// batch rolled back, the connection still usable) comes back as `Ok(None)`.
+/// batch rolled back, the connection still usable) is counted in `transient` (see
+/// [`absorb_transient`]) and comes back as `Ok(None)`.
 async fn query_rows(
     client: &mut Client,
     sql: &str,
     params: &[&dyn tiberius::ToSql],
+    transient: &mut u64,
 ) -> Outcome<Option<Vec<Row>>> {
     let result = async {
         client
@@ -87,8 +107,7 @@ async fn query_rows(
     .await;
     match result {
         Ok(rows) => Ok(Some(rows)),
-        Err(error) if is_transient(&error) => Ok(None),
-        Err(error) => Err(error.into()),
+        Err(error) => absorb_transient(error, transient).map(|()| None),
     }
 }
 
@@ -461,17 +480,7 @@ async fn write_one(
     *k += 1;
     match spec.tx.run(client, id, shard).await {
         Ok(()) => Ok(Some(id)),
-        Err(error) if is_transient(&error) => {
-            *transient += 1;
-            if *transient > MAX_TRANSIENT {
-                Err(Failure(format!(
-                    "more than {MAX_TRANSIENT} transient failures; the last: {error}"
-                )))
-            } else {
-                Ok(None)
-            }
-        }
-        Err(error) => Err(error.into()),
+        Err(error) => absorb_transient(error, transient).map(|()| None),
     }
 }
 
@@ -567,10 +576,7 @@ pub async fn read_feed_loop(
                     seen += page.rows.len() as u64;
                     cursor = page.next_cursor;
                 }
-                Err(error) if is_transient(&error) && transient < MAX_TRANSIENT => {
-                    transient += 1;
-                }
-                Err(error) => return Err(error.into()),
+                Err(error) => absorb_transient(error, &mut transient)?,
             }
         }
         Ok(seen)
@@ -612,16 +618,20 @@ pub async fn plain_read_loop(
         let page = page_size as i32;
         while seen < expected {
             let rows = match read {
-                PlainRead::Drain => query_rows(&mut client, &sql, &[&shard, &page]).await?,
+                PlainRead::Drain => {
+                    query_rows(&mut client, &sql, &[&shard, &page], &mut transient).await?
+                }
                 PlainRead::Replay => {
-                    query_rows(&mut client, &sql, &[&page, &shard, &&cursor[..]]).await?
+                    query_rows(
+                        &mut client,
+                        &sql,
+                        &[&page, &shard, &&cursor[..]],
+                        &mut transient,
+                    )
+                    .await?
                 }
             };
             let Some(rows) = rows else {
-                transient += 1;
-                if transient > MAX_TRANSIENT {
-                    return Err(Failure::from("too many transient failures"));
-                }
                 continue;
             };
             if rows.is_empty() {
@@ -721,10 +731,7 @@ pub async fn consume_loop(
                         tokio::time::sleep(sleep).await;
                     }
                 }
-                Err(error) if is_transient(&error) && transient < MAX_TRANSIENT => {
-                    transient += 1;
-                }
-                Err(error) => return Err(Failure::from(error)),
+                Err(error) => absorb_transient(error, &mut transient)?,
             }
         }
     }

@@ -17,9 +17,9 @@ use tokio::task::JoinSet;
 
 use crate::args::Options;
 use crate::load::{
-    Failure, Outcome, PlainRead, Pool, Timed, Tx, Waiting, WriteSpec, Written, consume_loop, exec,
-    finish, integer, parallel, plain_read_loop, preload_events, read_feed_loop, rows, scalar, span,
-    timed, write_loop,
+    Failure, Outcome, PlainRead, Pool, Timed, Tx, Waiting, WriteSpec, Written, absorb_transient,
+    consume_loop, exec, finish, integer, parallel, plain_read_loop, preload_events, read_feed_loop,
+    rows, scalar, span, timed, write_loop,
 };
 use crate::report::Row;
 use crate::sql::{self, SCHEMA};
@@ -990,7 +990,7 @@ async fn raw_claim_loop(
 ) -> crate::load::TaskResult<Vec<Duration>> {
     let outcome = timed(&barrier, async {
         let mut claims = Vec::new();
-        let mut transient = 0u32;
+        let mut transient = 0u64;
         while done.load(Ordering::SeqCst) < target {
             let started = Instant::now();
             let batch = match store
@@ -998,11 +998,10 @@ async fn raw_claim_loop(
                 .await
             {
                 Ok(batch) => batch,
-                Err(error) if error.is_transient() && transient < 1000 => {
-                    transient += 1;
+                Err(error) => {
+                    absorb_transient(error, &mut transient)?;
                     continue;
                 }
-                Err(error) => return Err(error.into()),
             };
             claims.push(started.elapsed());
             let Some(first) = batch.first() else {

@@ -1,4 +1,5 @@
-//! What the examples share: a connection from CHANGEFEED_URL, or one line saying what to set.
+//! What the examples share: a connection from CHANGEFEED_URL, or one line saying what to set,
+//! and the claim outbox the relay examples start from.
 
 use changefeed::connection::{URL_VARIABLE, url_from_env};
 use changefeed::outbox::NewMessage;
@@ -51,4 +52,25 @@ pub async fn enqueue_all(
         outbox.enqueue(&mut tx, message).await?;
     }
     tx.commit().await
+}
+
+/// Applies the migrations, creates the claim outbox `table` (`schema.table`) if it is not
+/// there yet and enqueues `messages` into it in one transaction: where the relay examples
+/// start. Returns the outbox and a pool of two connections for the relay's store.
+pub async fn outbox_with(table: &str, messages: &[NewMessage]) -> (OutboxStore, Pool) {
+    let outbox: OutboxStore = table.parse().unwrap_or_else(|e| exit_with(e));
+    let mut client = connect_and_migrate().await;
+    // A parsed name holds no quote, so it can stand inside the N'' literal.
+    let setup = format!(
+        "exec changefeed.setup_outbox @table_name = N'{}';",
+        outbox.table()
+    );
+    exec(&mut client, &setup)
+        .await
+        .unwrap_or_else(|e| exit_with(e));
+    let pool = pool_from_env().await;
+    enqueue_all(&pool, &outbox, messages)
+        .await
+        .unwrap_or_else(|e| exit_with(e));
+    (outbox, pool)
 }
