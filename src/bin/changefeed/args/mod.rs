@@ -349,13 +349,31 @@ mod tests {
             let relay = arguments_of!(Command::Relay, cli.command);
             assert_eq!(relay.max_in_flight, expected);
         }
-        for bad in ["0", "65", "four"] {
+        // "-1" is read as the option's value (not as an unknown option), so its error
+        // names the option and its range like any other out-of-range number.
+        for bad in ["0", "65", "four", "-1"] {
             let error = parse(&["relay", "--outbox", "o", "--max-in-flight", bad])
                 .expect_err(bad)
                 .to_string();
             assert!(error.contains("--max-in-flight"), "{bad}: {error}");
         }
-        // clap reads a leading '-' as an option: refused all the same.
-        parse(&["relay", "--outbox", "o", "--max-in-flight", "-1"]).expect_err("-1");
+    }
+
+    #[test]
+    fn a_negative_number_or_duration_is_refused_naming_its_option() {
+        for (option, bad) in [
+            ("--batch-size", "-1"),
+            ("--max-in-flight", "-4"),
+            ("--shutdown-grace", "-5s"),
+            ("--backlog-interval", "-15s"),
+            ("--ready-within", "-60s"),
+        ] {
+            let mut line = vec!["relay", "--outbox", "o", option, bad];
+            if option != "--batch-size" && option != "--max-in-flight" {
+                line.extend(["--metrics-addr", "127.0.0.1:9000"]);
+            }
+            let error = parse(&line).expect_err(bad).to_string();
+            assert!(error.contains(option), "{option} {bad}: {error}");
+        }
     }
 }

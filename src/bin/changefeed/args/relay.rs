@@ -28,14 +28,14 @@ pub struct RelayArgs {
     pub outbox: String,
 
     /// Messages per claim
-    #[arg(long, value_name = "N", default_value_t = 100,
+    #[arg(long, value_name = "N", default_value_t = 100, allow_hyphen_values = true,
         value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_size: u32,
 
     /// Batches between claim and acknowledgement at once: the next batch is claimed while
     /// earlier ones are being delivered (per-aggregate order holds at any value; 1 claims,
     /// publishes and acknowledges one batch at a time)
-    #[arg(long, value_name = "N",
+    #[arg(long, value_name = "N", allow_hyphen_values = true,
         default_value_t = changefeed::relay::RelayConfig::DEFAULT_MAX_IN_FLIGHT,
         value_parser = clap::value_parser!(u32).range(1..=i64::from(changefeed::relay::MAX_IN_FLIGHT)))]
     pub max_in_flight: u32,
@@ -72,6 +72,7 @@ pub struct RelayArgs {
         long,
         value_name = "DURATION",
         default_value = "10s",
+        allow_hyphen_values = true,
         value_parser = parse_grace
     )]
     pub shutdown_grace: CliDuration,
@@ -83,6 +84,7 @@ pub struct RelayArgs {
         value_name = "DURATION",
         default_value = "15s",
         requires = "metrics_addr",
+        allow_hyphen_values = true,
         value_parser = parse_positive
     )]
     pub backlog_interval: CliDuration,
