@@ -99,6 +99,55 @@ fn an_unreachable_server_is_one_line_naming_the_address_fast() {
     assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
 }
 
+/// With `--log-format json` the final error is one JSON object on one line (what a log
+/// shipper parses), carrying the same message and fix as the human line.
+#[test]
+fn with_json_logs_a_failure_is_one_json_object() {
+    for args in [
+        &["relay", "--outbox", "dbo.outbox", "--url", UNREACHABLE][..],
+        &[
+            "relay",
+            "--outbox",
+            "outbox",
+            "--url",
+            "mysql://u@127.0.0.1:1/db",
+        ],
+        &[
+            "export",
+            "app.Event",
+            "--brokers",
+            "127.0.0.1:1",
+            "--topic",
+            "t",
+            "--consumer",
+            "c",
+            "--broker-timeout",
+            "1s",
+            "--url",
+            UNREACHABLE,
+        ],
+    ] {
+        let mut json = args.to_vec();
+        json.extend(["--log-format", "json"]);
+        let output = changefeed(&json);
+        assert!(!output.status.success(), "{args:?}: {output:?}");
+        assert!(output.stdout.is_empty(), "{args:?}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: one line, got {lines:#?}");
+        let line: serde_json::Value = serde_json::from_str(lines[0])
+            .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {}", lines[0]));
+        assert_eq!(line["level"], "ERROR", "{line}");
+        assert_eq!(line["target"], "changefeed", "{line}");
+        assert!(line["timestamp"].is_string(), "{line}");
+        let message = line["message"].as_str().expect("a message");
+        // The same words the human format prints after `error: `.
+        let human = assert_one_error_line(&changefeed(args));
+        assert_eq!(Some(message), human.strip_prefix("error: "), "{args:?}");
+        assert!(message.contains("127.0.0.1:1"), "{message}");
+    }
+}
+
 #[test]
 fn every_command_fails_the_same_way_without_a_server() {
     for args in [
