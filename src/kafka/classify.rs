@@ -281,10 +281,8 @@ mod tests {
 
     #[test]
     fn request_level_refusals_are_told_apart_from_a_single_messages() {
-        // Every code the table above says a broker refuses a whole request with.
         for code in [
             C::MessageSizeTooLarge,
-            C::InvalidMessageSize,
             C::MessageBatchTooLarge,
             C::InvalidMessage,
             C::InvalidRecord,
