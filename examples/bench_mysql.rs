@@ -28,11 +28,9 @@ mod stats;
 #[path = "support/store_bench.rs"]
 mod store_bench;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, WakerState};
-use changefeed::outbox::NewMessage;
 use mysql_bench::BenchDb;
 use relay_bench::{AGGREGATES, BATCH, fail};
 use stats::Summary;
@@ -62,17 +60,9 @@ async fn latency(db: &BenchDb, binlog: bool) -> Option<Summary> {
         let following = |s: &WakerState| matches!(s, WakerState::Following { .. });
         store_bench::spawn_waker(state, following, waker.run(store_bench::stopped(stop)))
     });
-    // Every commit on one connection, as before; the mutex only lends it to each commit.
-    let conn = pool.get_conn().await.unwrap_or_else(|e| fail("connect", e));
-    let conn = Arc::new(tokio::sync::Mutex::new(conn));
-    let commit = |n| {
-        let conn = Arc::clone(&conn);
-        async move {
-            let mut conn = conn.lock().await;
-            let message = NewMessage::new("latency", serde_json::json!({ "n": n }));
-            db.commit_one(&mut conn, &message).await
-        }
-    };
+    // Every commit on one connection, as before.
+    let mut conn = pool.get_conn().await.unwrap_or_else(|e| fail("connect", e));
+    let commit = async |message| db.commit_one(&mut conn, &message).await;
     let store = MysqlOutboxStore::new(table.clone(), opts.clone());
     store_bench::latency(store, POLL, waker, commit).await
 }

@@ -188,21 +188,16 @@ async fn relay_throughput(db: &BenchDb, bootstrap: &str, messages: usize, relays
 async fn latency(db: &BenchDb, bootstrap: &str, relays: usize, samples: usize) -> Option<Summary> {
     db.reset().await;
     let fleet = Fleet::start(db, bootstrap, relays).await;
-    // Every commit on one connection; the mutex only lends it to each commit.
-    let conn = db
+    // Every commit on one connection.
+    let mut conn = db
         .pool
         .get_conn()
         .await
         .unwrap_or_else(|e| fail("connect", e));
-    let conn = Arc::new(tokio::sync::Mutex::new(conn));
-    let commits = relay_bench::spaced_commits(samples, |n| {
-        let conn = Arc::clone(&conn);
-        async move {
-            let mut conn = conn.lock().await;
-            let message = NewMessage::new(TOPIC, serde_json::json!({ "n": n }))
-                .aggregate("bench", format!("a{}", n % AGGREGATES));
-            db.commit_one(&mut conn, &message).await
-        }
+    let commits = relay_bench::spaced_commits(samples, async |n| {
+        let message = NewMessage::new(TOPIC, serde_json::json!({ "n": n }))
+            .aggregate("bench", format!("a{}", n % AGGREGATES));
+        db.commit_one(&mut conn, &message).await
     })
     .await;
     mysql_bench::until_drained(db).await;

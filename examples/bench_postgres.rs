@@ -25,7 +25,6 @@ mod stats;
 #[path = "support/store_bench.rs"]
 mod store_bench;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use changefeed::outbox::NewMessage;
@@ -217,23 +216,18 @@ async fn latency(config: &Config, table: &OutboxTable, notify: bool) -> Option<S
         let listening = |s: &WakerState| matches!(s, WakerState::Listening { .. });
         store_bench::spawn_waker(state, listening, waker.run(store_bench::stopped(stop)))
     });
-    // Every commit on one connection, as before; the mutex only lends it to each commit.
-    let writer = Arc::new(tokio::sync::Mutex::new(client(config).await));
-    let commit = |n| {
-        let writer = Arc::clone(&writer);
-        async move {
-            let mut writer = writer.lock().await;
-            let tx = writer
-                .transaction()
-                .await
-                .unwrap_or_else(|e| fail("begin", e));
-            let message = NewMessage::new("latency", serde_json::json!({ "n": n }));
-            let e = enqueue(&tx, table, &message)
-                .await
-                .unwrap_or_else(|e| fail("enqueue", e));
-            tx.commit().await.unwrap_or_else(|e| fail("commit", e));
-            e.id
-        }
+    // Every commit on one connection, as before.
+    let mut writer = client(config).await;
+    let commit = async |message| {
+        let tx = writer
+            .transaction()
+            .await
+            .unwrap_or_else(|e| fail("begin", e));
+        let e = enqueue(&tx, table, &message)
+            .await
+            .unwrap_or_else(|e| fail("enqueue", e));
+        tx.commit().await.unwrap_or_else(|e| fail("commit", e));
+        e.id
     };
     let store = PostgresOutboxStore::new(table.clone(), config.clone());
     store_bench::latency(store, POLL, waker, commit).await

@@ -33,8 +33,14 @@ pub(crate) fn check_claim(batch_size: u32, claim_timeout: Duration) -> Result<()
     Ok(())
 }
 
-/// A purge's batch size (1..=4000) and row limit (positive, or `None` for none).
-pub(crate) fn check_purge(batch_size: u32, max_rows: Option<u64>) -> Result<()> {
+/// A purge's window (0..=100 years), batch size (1..=4000) and row limit (positive, or
+/// `None` for none); returns the window in microseconds.
+pub(crate) fn check_purge(
+    older_than: Duration,
+    batch_size: u32,
+    max_rows: Option<u64>,
+) -> Result<i64> {
+    let older_than_us = micros("purge older_than", older_than, MAX_PURGE_WINDOW)?;
     if !(1..=MAX_PURGE_BATCH).contains(&batch_size) {
         return Err(Error::Config(format!(
             "purge_done: batch_size is {batch_size}; it must be between 1 and \
@@ -46,7 +52,7 @@ pub(crate) fn check_purge(batch_size: u32, max_rows: Option<u64>) -> Result<()> 
             "purge_done: max_rows must be positive, or None for no limit".to_owned(),
         ));
     }
-    Ok(())
+    Ok(older_than_us)
 }
 
 /// `duration` in whole microseconds, refused past `max` (which keeps every value far
@@ -92,12 +98,20 @@ mod tests {
             let error = check_claim(batch, timeout).unwrap_err().to_string();
             assert!(error.contains("claim:"), "{error}");
         }
-        assert!(check_purge(1, None).is_ok());
-        assert!(check_purge(4000, Some(1)).is_ok());
+        assert_eq!(check_purge(Duration::ZERO, 1, None).unwrap(), 0);
+        assert_eq!(
+            check_purge(Duration::from_millis(5), 4000, Some(1)).unwrap(),
+            5000
+        );
         for (batch, max_rows) in [(0, None), (4001, None), (1, Some(0))] {
-            let error = check_purge(batch, max_rows).unwrap_err().to_string();
+            let error = check_purge(Duration::ZERO, batch, max_rows)
+                .unwrap_err()
+                .to_string();
             assert!(error.contains("purge_done:"), "{error}");
         }
+        let too_old = MAX_PURGE_WINDOW + Duration::from_secs(1);
+        let error = check_purge(too_old, 1, None).unwrap_err().to_string();
+        assert!(error.contains("purge older_than"), "{error}");
         assert_eq!(
             micros("x", Duration::from_millis(5), MAX_RETRY).unwrap(),
             5000

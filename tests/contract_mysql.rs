@@ -37,10 +37,9 @@ impl ContractDb for Outbox {
     }
 
     async fn enqueue_open(&self, message: NewMessage) -> OpenEnqueue {
-        let mut conn = self.db.conn().await;
+        let mut tx = self.db.transaction().await;
         let table: OutboxTable = TABLE.parse().unwrap();
         OpenEnqueue::spawn(|handover| async move {
-            let mut tx = conn.start_transaction(Default::default()).await.unwrap();
             let row = enqueue(&mut tx, &table, &message).await.unwrap();
             let own: Option<i64> = tx
                 .exec_first(

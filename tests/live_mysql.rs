@@ -216,8 +216,7 @@ async fn enqueue_refuses_bad_messages_before_the_insert_and_makes_uuid_message_i
         .enqueue_committed("outbox_enqueue", &[message_of("order-44", 1)])
         .await;
     assert_eq!(made[0].message_id.len(), 36, "{made:?}");
-    let mut conn = db.conn().await;
-    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+    let mut tx = db.transaction().await;
     config_error(
         enqueue(&mut tx, &t, &NewMessage::new("", json!({}))).await,
         "topic",
@@ -244,15 +243,12 @@ async fn enqueue_refuses_bad_messages_before_the_insert_and_makes_uuid_message_i
 async fn an_open_enqueue_of_one_aggregate_does_not_stop_claims_of_another() {
     let db = database("liveness").await;
     let mut store = db.outbox("outbox_live").await;
-    let t = table("outbox_live");
     // Aggregates whose index entries sit on both sides of the open one ("m"), so that a
     // probe of "l" or "n" that read one entry too far would meet its lock.
     db.enqueue_committed("outbox_live", &[message_of("l", 0)])
         .await;
 
-    let mut open = db.conn().await;
-    let mut tx = open.start_transaction(Default::default()).await.unwrap();
-    let uncommitted = enqueue(&mut tx, &t, &message_of("m", 1)).await.unwrap();
+    let (tx, uncommitted) = db.enqueue_open("outbox_live", &message_of("m", 1)).await;
 
     let later = db
         .enqueue_committed("outbox_live", &[message_of("n", 2), message_of("l", 3)])
@@ -274,18 +270,7 @@ async fn an_open_enqueue_of_one_aggregate_does_not_stop_claims_of_another() {
 
     // A second enqueue of aggregate m waits for m1's transaction, before its row gets an id:
     // within an aggregate, ids follow commit order.
-    let second_writer = {
-        let (url, t) = (db.url.clone(), t.clone());
-        tokio::spawn(async move {
-            let mut conn = mysql_async::Conn::new(changefeed::mysql::opts(&url).unwrap())
-                .await
-                .unwrap();
-            let mut tx = conn.start_transaction(Default::default()).await.unwrap();
-            let m4 = enqueue(&mut tx, &t, &message_of("m", 4)).await.unwrap();
-            tx.commit().await.unwrap();
-            m4
-        })
-    };
+    let second_writer = spawn_enqueue(&db, "outbox_live", message_of("m", 4));
     // A writer that does not go through enqueue (a plain INSERT) is not held back: its row
     // m5 commits behind the uncommitted m1, and the claim's NOWAIT probe must keep it back.
     db.sql(
@@ -447,14 +432,8 @@ async fn the_binlog_wakes_the_relay_within_milliseconds_of_a_commit() {
     db.outbox("outbox_wake").await;
     let relay = relay_with_waker(&db, "outbox_wake", BinlogWakerConfig::default()).await;
     let commit = async |n: usize| {
-        let mut conn = db.conn().await;
-        let mut tx = conn.start_transaction(Default::default()).await.unwrap();
         let message = message_of(&format!("w-{n}"), n);
-        let e = enqueue(&mut tx, &table("outbox_wake"), &message)
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
-        e.id
+        db.enqueue_committed("outbox_wake", &[message]).await[0].id
     };
     let cut = async || db.kill_binlog_dumps().await;
     wake::commits_wake_the_relay_within_milliseconds(&relay, "binlog", commit, cut).await;
@@ -570,15 +549,9 @@ async fn let_it_reach_the_server() {
 async fn an_enqueue_waiting_on_a_held_message_id_keeps_its_aggregate_in_order() {
     let db = database("order_key").await;
     let mut store = db.outbox("outbox_order_key").await;
-    let t = table("outbox_order_key");
-    let mut holder_conn = db.conn().await;
-    let mut holder = holder_conn
-        .start_transaction(Default::default())
-        .await
-        .unwrap();
-    enqueue(&mut holder, &t, &keyed("k", message_of("other", 0)))
-        .await
-        .unwrap();
+    let (holder, _) = db
+        .enqueue_open("outbox_order_key", &keyed("k", message_of("other", 0)))
+        .await;
 
     let a1 = spawn_enqueue(&db, "outbox_order_key", keyed("k", message_of("a", 1)));
     let_it_reach_the_server().await;
@@ -655,14 +628,7 @@ async fn the_claim_fills_its_batch_past_an_open_transaction() {
         let outbox = format!("outbox_fill_{batch}");
         let db = database(&format!("fill_{batch}")).await;
         db.outbox(&outbox).await;
-        let mut open_conn = db.conn().await;
-        let mut open = open_conn
-            .start_transaction(Default::default())
-            .await
-            .unwrap();
-        enqueue(&mut open, &table(&outbox), &message_of("a", 1))
-            .await
-            .unwrap();
+        let (open, _) = db.enqueue_open(&outbox, &message_of("a", 1)).await;
         db.sql(&format!(
             "insert into {outbox} (message_id, topic, aggregate_id, payload, created_at) \
              values ('a-2', 'orders', 'a', '{{}}', utc_timestamp(3))"
@@ -811,8 +777,7 @@ async fn an_outbox_of_v3_is_upgraded_by_migrate_and_setup_outbox() {
     .await;
     let mut store = db.store("outbox_v3");
     config_error(store.claim(10, HELD).await, "setup_outbox");
-    let mut conn = db.conn().await;
-    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+    let mut tx = db.transaction().await;
     config_error(
         enqueue(&mut tx, &table("outbox_v3"), &message_of("r", 1)).await,
         "changefeed::mysql::migrate",
@@ -855,16 +820,11 @@ async fn purge_forgets_the_locks_of_aggregates_it_emptied() {
         .mark_done(&ids(&batch), token_of(&batch))
         .await
         .unwrap();
-    let mut open_conn = db.conn().await;
-    let mut open = open_conn
-        .start_transaction(Default::default())
-        .await
-        .unwrap();
     // z's second message, uncommitted: it holds z's lock, which purge must pass over even
     // though z has no committed row left once z1 is purged.
-    enqueue(&mut open, &table("outbox_purge_locks"), &message_of("z", 2))
-        .await
-        .unwrap();
+    let (open, _) = db
+        .enqueue_open("outbox_purge_locks", &message_of("z", 2))
+        .await;
 
     assert_eq!(store.purge_done(Duration::ZERO, 1, None).await.unwrap(), 3);
     let locks: Vec<String> = db

@@ -604,8 +604,7 @@ async fn an_enqueue_over_max_allowed_packet_is_permanent_and_names_the_limit() {
     // Connections opened from now on get the smaller limit.
     let db = reopened(&db);
     let table: changefeed::mysql::OutboxTable = "outbox_packet".parse().unwrap();
-    let mut conn = db.conn().await;
-    let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+    let mut tx = db.transaction().await;
     let error = changefeed::mysql::enqueue(&mut tx, &table, &messages(1, 2 << 20, 1)[0])
         .await
         .expect_err("a 2 MiB message over a 1 MiB max_allowed_packet");

@@ -45,11 +45,7 @@ async fn claims_stay_exclusive_when_a_refused_probe_rolls_the_transaction_back()
     );
     let t: OutboxTable = "outbox_rot".parse().unwrap();
 
-    let mut open_conn = db.conn().await;
-    let mut open = open_conn
-        .start_transaction(Default::default())
-        .await
-        .unwrap();
+    let mut open = db.transaction().await;
     for k in 0..30 {
         open.query_drop(format!(
             "insert into outbox_rot (message_id, topic, aggregate_id, payload, created_at) \

@@ -3,7 +3,6 @@
 //! the end of a filled outbox, single-message commits spaced like real traffic, and the
 //! commit-to-publish summary. The store and the database are each benchmark's own.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -99,11 +98,10 @@ where
 /// Commits `samples` single messages through `commit(n)` (which returns the message's id
 /// once committed), each followed by a jittered gap so commits do not fall into step with a
 /// poll; returns each id with the instant its commit returned.
-pub async fn spaced_commits<F, Fut>(samples: usize, mut commit: F) -> Vec<(i64, Instant)>
-where
-    F: FnMut(usize) -> Fut,
-    Fut: Future<Output = i64>,
-{
+pub async fn spaced_commits(
+    samples: usize,
+    mut commit: impl AsyncFnMut(usize) -> i64,
+) -> Vec<(i64, Instant)> {
     let mut commits = Vec::with_capacity(samples);
     for n in 0..samples {
         let id = commit(n).await;

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use changefeed::outbox::ClaimStore;
+use changefeed::outbox::{ClaimStore, NewMessage};
 use changefeed::relay::{Relay, RelayConfig, RelayHandle};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -34,24 +34,23 @@ pub async fn spawn_waker<St>(
     task
 }
 
-/// Commit-to-publish latencies of [`LATENCY_SAMPLES`] single-message commits (`commit(n)`
-/// commits message `n` and returns its id) to a relay over `store` that polls every `poll`;
+/// Commit-to-publish latencies of [`LATENCY_SAMPLES`] single-message commits (`commit`
+/// commits the message it is given, topic `latency` and payload `{"n": n}` for the `n`th,
+/// and returns its id) to a relay over `store` that polls every `poll`;
 /// or, with `waker`, that polls every [`WOKEN_POLL`] and is woken by the store's waker:
 /// `waker(handle, stop)` spawns one for the relay's `handle`, running until
 /// [`stopped`]`(stop)`, and returns its task once it follows its source. The run ends three
 /// `poll`s after the last commit.
-pub async fn latency<S, W, WF, C, CF>(
+pub async fn latency<S, W, WF>(
     store: S,
     poll: Duration,
     waker: Option<W>,
-    commit: C,
+    mut commit: impl AsyncFnMut(NewMessage) -> i64,
 ) -> Option<Summary>
 where
     S: ClaimStore + Send + 'static,
     W: FnOnce(RelayHandle, watch::Receiver<bool>) -> WF,
     WF: Future<Output = JoinHandle<()>>,
-    C: FnMut(usize) -> CF,
-    CF: Future<Output = i64>,
 {
     let clock = Arc::new(Clock::default());
     let relay_poll = if waker.is_some() { WOKEN_POLL } else { poll };
@@ -64,7 +63,10 @@ where
     };
     let relay_task = tokio::spawn(relay.run(stopped(stop_rx)));
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let commits = relay_bench::spaced_commits(LATENCY_SAMPLES, commit).await;
+    let commits = relay_bench::spaced_commits(LATENCY_SAMPLES, async |n| {
+        commit(NewMessage::new("latency", serde_json::json!({ "n": n }))).await
+    })
+    .await;
     tokio::time::sleep(poll * 3).await;
     let _ = stop.send(true);
     let _ = relay_task.await;

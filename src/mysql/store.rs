@@ -18,8 +18,7 @@ use super::connection;
 use super::enqueue::before_v4;
 use super::table::OutboxTable;
 use crate::claim_limits::{
-    MAX_CLAIM_TIMEOUT, MAX_PURGE_WINDOW, MAX_RETRY, check_claim, check_purge, failure_retry_us,
-    micros,
+    MAX_CLAIM_TIMEOUT, MAX_RETRY, check_claim, check_purge, failure_retry_us, micros,
 };
 use crate::error::{Error, Result};
 use crate::outbox::{BACKLOG_COUNT_LIMIT, ClaimStore, ClaimToken, Claimed, Failed, OutboxBacklog};
@@ -231,8 +230,7 @@ impl MysqlOutboxStore {
         batch_size: u32,
         max_rows: Option<u64>,
     ) -> Result<u64> {
-        let older_than_us = micros("purge older_than", older_than, MAX_PURGE_WINDOW)?;
-        check_purge(batch_size, max_rows)?;
+        let older_than_us = check_purge(older_than, batch_size, max_rows)?;
         // A purge of many batches may take long as a whole: each statement is bounded
         // instead (a timeout drops the connection, and the purge stops with the error).
         let limit = self.call_timeout;

@@ -16,8 +16,7 @@ use tokio_postgres::{Client, Config, GenericClient, Row};
 use super::connection::{CALL_TIMEOUT, SERVER, connect};
 use super::table::OutboxTable;
 use crate::claim_limits::{
-    MAX_CLAIM_TIMEOUT, MAX_PURGE_WINDOW, MAX_RETRY, check_claim, check_purge, failure_retry_us,
-    micros,
+    MAX_CLAIM_TIMEOUT, MAX_RETRY, check_claim, check_purge, failure_retry_us, micros,
 };
 use crate::error::{Result, decode_error};
 use crate::outbox::{
@@ -283,8 +282,7 @@ impl PostgresOutboxStore {
         batch_size: u32,
         max_rows: Option<u64>,
     ) -> Result<u64> {
-        let older_than_us = micros("purge older_than", older_than, MAX_PURGE_WINDOW)?;
-        check_purge(batch_size, max_rows)?;
+        let older_than_us = check_purge(older_than, batch_size, max_rows)?;
         // One cutoff for every batch, so rows done while the purge runs are not chased. It
         // travels as text, which PostgreSQL reads back to the same microsecond.
         let cutoff: String = self

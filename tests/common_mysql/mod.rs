@@ -9,7 +9,7 @@ pub mod server;
 use changefeed::mysql::{MysqlOutboxStore, OutboxTable, enqueue, migrate, setup_outbox};
 use changefeed::outbox::{Enqueued, NewMessage};
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Opts, Pool};
+use mysql_async::{Conn, Opts, Pool, Transaction};
 use std::time::{Duration, Instant};
 
 /// One test's database.
@@ -90,6 +90,30 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("connect to {}: {e}", self.name))
     }
 
+    /// A transaction on a connection of its own (REPEATABLE READ, the server's default),
+    /// open until the test commits or rolls it back (dropped, it is rolled back).
+    pub async fn transaction(&self) -> Transaction<'static> {
+        self.pool
+            .start_transaction(Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("start a transaction in {}: {e}", self.name))
+    }
+
+    /// Enqueues `message` into `outbox` in a [`transaction`](Self::transaction) it leaves
+    /// open (holding the aggregate's lock), and returns it with the row.
+    pub async fn enqueue_open(
+        &self,
+        outbox: &str,
+        message: &NewMessage,
+    ) -> (Transaction<'static>, Enqueued) {
+        let table: OutboxTable = outbox.parse().expect("a valid outbox name");
+        let mut tx = self.transaction().await;
+        let row = enqueue(&mut tx, &table, message)
+            .await
+            .unwrap_or_else(|e| panic!("enqueue {message:?}: {e}"));
+        (tx, row)
+    }
+
     /// Creates the outbox `table` and returns a store over it with a connection of its own.
     pub async fn outbox(&self, table: &str) -> MysqlOutboxStore {
         let table: OutboxTable = table.parse().expect("a valid outbox name");
@@ -102,8 +126,7 @@ impl TestDb {
     /// Enqueues `messages` into `outbox` in one committed transaction.
     pub async fn enqueue_committed(&self, outbox: &str, messages: &[NewMessage]) -> Vec<Enqueued> {
         let table: OutboxTable = outbox.parse().expect("a valid outbox name");
-        let mut conn = self.conn().await;
-        let mut tx = conn.start_transaction(Default::default()).await.unwrap();
+        let mut tx = self.transaction().await;
         let mut enqueued = Vec::new();
         for message in messages {
             enqueued.push(
