@@ -360,19 +360,11 @@ mod tests {
     }
 
     #[test]
-    fn a_negative_number_or_duration_is_refused_naming_its_option() {
-        for (option, bad) in [
-            ("--batch-size", "-1"),
-            ("--max-in-flight", "-4"),
-            ("--shutdown-grace", "-5s"),
-            ("--backlog-interval", "-15s"),
-            ("--ready-within", "-60s"),
-        ] {
-            let mut line = vec!["relay", "--outbox", "o", option, bad];
-            if option != "--batch-size" && option != "--max-in-flight" {
-                line.extend(["--metrics-addr", "127.0.0.1:9000"]);
-            }
-            let error = parse(&line).expect_err(bad).to_string();
+    fn a_negative_count_is_refused_naming_its_option() {
+        for (option, bad) in [("--batch-size", "-1"), ("--max-in-flight", "-4")] {
+            let error = parse(&["relay", "--outbox", "o", option, bad])
+                .expect_err(bad)
+                .to_string();
             assert!(error.contains(option), "{option} {bad}: {error}");
         }
     }

@@ -72,7 +72,6 @@ pub struct RelayArgs {
         long,
         value_name = "DURATION",
         default_value = "10s",
-        allow_hyphen_values = true,
         value_parser = parse_grace
     )]
     pub shutdown_grace: CliDuration,
@@ -84,7 +83,6 @@ pub struct RelayArgs {
         value_name = "DURATION",
         default_value = "15s",
         requires = "metrics_addr",
-        allow_hyphen_values = true,
         value_parser = parse_positive
     )]
     pub backlog_interval: CliDuration,

@@ -45,7 +45,6 @@ pub struct MetricsArgs {
         value_name = "DURATION",
         default_value = "60s",
         requires = "metrics_addr",
-        allow_hyphen_values = true,
         value_parser = parse_positive
     )]
     pub ready_within: CliDuration,
