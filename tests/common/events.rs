@@ -1,8 +1,10 @@
-//! A simple event table for the reader and retention tests (`live_reader`,
-//! `live_retention`): `dbo.<table> (id bigint primary key, payload)` as an outbox-mode feed,
-//! its writers and readers, and the small row and SQL helpers around them. Both files test
-//! the same feed shape, so its setup and the checks on what came back live here, once; what
-//! each file asserts stays with it.
+//! Events and the helpers the live scenarios share around them: the simple event table of
+//! the reader and retention tests (`dbo.<table> (id bigint primary key, payload)` as an
+//! outbox-mode feed) with its writers and readers; one event in each mode read by a
+//! readers-only login (`readable_in_both_modes`, for `live_feed_read_path` and
+//! `live_registry`); a commit retried through a transient failure (`commit_retrying`); a
+//! feed's state row; and the small row, error and SQL helpers (`server_number`,
+//! `column_values`, `feed_reader`). What each test file asserts stays with it.
 
 use std::ops::Range;
 use std::sync::Arc;
