@@ -25,7 +25,7 @@ use changefeed::allocator::{
 };
 use changefeed::writer::lock_feed;
 use changefeed::{Client, Cursor, Feed, FeedRow, Page, ReadOptions, read_page};
-use common::events::{read_state, recover_from_transient, retry_pause};
+use common::events::{hex, read_state, recover_from_transient, retry_pause, server_now_ms};
 use common::load::{
     Load, MAX_TRANSIENT_RETRIES, WriterKey, check_stored, keys, load_feed, load_test,
     write_and_read,
@@ -2107,7 +2107,7 @@ async fn power_off_server_side_batch(db: &TestDb) {
         &format!(
             "select count(*) from {} where writer = 1 and ULID < {};",
             feed.quoted_table(),
-            hex(range.first())
+            hex(&range.first().to_bytes())
         ),
     )
     .await;
@@ -2223,7 +2223,6 @@ async fn power_off_outbox(db: &TestDb) {
     drop(proxy);
 }
 
-/// How long the unmitigated case may wait: `CHANGEFEED_POWEROFF_WAIT_SECS`, default 90 s.
 /// A scenario's start: the serialized feed `table` keyed by `id` of type `id_type`, created
 /// on a new admin connection; that connection and the feed.
 async fn id_feed_in(db: &TestDb, table: &str, id_type: &str) -> (Client, Feed) {
@@ -2245,6 +2244,7 @@ async fn power_off_start(db: &TestDb, table: &str) -> (Client, Feed, Ulid, Freez
     (admin, feed, committed, proxy, a)
 }
 
+/// How long the unmitigated case may wait: `CHANGEFEED_POWEROFF_WAIT_SECS`, default 90 s.
 fn power_off_wait() -> Duration {
     let seconds = std::env::var("CHANGEFEED_POWEROFF_WAIT_SECS")
         .ok()
@@ -2486,8 +2486,6 @@ async fn session_id(client: &mut Client) -> i32 {
 // Feeds, batches and rows
 // ------------------------------------------------------------------------------------------
 
-/// Creates `[dbo].[table]` with `columns`, an int `Shard`, a binary(16) `ULID`, the primary
-/// key `key` and a unique index on (Shard, ULID), and makes it a serialized-writer feed.
 /// Creates the load and power-off scenarios' serialized feed `[dbo].[table]`: events keyed
 /// by (writer, seq).
 async fn create_writer_feed(admin: &mut Client, table: &str) -> Feed {
@@ -2500,6 +2498,8 @@ async fn create_writer_feed(admin: &mut Client, table: &str) -> Feed {
     .await
 }
 
+/// Creates `[dbo].[table]` with `columns`, an int `Shard`, a binary(16) `ULID`, the primary
+/// key `key` and a unique index on (Shard, ULID), and makes it a serialized-writer feed.
 async fn create_serialized_feed(admin: &mut Client, table: &str, columns: &str, key: &str) -> Feed {
     exec(
         admin,
@@ -2601,15 +2601,6 @@ fn waitfor_text(ms: u32) -> String {
     )
 }
 
-/// A ULID as a T-SQL binary literal.
-fn hex(ulid: Ulid) -> String {
-    let mut text = String::from("0x");
-    for byte in ulid.to_bytes() {
-        text.push_str(&format!("{byte:02X}"));
-    }
-    text
-}
-
 fn unix_ms(t: PrimitiveDateTime) -> i64 {
     (t.assume_utc().unix_timestamp_nanos() / 1_000_000) as i64
 }
@@ -2619,15 +2610,6 @@ fn datetime_of_ms(ms: i64) -> PrimitiveDateTime {
     let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .expect("a time the server can hold");
     PrimitiveDateTime::new(t.date(), t.time())
-}
-
-/// The server's clock, in ms since 1970.
-async fn server_now_ms(client: &mut Client) -> i64 {
-    scalar_i64(
-        client,
-        "select datediff_big(millisecond, convert(datetime2(3), '19700101', 112), sysutcdatetime());",
-    )
-    .await
 }
 
 /// A datetime2(3) literal, e.g. `2200-01-02T03:04:05.678`.
