@@ -16,7 +16,7 @@
 //! | [`Fatal`](ErrorKind::Fatal) | handed back, due at once (requeue) | – | not dead, no dead letter; the rest of the batch is acknowledged, then `run` returns an error and the message waits for a relay that can publish it |
 //! | [`Backpressure`](ErrorKind::Backpressure) | failed, due after `retry.initial` (requeue) | – | the relay waits `retry.initial` before its next claim |
 //! | publisher panicked, timed out, or returned the wrong number of outcomes | every message of the batch as `Retriable` | +1 | reported to [`Hooks::on_loop_error`] |
-//! | the claimed row cannot be decoded ([`Claimed::Undecodable`]: payload or headers not readable JSON) | dead, never published | +1 | dead-letter hand-off with the raw text ([`DeadLetter::Undecodable`]) |
+//! | the claimed row cannot be decoded ([`Claimed::Undecodable`](crate::outbox::Claimed::Undecodable): payload or headers not readable JSON) | dead, never published | +1 | dead-letter hand-off with the raw text ([`DeadLetter::Undecodable`]) |
 //!
 //! A message claimed with `attempts >= max_attempts` (its earlier claims expired, e.g.
 //! because publishing it crashed the relay process) is marked dead without being
