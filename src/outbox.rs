@@ -269,7 +269,16 @@ impl<'a> Failed<'a> {
 }
 
 /// The operations a relay performs on the outbox; implemented over SQL Server by
-/// `OutboxStore` and by fakes in tests.
+/// `SqlClaimStore`, over MariaDB/MySQL and PostgreSQL by their stores, and by fakes in tests.
+///
+/// A store that wraps another (to time or count its calls, say) must forward
+/// [`claim_waits`](Self::claim_waits), [`cancel_claim`](Self::cancel_claim) and
+/// [`outbox_name`](Self::outbox_name) too, not leave them to their defaults. A wrapper of
+/// `SqlClaimStore` that says its claims do not wait lets the relay start a claim beside
+/// every batch in flight; that claim then holds the store's connection, waiting on the
+/// server, while the batch's acknowledgement queues behind it, and with a claim timeout
+/// shorter than the wait the claim takes the batch's messages back before they are
+/// acknowledged, again and again.
 pub trait ClaimStore: Send {
     /// Claims up to `batch_size` due messages, head of aggregate only, ordered by id.
     ///

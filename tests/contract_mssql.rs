@@ -66,6 +66,21 @@ impl ClaimStore for Store {
     async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
         self.0.requeue(id, token, after).await
     }
+
+    // Forwarded, not left to the defaults: SqlClaimStore's claim waits on the server, and a
+    // relay told otherwise starts claims beside batches in flight that hold the connection
+    // their acknowledgements need (ClaimStore's documentation).
+    fn claim_waits(&self) -> bool {
+        self.0.claim_waits()
+    }
+
+    async fn cancel_claim(&mut self) {
+        self.0.cancel_claim().await;
+    }
+
+    fn outbox_name(&self) -> String {
+        self.0.outbox_name()
+    }
 }
 
 /// The outbox `dbo.outbox` of one scenario's database, for the contract.

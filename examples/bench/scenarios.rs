@@ -906,6 +906,20 @@ impl<S: ClaimStore> ClaimStore for TimedStore<S> {
     async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
         self.inner.requeue(id, token, after).await
     }
+
+    // Forwarded, as every wrapper must (ClaimStore's documentation): the relay treats a
+    // claim that waits on the server differently.
+    fn claim_waits(&self) -> bool {
+        self.inner.claim_waits()
+    }
+
+    async fn cancel_claim(&mut self) {
+        self.inner.cancel_claim().await;
+    }
+
+    fn outbox_name(&self) -> String {
+        self.inner.outbox_name()
+    }
 }
 
 /// Transient store errors after which figure 6 gives up on its relays.
