@@ -126,8 +126,8 @@ mod tests {
     #[test]
     fn a_build_without_kafka_says_how_to_get_it() {
         let failure = super::without_kafka("export a feed to Kafka");
-        let message = failure.message.as_deref().unwrap_or_default();
+        let message = failure.message().unwrap_or_default();
         assert!(message.contains("--features cli,kafka"), "{message}");
-        assert_eq!(failure.code, 2);
+        assert_eq!(failure.code(), 2);
     }
 }
