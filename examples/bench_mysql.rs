@@ -60,7 +60,7 @@ async fn latency(db: &BenchDb, binlog: bool) -> Option<Summary> {
         let following = |s: &WakerState| matches!(s, WakerState::Following { .. });
         store_bench::spawn_waker(state, following, waker.run(store_bench::stopped(stop)))
     });
-    // Every commit on one connection, as before.
+    // Every commit on one connection, apart from the relay's.
     let mut conn = pool.get_conn().await.unwrap_or_else(|e| fail("connect", e));
     let commit = async |message| db.commit_one(&mut conn, &message).await;
     let store = MysqlOutboxStore::new(table.clone(), opts.clone());

@@ -216,7 +216,7 @@ async fn latency(config: &Config, table: &OutboxTable, notify: bool) -> Option<S
         let listening = |s: &WakerState| matches!(s, WakerState::Listening { .. });
         store_bench::spawn_waker(state, listening, waker.run(store_bench::stopped(stop)))
     });
-    // Every commit on one connection, as before.
+    // Every commit on one connection, apart from the relay's.
     let mut writer = client(config).await;
     let commit = async |message| {
         let tx = writer
