@@ -3,17 +3,23 @@
 //! and the feed does not, the mover's rules (a writer that has not committed is skipped, never
 //! waited for; a reader that lost the race returns the winner's rows), serialized writers'
 //! reservations and savepoints, names, roles, retention and upgrades. The reader API's
-//! behaviour over the same bundle is the feed contract's business (tests/feed_contract).
+//! behaviour over the same bundle is the feed contract (tests/feed_contract), run here too.
 //!
 //! `#[ignore]`d like every live test; `.ci/run` runs them with `--ignored`.
 
 mod common_postgres;
 mod common_server;
+mod feed_contract;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use changefeed::allocator::Allocator;
+use changefeed::cursor_store::CursorStore;
+use changefeed::reader::{FeedReader, FeedReaderOptions};
+use changefeed::{Cursor, Feed};
+use feed_contract::{FeedContractDb, OpenWrite};
 use common_postgres::{TestDb, database};
 use tokio_postgres::Client;
 use ulid::Ulid;
@@ -747,4 +753,176 @@ async fn upgrades_regenerate_code_and_report_a_broken_feed() {
 #[test]
 fn a_ulid_is_sixteen_bytes() {
     assert_eq!(Ulid::nil().to_bytes().len(), START.len());
+}
+
+// ------------------------------------------------------------------------------------------
+// The feed contract (tests/feed_contract) on PostgreSQL
+// ------------------------------------------------------------------------------------------
+
+/// A test database whose feeds the contract sets up, one event table each.
+struct PgFeeds {
+    db: TestDb,
+    tables: AtomicUsize,
+}
+
+/// Runs a contract scenario in a fresh database of its own.
+async fn on_a_fresh_feed(test: &str, scenario: impl AsyncFnOnce(&PgFeeds)) {
+    let db = database(&format!("fc_{test}")).await;
+    db.sql("create schema app").await;
+    scenario(&PgFeeds {
+        db,
+        tables: AtomicUsize::new(0),
+    })
+    .await;
+}
+
+feed_contract::feed_contract_tests!(
+    "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES",
+    on_a_fresh_feed
+);
+
+impl PgFeeds {
+    /// The feed's function names and id from `changefeed.feed_info`.
+    async fn info(&self, client: &Client, feed: &Feed) -> (String, String) {
+        let row = client
+            .query_one(
+                "select lock_function, ulid_function from changefeed.feed_info($1)",
+                &[&feed.to_string()],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    }
+}
+
+impl FeedContractDb for PgFeeds {
+    async fn outbox_feed(&self, shards: i32) -> Feed {
+        let name = format!("app.events_{}", self.tables.fetch_add(1, Ordering::Relaxed));
+        self.db
+            .sql(&format!(
+                "create table {name} (id bigint primary key, shard int not null, body text); \
+                 select changefeed.setup_feed('{name}', {shards}, p_shard_column => 'shard')"
+            ))
+            .await;
+        name.parse().unwrap()
+    }
+
+    async fn serialized_feed(&self) -> Feed {
+        let n = self.tables.fetch_add(1, Ordering::Relaxed);
+        self.db
+            .sql(&format!(
+                "create table app.orders_{n} (shard int not null, ulid bytea not null, \
+                     id bigint primary key); \
+                 create unique index on app.orders_{n} (shard, ulid); \
+                 create sequence app.orders_{n}_commits; \
+                 select changefeed.setup_feed('app.orders_{n}', 1, true, 'shard', 'ulid')"
+            ))
+            .await;
+        format!("app.orders_{n}").parse().unwrap()
+    }
+
+    fn reader(&self, feed: &Feed, options: FeedReaderOptions) -> FeedReader {
+        FeedReader::postgres(self.db.config.clone(), feed.clone(), options).unwrap()
+    }
+
+    async fn open_write(&self, feed: &Feed, shard: i32, ids: Vec<i64>) -> OpenWrite {
+        let (config, table) = (self.db.config.clone(), feed.to_string());
+        OpenWrite::spawn(move |handover| async move {
+            let mut client = changefeed::postgres::connect(&config).await.unwrap();
+            let began = Instant::now();
+            let tx = client.transaction().await.unwrap();
+            tx.execute(
+                &format!("insert into {table} (id, shard) select unnest($1::bigint[]), $2"),
+                &[&ids, &shard],
+            )
+            .await
+            .unwrap();
+            if handover.commit_when_told(began).await {
+                tx.commit().await.unwrap();
+                Some(Instant::now())
+            } else {
+                tx.rollback().await.unwrap();
+                None
+            }
+        })
+    }
+
+    async fn serialized_write(&self, feed: &Feed, ids: Vec<i64>, hold: Duration) -> i64 {
+        let mut client = self.db.client().await;
+        let (lock, ulid) = self.info(&client, feed).await;
+        let tx = client.transaction().await.unwrap();
+        tx.query_one(&format!("select * from {lock}(0)"), &[]).await.unwrap();
+        tx.execute(
+            &format!(
+                "insert into {feed} (shard, ulid, id) \
+                 select 0, {ulid}(u.o), u.id from unnest($1::bigint[]) with ordinality as u (id, o)"
+            ),
+            &[&ids],
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(hold).await;
+        // Taken under the shard's lock, which this transaction holds until its commit: the
+        // commit order.
+        let order: i64 = tx
+            .query_one(&format!("select nextval('{feed}_commits')"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        tx.commit().await.unwrap();
+        order
+    }
+
+    async fn end_reader_sessions(&self, _feed: &Feed) -> usize {
+        let ended: i64 = self
+            .db
+            .client()
+            .await
+            .query_one(
+                "select count(*) filter (where pg_terminate_backend(pid)) from pg_stat_activity \
+                 where datname = current_database() and pid <> pg_backend_pid() \
+                     and (query like '%read_feed_%' or query like '%read_events_%')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        ended as usize
+    }
+
+    async fn save_cursor(
+        &self,
+        consumer: &str,
+        feed: &Feed,
+        shard: i32,
+        cursor: Cursor,
+    ) -> changefeed::Result<()> {
+        let client = self.db.client().await;
+        CursorStore::save_postgres(&client, consumer, feed, shard, cursor).await
+    }
+
+    async fn load_cursor(
+        &self,
+        consumer: &str,
+        feed: &Feed,
+        shard: i32,
+    ) -> changefeed::Result<Option<Cursor>> {
+        let client = self.db.client().await;
+        CursorStore::load_postgres(&client, consumer, feed, shard).await
+    }
+
+    async fn purge(&self, feed: &Feed) -> u64 {
+        let deleted: i64 = self
+            .db
+            .client()
+            .await
+            .query_one(
+                "select coalesce(sum(deleted), 0)::bigint from changefeed.purge_feed($1, 0)",
+                &[&feed.to_string()],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        deleted as u64
+    }
 }
