@@ -22,7 +22,6 @@ use changefeed::{Cursor, Feed};
 use feed_contract::{FeedContractDb, OpenWrite};
 use common_postgres::{TestDb, database};
 use tokio_postgres::Client;
-use ulid::Ulid;
 
 const START: [u8; 16] = [0; 16];
 
@@ -747,12 +746,6 @@ async fn upgrades_regenerate_code_and_report_a_broken_feed() {
         .await
         .unwrap();
     assert_eq!(status.get::<_, i64>(0), 1);
-}
-
-/// Keeps `Ulid` in use for the doc links above; the feed's ULIDs are 16 bytes.
-#[test]
-fn a_ulid_is_sixteen_bytes() {
-    assert_eq!(Ulid::nil().to_bytes().len(), START.len());
 }
 
 // ------------------------------------------------------------------------------------------
