@@ -234,8 +234,8 @@ impl FeedReader {
     }
 
     async fn read_once<T: FeedItem>(&self, shard: i32, cursor: Cursor) -> Result<Page<T>> {
-        let pool = match &self.backend {
-            Backend::SqlServer(pool) => pool,
+        match &self.backend {
+            Backend::SqlServer(pool) => self.read_once_from(pool, shard, cursor).await,
             #[cfg(feature = "postgres")]
             Backend::Postgres(config) => {
                 // One read on a connection of its own, no wait.
@@ -245,11 +245,21 @@ impl FeedReader {
                     self.options.page_size,
                     self.options.timeout_margin,
                 );
-                return source
+                source
                     .read_waiting(shard, cursor, std::time::Duration::ZERO)
-                    .await;
+                    .await
             }
-        };
+        }
+    }
+
+    /// [`read_once`](Self::read_once) on SQL Server: one `read_feed` call on a connection
+    /// of `pool`.
+    async fn read_once_from<T: FeedItem>(
+        &self,
+        pool: &Pool,
+        shard: i32,
+        cursor: Cursor,
+    ) -> Result<Page<T>> {
         let mut conn = pool.get().await?;
         let options = ReadOptions::default().page_size(self.options.page_size);
         let bounds = CallBounds {
