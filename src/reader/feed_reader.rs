@@ -26,7 +26,7 @@ use super::{PageSource, effective_wait};
 pub const CONNECT_POOL_SIZE: u32 = 10;
 
 /// Reads a feed from SQL Server (a connection [`Pool`]) or PostgreSQL (feature `postgres`,
-/// [`FeedReader::postgres`]): single pages, or endless streams of pages that follow the
+/// `FeedReader::postgres`): single pages, or endless streams of pages that follow the
 /// head of a shard. Both databases give the same items, pages, errors and stream
 /// behaviour; [`FeedReader::connect`] picks the database by the connection string.
 ///
@@ -167,7 +167,7 @@ impl FeedReader {
 
     /// A reader of the database `url` names: a `postgres://` or `postgresql://` URL, or a
     /// `key=value` string with a `host=` key, is PostgreSQL (feature `postgres`, through
-    /// [`crate::postgres::config`]); anything else is a SQL Server ADO.NET connection
+    /// `changefeed::postgres::config`); anything else is a SQL Server ADO.NET connection
     /// string, read through a pool of at most [`CONNECT_POOL_SIZE`] connections
     /// ([`crate::pool::pool`]). Opens no connection.
     ///
@@ -183,7 +183,7 @@ impl FeedReader {
     pub async fn connect(url: &str, feed: Feed, options: FeedReaderOptions) -> Result<Self> {
         if is_postgres_url(url) {
             #[cfg(feature = "postgres")]
-            return FeedReader::postgres(crate::postgres::config(url)?, feed, options);
+            return FeedReader::postgres(crate::pg_client::session::config(url)?, feed, options);
             #[cfg(not(feature = "postgres"))]
             return Err(crate::error::Error::Config(
                 "the connection string is for PostgreSQL, which this build cannot read: \
