@@ -415,6 +415,75 @@ mod tests {
         assert!(matches!(&items[0], Err(Error::Connection(_))), "{items:?}");
     }
 
+    #[test]
+    fn the_url_picks_the_backend() {
+        for postgres in [
+            "postgres://reader@db/app",
+            "  PostgreSQL://reader@db/app",
+            "host=/run/postgresql dbname=app user=reader",
+            "user=reader host=db dbname=app",
+        ] {
+            assert!(is_postgres_url(postgres), "{postgres}");
+        }
+        for sql_server in [
+            "server=tcp:localhost,1433;user=sa;password=x;TrustServerCertificate=true",
+            "Server=db;Database=app;host=x;",
+            "mysql://u@h/app",
+        ] {
+            assert!(!is_postgres_url(sql_server), "{sql_server}");
+        }
+    }
+
+    #[tokio::test]
+    async fn connect_reads_sql_server_from_an_ado_string_and_postgres_from_a_url() {
+        let feed: Feed = "app.Event".parse().unwrap();
+        let options = FeedReaderOptions::default();
+        let sql_server = FeedReader::connect(
+            "server=tcp:127.0.0.1,1;user=sa;password=x;TrustServerCertificate=true",
+            feed.clone(),
+            options,
+        )
+        .await
+        .unwrap();
+        assert!(sql_server.pool().is_some());
+        let postgres =
+            FeedReader::connect("postgres://reader@127.0.0.1:1/app", feed, options).await;
+        #[cfg(feature = "postgres")]
+        assert!(postgres.unwrap().pool().is_none());
+        #[cfg(not(feature = "postgres"))]
+        assert!(
+            matches!(&postgres, Err(Error::Config(message)) if message.contains("`postgres` feature")),
+            "{postgres:?}"
+        );
+    }
+
+    /// Without a server a PostgreSQL reader fails as the SQL Server one does: transiently,
+    /// until the retries run out, and its streams own what they use.
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn without_a_postgres_server_reads_fail_transiently_and_the_stream_gives_up() {
+        let options = FeedReaderOptions::default().retry(
+            ReadRetryPolicy::default()
+                .initial(Duration::from_millis(1))
+                .max(Duration::from_millis(5))
+                .max_retries(Some(1)),
+        );
+        let mut config = crate::postgres::config("postgres://reader@127.0.0.1:1/app").unwrap();
+        config.connect_timeout(Duration::from_millis(300));
+        let reader = FeedReader::postgres(config, "app.Event".parse().unwrap(), options).unwrap();
+        let error = reader
+            .read_events::<(i64, String)>(0, Cursor::START)
+            .await
+            .unwrap_err();
+        assert!(error.is_transient(), "{error}");
+        let stream = reader.stream::<i64>(0, Cursor::START);
+        assert_send_static(&stream);
+        drop(reader);
+        let items: Vec<_> = stream.collect().await;
+        assert_eq!(items.len(), 1, "one error, then the end");
+        assert!(matches!(&items[0], Err(Error::Connection(_))), "{items:?}");
+    }
+
     /// A pool whose every check-out fails after `timeout` (nothing listens on port 1).
     async fn unreachable_pool(timeout: Duration) -> Pool {
         let manager = crate::pool::ConnectionManager::from_ado(

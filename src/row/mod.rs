@@ -443,7 +443,8 @@ impl<T: DeserializeOwned> FromRow for Json<T> {
 }
 
 /// A serde-decoded value: `Serde<T>` is a [`FromRow`] for every `T: Deserialize`, decoded
-/// with [`deserialize`] (by column name for structs and maps, by position for tuples).
+/// with [`deserialize`] (by column name for structs and maps, by position for tuples); on
+/// PostgreSQL with `deserialize_pg`, by the same rules.
 ///
 /// ```
 /// use changefeed::row::{FromRow, Serde};
