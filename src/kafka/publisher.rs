@@ -18,7 +18,10 @@ use crate::relay::{DeadLetter, ErrorKind, PublishError, PublishOutcome, Publishe
 use super::classify::{classify, clock_refused, refuses_whole_request, topic_refused};
 use super::producer::ProducerSettings;
 
+mod clock;
 mod record;
+
+use clock::ClockRefusals;
 
 pub use record::{
     HEADER_MESSAGE_ID, HEADER_PUBLISH_ATTEMPTS, HEADER_TRACE_ID, HEADER_TRACEPARENT,
@@ -187,9 +190,8 @@ pub struct KafkaPublisher {
     /// side, so no other message shares its request. Fair: once a suspect waits, later
     /// batches wait behind it.
     producing: tokio::sync::RwLock<()>,
-    /// Per Kafka topic refusing the records' timestamps: when the refusals began and when
-    /// the last one came (a delivery to the topic ends them).
-    clock_refusals: Mutex<HashMap<String, (std::time::Instant, std::time::Instant)>>,
+    /// The topics refusing the records' timestamps, and since when.
+    clock_refusals: ClockRefusals,
 }
 
 impl KafkaPublisher {
@@ -247,7 +249,7 @@ impl KafkaPublisher {
             message_timeout,
             delivered_to: Mutex::new(HashMap::new()),
             producing: tokio::sync::RwLock::new(()),
-            clock_refusals: Mutex::new(HashMap::new()),
+            clock_refusals: ClockRefusals::default(),
         })
     }
 
@@ -385,7 +387,13 @@ impl Publisher for KafkaPublisher {
         }
         drop(alone);
         self.judge_topic_refusals(batch, &topic_refusals, &mut outcomes);
-        self.judge_clock_refusals(batch, &clock_refusals, &mut outcomes);
+        let topics: Vec<Cow<'_, str>> = batch.iter().map(|m| self.topic(&m.topic)).collect();
+        self.clock_refusals.judge(
+            &topics,
+            &clock_refusals,
+            self.config.clock_patience,
+            &mut outcomes,
+        );
         outcomes
     }
 
@@ -626,64 +634,6 @@ impl KafkaPublisher {
                     "{}; topic {topic} refuses this producer while other topics accept it: \
                      grant Write on {topic} (or fix the topic's name); its messages go dead \
                      after max_attempts",
-                    error.message
-                ))
-            };
-        }
-    }
-
-    /// Makes a batch's refusals of the records' timestamps the clock's problem: handed back
-    /// without an attempt (naming the clock) while the topic has refused for less than
-    /// `clock_patience`, fatal after. A delivery to a topic ends its refusals.
-    fn judge_clock_refusals(
-        &self,
-        batch: &[ClaimedMessage],
-        refusals: &HashSet<usize>,
-        outcomes: &mut [PublishOutcome],
-    ) {
-        let now = std::time::Instant::now();
-        let patience = self.config.clock_patience;
-        let mut since = self
-            .clock_refusals
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (message, outcome) in batch.iter().zip(outcomes.iter()) {
-            if outcome.is_ok() && !since.is_empty() {
-                since.remove(self.topic(&message.topic).as_ref());
-            }
-        }
-        for &index in refusals {
-            let Err(error) = &mut outcomes[index] else {
-                continue;
-            };
-            let topic = self.topic(&batch[index].topic);
-            let (began, last) = since
-                .entry(topic.clone().into_owned())
-                .or_insert((now, now));
-            // Refusals that stopped long ago (nothing to send meanwhile) are not this one's
-            // beginning.
-            if now.duration_since(*last) > patience {
-                *began = now;
-            }
-            *last = now;
-            let lasted = now.duration_since(*began);
-            let settings = "the topic's message.timestamp.before.max.ms and \
-                            message.timestamp.after.max.ms (message.timestamp.difference.max.ms \
-                            before Kafka 3.6)";
-            *error = if lasted >= patience {
-                PublishError::fatal(format!(
-                    "{}; topic {topic} has refused the records' timestamps for {lasted:?} \
-                     with nothing delivered to it. The timestamp is this relay host's clock at \
-                     produce time, not the message's, so the clock (or the broker's) is off by \
-                     more than {settings} allow: set the clock right (NTP) or change those \
-                     settings",
-                    error.message
-                ))
-            } else {
-                PublishError::backpressure(format!(
-                    "{}; topic {topic} refuses the records' timestamps, which are this relay \
-                     host's clock, not the message: handed back without an attempt. Check the \
-                     clock and {settings}; the relay stops if this lasts {patience:?}",
                     error.message
                 ))
             };
