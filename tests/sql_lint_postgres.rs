@@ -1,7 +1,8 @@
 //! The rules of the PostgreSQL bundle (`postgres/`), checked on its text:
 //!
 //! * each file creates one function, `changefeed.<name>`, named like the file
-//!   (`V<n>__create_function_<name>.sql`);
+//!   (`V<n>__create_function_<name>.sql`), or one view (`V<n>__create_view_<name>.sql`), or
+//!   tables and nothing that runs (`V<n>__create_table_<name>.sql`, the first being `<name>`);
 //! * every function pins `search_path = pg_catalog, pg_temp`, so that a caller's search path
 //!   can neither hide the bundle's objects nor slip another function in their place (the
 //!   bundle names its own objects with their schema);
@@ -26,27 +27,69 @@ fn bundle() -> Vec<(String, String)> {
 }
 
 #[test]
-fn each_file_creates_the_function_it_is_named_after() {
+fn each_file_creates_the_object_it_is_named_after() {
     for (file, text) in bundle() {
-        let name = file
-            .split_once("__create_function_")
-            .and_then(|(_, rest)| rest.strip_suffix(".sql"))
-            .unwrap_or_else(|| panic!("{file}: name it V<n>__create_function_<name>.sql"));
-        let creates: Vec<&str> = text.matches("create function ").collect();
-        assert_eq!(creates.len(), 1, "{file}: one function per file");
-        assert!(
-            text.contains(&format!("create function changefeed.{name}(")),
-            "{file}: creates changefeed.{name}"
-        );
+        // Functions the file itself creates; generated ones are named with format() slots.
+        let functions = text
+            .match_indices("create function changefeed.")
+            .filter(|(at, _)| {
+                let name = &text[at + "create function changefeed.".len()..];
+                name.find('(').is_some_and(|end| {
+                    name[..end]
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c == '_')
+                })
+            })
+            .count();
+        if let Some(name) = object_name(&file, "__create_function_") {
+            assert_eq!(functions, 1, "{file}: one function per file");
+            assert!(
+                text.contains(&format!("create function changefeed.{name}(")),
+                "{file}: creates changefeed.{name}"
+            );
+        } else if let Some(name) = object_name(&file, "__create_view_") {
+            assert_eq!(functions, 0, "{file}: a view file creates no function");
+            assert_eq!(
+                text.matches("create view ").count(),
+                1,
+                "{file}: one view per file"
+            );
+            assert!(
+                text.contains(&format!("create view changefeed.{name} as")),
+                "{file}: creates the view changefeed.{name}"
+            );
+        } else if let Some(name) = object_name(&file, "__create_table_") {
+            assert_eq!(functions, 0, "{file}: a table file creates no function");
+            assert!(
+                text.contains(&format!("create table changefeed.{name} (")),
+                "{file}: creates the table changefeed.{name}"
+            );
+        } else {
+            panic!(
+                "{file}: name it V<n>__create_function_<name>.sql, __create_view_ or __create_table_"
+            );
+        }
     }
+}
+
+fn object_name<'a>(file: &'a str, kind: &str) -> Option<&'a str> {
+    file.split_once(kind)
+        .and_then(|(_, rest)| rest.strip_suffix(".sql"))
 }
 
 #[test]
 fn every_function_pins_its_search_path() {
     for (file, text) in bundle() {
+        // Each function the file creates, the generated ones inside generate_feed and
+        // setup_feed included: every `language` clause of a function stands before its
+        // `set search_path`.
+        let definitions = text.matches("\nreturns ").count();
+        let pinned = text
+            .matches("\nset search_path = pg_catalog, pg_temp\n")
+            .count();
         assert!(
-            text.contains("\nset search_path = pg_catalog, pg_temp\n"),
-            "{file}: add `set search_path = pg_catalog, pg_temp` to the function"
+            pinned >= definitions,
+            "{file}: {definitions} function definitions, {pinned} `set search_path = pg_catalog, pg_temp`"
         );
     }
 }
@@ -60,7 +103,9 @@ fn every_raised_error_has_a_bundle_sqlstate() {
             let statement = &rest[..rest.find(';').unwrap_or(rest.len())];
             let state = statement
                 .split_once("errcode = '")
-                .map(|(_, after)| &after[..5.min(after.len())])
+                // A generated function's text doubles the quote.
+                .map(|(_, after)| after.trim_start_matches('\''))
+                .map(|after| &after[..5.min(after.len())])
                 .unwrap_or_else(|| panic!("{file}: a raise exception without errcode"));
             assert!(
                 state.starts_with("cf") && state[2..].chars().all(|c| c.is_ascii_digit()),

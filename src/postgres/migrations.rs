@@ -39,8 +39,10 @@ pub fn bundle() -> Vec<(i32, String)> {
 }
 
 /// Applies every migration of the bundle that the database does not have yet: the schema
-/// `changefeed` with its functions `check_outbox_name`, `order_aggregate`, `notify` and
-/// `setup_outbox`. Run it before your own migrations that call `changefeed.setup_outbox`.
+/// `changefeed` with the claim outbox's functions (`setup_outbox` and its triggers) and the
+/// feed's (`setup_feed`, `feed_info`, `save_cursor`, `purge_feed`, the views `feed_status`
+/// and `consumer_lag`, …). Run it before your own migrations that call
+/// `changefeed.setup_outbox` or `changefeed.setup_feed`.
 pub async fn migrate(client: &mut Client) -> Result<refinery::Report> {
     runner().run_async(client).await.map_err(from_refinery)
 }
