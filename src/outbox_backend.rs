@@ -15,24 +15,9 @@ use crate::error::{Error, Result, decode_error};
 use crate::outbox::{Headers, NewMessage};
 use crate::relay::RelayHandle;
 
-/// Runs `call` (a call to `server` named `what`) for at most `limit`. Past it the call is
-/// abandoned and an [`Error::Connection`] (transient) says so: a silent server or network
-/// must not hold the caller for ever, and the connection the call used is in an unknown
-/// state, to be dropped by the caller and never used again.
-pub(crate) async fn bounded<T>(
-    server: &str,
-    limit: Duration,
-    what: &str,
-    call: impl Future<Output = Result<T>>,
-) -> Result<T> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result,
-        Err(_) => Err(Error::Connection(format!(
-            "{server}: {what} did not answer within {limit:?} (server stopped, overloaded \
-             or unreachable); the connection was dropped"
-        ))),
-    }
-}
+// Lives in `call_bound`, which imports nothing of the relay, so that the feed reader's
+// PostgreSQL session can use it without an import loop.
+pub(crate) use crate::call_bound::bounded;
 
 /// Forgets the connection in `slot` when `result` failed at the connection level (or had
 /// no answer in time): the next call opens a fresh one instead of reusing a connection in
