@@ -744,11 +744,11 @@ async fn main() {
     println!("{:.0} s", started.elapsed().as_secs_f64());
 
     let server = common_postgres::server::server();
-    if let Ok(admin) = changefeed::postgres::config(&server.url_for("postgres")) {
-        if let Ok(admin) = changefeed::postgres::connect(&admin).await {
-            let _ = admin
-                .batch_execute(&format!("drop database {} with (force)", db.name))
-                .await;
-        }
+    if let Ok(admin) = changefeed::postgres::config(&server.url_for("postgres"))
+        && let Ok(admin) = changefeed::postgres::connect(&admin).await
+    {
+        let _ = admin
+            .batch_execute(&format!("drop database {} with (force)", db.name))
+            .await;
     }
 }
