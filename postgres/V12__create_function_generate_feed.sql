@@ -32,6 +32,11 @@ declare
     v_join text;
     v_fast text;
     v_lock_error text;
+    -- The feed's shard 0 lock key (changefeed.shard_lock_key), written into the code as a
+    -- constant: the key of shard s is this + s. A call of shard_lock_key there would be
+    -- planned again at every read and every lock_feed (a SQL function with a SET clause is
+    -- never inlined), while the lock is about to be taken or held.
+    v_lock_base constant bigint := changefeed.shard_lock_key(p_feed_id, 0);
 begin
     select * into strict v_feed from changefeed.feeds as f where f.feed_id = p_feed_id;
     select format('%I.%I', n.nspname, c.relname) into v_event
@@ -107,7 +112,7 @@ begin
     if not found then
         if exists (select 1 from changefeed.outbox_%1$s as o where o.shard_id = p_shard) then
             begin
-                perform pg_advisory_xact_lock(changefeed.shard_lock_key(%1$s, p_shard));
+                perform pg_advisory_xact_lock(%7$s::bigint + p_shard);
             exception when lock_not_available then
                 %6$s;
             end;
@@ -182,7 +187,7 @@ begin
     end if;
 end
 $body$
-$f$, p_feed_id, v_feed.shards, v_fast, v_keys, v_keys_n, v_lock_error);
+$f$, p_feed_id, v_feed.shards, v_fast, v_keys, v_keys_n, v_lock_error, v_lock_base);
 
         execute format($f$
 create or replace function changefeed.read_events_%1$s(
@@ -318,7 +323,7 @@ begin
     perform set_config('lock_timeout',
         case when p_lock_timeout_ms = -1 then '0' else p_lock_timeout_ms::text end, true);
     begin
-        perform pg_advisory_xact_lock(changefeed.shard_lock_key(%1$s, p_shard));
+        perform pg_advisory_xact_lock(%4$s::bigint + p_shard);
     exception when lock_not_available then
         raise exception using
             errcode = 'CF202',
@@ -356,7 +361,7 @@ begin
     return query select v_first, substring(v_first from 1 for 8), v_low;
 end
 $body$
-$f$, p_feed_id, v_feed.shards, v_feed.shards - 1);
+$f$, p_feed_id, v_feed.shards, v_feed.shards - 1, v_lock_base);
 
         -- ulid_<id>(i): the i-th ULID (1-based) of the range lock_feed reserved in this
         -- transaction. The setting is transaction-local: after the transaction, or after a

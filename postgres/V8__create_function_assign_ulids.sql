@@ -19,6 +19,9 @@
 --     additions before the counter could overflow or change sign (a negative counter sorts
 --     after every positive one in byte order).
 -- It is pure (the caller draws the random parts), so the test can feed fixed values.
+-- PL/pgSQL running one query, not a SQL function: a SQL function with a SET clause is
+-- planned again at every call (it cannot be inlined), and lock_feed calls this while it
+-- holds the shard's lock; PL/pgSQL keeps the plan for the session.
 -- int8send gives a bigint's 8 bytes big-endian, two's complement, as SQL Server's
 -- convert(binary(8), bigint) does.
 create function changefeed.assign_ulids(
@@ -31,10 +34,13 @@ create function changefeed.assign_ulids(
     p_counter_draw bigint
 )
 returns table (ordinal bigint, ulid bytea)
-language sql
+language plpgsql
 immutable
 set search_path = pg_catalog, pg_temp
 as $$
+#variable_conflict use_column
+begin
+    return query
     with clamped as (
         select
             h.ordinal,
@@ -68,5 +74,6 @@ as $$
                 || int8send((p_counter_draw & ~(1::bigint << 62)) + n.ordinal_in_ms - 1)
         end
     from numbered as n
-    order by n.ordinal
+    order by n.ordinal;
+end
 $$;
