@@ -25,7 +25,7 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
     use changefeed::reader::FeedReaderOptions;
 
     use crate::args::ServiceArgs;
-    use crate::database::{require_feed, with_migrate_hint};
+    use crate::database::{is_postgres, require_feed, with_migrate_hint};
     use crate::endpoints::{Endpoints, Freshness};
     use crate::progress::{export_line, print_stderr, with_progress};
     use crate::signals::Signals;
@@ -46,6 +46,12 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
         progress,
         metrics,
     } = service;
+    if is_postgres(&connect.url) {
+        return Err(Failure::usage(
+            "export reads SQL Server feeds only in this build: the PostgreSQL feed reader is \
+             not in it yet (setup-feed, status and purge take a postgres:// URL)",
+        ));
+    }
     // First: a busy or wrong address is a usage error before anything connects.
     let endpoints = Endpoints::serve(&metrics, Freshness::LastRead, progress.quiet).await?;
     let settings = crate::kafka::settings(&brokers, &producer);

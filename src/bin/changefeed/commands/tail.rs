@@ -9,7 +9,7 @@ use changefeed::pool::ConnectionManager;
 use changefeed::reader::{FeedEvent, FeedReader, FeedReaderOptions, FeedRow};
 
 use crate::args::TailArgs;
-use crate::database::{Connect, require_feed, with_migrate_hint};
+use crate::database::{Connect, is_postgres, require_feed, with_migrate_hint};
 use crate::failure::Failure;
 use crate::follow::{Stop, follow, interrupted, output_closed};
 use crate::output::feed_line;
@@ -23,6 +23,12 @@ pub async fn tail(connect: &Connect, args: TailArgs) -> Result<(), Failure> {
         with_event,
         page,
     } = args;
+    if is_postgres(&connect.url) {
+        return Err(Failure::usage(
+            "tail reads SQL Server feeds only in this build: the PostgreSQL feed reader is not \
+             in it yet (setup-feed, status and purge take a postgres:// URL)",
+        ));
+    }
     // One plain connection first: a clear line for an unreachable server or an unknown
     // feed, instead of the stream's retries.
     {
