@@ -1,0 +1,355 @@
+//! The `changefeed` binary on PostgreSQL, run as a process against a private server
+//! (tests/common_postgres, or `CHANGEFEED_TEST_POSTGRES`): `migrate` applies the bundle to
+//! an empty database, `setup-feed` in both modes, `status` (tables and JSON, consumers),
+//! `purge` in batches, held back by a consumer, forced, and the refusals that name what is
+//! wrong.
+//!
+//! `#[ignore]`d like every live test; `.ci/run` runs them with `--ignored`.
+
+mod common_postgres;
+mod common_process;
+mod common_server;
+
+use std::process::Output;
+
+use common_postgres::{TestDb, database};
+use common_process::{assert_one_error_line, changefeed};
+use serde_json::Value;
+
+const IGNORE: &str = "needs PostgreSQL (CHANGEFEED_TEST_POSTGRES, or the installed binaries)";
+
+/// Runs the tool against `url` with `args`.
+fn run(url: &str, args: &[&str]) -> Output {
+    let mut all = args.to_vec();
+    all.extend(["--url", url]);
+    changefeed(&all)
+}
+
+/// Runs the tool, which must succeed, and returns its standard output.
+fn ok(url: &str, args: &[&str]) -> String {
+    let output = run(url, args);
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("UTF-8 output")
+}
+
+/// The tool's one error line for `args`, and its exit status.
+fn refused(url: &str, args: &[&str]) -> (String, i32) {
+    let output = run(url, args);
+    let line = assert_one_error_line(&output);
+    (line, output.status.code().unwrap_or(-1))
+}
+
+/// `status --json [--consumers]` as JSON.
+fn status_json(url: &str, consumers: bool) -> Value {
+    let mut args = vec!["status", "--json"];
+    if consumers {
+        args.push("--consumers");
+    }
+    serde_json::from_str(ok(url, &args).trim()).expect("status --json prints one JSON object")
+}
+
+/// Moves the committed outbox rows of `feed`'s shard 0 into the feed by reading at the
+/// head (autocommit, as the function needs), and returns how many rows it read.
+async fn read_head(db: &TestDb, feed: &str) -> usize {
+    let client = db.client().await;
+    let function: String = client
+        .query_one(
+            "select read_function from changefeed.feed_info($1)",
+            &[&feed],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let start = vec![0u8; 16];
+    client
+        .query(
+            &format!("select r.ulid from {function}(0, $1, 1000) as r"),
+            &[&start],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{function}: {e}"))
+        .len()
+}
+
+/// A database with nothing in it: `migrate` must bring the bundle.
+async fn empty_database(name: &str) -> String {
+    let server = common_postgres::server::server();
+    let name = format!("cf_{name}");
+    let admin = changefeed::postgres::connect(
+        &changefeed::postgres::config(&server.url_for("postgres")).unwrap(),
+    )
+    .await
+    .unwrap();
+    admin
+        .batch_execute(&format!("drop database if exists {name} with (force)"))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("create database {name}"))
+        .await
+        .unwrap();
+    server.url_for(&name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL (CHANGEFEED_TEST_POSTGRES, or the installed binaries)"]
+async fn migrate_applies_the_bundle_once() {
+    let _ = IGNORE;
+    let url = empty_database("cli_migrate").await;
+    let bundle = changefeed::postgres::bundle().len();
+    let first = ok(&url, &["migrate"]);
+    assert!(
+        first.starts_with(&format!(
+            "applied {bundle} PostgreSQL changefeed migrations ({bundle} in the bundle)"
+        )),
+        "{first}"
+    );
+    assert!(first.contains("create_function_setup_feed"), "{first}");
+    let again = ok(&url, &["migrate"]);
+    assert!(
+        again.starts_with("applied 0 PostgreSQL changefeed migrations")
+            && again.contains("the database is up to date"),
+        "{again}"
+    );
+    // The feed commands work on what migrate applied.
+    let status = status_json(&url, true);
+    assert_eq!(status["feeds"], Value::Array(vec![]), "{status}");
+    assert_eq!(status["consumers"], Value::Array(vec![]), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL (CHANGEFEED_TEST_POSTGRES, or the installed binaries)"]
+async fn setup_feed_status_and_purge_an_outbox_feed() {
+    let db = database("cli_outbox").await;
+    let url = db.url.as_str();
+    db.sql(r#"create schema app; create table app."Order" (id bigint primary key, body text)"#)
+        .await;
+    let setup = ok(url, &["setup-feed", "app.Order", "--outbox"]);
+    assert!(
+        setup.starts_with("app.Order is a feed on PostgreSQL (outbox mode, 1 shard)"),
+        "{setup}"
+    );
+    assert!(setup.contains(r#"insert into "app"."Order""#), "{setup}");
+    assert!(setup.contains("changefeed.read_feed_"), "{setup}");
+    // Idempotent, as the function is.
+    assert_eq!(ok(url, &["setup-feed", "app.Order", "--outbox"]), setup);
+
+    db.sql(r#"insert into app."Order" select n, 'e' || n from generate_series(1, 5) as n"#)
+        .await;
+    let status = status_json(url, false);
+    let shard = &status["feeds"][0];
+    assert_eq!(shard["feed"], "app.Order", "{status}");
+    assert_eq!(shard["mode"], "outbox", "{status}");
+    assert_eq!(shard["outbox_depth"], 5, "{status}");
+    assert_eq!(shard["head_ulid"], Value::Null, "{status}");
+
+    assert_eq!(read_head(&db, "app.Order").await, 5);
+    let status = status_json(url, false);
+    let shard = &status["feeds"][0];
+    assert_eq!(shard["outbox_depth"], 0, "{status}");
+    let head: ulid::Ulid = shard["head_ulid"].as_str().unwrap().parse().unwrap();
+    let head_at = shard["head_at"].as_str().unwrap();
+    assert!(head_at.ends_with('Z') && head_at.len() == 24, "{status}");
+    let table = ok(url, &["status"]);
+    assert!(
+        table.starts_with("feed       mode    shard  outbox_depth  head_ulid"),
+        "{table}"
+    );
+    assert!(table.contains(&head.to_string()), "{table}");
+    assert!(
+        table.contains("claim outboxes are not listed on PostgreSQL"),
+        "{table}"
+    );
+
+    // A consumer at the start holds the purge back; status shows it.
+    db.sql("select changefeed.save_cursor('billing', 'app.Order', 0, '\\x00000000000000000000000000000000'::bytea)")
+        .await;
+    let status = status_json(url, true);
+    let billing = &status["consumers"][0];
+    assert_eq!(billing["consumer"], "billing", "{status}");
+    assert_eq!(billing["feed"], "app.Order", "{status}");
+    assert_eq!(billing["expired"], false, "{status}");
+    assert!(billing["lag_ms"].as_i64().unwrap() > 0, "{status}");
+    let consumers = ok(url, &["status", "--consumers"]);
+    assert!(consumers.contains("billing"), "{consumers}");
+
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let held = ok(url, &["purge", "app.Order", "--older-than", "0s"]);
+    assert!(held.contains("held back by consumer billing"), "{held}");
+    assert!(
+        held.ends_with("deleted 0 rows older than 0s from app.Order in 1 shard\n"),
+        "{held}"
+    );
+
+    let dry = ok(
+        url,
+        &[
+            "purge",
+            "app.Order",
+            "--older-than",
+            "0s",
+            "--force",
+            "--dry-run",
+        ],
+    );
+    assert!(dry.contains("would delete 5 rows"), "{dry}");
+    assert_eq!(db.count(r#"app."Order""#, "true").await, 5);
+
+    // --max-rows 3 in batches of 2: two calls, three rows, and the reason says why.
+    let some = ok(
+        url,
+        &[
+            "purge",
+            "app.Order",
+            "--older-than",
+            "0s",
+            "--force",
+            "--batch-size",
+            "2",
+            "--max-rows",
+            "3",
+        ],
+    );
+    assert!(some.contains("max rows reached"), "{some}");
+    assert!(
+        some.ends_with("deleted 3 rows older than 0s from app.Order in 1 shard\n"),
+        "{some}"
+    );
+    let rest = ok(
+        url,
+        &[
+            "purge",
+            "app.Order",
+            "--older-than",
+            "0s",
+            "--force",
+            "--batch-size",
+            "1",
+        ],
+    );
+    assert!(rest.contains("cutoff reached"), "{rest}");
+    assert!(
+        rest.ends_with("deleted 2 rows older than 0s from app.Order in 1 shard\n"),
+        "{rest}"
+    );
+    // Everything is purged through the head: billing's cursor has expired.
+    let status = status_json(url, true);
+    assert_eq!(
+        status["feeds"][0]["purged_through"],
+        head.to_string(),
+        "{status}"
+    );
+    assert_eq!(status["consumers"][0]["expired"], true, "{status}");
+
+    let (line, code) = refused(
+        url,
+        &["purge", "app.Order", "--older-than", "1d", "--shard", "1"],
+    );
+    assert_eq!(code, 2, "{line}");
+    assert!(
+        line.contains("--shard 1: app.Order has 1 shard(s), 0 to 0"),
+        "{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL (CHANGEFEED_TEST_POSTGRES, or the installed binaries)"]
+async fn serialized_and_sharded_feeds_and_the_refusals() {
+    let db = database("cli_serialized").await;
+    let url = db.url.as_str();
+    db.sql(
+        "create schema app; \
+         create table app.orders (id bigint primary key, shard int not null, ulid bytea not null); \
+         create unique index on app.orders (shard, ulid); \
+         create table app.events (id bigint primary key, shard int not null)",
+    )
+    .await;
+    let setup = ok(
+        url,
+        &[
+            "setup-feed",
+            "app.orders",
+            "--serialize-writers",
+            "--shard-column",
+            "shard",
+            "--ulid-column",
+            "ulid",
+            "--shards",
+            "2",
+        ],
+    );
+    assert!(
+        setup.starts_with(
+            "app.orders is a feed on PostgreSQL (serialized-writer mode, 2 shards: shard \
+             column shard, ULID column ulid)"
+        ),
+        "{setup}"
+    );
+    assert!(setup.contains("changefeed.lock_feed_"), "{setup}");
+    let sharded = ok(
+        url,
+        &[
+            "setup-feed",
+            "app.events",
+            "--outbox",
+            "--shard-column",
+            "shard",
+            "--shards",
+            "3",
+        ],
+    );
+    assert!(
+        sharded.contains("(outbox mode, 3 shards, shard column shard)"),
+        "{sharded}"
+    );
+    let status = status_json(url, false);
+    let modes: Vec<(String, i64)> = status["feeds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["mode"].as_str().unwrap().to_owned(),
+                s["shard_id"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            ("outbox".to_owned(), 0),
+            ("outbox".to_owned(), 1),
+            ("outbox".to_owned(), 2),
+            ("serialize_writers".to_owned(), 0),
+            ("serialize_writers".to_owned(), 1),
+        ],
+        "{status}"
+    );
+
+    // Refusals, one line each, naming what is wrong.
+    let (line, code) = refused(url, &["purge", "app.orders", "--older-than", "1d"]);
+    assert_eq!(code, 1, "{line}");
+    assert!(line.contains("app.orders has serialized writers"), "{line}");
+    let (line, code) = refused(url, &["purge", "app.nope", "--older-than", "1d"]);
+    assert_eq!(code, 1, "{line}");
+    assert!(
+        line.contains("app.nope is not a feed in this PostgreSQL database"),
+        "{line}"
+    );
+    let (line, code) = refused(
+        url,
+        &["setup-feed", "app.events", "--outbox", "--shards", "2"],
+    );
+    assert_eq!(code, 2, "{line}");
+    assert!(line.contains("--shards 2 needs --shard-column"), "{line}");
+    // Another mode for an existing feed: the bundle's own error (CF005), in one line.
+    let (line, code) = refused(url, &["setup-feed", "app.events", "--outbox"]);
+    assert_eq!(code, 1, "{line}");
+    assert!(line.contains("CF005"), "{line}");
+    let (line, _) = refused(url, &["setup-feed", "app.missing", "--outbox"]);
+    assert!(line.contains("CF001") && line.contains("app"), "{line}");
+}
