@@ -118,6 +118,77 @@ impl CursorStore {
             .await?;
         Ok(())
     }
+
+    /// [`CursorStore::load`] on PostgreSQL (feature `postgres`): the cursor `consumer` last
+    /// saved for `shard` of `feed` with `changefeed.load_cursor`, or `None` when it never
+    /// saved one. `client` is a `tokio_postgres::Client` or a `Transaction` (load and save
+    /// in the consumer's own transaction). The consumer name is checked as for SQL Server;
+    /// PostgreSQL refuses a feed that does not exist with CF006 and another role's consumer
+    /// with CF114.
+    ///
+    /// ```no_run
+    /// # async fn run(client: &tokio_postgres::Client) -> changefeed::Result<()> {
+    /// use changefeed::{Cursor, CursorStore, Feed};
+    ///
+    /// let feed: Feed = "public.orders".parse()?;
+    /// let start = CursorStore::load_postgres(client, "billing", &feed, 0).await?.unwrap_or(Cursor::START);
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub async fn load_postgres(
+        client: &impl tokio_postgres::GenericClient,
+        consumer: &str,
+        feed: &Feed,
+        shard: i32,
+    ) -> Result<Option<Cursor>> {
+        check_consumer(consumer)?;
+        let row = client
+            .query_one(
+                "select changefeed.load_cursor($1, $2, $3)",
+                &[&consumer, &feed.to_string(), &shard],
+            )
+            .await?;
+        let bytes: Option<&[u8]> = row
+            .try_get(0)
+            .map_err(|error| decode_error("cursor", error))?;
+        bytes.map(Cursor::from_bytes).transpose()
+    }
+
+    /// [`CursorStore::save`] on PostgreSQL (feature `postgres`): saves `cursor` as where
+    /// `consumer` stands in `shard` of `feed` with `changefeed.save_cursor`, in the
+    /// transaction of `client` when it is one (commit the side effects and the cursor
+    /// together), else on its own. The consumer's owner is the role of its first save
+    /// (CF114 for another role).
+    ///
+    /// ```no_run
+    /// # async fn run(client: &mut tokio_postgres::Client, next: changefeed::Cursor) -> changefeed::Result<()> {
+    /// use changefeed::{CursorStore, Feed};
+    ///
+    /// let feed: Feed = "public.orders".parse()?;
+    /// let tx = client.transaction().await?;
+    /// // apply the page's effects in tx, then:
+    /// CursorStore::save_postgres(&tx, "billing", &feed, 0, next).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub async fn save_postgres(
+        client: &impl tokio_postgres::GenericClient,
+        consumer: &str,
+        feed: &Feed,
+        shard: i32,
+        cursor: Cursor,
+    ) -> Result<()> {
+        check_consumer(consumer)?;
+        let bytes = cursor.to_bytes();
+        client
+            .execute(
+                "select changefeed.save_cursor($1, $2, $3, $4)",
+                &[&consumer, &feed.to_string(), &shard, &&bytes[..]],
+            )
+            .await?;
+        Ok(())
+    }
 }
 
 /// Checks a consumer name before it reaches SQL: 1 to [`MAX_CONSUMER_LEN`] UTF-16 code

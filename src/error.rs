@@ -124,8 +124,13 @@ pub enum Error {
 const TRANSIENT_MYSQL_ERRORS: &[u16] = &[1205, 1213, 3572, 1040, 1053, 1927, 4031, 1317];
 
 /// PostgreSQL SQLSTATEs a client may retry: serialization failure, deadlock, lock not
-/// available, statement timeout or cancel, too many connections, out of memory.
-const TRANSIENT_POSTGRES_STATES: &[&str] = &["40001", "40P01", "55P03", "57014", "53300", "53200"];
+/// available, statement timeout or cancel, too many connections, out of memory, and the
+/// feed bundle's "lock not granted in time" errors (a read function's mover waiting for
+/// another mover of the shard CF103, `lock_feed_<id>` CF202: 51103 and 51202 on SQL
+/// Server). The session-ending states (class 08, 57P01-57P03) are [`Error::Connection`].
+const TRANSIENT_POSTGRES_STATES: &[&str] = &[
+    "40001", "40P01", "55P03", "57014", "53300", "53200", "CF103", "CF202",
+];
 
 /// read_feed's "cursor expired" error.
 const CURSOR_EXPIRED: u32 = 51104;
@@ -553,5 +558,22 @@ mod tests {
         assert!(!Error::InvalidCursor("x".into()).is_transient());
         assert_eq!(server(51101).server_number(), Some(51101));
         assert_eq!(Error::Config("x".into()).server_number(), None);
+    }
+
+    /// What a PostgreSQL feed reader retries on a fresh connection and what ends its
+    /// stream (57P01 and the other session-ending states arrive as `Connection`).
+    #[test]
+    fn postgres_feed_states_are_transient_or_permanent_as_on_sql_server() {
+        let postgres = |state: &str| Error::Postgres {
+            state: state.to_owned(),
+            message: String::new(),
+        };
+        for transient in ["40001", "40P01", "55P03", "57014", "CF103", "CF202"] {
+            assert!(postgres(transient).is_transient(), "{transient}");
+        }
+        for permanent in ["CF101", "CF104", "CF006", "CF100", "42883", "42501"] {
+            assert!(!postgres(permanent).is_transient(), "{permanent}");
+        }
+        assert!(Error::Connection("PostgreSQL error 57P01: terminating".into()).is_transient());
     }
 }

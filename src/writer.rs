@@ -5,7 +5,7 @@
 //! `insert into [changefeed].[outbox:myservice.MyEvent] (shard_id, id) values (0, @id)`
 //! ([`crate::Feed::outbox_table`] gives the name). Writers never wait for each other.
 //!
-//! **Serialized-writer mode**: [`lock_feed`] locks the shard until your transaction ends and
+//! **Serialized-writer mode**: [`lock_feed`] (on PostgreSQL `lock_feed_postgres`) locks the shard until your transaction ends and
 //! reserves 10^11 ULIDs, which you can use as the events' keys. Keep that transaction short
 //! and, best, entirely on the server, so that a client that dies cannot leave the shard
 //! locked (POWEROFF.md):
@@ -107,6 +107,71 @@ pub async fn lock_feed(
         .try_into()
         .map_err(|_| decode_error("ulid_high", "not 8 bytes"))?;
     let low = i64::column(row, 1)?;
+    UlidRange::from_parts(high, low, RESERVATION_SIZE)
+        .ok_or_else(|| decode_error("ulid_low", "the reserved range has no headroom"))
+}
+
+/// Calls the feed's `lock_feed_<id>` on PostgreSQL (feature `postgres`) inside `tx` and
+/// returns the reserved range, as [`lock_feed`] does on SQL Server: the shard stays locked
+/// (a transaction-scoped advisory lock) until `tx` commits or rolls back, and the range's
+/// ULIDs (`range.nth(i)`, or `changefeed.ulid_<id>(i)` in SQL) are the events' keys in
+/// commit order.
+///
+/// The function's name comes from `changefeed.feed_info` (a feed in outbox mode has none:
+/// an [`Error::Config`]). It waits for another writer of the shard as long as the
+/// session's `statement_timeout` allows ([`crate::postgres::connect`] sets 30 s; `set
+/// local statement_timeout` in `tx` for another bound): the server then raises 57014 and
+/// the transaction is lost (transient: retry it whole). `time_hint` sets the ULIDs' time;
+/// `None` uses the server's clock. One shard of a feed per transaction (CF203); a rollback
+/// to a savepoint taken before this call undoes the reservation (call it again).
+///
+/// ```no_run
+/// # async fn run(client: &mut tokio_postgres::Client) -> changefeed::Result<()> {
+/// use changefeed::Feed;
+/// use changefeed::writer::lock_feed_postgres;
+///
+/// let feed: Feed = "public.orders".parse()?;
+/// let tx = client.transaction().await?;
+/// let range = lock_feed_postgres(&tx, &feed, 0, None).await?;
+/// let first = range.first();
+/// tx.execute(
+///     "insert into public.orders (shard, ulid, customer) values (0, $1, 'ada')",
+///     &[&first.to_bytes().as_slice()],
+/// ).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "postgres")]
+pub async fn lock_feed_postgres(
+    tx: &tokio_postgres::Transaction<'_>,
+    feed: &Feed,
+    shard: i32,
+    time_hint: Option<time::OffsetDateTime>,
+) -> Result<UlidRange> {
+    let info = crate::postgres::feed_info::feed_info(tx, feed).await?;
+    let function = info.lock_function.ok_or_else(|| {
+        Error::Config(format!(
+            "{feed} is an outbox-mode feed: lock_feed serves serialized-writer feeds only \
+             (outbox-mode writers insert their events and never lock)"
+        ))
+    })?;
+    let row = tx
+        .query_one(
+            &format!(
+                "select l.ulid_high, l.ulid_low from {function}($1::int, $2::timestamptz, -1) as l"
+            ),
+            &[&shard, &time_hint],
+        )
+        .await?;
+    let high: Vec<u8> = row
+        .try_get(0)
+        .map_err(|error| decode_error("ulid_high", error))?;
+    let high: [u8; 8] = high
+        .try_into()
+        .map_err(|_| decode_error("ulid_high", "not 8 bytes"))?;
+    let low: i64 = row
+        .try_get(1)
+        .map_err(|error| decode_error("ulid_low", error))?;
     UlidRange::from_parts(high, low, RESERVATION_SIZE)
         .ok_or_else(|| decode_error("ulid_low", "the reserved range has no headroom"))
 }

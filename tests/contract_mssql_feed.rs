@@ -48,7 +48,10 @@ impl MssqlFeeds<'_> {
 
     /// `ids` as a `values` list: numbers only, so the text is safe to inline.
     fn values(ids: &[i64]) -> String {
-        ids.iter().map(|id| format!("({id})")).collect::<Vec<_>>().join(", ")
+        ids.iter()
+            .map(|id| format!("({id})"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -88,7 +91,11 @@ impl FeedContractDb for MssqlFeeds<'_> {
     }
 
     fn reader(&self, feed: &Feed, options: FeedReaderOptions) -> FeedReader {
-        let ado = format!("{};Application Name={}", self.db.ado(), self.reader_application());
+        let ado = format!(
+            "{};Application Name={}",
+            self.db.ado(),
+            self.reader_application()
+        );
         let manager = ConnectionManager::from_ado(&ado).expect("a valid ADO string");
         let pool = Pool::from_builder(Pool::builder().max_size(8), manager);
         FeedReader::with_options(pool, feed.clone(), options).expect("valid reader options")
@@ -123,7 +130,11 @@ impl FeedContractDb for MssqlFeeds<'_> {
 
     async fn serialized_write(&self, feed: &Feed, ids: Vec<i64>, hold: Duration) -> i64 {
         let mut client = common::connect_to(&self.db.name).await;
-        let (table, lock, ulid) = (feed.quoted_table(), feed.object("lock_feed"), feed.object("ulid"));
+        let (table, lock, ulid) = (
+            feed.quoted_table(),
+            feed.object("lock_feed"),
+            feed.object("ulid"),
+        );
         let values = Self::values(&ids);
         // The sequence is read under the shard's lock, which the transaction holds until its
         // commit: its value is the commit order.
@@ -159,7 +170,9 @@ impl FeedContractDb for MssqlFeeds<'_> {
         .unwrap();
         let mut ended = 0;
         for row in sessions {
-            let Some(id) = row.try_get::<i16, usize>(0).ok().flatten() else { continue };
+            let Some(id) = row.try_get::<i16, usize>(0).ok().flatten() else {
+                continue;
+            };
             // 6106: the session ended between the query and the KILL.
             if exec(&mut admin, &format!("kill {id};")).await.is_ok() {
                 ended += 1;
@@ -197,7 +210,12 @@ impl FeedContractDb for MssqlFeeds<'_> {
         .unwrap();
         purged
             .iter()
-            .map(|row| row.try_get::<i64, &str>("deleted").ok().flatten().unwrap_or(0) as u64)
+            .map(|row| {
+                row.try_get::<i64, &str>("deleted")
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0) as u64
+            })
             .sum()
     }
 }

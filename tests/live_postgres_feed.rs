@@ -19,8 +19,8 @@ use changefeed::allocator::Allocator;
 use changefeed::cursor_store::CursorStore;
 use changefeed::reader::{FeedReader, FeedReaderOptions};
 use changefeed::{Cursor, Feed};
-use feed_contract::{FeedContractDb, OpenWrite};
 use common_postgres::{TestDb, database};
+use feed_contract::{FeedContractDb, OpenWrite};
 use tokio_postgres::Client;
 
 const START: [u8; 16] = [0; 16];
@@ -844,7 +844,9 @@ impl FeedContractDb for PgFeeds {
         let mut client = self.db.client().await;
         let (lock, ulid) = self.info(&client, feed).await;
         let tx = client.transaction().await.unwrap();
-        tx.query_one(&format!("select * from {lock}(0)"), &[]).await.unwrap();
+        tx.query_one(&format!("select * from {lock}(0)"), &[])
+            .await
+            .unwrap();
         tx.execute(
             &format!(
                 "insert into {feed} (shard, ulid, id) \

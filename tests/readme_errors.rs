@@ -8,7 +8,7 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Numbers after `throw` in the bundle (comments are not stripped: a number only mentioned in
+/// Numbers after `throw` in the SQL Server bundle, and the PostgreSQL bundle's CFnnn codes (comments are not stripped: a number only mentioned in
 /// a comment after the word throw would count, which the bundle does not do).
 fn thrown_numbers() -> BTreeSet<u32> {
     let mut numbers = BTreeSet::new();
@@ -21,6 +21,20 @@ fn thrown_numbers() -> BTreeSet<u32> {
             let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
             if let Ok(number) = digits.parse() {
                 numbers.insert(number);
+            }
+        }
+    }
+    // The PostgreSQL bundle raises SQLSTATE CFnnn for the number 51nnn.
+    for entry in std::fs::read_dir(root().join("postgres")).unwrap() {
+        let lower = std::fs::read_to_string(entry.unwrap().path())
+            .unwrap()
+            .to_lowercase();
+        for (at, _) in lower.match_indices("errcode = ") {
+            let code = lower[at + "errcode = ".len()..].trim_start_matches('\'');
+            if let Some(digits) = code.strip_prefix("cf").and_then(|rest| rest.get(..3))
+                && let Ok(number) = digits.parse::<u32>()
+            {
+                numbers.insert(51_000 + number);
             }
         }
     }

@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{Client, Config, NoTls};
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Notification};
 
 use crate::error::{Error, Result};
 use crate::outbox_backend::bounded;
@@ -63,27 +66,82 @@ pub fn config(url: &str) -> Result<Config> {
 /// assumes (see [`PostgresOutboxStore`](super::PostgresOutboxStore)). The whole connect,
 /// settings included, is bounded by the connect timeout.
 pub async fn connect(config: &Config) -> Result<Client> {
-    let limit = config
-        .get_connect_timeout()
-        .copied()
-        .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+    let limit = connect_timeout(config);
     bounded(SERVER, limit, "connect", async {
-        let (client, connection) = config.connect(NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "PostgreSQL connection ended");
-            }
-        });
+        // Nobody listens on this session: its notifications (none) are dropped.
+        let (client, _notifications) = open_unbounded(config).await?;
         client
-            .batch_execute(&format!(
-                "set statement_timeout = {}; \
-                 set session characteristics as transaction isolation level read committed",
-                STATEMENT_TIMEOUT.as_millis()
-            ))
+            .batch_execute(&session_settings(STATEMENT_TIMEOUT))
             .await?;
         Ok(client)
     })
     .await
+}
+
+/// The connect timeout of `config`, or [`DEFAULT_CONNECT_TIMEOUT`].
+pub(crate) fn connect_timeout(config: &Config) -> Duration {
+    config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(DEFAULT_CONNECT_TIMEOUT)
+}
+
+/// The session settings of a connection whose statements may run `statement_timeout` at
+/// most, in READ COMMITTED (which the claim's `FOR UPDATE SKIP LOCKED` and the feed's read
+/// functions assume, whatever the database's `default_transaction_isolation`).
+pub(crate) fn session_settings(statement_timeout: Duration) -> String {
+    format!(
+        "set statement_timeout = {}; \
+         set session characteristics as transaction isolation level read committed",
+        statement_timeout.as_millis()
+    )
+}
+
+/// The notifications a connection receives (`LISTEN`), and the task that drives it.
+pub(crate) struct Notifications {
+    /// Every notification, of whatever channel: the listener picks its own.
+    pub(crate) received: mpsc::UnboundedReceiver<Notification>,
+    /// Ends when the connection does, with why (closed by the client, broken, closed by the
+    /// server).
+    pub(crate) driver: JoinHandle<String>,
+}
+
+/// Opens a connection (without TLS), bounded by the connect timeout, and drives it on a
+/// task of its own that forwards every notification: what the waker and the feed reader
+/// listen with. No session settings; the task ends when the client is dropped.
+pub(crate) async fn open(config: &Config) -> Result<(Client, Notifications)> {
+    bounded(
+        SERVER,
+        connect_timeout(config),
+        "connect",
+        open_unbounded(config),
+    )
+    .await
+}
+
+/// [`open`] without its time bound.
+async fn open_unbounded(config: &Config) -> Result<(Client, Notifications)> {
+    let (client, mut connection) = config.connect(NoTls).await?;
+    // The connection's messages (notifications among them) arrive only while it is polled.
+    let (forward, received) = mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                // A receiver that is gone wants none; the connection still serves its client.
+                Ok(AsyncMessage::Notification(notification)) => {
+                    let _ = forward.send(notification);
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(%error, "PostgreSQL connection ended");
+                    return format!("the connection broke: {}", Error::from(error));
+                }
+            }
+        }
+        "the server closed the connection".to_owned()
+    });
+    Ok((client, Notifications { received, driver }))
 }
 
 /// The server as a call's time-bound error names it.

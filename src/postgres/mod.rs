@@ -18,7 +18,8 @@
 //! [`ClaimStore`]: crate::outbox::ClaimStore
 //! [`Relay`]: crate::relay::Relay
 
-mod connection;
+pub(crate) mod connection;
+pub(crate) mod feed_info;
 mod migrations;
 mod store;
 mod table;

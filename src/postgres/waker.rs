@@ -11,12 +11,11 @@
 use std::future::Future;
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until, timeout};
-use tokio_postgres::{AsyncMessage, Config, NoTls};
+use tokio_postgres::{Config, Notification};
 
-use super::connection::DEFAULT_CONNECT_TIMEOUT;
+use super::connection::open;
 use super::table::OutboxTable;
 use crate::error::Error;
 use crate::outbox_backend::follow_or_poll;
@@ -149,42 +148,19 @@ impl PostgresWaker {
 
     /// Connects, LISTENs and wakes on notifications; returns why it stopped.
     async fn listen(&self) -> String {
-        let limit = self
-            .config
-            .get_connect_timeout()
-            .copied()
-            .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
-        let (client, mut connection) = match timeout(limit, self.config.connect(NoTls)).await {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(error)) => return format!("cannot connect: {}", Error::from(error)),
-            Err(_) => return format!("cannot connect: no answer within {limit:?}"),
+        let (client, mut notifications) = match open(&self.config).await {
+            Ok(pair) => pair,
+            Err(error) => return format!("cannot connect: {error}"),
         };
-        // The connection's messages (notifications among them) arrive only while it is
-        // polled: a task drives it and forwards the notifications of our channel.
         let channel = self.table.channel();
-        let (notified, mut notifications) = mpsc::unbounded_channel::<()>();
-        let ours = channel.clone();
-        let driver = tokio::spawn(async move {
-            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-            while let Some(message) = messages.next().await {
-                match message {
-                    Ok(AsyncMessage::Notification(n)) if n.channel() == ours => {
-                        if notified.send(()).is_err() {
-                            return "the waker stopped".to_owned();
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(error) => return format!("the connection broke: {}", Error::from(error)),
-                }
-            }
-            "the server closed the connection".to_owned()
-        });
-        let reason = self.listening(&client, &channel, &mut notifications).await;
+        let reason = self
+            .listening(&client, &channel, &mut notifications.received)
+            .await;
         drop(client);
         // The driver ends once the client is gone; its reason is more precise when the
         // connection broke first.
-        match timeout(Duration::from_secs(1), driver).await {
-            Ok(Ok(broke)) if notifications.is_closed() => broke,
+        match timeout(Duration::from_secs(1), notifications.driver).await {
+            Ok(Ok(broke)) if notifications.received.is_closed() => broke,
             _ => reason,
         }
     }
@@ -193,7 +169,7 @@ impl PostgresWaker {
         &self,
         client: &tokio_postgres::Client,
         channel: &str,
-        notifications: &mut mpsc::UnboundedReceiver<()>,
+        notifications: &mut mpsc::UnboundedReceiver<Notification>,
     ) -> String {
         let heartbeat = self.settings.heartbeat;
         // The channel is an identifier: double quotes, doubled inside (the name rule allows
@@ -220,7 +196,10 @@ impl PostgresWaker {
         loop {
             tokio::select! {
                 received = notifications.recv() => match received {
-                    Some(()) => self.handle.wake(),
+                    Some(notification) if notification.channel() == channel => {
+                        self.handle.wake();
+                    }
+                    Some(_) => {}
                     None => return "the connection ended".to_owned(),
                 },
                 () = sleep_until(next_beat) => {

@@ -1,5 +1,6 @@
-//! [`FeedReader`]: a feed read from a connection [`Pool`], as single pages or as endless
-//! streams of pages over a [`PoolSource`].
+//! [`FeedReader`]: a feed read from SQL Server (a connection [`Pool`]) or PostgreSQL (a
+//! `tokio_postgres::Config`), as single pages or as endless streams of pages over the
+//! database's own [`PageSource`], behind one [`FeedSource`].
 
 use futures::Stream;
 
@@ -9,15 +10,25 @@ use crate::feed::Feed;
 use crate::pool::Pool;
 use crate::row::FromRow;
 
+use super::feed_source::FeedSource;
 use super::options::FeedReaderOptions;
 use super::page::{CallBounds, FeedEvent, FeedItem, FeedRow, Page, ReadOptions, read_items_within};
 use super::pool_source::PoolSource;
+#[cfg(feature = "postgres")]
+use super::postgres_source::PostgresSource;
 use super::stream::{merge_shards, page_stream};
 #[cfg(doc)]
 use super::{PageSource, effective_wait};
 
-/// Reads a feed from a connection [`Pool`]: single pages, or endless streams of pages that
-/// follow the head of a shard.
+/// The pool [`FeedReader::connect`] builds for a SQL Server connection string: at most
+/// this many connections, one per running stream (build the [`Pool`] yourself and use
+/// [`FeedReader::with_options`] for another size).
+pub const CONNECT_POOL_SIZE: u32 = 10;
+
+/// Reads a feed from SQL Server (a connection [`Pool`]) or PostgreSQL (feature `postgres`,
+/// [`FeedReader::postgres`]): single pages, or endless streams of pages that follow the
+/// head of a shard. Both databases give the same items, pages, errors and stream
+/// behaviour; [`FeedReader::connect`] picks the database by the connection string.
 ///
 /// ```no_run
 /// # async fn run() -> changefeed::Result<()> {
@@ -62,18 +73,47 @@ use super::{PageSource, effective_wait};
 /// the pool for one connection per stream (per shard with [`FeedReader::stream_shards`])
 /// plus whatever else uses it: a stream that cannot get a connection within bb8's
 /// `connection_timeout` counts that as a transient failure.
+///
+/// # PostgreSQL
+///
+/// On PostgreSQL each stream opens a connection of its own (a `PostgresSource`): it
+/// `LISTEN`s on the feed's channel and long-polls on the client, holding nothing on the
+/// server while it waits; every read is bounded by the `timeout_margin`. `read_page` and
+/// `read_events` open a connection for the one read: for repeated reads, use a stream.
 #[derive(Clone, Debug)]
 pub struct FeedReader {
-    pool: Pool,
+    backend: Backend,
     feed: Feed,
     options: FeedReaderOptions,
+}
+
+/// The database a [`FeedReader`] reads.
+#[derive(Clone, Debug)]
+enum Backend {
+    SqlServer(Pool),
+    // Boxed: a Config is many times the size of a Pool handle.
+    #[cfg(feature = "postgres")]
+    Postgres(Box<tokio_postgres::Config>),
+}
+
+/// Whether `url` is a PostgreSQL connection string: a `postgres://` or `postgresql://` URL,
+/// or tokio-postgres's `key=value` form with a `host=` key (an ADO.NET string separates its
+/// keys with `;` and names the host `server=`).
+fn is_postgres_url(url: &str) -> bool {
+    let url = url.trim().to_ascii_lowercase();
+    url.starts_with("postgres://")
+        || url.starts_with("postgresql://")
+        || (!url.contains(';')
+            && url
+                .split_ascii_whitespace()
+                .any(|pair| pair.starts_with("host=")))
 }
 
 impl FeedReader {
     /// A reader with the default options.
     pub fn new(pool: Pool, feed: Feed) -> Self {
         FeedReader {
-            pool,
+            backend: Backend::SqlServer(pool),
             feed,
             options: FeedReaderOptions::default(),
         }
@@ -83,10 +123,76 @@ impl FeedReader {
     pub fn with_options(pool: Pool, feed: Feed, options: FeedReaderOptions) -> Result<Self> {
         options.validate()?;
         Ok(FeedReader {
-            pool,
+            backend: Backend::SqlServer(pool),
             feed,
             options,
         })
+    }
+
+    /// A reader of a feed on PostgreSQL (feature `postgres`) in the database of `config`,
+    /// with these options, checked with [`FeedReaderOptions::validate`]. No connection is
+    /// opened here: each stream opens its own (see "PostgreSQL" above).
+    /// [`crate::postgres::config`] parses a URL and sets the time limits and keepalives a
+    /// reader wants.
+    ///
+    /// ```no_run
+    /// # async fn run() -> changefeed::Result<()> {
+    /// use changefeed::reader::{FeedReader, FeedReaderOptions};
+    /// use changefeed::Cursor;
+    /// use futures::StreamExt;
+    ///
+    /// let config = changefeed::postgres::config("postgres://reader:secret@localhost/app")?;
+    /// let reader = FeedReader::postgres(config, "public.orders".parse()?, FeedReaderOptions::default())?;
+    /// let mut pages = std::pin::pin!(reader.stream::<(i64, String)>(0, Cursor::START));
+    /// while let Some(page) = pages.next().await {
+    ///     for row in &page?.rows {
+    ///         println!("{} {:?}", row.ulid, row.key);
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres(
+        config: tokio_postgres::Config,
+        feed: Feed,
+        options: FeedReaderOptions,
+    ) -> Result<Self> {
+        options.validate()?;
+        Ok(FeedReader {
+            backend: Backend::Postgres(Box::new(config)),
+            feed,
+            options,
+        })
+    }
+
+    /// A reader of the database `url` names: a `postgres://` or `postgresql://` URL, or a
+    /// `key=value` string with a `host=` key, is PostgreSQL (feature `postgres`, through
+    /// [`crate::postgres::config`]); anything else is a SQL Server ADO.NET connection
+    /// string, read through a pool of at most [`CONNECT_POOL_SIZE`] connections
+    /// ([`crate::pool::pool`]). Opens no connection.
+    ///
+    /// ```no_run
+    /// # async fn run() -> changefeed::Result<()> {
+    /// use changefeed::reader::{FeedReader, FeedReaderOptions};
+    ///
+    /// let url = std::env::var("CHANGEFEED_URL").unwrap();
+    /// let reader = FeedReader::connect(&url, "myservice.MyEvent".parse()?, FeedReaderOptions::default()).await?;
+    /// let page = reader.read_page::<i64>(0, changefeed::Cursor::START).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str, feed: Feed, options: FeedReaderOptions) -> Result<Self> {
+        if is_postgres_url(url) {
+            #[cfg(feature = "postgres")]
+            return FeedReader::postgres(crate::postgres::config(url)?, feed, options);
+            #[cfg(not(feature = "postgres"))]
+            return Err(crate::error::Error::Config(
+                "the connection string is for PostgreSQL, which this build cannot read: \
+                 enable changefeed's `postgres` feature"
+                    .to_owned(),
+            ));
+        }
+        let pool = crate::pool::pool(url, CONNECT_POOL_SIZE).await?;
+        FeedReader::with_options(pool, feed, options)
     }
 
     /// The feed it reads.
@@ -99,9 +205,13 @@ impl FeedReader {
         &self.options
     }
 
-    /// The pool it takes connections from.
-    pub fn pool(&self) -> &Pool {
-        &self.pool
+    /// The pool it takes connections from on SQL Server; `None` on PostgreSQL.
+    pub fn pool(&self) -> Option<&Pool> {
+        match &self.backend {
+            Backend::SqlServer(pool) => Some(pool),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => None,
+        }
     }
 
     /// Reads the page of keys of `shard` after `cursor` at once (no long-poll, no retry).
@@ -124,7 +234,23 @@ impl FeedReader {
     }
 
     async fn read_once<T: FeedItem>(&self, shard: i32, cursor: Cursor) -> Result<Page<T>> {
-        let mut conn = self.pool.get().await?;
+        let pool = match &self.backend {
+            Backend::SqlServer(pool) => pool,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(config) => {
+                // One read on a connection of its own, no wait.
+                let mut source = PostgresSource::<T>::new(
+                    (**config).clone(),
+                    self.feed.clone(),
+                    self.options.page_size,
+                    self.options.timeout_margin,
+                );
+                return source
+                    .read_waiting(shard, cursor, std::time::Duration::ZERO)
+                    .await;
+            }
+        };
+        let mut conn = pool.get().await?;
         let options = ReadOptions::default().page_size(self.options.page_size);
         let bounds = CallBounds {
             first: self.options.timeout_margin,
@@ -138,18 +264,31 @@ impl FeedReader {
         Ok(page)
     }
 
-    /// A [`PageSource`] over this reader's pool, for [`page_stream`].
-    pub fn source<T: FeedItem + Send + 'static>(&self) -> PoolSource<T> {
-        PoolSource::new(
-            self.pool.clone(),
+    /// A [`PageSource`] over this reader's database (its pool on SQL Server, a
+    /// connection of its own on PostgreSQL), for [`page_stream`].
+    pub fn source<T: FeedItem + Send + 'static>(&self) -> FeedSource<T> {
+        let (feed, page_size, margin) = (
             self.feed.clone(),
             self.options.page_size,
             self.options.timeout_margin,
-        )
+        );
+        match &self.backend {
+            Backend::SqlServer(pool) => {
+                FeedSource::sql_server(PoolSource::new(pool.clone(), feed, page_size, margin))
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(config) => FeedSource::postgres(PostgresSource::new(
+                (**config).clone(),
+                feed,
+                page_size,
+                margin,
+            )),
+        }
     }
 
     /// The endless stream of pages of keys of `shard` after `cursor` (see [`page_stream`]
-    /// for waiting, retries and errors). It holds one pooled connection while it runs.
+    /// for waiting, retries and errors). It holds one connection while it runs (pooled on
+    /// SQL Server, its own on PostgreSQL).
     pub fn stream<K: FromRow + Send + 'static>(
         &self,
         shard: i32,

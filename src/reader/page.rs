@@ -117,6 +117,36 @@ pub trait FeedItem: Sized {
     /// Decodes a row of `read_feed` whose column 0, the ULID, is already decoded.
     fn from_feed_row(ulid: Ulid, row: &Row) -> Result<Self>;
 
+    /// Decodes a row of the feed's PostgreSQL read function (`read_feed_<id>` for keys,
+    /// `read_events_<id>` for events, their composite column expanded) whose column 0, the
+    /// `ulid bytea`, is already decoded; the keys or the event are the columns from 1 on.
+    ///
+    /// The default fails with [`Error::Decode`]: [`FeedRow`] and [`FeedEvent`] implement it
+    /// (with [`FromRow::from_pg_row`]); an item of your own must too, to be read from
+    /// PostgreSQL.
+    ///
+    /// ```no_run
+    /// use changefeed::reader::{FeedItem, FeedRow};
+    /// use changefeed::row::Column;
+    ///
+    /// # fn run(row: &tokio_postgres::Row) -> changefeed::Result<()> {
+    /// let ulid = ulid::Ulid::pg_column(row, 0)?;
+    /// let item = FeedRow::<(i64, String)>::from_pg_row(ulid, row)?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    fn from_pg_row(ulid: Ulid, row: &tokio_postgres::Row) -> Result<Self> {
+        let _ = row;
+        Err(Error::Decode {
+            column: "position 1".to_owned(),
+            reason: format!(
+                "{} cannot be read from PostgreSQL: implement FeedItem::from_pg_row",
+                std::any::type_name::<Self>()
+            ),
+            row: Some(ulid),
+        })
+    }
+
     /// The row's ULID: the cursor after it.
     fn ulid(&self) -> Ulid;
 }
@@ -128,6 +158,14 @@ impl<K: FromRow> FeedItem for FeedRow<K> {
         Ok(FeedRow {
             ulid,
             key: K::from_row(row, 1)?,
+        })
+    }
+
+    #[cfg(feature = "postgres")]
+    fn from_pg_row(ulid: Ulid, row: &tokio_postgres::Row) -> Result<Self> {
+        Ok(FeedRow {
+            ulid,
+            key: K::from_pg_row(row, 1)?,
         })
     }
 
@@ -143,6 +181,14 @@ impl<E: FromRow> FeedItem for FeedEvent<E> {
         Ok(FeedEvent {
             ulid,
             event: E::from_row(row, 1)?,
+        })
+    }
+
+    #[cfg(feature = "postgres")]
+    fn from_pg_row(ulid: Ulid, row: &tokio_postgres::Row) -> Result<Self> {
+        Ok(FeedEvent {
+            ulid,
+            event: E::from_pg_row(row, 1)?,
         })
     }
 
@@ -222,10 +268,35 @@ pub(super) fn read_feed_sql<T: FeedItem>(feed: &Feed) -> String {
 
 /// Decodes the rows of one `read_feed` result into a page after `cursor`.
 fn decode_page<T: FeedItem>(rows: &[Row], cursor: Cursor, page_size: u32) -> Result<Page<T>> {
+    decode_page_with(rows, cursor, page_size, |row| {
+        let ulid = Ulid::column(row, 0)?;
+        T::from_feed_row(ulid, row).map_err(|e| e.at_row(ulid))
+    })
+}
+
+/// Decodes the rows of one page of the feed's PostgreSQL read function after `cursor`.
+#[cfg(feature = "postgres")]
+pub(super) fn decode_pg_page<T: FeedItem>(
+    rows: &[tokio_postgres::Row],
+    cursor: Cursor,
+    page_size: u32,
+) -> Result<Page<T>> {
+    decode_page_with(rows, cursor, page_size, |row| {
+        let ulid = Ulid::pg_column(row, 0)?;
+        T::from_pg_row(ulid, row).map_err(|e| e.at_row(ulid))
+    })
+}
+
+/// The page of `rows` after `cursor`, each decoded with `decode` (either driver's rows).
+fn decode_page_with<R, T: FeedItem>(
+    rows: &[R],
+    cursor: Cursor,
+    page_size: u32,
+    decode: impl Fn(&R) -> Result<T>,
+) -> Result<Page<T>> {
     let mut decoded = Vec::with_capacity(rows.len());
     for row in rows {
-        let ulid = Ulid::column(row, 0)?;
-        decoded.push(T::from_feed_row(ulid, row).map_err(|e| e.at_row(ulid))?);
+        decoded.push(decode(row)?);
     }
     let next_cursor = decoded
         .last()

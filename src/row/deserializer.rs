@@ -1,6 +1,10 @@
 //! The serde deserializer over the columns of a row: [`deserialize`] (and through it
 //! [`Serde`](super::Serde)) decodes a row as a map by column name, a sequence by position,
 //! or a single value, each [`Cell`] mapping its SQL Server value to serde's data model.
+//!
+//! The row-level half (map, sequence, single value, the error that names the column) is
+//! written once over [`RowAccess`], so the PostgreSQL deserializer (`pg_deserializer.rs`)
+//! shares it and only brings its own cell.
 
 use std::fmt;
 
@@ -14,7 +18,52 @@ use super::FromRow;
 use super::{column_data_is_null, column_label, is_null};
 use crate::error::{Result, decode_error};
 
-type DeResult<T> = std::result::Result<T, DeError>;
+pub(super) type DeResult<T> = std::result::Result<T, DeError>;
+
+/// A row as the row-level deserializer sees it: its columns' count and names, which are
+/// NULL, how an error names one, and each column's value as a serde deserializer. One
+/// implementation per driver's row type.
+pub(super) trait RowAccess {
+    /// One value of the row.
+    type Cell<'r>: for<'de> de::Deserializer<'de, Error = DeError>
+    where
+        Self: 'r;
+
+    /// How many columns the row has.
+    fn column_count(&self) -> usize;
+    /// The name of column `index`, if there is one.
+    fn column_name(&self, index: usize) -> Option<&str>;
+    /// Whether column `index` is NULL (false when there is no such column).
+    fn null_at(&self, index: usize) -> bool;
+    /// How an error names column `index`: its name and position.
+    fn label_at(&self, index: usize) -> String;
+    /// Column `index` as a deserializer, if there is such a column.
+    fn cell_at(&self, index: usize) -> Option<Self::Cell<'_>>;
+}
+
+impl RowAccess for Row {
+    type Cell<'r> = Cell<'r>;
+
+    fn column_count(&self) -> usize {
+        self.len()
+    }
+
+    fn column_name(&self, index: usize) -> Option<&str> {
+        self.columns().get(index).map(|column| column.name())
+    }
+
+    fn null_at(&self, index: usize) -> bool {
+        is_null(self, index)
+    }
+
+    fn label_at(&self, index: usize) -> String {
+        column_label(self, index)
+    }
+
+    fn cell_at(&self, index: usize) -> Option<Cell<'_>> {
+        self.cells().nth(index).map(|(_, data)| Cell { data })
+    }
+}
 
 /// Decodes the columns of `row` from `first` on with serde.
 ///
@@ -42,13 +91,20 @@ type DeResult<T> = std::result::Result<T, DeError>;
 /// }
 /// ```
 pub fn deserialize<T: DeserializeOwned>(row: &Row, first: usize) -> Result<T> {
+    deserialize_row(row, first)
+}
+
+/// Decodes the columns of any [`RowAccess`] row from `first` on: what [`deserialize`] and
+/// the PostgreSQL `deserialize_pg` call. An error with no column of its own names the
+/// columns it read from.
+pub(super) fn deserialize_row<T: DeserializeOwned, R: RowAccess + ?Sized>(
+    row: &R,
+    first: usize,
+) -> Result<T> {
     T::deserialize(RowDeserializer { row, first }).map_err(|error| {
         let column = error.column.unwrap_or_else(|| {
-            let names: Vec<&str> = row
-                .columns()
-                .iter()
-                .skip(first)
-                .map(|column| column.name())
+            let names: Vec<&str> = (first..row.column_count())
+                .filter_map(|index| row.column_name(index))
                 .collect();
             format!("from position {first} ({})", names.join(", "))
         });
@@ -58,15 +114,15 @@ pub fn deserialize<T: DeserializeOwned>(row: &Row, first: usize) -> Result<T> {
 
 /// serde's error while decoding a row: the message, and the column when known.
 #[derive(Debug)]
-struct DeError {
+pub(super) struct DeError {
     column: Option<String>,
     message: String,
 }
 
 impl DeError {
-    fn at(mut self, row: &Row, index: usize) -> Self {
+    fn at<R: RowAccess + ?Sized>(mut self, row: &R, index: usize) -> Self {
         if self.column.is_none() {
-            self.column = Some(column_label(row, index));
+            self.column = Some(row.label_at(index));
         }
         self
     }
@@ -93,30 +149,27 @@ impl de::Error for DeError {
 }
 
 /// The columns of a row from `first` on, as a map (by name) or a sequence (by position).
-struct RowDeserializer<'r> {
-    row: &'r Row,
+struct RowDeserializer<'r, R: ?Sized> {
+    row: &'r R,
     first: usize,
 }
 
-impl RowDeserializer<'_> {
-    fn single(&self) -> DeResult<Cell<'_>> {
+impl<'r, R: RowAccess + ?Sized> RowDeserializer<'r, R> {
+    fn single(&self) -> DeResult<R::Cell<'r>> {
         cell(self.row, self.first)
     }
 }
 
-fn cell(row: &Row, index: usize) -> DeResult<Cell<'_>> {
-    match row.cells().nth(index) {
-        Some((_, data)) => Ok(Cell { data }),
-        None => Err(DeError {
-            column: Some(column_label(row, index)),
-            message: "no such column".to_owned(),
-        }),
-    }
+fn cell<R: RowAccess + ?Sized>(row: &R, index: usize) -> DeResult<R::Cell<'_>> {
+    row.cell_at(index).ok_or_else(|| DeError {
+        column: Some(row.label_at(index)),
+        message: "no such column".to_owned(),
+    })
 }
 
 /// `Deserializer` methods that ignore their leading arguments (a type's name, its length,
-/// its field or variant list) and deserialize as `$target` does, written once for both
-/// deserializers of this file.
+/// its field or variant list) and deserialize as `$target` does, written once for the row
+/// and the cells of both drivers.
 macro_rules! ignoring_arguments {
     ($($method:ident($($argument:ty),*) => $target:ident;)*) => {$(
         fn $method<V: Visitor<'de>>(self, $(_: $argument,)* visitor: V) -> DeResult<V::Value> {
@@ -125,7 +178,7 @@ macro_rules! ignoring_arguments {
     )*};
 }
 
-/// The `Deserializer` methods both deserializers of this file write alike: an option is
+/// The `Deserializer` methods the row and the cells write alike: an option is
 /// `None` when `$none` holds of the deserializer `$this` (its NULLs), else `Some` of the
 /// value itself; a newtype is its content.
 macro_rules! option_and_newtype {
@@ -159,7 +212,7 @@ macro_rules! row_forward_to_single {
     )*};
 }
 
-impl<'de> de::Deserializer<'de> for RowDeserializer<'_> {
+impl<'de, R: RowAccess + ?Sized> de::Deserializer<'de> for RowDeserializer<'_, R> {
     type Error = DeError;
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> DeResult<V::Value> {
@@ -177,8 +230,8 @@ impl<'de> de::Deserializer<'de> for RowDeserializer<'_> {
     }
 
     option_and_newtype!(this => {
-        this.first < this.row.len()
-            && (this.first..this.row.len()).all(|index| is_null(this.row, index))
+        let count = this.row.column_count();
+        this.first < count && (this.first..count).all(|index| this.row.null_at(index))
     });
 
     fn deserialize_unit<V: Visitor<'de>>(self, visitor: V) -> DeResult<V::Value> {
@@ -216,12 +269,12 @@ impl<'de> de::Deserializer<'de> for RowDeserializer<'_> {
 
 /// The columns of a row from `index` on, one by one: the entries of a map (the column's
 /// name, then its value) or the elements of a sequence.
-struct Columns<'r> {
-    row: &'r Row,
+struct Columns<'r, R: ?Sized> {
+    row: &'r R,
     index: usize,
 }
 
-impl Columns<'_> {
+impl<R: RowAccess + ?Sized> Columns<'_, R> {
     /// Deserializes the value of the next column with `seed`; an error names the column.
     fn next_cell<'de, S: DeserializeSeed<'de>>(&mut self, seed: S) -> DeResult<S::Value> {
         let index = self.index;
@@ -231,20 +284,19 @@ impl Columns<'_> {
     }
 
     fn remaining(&self) -> Option<usize> {
-        Some(self.row.len().saturating_sub(self.index))
+        Some(self.row.column_count().saturating_sub(self.index))
     }
 }
 
-impl<'de> MapAccess<'de> for Columns<'_> {
+impl<'de, R: RowAccess + ?Sized> MapAccess<'de> for Columns<'_, R> {
     type Error = DeError;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> DeResult<Option<K::Value>> {
-        match self.row.columns().get(self.index) {
-            Some(column) => seed
-                .deserialize(column.name().into_deserializer())
-                .map(Some),
-            None => Ok(None),
+        if self.index >= self.row.column_count() {
+            return Ok(None);
         }
+        let name = self.row.column_name(self.index).unwrap_or_default();
+        seed.deserialize(name.into_deserializer()).map(Some)
     }
 
     fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> DeResult<V::Value> {
@@ -256,14 +308,14 @@ impl<'de> MapAccess<'de> for Columns<'_> {
     }
 }
 
-impl<'de> SeqAccess<'de> for Columns<'_> {
+impl<'de, R: RowAccess + ?Sized> SeqAccess<'de> for Columns<'_, R> {
     type Error = DeError;
 
     fn next_element_seed<T: DeserializeSeed<'de>>(
         &mut self,
         seed: T,
     ) -> DeResult<Option<T::Value>> {
-        if self.index >= self.row.len() {
+        if self.index >= self.row.column_count() {
             return Ok(None);
         }
         self.next_cell(seed).map(Some)
@@ -274,16 +326,16 @@ impl<'de> SeqAccess<'de> for Columns<'_> {
     }
 }
 
-/// One value of a row.
-struct Cell<'r> {
+/// One value of a SQL Server row.
+pub(super) struct Cell<'r> {
     data: &'r ColumnData<'static>,
 }
 
-const DATE_TIME_TEXT: &[time::format_description::BorrowedFormatItem<'static>] =
+pub(super) const DATE_TIME_TEXT: &[time::format_description::BorrowedFormatItem<'static>] =
     time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond]");
-const DATE_TEXT: &[time::format_description::BorrowedFormatItem<'static>] =
+pub(super) const DATE_TEXT: &[time::format_description::BorrowedFormatItem<'static>] =
     time::macros::format_description!("[year]-[month]-[day]");
-const TIME_TEXT: &[time::format_description::BorrowedFormatItem<'static>] =
+pub(super) const TIME_TEXT: &[time::format_description::BorrowedFormatItem<'static>] =
     time::macros::format_description!("[hour]:[minute]:[second].[subsecond]");
 
 fn convert<'a, T: FromSql<'a>>(data: &'a ColumnData<'static>) -> DeResult<T> {
@@ -294,7 +346,9 @@ fn convert<'a, T: FromSql<'a>>(data: &'a ColumnData<'static>) -> DeResult<T> {
     }
 }
 
-fn formatted(value: std::result::Result<String, time::error::Format>) -> DeResult<String> {
+pub(super) fn formatted(
+    value: std::result::Result<String, time::error::Format>,
+) -> DeResult<String> {
     value.map_err(de::Error::custom)
 }
 
@@ -328,10 +382,18 @@ impl Cell<'_> {
             _ => None,
         }
     }
+
+    /// A decimal as `f64`; `None` for other values.
+    fn numeric_f64(&self) -> Option<f64> {
+        match self.data {
+            ColumnData::Numeric(Some(n)) => Some(f64::from(*n)),
+            _ => None,
+        }
+    }
 }
 
-/// `Deserializer` methods of [`Cell`] for integers: a `decimal` with no fractional digits
-/// is a whole number, anything else is what it is.
+/// `Deserializer` methods of a cell for integers: a decimal with no fractional digits
+/// is a whole number, anything else is what it is. The cell has `whole_numeric`.
 macro_rules! cell_integers {
     ($($method:ident)*) => {$(
         fn $method<V: Visitor<'de>>(self, visitor: V) -> DeResult<V::Value> {
@@ -346,13 +408,14 @@ macro_rules! cell_integers {
     )*};
 }
 
-/// `Deserializer` methods of [`Cell`] for floats: a `decimal` converts to `f64`.
+/// `Deserializer` methods of a cell for floats: a decimal converts to `f64`. The cell has
+/// `numeric_f64`.
 macro_rules! cell_floats {
     ($($method:ident)*) => {$(
         fn $method<V: Visitor<'de>>(self, visitor: V) -> DeResult<V::Value> {
-            match self.data {
-                ColumnData::Numeric(Some(n)) => visitor.visit_f64(f64::from(*n)),
-                _ => self.deserialize_any(visitor),
+            match self.numeric_f64() {
+                Some(value) => visitor.visit_f64(value),
+                None => self.deserialize_any(visitor),
             }
         }
     )*};

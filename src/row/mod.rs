@@ -19,8 +19,28 @@
 //! the first one on is NULL. Decode events as `FeedEvent<Option<E>>` when event rows may be
 //! deleted: `read_feed` still returns the ULID of a deleted event, with NULL event columns.
 //!
+//! # PostgreSQL (feature `postgres`)
+//!
+//! The same traits read `tokio_postgres` rows: [`FromRow::from_pg_row`] and
+//! [`Column::pg_column`], implemented for every type here that has a PostgreSQL
+//! counterpart: `bool`; `i16`, `i32`, `i64` (`smallint`, `integer`, `bigint`); `f32`, `f64`
+//! (`real`, `double precision`); `String` (`text`, `varchar`, `char(n)`, `name`); `Vec<u8>`
+//! (`bytea`); `uuid::Uuid` (= `tiberius::Uuid`, `uuid`); `time::PrimitiveDateTime`,
+//! `Date`, `Time`, `OffsetDateTime` (`timestamp`, `date`, `time`, `timestamptz`); [`Ulid`]
+//! (`bytea` of exactly 16 bytes); `Option`, tuples, [`Json`] (`json`, `jsonb` or text) and
+//! [`Serde`] (through [`deserialize_pg`]). Two have no clean counterpart and refuse
+//! PostgreSQL rows with an error that says what to use: `u8` (PostgreSQL has no unsigned
+//! one-byte integer; read `smallint` as `i16`) and `tiberius::numeric::Numeric` (SQL
+//! Server's decimal; read `numeric` through [`Serde`], as a number or its exact text).
+//!
+//! Both methods have a default that fails with [`crate::Error::Decode`] naming the type, so
+//! an implementation written for SQL Server alone still compiles with the feature on; it
+//! fails only when a PostgreSQL row is actually decoded with it.
+//!
 //! This file holds the decoding traits and their implementations; the serde deserializer
-//! over a row's columns that [`deserialize`] and [`Serde`] use is `row/deserializer.rs`.
+//! over a row's columns that [`deserialize`] and [`Serde`] use is `row/deserializer.rs`,
+//! PostgreSQL's cells for it `row/pg_deserializer.rs`, and reading one PostgreSQL column
+//! `row/pg_row.rs`.
 
 use serde::de::DeserializeOwned;
 use tiberius::{FromSql, Row};
@@ -28,9 +48,18 @@ use ulid::Ulid;
 
 use crate::error::{Result, decode_error};
 
+// Its macros (the Deserializer methods both drivers' cells write alike) serve
+// pg_deserializer too, declared after it.
+#[macro_use]
 mod deserializer;
+#[cfg(feature = "postgres")]
+mod pg_deserializer;
+#[cfg(feature = "postgres")]
+mod pg_row;
 
 pub use deserializer::deserialize;
+#[cfg(feature = "postgres")]
+pub use pg_deserializer::deserialize_pg;
 
 /// A value decoded from the columns of a row starting at a given position.
 ///
@@ -48,12 +77,57 @@ pub use deserializer::deserialize;
 pub trait FromRow: Sized {
     /// Decodes the value whose first column is `first` (0-based).
     fn from_row(row: &Row, first: usize) -> Result<Self>;
+
+    /// Decodes the value whose first column is `first` (0-based) from a PostgreSQL row.
+    ///
+    /// The default fails with [`crate::Error::Decode`] naming the type: implement it to read
+    /// the type from PostgreSQL (existing implementations keep compiling without it).
+    ///
+    /// ```no_run
+    /// use changefeed::row::{Column, FromRow};
+    ///
+    /// struct OrderKey { tenant: i32, order_no: String }
+    ///
+    /// impl FromRow for OrderKey {
+    ///     fn from_row(row: &tiberius::Row, first: usize) -> changefeed::Result<Self> {
+    ///         Ok(OrderKey { tenant: i32::column(row, first)?, order_no: String::column(row, first + 1)? })
+    ///     }
+    ///     fn from_pg_row(row: &tokio_postgres::Row, first: usize) -> changefeed::Result<Self> {
+    ///         Ok(OrderKey {
+    ///             tenant: i32::pg_column(row, first)?,
+    ///             order_no: String::pg_column(row, first + 1)?,
+    ///         })
+    ///     }
+    /// }
+    /// ```
+    #[cfg(feature = "postgres")]
+    fn from_pg_row(row: &tokio_postgres::Row, first: usize) -> Result<Self> {
+        Err(pg_row::not_implemented::<Self>(row, first, "from_pg_row"))
+    }
 }
 
 /// One column decoded into an owned Rust value; a null is an error except for `Option`.
 pub trait Column: Sized {
     /// Decodes column `index` of `row`.
     fn column(row: &Row, index: usize) -> Result<Self>;
+
+    /// Decodes column `index` of a PostgreSQL row.
+    ///
+    /// The default fails with [`crate::Error::Decode`] naming the type: implement it to read
+    /// the type from PostgreSQL.
+    ///
+    /// ```no_run
+    /// use changefeed::row::Column;
+    ///
+    /// # fn run(row: &tokio_postgres::Row) -> changefeed::Result<()> {
+    /// let order_id = i64::pg_column(row, 1)?;
+    /// let note = Option::<String>::pg_column(row, 2)?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    fn pg_column(row: &tokio_postgres::Row, index: usize) -> Result<Self> {
+        Err(pg_row::not_implemented::<Self>(row, index, "pg_column"))
+    }
 }
 
 fn column_label(row: &Row, index: usize) -> String {
@@ -81,12 +155,37 @@ fn get<'a, R: FromSql<'a>>(row: &'a Row, index: usize) -> Result<Option<R>> {
         .map_err(|e| decode_error(column_label(row, index), e))
 }
 
-/// [`Column`] and [`FromRow`] (a single column) for types tiberius decodes by value.
+/// [`Column`] and [`FromRow`] (a single column) for types tiberius decodes by value, and
+/// tokio-postgres too.
 macro_rules! copy_columns {
     ($($t:ty),*) => {$(
         impl Column for $t {
             fn column(row: &Row, index: usize) -> Result<Self> {
                 required(row, index, get::<$t>(row, index)?)
+            }
+
+            #[cfg(feature = "postgres")]
+            fn pg_column(row: &tokio_postgres::Row, index: usize) -> Result<Self> {
+                pg_row::required(row, index, pg_row::get::<$t>(row, index)?)
+            }
+        }
+    )*
+    column_values!($($t),*);
+    };
+}
+
+/// [`Column`] and [`FromRow`] for types tiberius decodes by value that PostgreSQL has no
+/// clean counterpart for: `pg_column` says what to read instead.
+macro_rules! sql_server_columns {
+    ($($t:ty => $instead:literal),*) => {$(
+        impl Column for $t {
+            fn column(row: &Row, index: usize) -> Result<Self> {
+                required(row, index, get::<$t>(row, index)?)
+            }
+
+            #[cfg(feature = "postgres")]
+            fn pg_column(row: &tokio_postgres::Row, index: usize) -> Result<Self> {
+                Err(decode_error(pg_row::column_label(row, index), $instead))
             }
         }
     )*
@@ -101,24 +200,34 @@ macro_rules! column_values {
             fn from_row(row: &Row, first: usize) -> Result<Self> {
                 <$t as Column>::column(row, first)
             }
+
+            #[cfg(feature = "postgres")]
+            fn from_pg_row(row: &tokio_postgres::Row, first: usize) -> Result<Self> {
+                <$t as Column>::pg_column(row, first)
+            }
         }
     )*};
 }
 
 copy_columns!(
     bool,
-    u8,
     i16,
     i32,
     i64,
     f32,
     f64,
     tiberius::Uuid,
-    tiberius::numeric::Numeric,
     time::PrimitiveDateTime,
     time::Date,
     time::Time,
     time::OffsetDateTime
+);
+
+sql_server_columns!(
+    u8 => "u8 has no PostgreSQL counterpart (PostgreSQL has no unsigned one-byte \
+           integer): read smallint as i16",
+    tiberius::numeric::Numeric => "tiberius's Numeric is SQL Server's decimal: read a \
+           PostgreSQL numeric through Serde, as f64 or as its exact text (String)"
 );
 
 column_values!(String, Vec<u8>, Ulid);
@@ -127,25 +236,60 @@ impl Column for Ulid {
     /// A `binary(16)` column, such as a feed's `ulid`.
     fn column(row: &Row, index: usize) -> Result<Self> {
         let bytes = Vec::<u8>::column(row, index)?;
-        let array: [u8; 16] = bytes.as_slice().try_into().map_err(|_| {
-            decode_error(
-                column_label(row, index),
-                format!("a ULID is binary(16), got {} bytes", bytes.len()),
-            )
-        })?;
-        Ok(Ulid::from_bytes(array))
+        ulid_from_bytes(&bytes, || column_label(row, index), "binary(16)")
     }
+
+    /// A `bytea` column of exactly 16 bytes, such as a feed's `ulid`.
+    #[cfg(feature = "postgres")]
+    fn pg_column(row: &tokio_postgres::Row, index: usize) -> Result<Self> {
+        let bytes = Vec::<u8>::pg_column(row, index)?;
+        ulid_from_bytes(
+            &bytes,
+            || pg_row::column_label(row, index),
+            "bytea of 16 bytes",
+        )
+    }
+}
+
+/// The ULID of 16 `bytes`; else an error naming the column (`label`) and the SQL type a
+/// ULID is stored as (`stored_as`).
+fn ulid_from_bytes(bytes: &[u8], label: impl FnOnce() -> String, stored_as: &str) -> Result<Ulid> {
+    let array: [u8; 16] = bytes.try_into().map_err(|_| {
+        decode_error(
+            label(),
+            format!("a ULID is {stored_as}, got {} bytes", bytes.len()),
+        )
+    })?;
+    Ok(Ulid::from_bytes(array))
 }
 
 impl Column for String {
     fn column(row: &Row, index: usize) -> Result<Self> {
         required(row, index, get::<&str>(row, index)?.map(str::to_owned))
     }
+
+    #[cfg(feature = "postgres")]
+    fn pg_column(row: &tokio_postgres::Row, index: usize) -> Result<Self> {
+        pg_row::required(
+            row,
+            index,
+            pg_row::get::<&str>(row, index)?.map(str::to_owned),
+        )
+    }
 }
 
 impl Column for Vec<u8> {
     fn column(row: &Row, index: usize) -> Result<Self> {
         required(row, index, get::<&[u8]>(row, index)?.map(<[u8]>::to_vec))
+    }
+
+    #[cfg(feature = "postgres")]
+    fn pg_column(row: &tokio_postgres::Row, index: usize) -> Result<Self> {
+        pg_row::required(
+            row,
+            index,
+            pg_row::get::<&[u8]>(row, index)?.map(<[u8]>::to_vec),
+        )
     }
 }
 
@@ -154,6 +298,15 @@ impl<T: Column> Column for Option<T> {
         match T::column(row, index) {
             Ok(value) => Ok(Some(value)),
             Err(_) if index < row.len() && is_null(row, index) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    fn pg_column(row: &tokio_postgres::Row, index: usize) -> Result<Self> {
+        match T::pg_column(row, index) {
+            Ok(value) => Ok(Some(value)),
+            Err(_) if pg_row::is_null(row, index) => Ok(None),
             Err(error) => Err(error),
         }
     }
@@ -200,6 +353,15 @@ impl<T: FromRow> FromRow for Option<T> {
             T::from_row(row, first).map(Some)
         }
     }
+
+    #[cfg(feature = "postgres")]
+    fn from_pg_row(row: &tokio_postgres::Row, first: usize) -> Result<Self> {
+        if first < row.len() && (first..row.len()).all(|index| pg_row::is_null(row, index)) {
+            Ok(None)
+        } else {
+            T::from_pg_row(row, first).map(Some)
+        }
+    }
 }
 
 macro_rules! tuples {
@@ -207,6 +369,11 @@ macro_rules! tuples {
         impl<$($name: Column),+> FromRow for ($($name,)+) {
             fn from_row(row: &Row, first: usize) -> Result<Self> {
                 Ok(($($name::column(row, first + $offset)?,)+))
+            }
+
+            #[cfg(feature = "postgres")]
+            fn from_pg_row(row: &tokio_postgres::Row, first: usize) -> Result<Self> {
+                Ok(($($name::pg_column(row, first + $offset)?,)+))
             }
         }
     )*};
@@ -221,7 +388,8 @@ tuples! {
     (A 0, B 1, C 2, D 3, E 4, F 5)
 }
 
-/// One JSON text column (`nvarchar(max)` holding JSON) decoded with `serde_json`.
+/// One JSON text column (`nvarchar(max)` holding JSON) decoded with `serde_json`; on
+/// PostgreSQL a `json`, `jsonb` or text column.
 ///
 /// ```
 /// use changefeed::row::{FromRow, Json};
@@ -243,18 +411,34 @@ pub struct Json<T>(pub T);
 impl<T: DeserializeOwned> Column for Json<T> {
     fn column(row: &Row, index: usize) -> Result<Self> {
         let text = String::column(row, index)?;
-        serde_json::from_str(&text).map(Json).map_err(|error| {
-            decode_error(
-                column_label(row, index),
-                format!("not valid JSON for the type: {error}"),
-            )
-        })
+        json_from_slice(text.as_bytes(), || column_label(row, index))
     }
+
+    #[cfg(feature = "postgres")]
+    fn pg_column(row: &tokio_postgres::Row, index: usize) -> Result<Self> {
+        let text = pg_row::json_text(row, index)?;
+        json_from_slice(text, || pg_row::column_label(row, index))
+    }
+}
+
+/// `text` parsed as JSON into `T`; an error names the column (`label`).
+fn json_from_slice<T: DeserializeOwned>(
+    text: &[u8],
+    label: impl FnOnce() -> String,
+) -> Result<Json<T>> {
+    serde_json::from_slice(text)
+        .map(Json)
+        .map_err(|error| decode_error(label(), format!("not valid JSON for the type: {error}")))
 }
 
 impl<T: DeserializeOwned> FromRow for Json<T> {
     fn from_row(row: &Row, first: usize) -> Result<Self> {
         Self::column(row, first)
+    }
+
+    #[cfg(feature = "postgres")]
+    fn from_pg_row(row: &tokio_postgres::Row, first: usize) -> Result<Self> {
+        Self::pg_column(row, first)
     }
 }
 
@@ -291,6 +475,11 @@ impl<T> Serde<T> {
 impl<T: DeserializeOwned> FromRow for Serde<T> {
     fn from_row(row: &Row, first: usize) -> Result<Self> {
         deserialize(row, first).map(Serde)
+    }
+
+    #[cfg(feature = "postgres")]
+    fn from_pg_row(row: &tokio_postgres::Row, first: usize) -> Result<Self> {
+        deserialize_pg(row, first).map(Serde)
     }
 }
 

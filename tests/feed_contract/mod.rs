@@ -43,7 +43,8 @@ pub trait FeedContractDb: Sync {
 
     /// Begins a transaction on a connection of its own that writes the events `ids` into
     /// `shard` and then waits for the test's word ([`OpenWrite`]).
-    fn open_write(&self, feed: &Feed, shard: i32, ids: Vec<i64>) -> impl Future<Output = OpenWrite>;
+    fn open_write(&self, feed: &Feed, shard: i32, ids: Vec<i64>)
+    -> impl Future<Output = OpenWrite>;
 
     /// In serialized mode: a transaction that locks shard 0, inserts `ids` numbered by the
     /// feed's ulid(i), sleeps `hold` inside the transaction, and commits. Returns the commit's
@@ -209,7 +210,10 @@ fn keys(rows: &[(FeedRow<i64>, Instant)]) -> Vec<i64> {
 
 fn assert_strictly_increasing(rows: &[(FeedRow<i64>, Instant)], what: &str) {
     for pair in rows.windows(2) {
-        assert!(pair[0].0.ulid < pair[1].0.ulid, "{what}: ULIDs go back: {pair:?}");
+        assert!(
+            pair[0].0.ulid < pair[1].0.ulid,
+            "{what}: ULIDs go back: {pair:?}"
+        );
     }
 }
 
@@ -221,7 +225,10 @@ fn check_history(
     delivered: &[(FeedRow<i64>, Instant)],
     transactions: &[(Vec<i64>, Instant, Instant)],
 ) {
-    let all: BTreeSet<i64> = transactions.iter().flat_map(|(ids, _, _)| ids.clone()).collect();
+    let all: BTreeSet<i64> = transactions
+        .iter()
+        .flat_map(|(ids, _, _)| ids.clone())
+        .collect();
     let got: Vec<i64> = keys(delivered);
     let unique: BTreeSet<i64> = got.iter().copied().collect();
     assert_eq!(unique.len(), got.len(), "{what}: an event came twice");
@@ -244,7 +251,10 @@ fn check_history(
             }
         }
     }
-    assert!(checked > 0, "{what}: the history had no ordered pair to check");
+    assert!(
+        checked > 0,
+        "{what}: the history had no ordered pair to check"
+    );
 }
 
 // ------------------------------------------------------------------------------------------
@@ -259,7 +269,9 @@ pub async fn concurrent_writers_keep_the_history<D: FeedContractDb>(db: &D) {
     let feed = db.outbox_feed(1).await;
     const WRITERS: i64 = 8;
     const TRANSACTIONS: i64 = 25;
-    let total: usize = (0..WRITERS * TRANSACTIONS).map(|t| 1 + (t % 3) as usize).sum();
+    let total: usize = (0..WRITERS * TRANSACTIONS)
+        .map(|t| 1 + (t % 3) as usize)
+        .sum();
     let consumers: Vec<_> = (0..3)
         .map(|_| {
             let reader = db.reader(&feed, options(50));
@@ -293,7 +305,10 @@ pub async fn concurrent_writers_keep_the_history<D: FeedContractDb>(db: &D) {
         check_history(&format!("consumer {i}"), &rows, &transactions);
         live.push(keys(&rows));
     }
-    assert!(live.windows(2).all(|pair| pair[0] == pair[1]), "consumers saw different orders");
+    assert!(
+        live.windows(2).all(|pair| pair[0] == pair[1]),
+        "consumers saw different orders"
+    );
     let replay = follow(
         &db.reader(&feed, options(1000)),
         0,
@@ -309,14 +324,21 @@ pub async fn concurrent_writers_keep_the_history<D: FeedContractDb>(db: &D) {
 /// move returns what it moved.
 pub async fn readers_racing_at_the_head_both_get_the_rows<D: FeedContractDb>(db: &D) {
     let feed = db.outbox_feed(1).await;
-    let (a, b) = (db.reader(&feed, options(1000)), db.reader(&feed, options(1000)));
+    let (a, b) = (
+        db.reader(&feed, options(1000)),
+        db.reader(&feed, options(1000)),
+    );
     let mut cursor = Cursor::START;
     for round in 0..20i64 {
         write_committed(db, &feed, 0, (0..50).map(|k| round * 100 + k).collect()).await;
-        let (first, second) = tokio::join!(a.read_page::<i64>(0, cursor), b.read_page::<i64>(0, cursor));
+        let (first, second) =
+            tokio::join!(a.read_page::<i64>(0, cursor), b.read_page::<i64>(0, cursor));
         let (first, second) = (first.expect("reader a"), second.expect("reader b"));
         assert_eq!(first.rows.len(), 50, "round {round}");
-        assert_eq!(first.rows, second.rows, "round {round}: a lost race returns the rows");
+        assert_eq!(
+            first.rows, second.rows,
+            "round {round}: a lost race returns the rows"
+        );
         cursor = first.next_cursor;
     }
 }
@@ -336,9 +358,23 @@ pub async fn a_writer_that_does_not_commit_stalls_nobody<D: FeedContractDb>(db: 
     abandoned.rollback().await;
     late.commit().await;
     let after = first.last().unwrap().0.ulid;
-    let second = follow(&reader, 0, Cursor::from_ulid(after), 1, Duration::from_secs(10)).await;
-    assert_eq!(keys(&second), [2], "the late commit comes after, the rolled back never");
-    let page = reader.read_page::<i64>(0, Cursor::from_ulid(second[0].0.ulid)).await.unwrap();
+    let second = follow(
+        &reader,
+        0,
+        Cursor::from_ulid(after),
+        1,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        keys(&second),
+        [2],
+        "the late commit comes after, the rolled back never"
+    );
+    let page = reader
+        .read_page::<i64>(0, Cursor::from_ulid(second[0].0.ulid))
+        .await
+        .unwrap();
     assert!(page.rows.is_empty(), "{:?}", page.rows);
 }
 
@@ -371,7 +407,10 @@ pub async fn long_polling_readers_wake_at_each_commit<D: FeedContractDb>(db: &D)
             worst = worst.max(delay);
         }
     }
-    assert!(worst < Duration::from_secs(1), "a reader waited {worst:?} after a commit");
+    assert!(
+        worst < Duration::from_secs(1),
+        "a reader waited {worst:?} after a commit"
+    );
 }
 
 /// Four shards, each followed by its own stream of `stream_shards`: each shard's events in its
@@ -384,19 +423,28 @@ pub async fn shards_are_independent_logs<D: FeedContractDb>(db: &D) {
         }
     }
     let reader = db.reader(&feed, options(3));
-    let mut merged = std::pin::pin!(reader.stream_shards::<i64, _>((0..4).map(|s| (s, Cursor::START))));
+    let mut merged =
+        std::pin::pin!(reader.stream_shards::<i64, _>((0..4).map(|s| (s, Cursor::START))));
     let mut by_shard: BTreeMap<i32, Vec<FeedRow<i64>>> = BTreeMap::new();
     while by_shard.values().map(Vec::len).sum::<usize>() < 20 {
         let (shard, page) = tokio::time::timeout(Duration::from_secs(20), merged.next())
             .await
             .expect("pages within 20 s")
             .expect("the merged stream goes on");
-        by_shard.entry(shard).or_default().extend(page.expect("a page").rows);
+        by_shard
+            .entry(shard)
+            .or_default()
+            .extend(page.expect("a page").rows);
     }
     for shard in 0..4 {
         let rows = &by_shard[&shard];
         let keys: Vec<i64> = rows.iter().map(|row| row.key).collect();
-        assert_eq!(keys, (0..5).map(|r| i64::from(shard) * 1000 + r).collect::<Vec<_>>());
+        assert_eq!(
+            keys,
+            (0..5)
+                .map(|r| i64::from(shard) * 1000 + r)
+                .collect::<Vec<_>>()
+        );
         assert!(rows.windows(2).all(|pair| pair[0].ulid < pair[1].ulid));
     }
 }
@@ -411,21 +459,34 @@ pub async fn consumers_keep_their_own_cursors_and_replay<D: FeedContractDb>(db: 
     let reader = db.reader(&feed, options(5));
     let first = follow(&reader, 0, Cursor::START, 10, Duration::from_secs(10)).await;
     // ULID times are the server's: the boundary is just after the first batch's last ULID.
-    let boundary = SystemTime::UNIX_EPOCH
-        + Duration::from_millis(first[9].0.ulid.timestamp_ms() + 1);
+    let boundary =
+        SystemTime::UNIX_EPOCH + Duration::from_millis(first[9].0.ulid.timestamp_ms() + 1);
     tokio::time::sleep(Duration::from_millis(20)).await;
     write_committed(db, &feed, 0, (10..20).collect()).await;
 
     let half = follow(&reader, 0, Cursor::START, 5, Duration::from_secs(10)).await;
-    db.save_cursor("half", &feed, 0, Cursor::from_ulid(half[4].0.ulid)).await.unwrap();
-    let resumed_at = db.load_cursor("half", &feed, 0).await.unwrap().expect("saved");
+    db.save_cursor("half", &feed, 0, Cursor::from_ulid(half[4].0.ulid))
+        .await
+        .unwrap();
+    let resumed_at = db
+        .load_cursor("half", &feed, 0)
+        .await
+        .unwrap()
+        .expect("saved");
     assert_eq!(resumed_at, Cursor::from_ulid(half[4].0.ulid));
     let rest = follow(&reader, 0, resumed_at, 15, Duration::from_secs(10)).await;
     assert_eq!(keys(&rest), (5..20).collect::<Vec<_>>());
     assert_eq!(db.load_cursor("whole", &feed, 0).await.unwrap(), None);
     let whole = follow(&reader, 0, Cursor::START, 20, Duration::from_secs(10)).await;
     assert_eq!(keys(&whole), (0..20).collect::<Vec<_>>());
-    let from_time = follow(&reader, 0, Cursor::at(boundary), 10, Duration::from_secs(10)).await;
+    let from_time = follow(
+        &reader,
+        0,
+        Cursor::at(boundary),
+        10,
+        Duration::from_secs(10),
+    )
+    .await;
     assert_eq!(keys(&from_time), (10..20).collect::<Vec<_>>());
 }
 
@@ -437,15 +498,31 @@ pub async fn retention_keeps_what_a_lagging_consumer_needs<D: FeedContractDb>(db
     write_committed(db, &feed, 0, (0..10).collect()).await;
     let reader = db.reader(&feed, options(100));
     let all = follow(&reader, 0, Cursor::START, 10, Duration::from_secs(10)).await;
-    db.save_cursor("lagging", &feed, 0, Cursor::from_ulid(all[3].0.ulid)).await.unwrap();
+    db.save_cursor("lagging", &feed, 0, Cursor::from_ulid(all[3].0.ulid))
+        .await
+        .unwrap();
     assert_eq!(db.purge(&feed).await, 4, "rows up to the lagging cursor go");
-    let rest = reader.read_page::<i64>(0, Cursor::from_ulid(all[3].0.ulid)).await.unwrap();
-    assert_eq!(rest.rows.iter().map(|row| row.key).collect::<Vec<_>>(), (4..10).collect::<Vec<_>>());
-    let error = reader.read_page::<i64>(0, Cursor::from_ulid(all[2].0.ulid)).await.unwrap_err();
+    let rest = reader
+        .read_page::<i64>(0, Cursor::from_ulid(all[3].0.ulid))
+        .await
+        .unwrap();
+    assert_eq!(
+        rest.rows.iter().map(|row| row.key).collect::<Vec<_>>(),
+        (4..10).collect::<Vec<_>>()
+    );
+    let error = reader
+        .read_page::<i64>(0, Cursor::from_ulid(all[2].0.ulid))
+        .await
+        .unwrap_err();
     assert!(matches!(error, Error::CursorExpired { .. }), "{error:?}");
     let mut stream = std::pin::pin!(reader.stream::<i64>(0, Cursor::from_ulid(all[1].0.ulid)));
-    let ended = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap();
-    assert!(matches!(ended, Some(Err(Error::CursorExpired { .. }))), "the stream ends on it");
+    let ended = tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .unwrap();
+    assert!(
+        matches!(ended, Some(Err(Error::CursorExpired { .. }))),
+        "the stream ends on it"
+    );
     let start = reader.read_page::<i64>(0, Cursor::START).await.unwrap();
     assert_eq!(start.rows[0].key, 4);
 }
@@ -460,7 +537,9 @@ pub async fn bad_cursors_and_page_sizes_are_refused<D: FeedContractDb>(db: &D) {
     // A negative page size does not type-check (u32); the server refuses one (CF101 /
     // 51101) for SQL callers, which tests/live_postgres_feed.rs checks.
     for page_size in [0, 1_000_000] {
-        let error = options(page_size).validate().expect_err("the page size is refused");
+        let error = options(page_size)
+            .validate()
+            .expect_err("the page size is refused");
         assert!(matches!(error, Error::Config(_)), "{page_size}: {error:?}");
     }
     let reader = db.reader(&feed, options(10));
@@ -493,7 +572,10 @@ pub async fn a_reader_whose_session_ends_resumes_without_loss<D: FeedContractDb>
         }
     }
     assert!(ended >= 2, "the reader's session was ended {ended} times");
-    assert_eq!(rows.iter().map(|row| row.key).collect::<Vec<_>>(), (0..600).collect::<Vec<_>>());
+    assert_eq!(
+        rows.iter().map(|row| row.key).collect::<Vec<_>>(),
+        (0..600).collect::<Vec<_>>()
+    );
     assert!(rows.windows(2).all(|pair| pair[0].ulid < pair[1].ulid));
 }
 
@@ -508,7 +590,9 @@ pub async fn serialized_writers_commit_in_ulid_order<D: FeedContractDb>(db: &D) 
             for t in 0..20i64 {
                 let first = (writer * 20 + t) * 25;
                 let ids: Vec<i64> = (first..first + 25).collect();
-                let order = db.serialized_write(&feed, ids, Duration::from_millis((t % 3) as u64)).await;
+                let order = db
+                    .serialized_write(&feed, ids, Duration::from_millis((t % 3) as u64))
+                    .await;
                 commits.lock().unwrap().insert(order, first);
             }
         }

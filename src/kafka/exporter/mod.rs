@@ -94,7 +94,7 @@ use crate::feed::Feed;
 use crate::json::JsonColumns;
 use crate::metrics::ExportMetrics;
 use crate::reader::{
-    FeedEvent, FeedReader, FeedReaderOptions, PageSource, PoolSource, key_columns, page_stream,
+    FeedEvent, FeedReader, FeedReaderOptions, FeedSource, PageSource, key_columns, page_stream,
 };
 
 pub use config::ExportConfig;
@@ -132,7 +132,7 @@ pub struct FeedExporter<S, C> {
     reader_options: FeedReaderOptions,
 }
 
-impl FeedExporter<PoolSource<FeedEvent<JsonColumns>>, SqlCursors> {
+impl FeedExporter<FeedSource<FeedEvent<JsonColumns>>, SqlCursors> {
     /// An exporter reading with `reader` and keeping its cursors in the reader's database.
     ///
     /// Learns the feed's key columns first, from the column description of a `read_feed`
@@ -150,8 +150,16 @@ impl FeedExporter<PoolSource<FeedEvent<JsonColumns>>, SqlCursors> {
         let reader_options = reader.options().page_size(config.page_size);
         reader_options.validate()?;
         let feed = reader.feed().clone();
+        // The exporter keeps its cursors with SQL Server's procedures and learns the keys
+        // from read_feed's column description: SQL Server only, for now.
+        let pool = reader.pool().ok_or_else(|| {
+            Error::Config(format!(
+                "the Kafka exporter reads feeds on SQL Server; the reader of {feed} reads \
+                 PostgreSQL"
+            ))
+        })?;
         let keys = {
-            let mut conn = reader.pool().get().await?;
+            let mut conn = pool.get().await?;
             // Broken until the call completes: abandoned half-way, the pool discards it.
             conn.set_broken(true);
             let bound = reader_options.timeout_margin;
@@ -166,7 +174,7 @@ impl FeedExporter<PoolSource<FeedEvent<JsonColumns>>, SqlCursors> {
             conn.set_broken(false);
             keys
         };
-        let cursors = SqlCursors::new(reader.pool().clone(), feed.clone(), &config.consumer)?;
+        let cursors = SqlCursors::new(pool.clone(), feed.clone(), &config.consumer)?;
         let page_size = config.page_size;
         let reader = reader.clone();
         let exporter = FeedExporter::from_parts(
