@@ -1,19 +1,24 @@
 //! The `changefeed` binary on PostgreSQL, run as a process against a private server
 //! (tests/common_postgres, or `CHANGEFEED_TEST_POSTGRES`): `migrate` applies the bundle to
 //! an empty database, `setup-feed` in both modes, `status` (tables and JSON, consumers),
-//! `purge` in batches, held back by a consumer, forced, and the refusals that name what is
-//! wrong.
+//! `purge` in batches, held back by a consumer, forced, `tail` from the start, a cursor and
+//! a time, following the head until Ctrl-C, and (feature `kafka`) `export` to librdkafka's
+//! mock cluster, stopped and resumed; and the refusals that name what is wrong.
 //!
 //! `#[ignore]`d like every live test; `.ci/run` runs them with `--ignored`.
 
+#[cfg(feature = "kafka")]
+mod common_kafka;
 mod common_postgres;
 mod common_process;
 mod common_server;
 
-use std::process::Output;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::Duration;
 
 use common_postgres::{TestDb, database};
-use common_process::{assert_one_error_line, changefeed};
+use common_process::{assert_one_error_line, changefeed, signal, wait_for_exit};
 use serde_json::Value;
 
 const IGNORE: &str = "needs PostgreSQL (CHANGEFEED_TEST_POSTGRES, or the installed binaries)";
@@ -352,4 +357,177 @@ async fn serialized_and_sharded_feeds_and_the_refusals() {
     assert!(line.contains("CF005"), "{line}");
     let (line, _) = refused(url, &["setup-feed", "app.missing", "--outbox"]);
     assert!(line.contains("CF001") && line.contains("app"), "{line}");
+}
+
+/// `changefeed <args> --url <url>` as a child: stdin closed, stdout and stderr piped.
+fn spawn(url: &str, args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_changefeed"))
+        .args(args)
+        .args(["--url", url])
+        .env_remove("CHANGEFEED_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the changefeed binary runs")
+}
+
+/// The lines `child` writes on standard output, as they come.
+fn stdout_lines(child: &mut Child) -> Receiver<String> {
+    use std::io::{BufRead, BufReader};
+    let pipe = child.stdout.take().expect("stdout is piped");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
+/// The next `count` lines of `lines` as JSON, each within 30 s.
+fn next_json(lines: &Receiver<String>, count: usize) -> Vec<Value> {
+    (0..count)
+        .map(|i| {
+            let line = lines
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|e| panic!("line {i} of {count}: {e}"));
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"))
+        })
+        .collect()
+}
+
+/// Stops `child` with SIGINT and returns its exit status code and standard error.
+fn interrupt(child: Child) -> (Option<i32>, String) {
+    signal(&child, libc::SIGINT);
+    let (status, stderr) = wait_for_exit(child, Duration::from_secs(30));
+    (status.code(), stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL (CHANGEFEED_TEST_POSTGRES, or the installed binaries)"]
+async fn tail_prints_json_lines_follows_the_head_and_resumes_from_a_cursor_or_a_time() {
+    let db = database("cli_tail").await;
+    let url = db.url.as_str();
+    db.sql(
+        "create schema app; \
+         create table app.events (id bigint primary key, shard int not null, body text)",
+    )
+    .await;
+    ok(
+        url,
+        &[
+            "setup-feed",
+            "app.events",
+            "--outbox",
+            "--shard-column",
+            "shard",
+            "--shards",
+            "2",
+        ],
+    );
+    db.sql("insert into app.events select n, n % 2, 'body ' || n from generate_series(1, 6) as n")
+        .await;
+
+    // Shard 1 from the start: the odd ids, in order, with --page-size 2 over pages.
+    let mut child = spawn(
+        url,
+        &["tail", "app.events", "--shard", "1", "--page-size", "2"],
+    );
+    let lines = stdout_lines(&mut child);
+    let first = next_json(&lines, 3);
+    let ids: Vec<i64> = first
+        .iter()
+        .map(|l| l["key"]["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, [1, 3, 5], "{first:?}");
+    for line in &first {
+        assert_eq!(line["shard"], 1, "{line}");
+        assert!(line["time"].as_str().unwrap().ends_with('Z'), "{line}");
+        assert_eq!(
+            line.as_object().unwrap().len(),
+            4,
+            "ulid, time, shard, key: {line}"
+        );
+    }
+    let ulids: Vec<String> = first
+        .iter()
+        .map(|l| l["ulid"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(ulids.windows(2).all(|w| w[0] < w[1]), "{ulids:?}");
+    // It follows the head: a later commit shows up.
+    db.sql("insert into app.events values (7, 1, 'late'), (8, 0, 'other shard')")
+        .await;
+    let late = next_json(&lines, 1);
+    assert_eq!(late[0]["key"]["id"], 7, "{late:?}");
+    let (code, stderr) = interrupt(child);
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(lines.try_recv().is_err(), "nothing after id 7");
+
+    // After a printed cursor, with every column of the event.
+    let mut child = spawn(
+        url,
+        &[
+            "tail",
+            "app.events",
+            "--shard",
+            "1",
+            "--from",
+            &ulids[0],
+            "--with-event",
+        ],
+    );
+    let lines = stdout_lines(&mut child);
+    let after = next_json(&lines, 3);
+    let events: Vec<(i64, String)> = after
+        .iter()
+        .map(|l| {
+            (
+                l["event"]["id"].as_i64().unwrap(),
+                l["event"]["body"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        events,
+        [
+            (3, "body 3".to_owned()),
+            (5, "body 5".to_owned()),
+            (7, "late".to_owned())
+        ],
+        "{after:?}"
+    );
+    assert_eq!(interrupt(child).0, Some(130));
+
+    // From a time after every event so far: only what comes later.
+    std::thread::sleep(Duration::from_millis(20));
+    let now = time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let mut child = spawn(url, &["tail", "app.events", "--from", &now]);
+    let lines = stdout_lines(&mut child);
+    db.sql("insert into app.events values (10, 0, 'new')").await;
+    let new = next_json(&lines, 1);
+    assert_eq!(
+        new[0]["key"]["id"], 10,
+        "{new:?} (id 8 of shard 0 is older than {now})"
+    );
+    assert_eq!(interrupt(child).0, Some(130));
+
+    let (line, code) = refused(url, &["tail", "app.events", "--shard", "2"]);
+    assert_eq!(code, 2, "{line}");
+    assert!(
+        line.contains("--shard 2: app.events has 2 shard(s), 0 to 1"),
+        "{line}"
+    );
+    let (line, code) = refused(url, &["tail", "app.nope"]);
+    assert_eq!(code, 1, "{line}");
+    assert!(
+        line.contains("app.nope is not a feed in this PostgreSQL database"),
+        "{line}"
+    );
 }

@@ -135,6 +135,23 @@ pub async fn feed_info(client: &tokio_postgres::Client, feed: &Feed) -> Result<F
     })
 }
 
+/// A reader of `feed` on PostgreSQL, after one plain connection has checked that the
+/// server answers and `feed` is a feed there (one clear line instead of the stream's
+/// retries), with the feed's registry entry.
+pub async fn feed_reader(
+    connect: &Connect,
+    feed: &Feed,
+    options: changefeed::reader::FeedReaderOptions,
+) -> Result<(changefeed::FeedReader, FeedInfo), Failure> {
+    let config = settings(connect)?;
+    let info = {
+        let client = open(connect, &config).await?;
+        feed_info(&client, feed).await?
+    };
+    let reader = changefeed::FeedReader::postgres(config, feed.clone(), options)?;
+    Ok((reader, info))
+}
+
 /// `feed` as PostgreSQL writes the table's name: `"schema"."table"`, each part quoted.
 pub fn quoted_table(feed: &Feed) -> String {
     let quote = |part: &str| format!("\"{}\"", part.replace('"', "\"\""));
