@@ -531,3 +531,143 @@ async fn tail_prints_json_lines_follows_the_head_and_resumes_from_a_cursor_or_a_
         "{line}"
     );
 }
+
+/// `export` from a PostgreSQL feed to librdkafka's mock cluster: every shard by default,
+/// keys as the primary key's JSON, values every column (numeric as exact text, bytea as
+/// hex), cursors saved in the feed's database under --consumer; stopped by SIGINT with 0
+/// and resumed after the saved cursors with nothing sent twice.
+#[cfg(feature = "kafka")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL (CHANGEFEED_TEST_POSTGRES, or the installed binaries)"]
+async fn export_sends_a_feed_stops_on_sigint_and_resumes_after_its_saved_cursors() {
+    use changefeed::kafka::rdkafka::mocking::MockCluster;
+    use changefeed::kafka::rdkafka::producer::DefaultProducerContext;
+
+    let cluster: MockCluster<'static, DefaultProducerContext> =
+        MockCluster::new(1).expect("rdkafka's mock cluster starts");
+    cluster.create_topic("order-events", 2, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let db = database("cli_export").await;
+    let url = db.url.clone();
+    db.sql(
+        "create schema app; \
+         create table app.orders (id bigint primary key, shard int not null, \
+             amount numeric(10, 2) not null, raw bytea)",
+    )
+    .await;
+    ok(
+        &url,
+        &[
+            "setup-feed",
+            "app.orders",
+            "--outbox",
+            "--shard-column",
+            "shard",
+            "--shards",
+            "2",
+        ],
+    );
+    db.sql("insert into app.orders select n, n % 2, n + 0.5, '\\x0a0b' from generate_series(1, 4) as n")
+        .await;
+    let export = || {
+        spawn(
+            &url,
+            &[
+                "export",
+                "app.orders",
+                "--brokers",
+                &brokers,
+                "--topic",
+                "order-events",
+                "--consumer",
+                "cli-export",
+                "--progress-interval",
+                "1s",
+            ],
+        )
+    };
+    let consume = |count: usize, limit: Duration| {
+        let brokers = brokers.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut records: Vec<(i64, Value, String)> =
+                common_kafka::consume(&brokers, "order-events", count, limit, Duration::ZERO)
+                    .into_iter()
+                    .map(|record| {
+                        let value = record.json();
+                        (
+                            value["id"].as_i64().expect("the event's id"),
+                            value,
+                            record.key.expect("a key"),
+                        )
+                    })
+                    .collect();
+            records.sort_by_key(|(id, _, _)| *id);
+            records
+        })
+    };
+    let saved = "select count(*) from changefeed.consumer_cursor where consumer = 'cli-export'";
+
+    let child = export();
+    let first = consume(4, Duration::from_secs(60)).await.unwrap();
+    let ids: Vec<i64> = first.iter().map(|(id, _, _)| *id).collect();
+    assert_eq!(ids, [1, 2, 3, 4], "{first:?}");
+    let (_, value, key) = &first[0];
+    assert_eq!(key, r#"{"id":1}"#);
+    assert_eq!(value["amount"], "1.50", "{value}");
+    assert_eq!(value["raw"], "0x0A0B", "{value}");
+    assert_eq!(value["shard"], 1, "{value}");
+    // Both shards' cursors are saved once their pages are acknowledged.
+    let started = std::time::Instant::now();
+    while db.scalar(saved).await < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no cursors saved"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (code, stderr) = interrupt(child);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("exporting app.orders (shards 0, 1)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("stopped: exported 4; cursors saved: shard 0 at "),
+        "{stderr}"
+    );
+
+    // New events while it is down; the restart resumes after the saved cursors.
+    db.sql("insert into app.orders values (5, 1, 5.5, null), (6, 0, 6.5, null)")
+        .await;
+    let child = export();
+    let all = consume(6, Duration::from_secs(60)).await.unwrap();
+    let ids: Vec<i64> = all.iter().map(|(id, _, _)| *id).collect();
+    assert_eq!(ids, [1, 2, 3, 4, 5, 6], "{all:?}");
+    let (code, stderr) = interrupt(child);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("stopped: exported 2;"), "{stderr}");
+    // Nothing more than the six came: a seventh would be a duplicate.
+    assert_eq!(consume(7, Duration::from_secs(3)).await.unwrap().len(), 6);
+
+    let (line, code) = refused(
+        &url,
+        &[
+            "export",
+            "app.orders",
+            "--brokers",
+            &brokers,
+            "--topic",
+            "t",
+            "--consumer",
+            "c",
+            "--shards",
+            "0,5",
+        ],
+    );
+    assert_eq!(code, 2, "{line}");
+    assert!(
+        line.contains("--shards 5: app.orders has 2 shard(s), 0 to 1"),
+        "{line}"
+    );
+}

@@ -107,7 +107,8 @@ pub enum Command {
     /// Make an event table a feed (changefeed.setup_feed on SQL Server or PostgreSQL); the
     /// table must exist and have a primary key
     SetupFeed(SetupFeedArgs),
-    /// Print a feed shard's events as JSON lines and follow its head, like `tail -f`
+    /// Print a feed shard's events as JSON lines and follow its head, like `tail -f` (SQL
+    /// Server or PostgreSQL)
     #[command(
         after_help = "One JSON object per line: {\"ulid\":\"<cursor>\",\"time\":\"<the \
         ULID's time, RFC 3339>\",\"shard\":<n>,\"key\":{<key columns>}} or, with \
@@ -136,7 +137,8 @@ pub enum Command {
     #[command(after_help = relay::HELP)]
     Relay(RelayArgs),
     /// Export a feed's events to a Kafka topic, saving the consumer's cursor after every
-    /// acknowledged page, until SIGINT or SIGTERM (needs the `kafka` feature)
+    /// acknowledged page, until SIGINT or SIGTERM (SQL Server or PostgreSQL; needs the
+    /// `kafka` feature)
     #[command(after_help = export::HELP)]
     Export(ExportArgs),
 }
