@@ -564,7 +564,7 @@ pub async fn a_reader_whose_session_ends_resumes_without_loss<D: FeedContractDb>
             .expect("the stream goes on")
             .expect("transient failures are retried");
         rows.extend(page.rows);
-        if rows.len() % 100 == 0 && ended < 4 {
+        if rows.len().is_multiple_of(100) && ended < 4 {
             ended += db.end_reader_sessions(&feed).await.min(1);
         }
         if rows.len() == 300 {
