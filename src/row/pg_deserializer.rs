@@ -322,7 +322,16 @@ pub(crate) fn pg_column_json(
             .map_err(|e| e.to_string());
     }
     match *ty {
-        Type::BYTEA => Ok(Value::String(crate::json::hex(bytes))),
+        // 0x and upper-case hex, as crate::json::hex writes SQL Server's binary (not called:
+        // json imports row).
+        Type::BYTEA => {
+            let mut hex = String::with_capacity(2 + 2 * bytes.len());
+            hex.push_str("0x");
+            for byte in bytes {
+                let _ = write!(hex, "{byte:02X}");
+            }
+            Ok(Value::String(hex))
+        }
         Type::FLOAT4 => {
             let value: f32 = decode(ty, bytes).map_err(|e: DeError| e.to_string())?;
             let value: f64 = value.to_string().parse().unwrap_or(f64::from(value));
