@@ -39,6 +39,24 @@ enum Store {
     },
 }
 
+/// A copy shares the SQL Server pool; on PostgreSQL it opens a connection of its own.
+impl Clone for SqlCursors {
+    fn clone(&self) -> Self {
+        SqlCursors {
+            store: match &self.store {
+                Store::SqlServer(pool) => Store::SqlServer(pool.clone()),
+                #[cfg(feature = "postgres")]
+                Store::Postgres { config, .. } => Store::Postgres {
+                    config: config.clone(),
+                    client: None,
+                },
+            },
+            feed: self.feed.clone(),
+            consumer: self.consumer.clone(),
+        }
+    }
+}
+
 impl SqlCursors {
     /// The cursors of `consumer` in `feed` on SQL Server; the name is checked here.
     pub fn new(pool: Pool, feed: Feed, consumer: impl Into<String>) -> Result<Self> {

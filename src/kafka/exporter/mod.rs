@@ -3,7 +3,9 @@
 //!
 //! # What a message is
 //!
-//! Every event read with `read_feed @with_event = 1` becomes one message:
+//! Every event read with its whole row (`read_feed @with_event = 1` on SQL Server,
+//! `read_events_<id>` on PostgreSQL, through the [`FeedReader`] either way) becomes one
+//! message:
 //!
 //! * **key**: the event's primary key as compact JSON, its columns in key order, e.g.
 //!   `{"OrderId":42}` or `{"Region":"eu","OrderId":42}`. A row's key never changes, so
@@ -23,7 +25,7 @@
 //! Each shard is exported page by page, strictly in order; the shards run concurrently.
 //! For each page every message is enqueued, then every delivery report awaited, and only
 //! when all are acknowledged (`acks=all`) is the page's cursor saved under the consumer's
-//! name ([`SqlCursors`]: `changefeed.consumer_cursor`). A restart resumes from the saved
+//! name ([`SqlCursors`]: `changefeed.consumer_cursor` of the feed's database). A restart resumes from the saved
 //! cursor, so an event is never skipped; the events of a page whose cursor was not saved
 //! (a crash, a stop) are produced again, with the same `ulid` header, so a consumer drops
 //! duplicates by that header.
