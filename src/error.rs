@@ -40,7 +40,7 @@ pub enum Error {
     /// 51104): the consumer has lost events. Not transient: resume from
     /// [`crate::Cursor::START`] (the oldest retained event) or a later cursor, knowing what is
     /// gone, and register the consumer's cursor so purges wait for it (README, "Retention").
-    #[error("cursor expired (SQL Server error 51104): {message}")]
+    #[error("cursor expired (error 51104, SQLSTATE CF104 on PostgreSQL): {message}")]
     CursorExpired {
         /// The server's message, naming the cursor and the low-water mark.
         message: String,
@@ -343,6 +343,11 @@ impl Error {
         }
         if state.starts_with("08") || matches!(state, "57P01" | "57P02" | "57P03") {
             return Error::Connection(format!("PostgreSQL error {state}: {message}"));
+        }
+        // read_feed's expired cursor is the same error on every engine, so that a consumer
+        // matches one variant.
+        if state == "CF104" {
+            return Error::CursorExpired { message };
         }
         Error::Postgres {
             state: state.to_owned(),

@@ -36,6 +36,8 @@ macro_rules! setters {
 
 pub mod allocator;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
+mod call_bound;
+#[cfg(any(feature = "mysql", feature = "postgres"))]
 mod claim_limits;
 pub mod connection;
 pub mod cursor;
@@ -53,6 +55,8 @@ pub mod outbox;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 mod outbox_backend;
 pub mod outbox_store;
+#[cfg(feature = "postgres")]
+mod pg_client;
 pub mod pool;
 #[cfg(feature = "postgres")]
 pub mod postgres;

@@ -12,27 +12,12 @@ use futures::future::BoxFuture;
 use tokio::time::{Instant, sleep_until};
 
 use crate::error::{Error, Result, decode_error};
-use crate::outbox::NewMessage;
+use crate::outbox::{Headers, NewMessage};
 use crate::relay::RelayHandle;
 
-/// Runs `call` (a call to `server` named `what`) for at most `limit`. Past it the call is
-/// abandoned and an [`Error::Connection`] (transient) says so: a silent server or network
-/// must not hold the caller for ever, and the connection the call used is in an unknown
-/// state, to be dropped by the caller and never used again.
-pub(crate) async fn bounded<T>(
-    server: &str,
-    limit: Duration,
-    what: &str,
-    call: impl Future<Output = Result<T>>,
-) -> Result<T> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result,
-        Err(_) => Err(Error::Connection(format!(
-            "{server}: {what} did not answer within {limit:?} (server stopped, overloaded \
-             or unreachable); the connection was dropped"
-        ))),
-    }
-}
+// Lives in `call_bound`, which imports nothing of the relay, so that the feed reader's
+// PostgreSQL session can use it without an import loop.
+pub(crate) use crate::call_bound::bounded;
 
 /// Forgets the connection in `slot` when `result` failed at the connection level (or had
 /// no answer in time): the next call opens a fresh one instead of reusing a connection in
@@ -41,6 +26,36 @@ pub(crate) fn forget_if_broken<C, T>(slot: &mut Option<C>, result: &Result<T>) {
     if let Err(Error::Connection(_)) = result {
         *slot = None;
     }
+}
+
+/// A text column a claim read as bytes, as text; an error (naming the column) when it is
+/// not UTF-8. Text read as bytes cannot fail the whole claim: the row with it is handed
+/// over undecodable instead, while the rest of the batch goes on.
+pub(crate) fn utf8_column(bytes: &Option<Vec<u8>>, name: &str) -> Result<Option<String>> {
+    bytes
+        .as_ref()
+        .map(|b| String::from_utf8(b.clone()).map_err(|_| decode_error(name, "not UTF-8")))
+        .transpose()
+}
+
+/// A claimed row's payload and headers as the relay gets them, from their text (or why
+/// that text could not be read); an error names the column.
+pub(crate) fn decode_body(
+    payload: &Result<Option<String>>,
+    headers: &Result<Option<String>>,
+) -> Result<(serde_json::Value, Headers)> {
+    let payload = payload
+        .as_ref()
+        .map_err(|e| decode_error("payload", e))?
+        .as_deref()
+        .ok_or_else(|| decode_error("payload", "NULL"))?;
+    let payload = serde_json::from_str::<serde_json::Value>(payload)
+        .map_err(|e| decode_error("payload", e))?;
+    let headers = match headers.as_ref().map_err(|e| decode_error("headers", e))? {
+        Some(text) => crate::outbox_store::parse_headers(text)?,
+        None => Headers::new(),
+    };
+    Ok((payload, headers))
 }
 
 /// The `message_id` a new message is stored under: its own, or a random UUID.

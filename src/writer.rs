@@ -148,7 +148,7 @@ pub async fn lock_feed_postgres(
     shard: i32,
     time_hint: Option<time::OffsetDateTime>,
 ) -> Result<UlidRange> {
-    let info = crate::postgres::feed_info::feed_info(tx, feed).await?;
+    let info = crate::pg_client::feed_info::feed_info(tx, feed).await?;
     let function = info.lock_function.ok_or_else(|| {
         Error::Config(format!(
             "{feed} is an outbox-mode feed: lock_feed serves serialized-writer feeds only \

@@ -17,17 +17,20 @@ use common::events::exec_ok;
 use common::{TestDb, exec, rows, scalar_i64, under_both_isolations};
 use feed_contract::{FeedContractDb, OpenWrite};
 
-/// A test database whose feeds the contract sets up, one event table each.
-struct MssqlFeeds<'a> {
-    db: &'a TestDb,
+/// A test database whose feeds the contract sets up, one event table each (its name and
+/// ADO string, owned, so that one scenario function serves every database).
+struct MssqlFeeds {
+    database: String,
+    ado: String,
     tables: AtomicUsize,
 }
 
 /// Runs a contract scenario under both isolation settings, each in a fresh database.
-async fn on_fresh_feeds(test: &str, scenario: impl AsyncFn(&MssqlFeeds<'_>)) {
+async fn on_fresh_feeds(test: &str, scenario: impl AsyncFn(&MssqlFeeds)) {
     under_both_isolations(&format!("fc_{test}"), async |db: &TestDb| {
         scenario(&MssqlFeeds {
-            db,
+            database: db.name.clone(),
+            ado: db.ado(),
             tables: AtomicUsize::new(0),
         })
         .await;
@@ -40,10 +43,15 @@ feed_contract::feed_contract_tests!(
     on_fresh_feeds
 );
 
-impl MssqlFeeds<'_> {
+impl MssqlFeeds {
     /// The program name of the readers' sessions, which end_reader_sessions kills.
     fn reader_application(&self) -> String {
-        format!("{}_reader", self.db.name)
+        format!("{}_reader", self.database)
+    }
+
+    /// A connection of the test's own.
+    async fn client(&self) -> changefeed::Client {
+        common::connect_to(&self.database).await
     }
 
     /// `ids` as a `values` list: numbers only, so the text is safe to inline.
@@ -55,11 +63,11 @@ impl MssqlFeeds<'_> {
     }
 }
 
-impl FeedContractDb for MssqlFeeds<'_> {
+impl FeedContractDb for MssqlFeeds {
     async fn outbox_feed(&self, _shards: i32) -> Feed {
         // SQL Server feeds take any shard number; the declared count is PostgreSQL's.
         let table = format!("events_{}", self.tables.fetch_add(1, Ordering::Relaxed));
-        let mut admin = self.db.client().await;
+        let mut admin = self.client().await;
         exec_ok(
             &mut admin,
             &format!(
@@ -74,7 +82,7 @@ impl FeedContractDb for MssqlFeeds<'_> {
 
     async fn serialized_feed(&self) -> Feed {
         let table = format!("orders_{}", self.tables.fetch_add(1, Ordering::Relaxed));
-        let mut admin = self.db.client().await;
+        let mut admin = self.client().await;
         exec_ok(
             &mut admin,
             &format!(
@@ -93,7 +101,7 @@ impl FeedContractDb for MssqlFeeds<'_> {
     fn reader(&self, feed: &Feed, options: FeedReaderOptions) -> FeedReader {
         let ado = format!(
             "{};Application Name={}",
-            self.db.ado(),
+            self.ado,
             self.reader_application()
         );
         let manager = ConnectionManager::from_ado(&ado).expect("a valid ADO string");
@@ -102,7 +110,7 @@ impl FeedContractDb for MssqlFeeds<'_> {
     }
 
     async fn open_write(&self, feed: &Feed, shard: i32, ids: Vec<i64>) -> OpenWrite {
-        let database = self.db.name.clone();
+        let database = self.database.clone();
         let (table, outbox) = (feed.quoted_table(), feed.outbox_table());
         let values = Self::values(&ids);
         OpenWrite::spawn(move |handover| async move {
@@ -129,7 +137,7 @@ impl FeedContractDb for MssqlFeeds<'_> {
     }
 
     async fn serialized_write(&self, feed: &Feed, ids: Vec<i64>, hold: Duration) -> i64 {
-        let mut client = common::connect_to(&self.db.name).await;
+        let mut client = self.client().await;
         let (table, lock, ulid) = (
             feed.quoted_table(),
             feed.object("lock_feed"),
@@ -157,7 +165,7 @@ impl FeedContractDb for MssqlFeeds<'_> {
     }
 
     async fn end_reader_sessions(&self, _feed: &Feed) -> usize {
-        let mut admin = self.db.client().await;
+        let mut admin = self.client().await;
         let sessions = rows(
             &mut admin,
             &format!(
@@ -188,7 +196,7 @@ impl FeedContractDb for MssqlFeeds<'_> {
         shard: i32,
         cursor: Cursor,
     ) -> changefeed::Result<()> {
-        CursorStore::save(&mut self.db.client().await, consumer, feed, shard, cursor).await
+        CursorStore::save(&mut self.client().await, consumer, feed, shard, cursor).await
     }
 
     async fn load_cursor(
@@ -197,11 +205,11 @@ impl FeedContractDb for MssqlFeeds<'_> {
         feed: &Feed,
         shard: i32,
     ) -> changefeed::Result<Option<Cursor>> {
-        CursorStore::load(&mut self.db.client().await, consumer, feed, shard).await
+        CursorStore::load(&mut self.client().await, consumer, feed, shard).await
     }
 
     async fn purge(&self, feed: &Feed) -> u64 {
-        let mut admin = self.db.client().await;
+        let mut admin = self.client().await;
         let purged = rows(
             &mut admin,
             &format!("exec {} @older_than_ms = 0;", feed.object("purge_feed")),

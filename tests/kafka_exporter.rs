@@ -842,6 +842,27 @@ async fn a_refused_request_stops_the_export_naming_the_event_refused_alone() {
     );
 }
 
+/// A topic refusing the records' timestamps refuses this host's clock: the export stops
+/// saying so, and never names an event as the one at fault (nor advises skipping it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_timestamp_stops_the_export_naming_the_clock_not_an_event() {
+    let setup = Setup::new("refused-timestamp");
+    setup.feed.fill(0, 6, 1);
+    let cursors = setup.watching();
+    setup.answer_produce_requests(&[RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP; 20]);
+    let producer = setup.producer(&[("linger.ms", "200")]);
+    let mut running = setup.start(&cursors, producer, setup.config(6), vec![0]);
+    let error = running.join().await.expect_err("the export stops");
+    let message = error.to_string();
+    assert!(message.contains("clock"), "{message}");
+    assert!(
+        message.contains("message.timestamp.after.max.ms"),
+        "{message}"
+    );
+    assert!(!message.contains("skip the event"), "{message}");
+    assert!(cursors.saved().is_empty(), "the page is not saved");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_the_page_in_flight_and_saves_it() {
     let setup = Setup::new("shutdown");

@@ -624,6 +624,90 @@ async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_bat
     assert_no_dead_letter(&cluster).await;
 }
 
+in_flight_variants!(a_refused_timestamp_kills_no_message_and_counts_no_attempt);
+/// The broker refusing the records' timestamps (`INVALID_TIMESTAMP`, the topic's
+/// `message.timestamp.*` limits) refuses the relay host's clock, not a message: while it
+/// lasts, the messages are handed back without an attempt; once it passes, every one is
+/// delivered, in order, and none is dead.
+async fn a_refused_timestamp_kills_no_message_and_counts_no_attempt(max_in_flight: u32) {
+    let cluster = orders_cluster(1, 1);
+    let store = MemoryStore::new();
+    for seq in 0..2 {
+        for aggregate in ["order-1", "order-2", "order-3"] {
+            store.enqueue(message(aggregate, seq));
+        }
+    }
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP; 4],
+    );
+
+    drain(&store, one_request(&cluster), 100, max_in_flight)
+        .await
+        .unwrap();
+
+    assert_eq!(store.count(Status::Dead), 0, "{:?}", store.rows());
+    assert_eq!(store.count(Status::Done), 6);
+    assert!(
+        store.rows().iter().all(|row| row.attempts == 0),
+        "the clock is not the messages' attempt: {:?}",
+        store.rows()
+    );
+    let records = read_back(&cluster, TOPIC, 6).await;
+    assert_once_each(&records, message_ids(&store, 1..=6));
+    for aggregate in ["order-1", "order-2", "order-3"] {
+        assert_eq!(seqs_of(&records, aggregate), vec![0, 1], "{aggregate}");
+    }
+    assert_no_dead_letter(&cluster).await;
+}
+
+in_flight_variants!(a_clock_the_topic_keeps_refusing_stops_the_relay_naming_the_clock);
+/// A topic that refuses the timestamps for `clock_patience`, with nothing delivered to it
+/// meanwhile, is a clock that will not right itself: the relay stops, naming the clock and
+/// the topic's settings, and hands its messages back unharmed.
+async fn a_clock_the_topic_keeps_refusing_stops_the_relay_naming_the_clock(max_in_flight: u32) {
+    let cluster = orders_cluster(1, 1);
+    let store = MemoryStore::new();
+    let ids: Vec<i64> = (0..3)
+        .map(|a| store.enqueue(message(&format!("order-{a}"), 0)))
+        .collect();
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP; 1000],
+    );
+    let patience = Duration::from_millis(500);
+    let publisher =
+        KafkaPublisher::new(KafkaPublisherConfig::new(producer(&cluster)).clock_patience(patience))
+            .unwrap();
+
+    let started = Instant::now();
+    let run = run_until_drained(
+        &store,
+        publisher,
+        relay_config(100, max_in_flight),
+        DRAIN_LIMIT,
+    )
+    .await;
+    let took = started.elapsed();
+    let text = fatal_publisher_text(run);
+    assert!(took >= patience && took < DRAIN_LIMIT / 2, "{took:?}");
+    for needed in [
+        "clock",
+        "message.timestamp.before.max.ms",
+        "message.timestamp.after.max.ms",
+        "message.timestamp.difference.max.ms",
+        TOPIC,
+    ] {
+        assert!(text.contains(needed), "{needed} in: {text}");
+    }
+    for id in &ids {
+        let row = store.row(*id);
+        assert_eq!((row.status, row.attempts), (Status::Failed, 0), "row {id}");
+    }
+    cluster.clear_request_errors(RDKafkaApiKey::Produce);
+    assert_no_dead_letter(&cluster).await;
+}
+
 in_flight_variants!(a_broker_outage_during_a_batch_loses_nothing);
 async fn a_broker_outage_during_a_batch_loses_nothing(max_in_flight: u32) {
     let cluster = orders_cluster(3, 3);

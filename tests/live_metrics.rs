@@ -471,6 +471,75 @@ async fn sql_server_backlog_status_and_scraped_gauges() {
     db.drop_database().await;
 }
 
+/// The relay's open file descriptors.
+fn open_fds(child: &Child) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", child.id())).map_or(0, Iterator::count)
+}
+
+/// A flood of idle connections and a client that trickles a request that never ends, on
+/// the metrics endpoint of a running relay: the endpoint holds at most its 64 connections
+/// (the rest wait in the listener's backlog), so the relay keeps the descriptors its own
+/// connections need and publishes what is enqueued meanwhile; once the flood goes, a
+/// scrape is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn a_flood_on_the_metrics_endpoint_leaves_the_relay_running() {
+    let cluster: MockCluster<'static, DefaultProducerContext> =
+        MockCluster::new(1).expect("rdkafka's mock cluster starts");
+    cluster.create_topic("orders", 1, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let server = OwnedServer::start("metrics_flood");
+    let db = common_mysql::database_on("metrics_flood", |name| server.url_for(name)).await;
+    db.outbox("outbox_flood").await;
+    let mut child = relay_child(&db.url, "outbox_flood", &brokers);
+    let lines = stderr_lines(&mut child);
+    let address = metrics_address(&lines);
+    readyz_until(&address, 200, Duration::from_secs(30)).await;
+    let before = open_fds(&child);
+
+    let flood = 64 + 100;
+    let mut idle = Vec::new();
+    for _ in 0..flood {
+        idle.push(TcpStream::connect(&address).expect("the backlog takes it"));
+    }
+    let mut slow = TcpStream::connect(&address).unwrap();
+    let trickle = std::thread::spawn(move || {
+        for byte in b"GET /metrics HTTP/1.1\r\nX: ".iter().cycle().take(100) {
+            if slow.write_all(&[*byte]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let held = open_fds(&child).saturating_sub(before);
+    assert!(
+        held <= 64 + 16,
+        "the relay holds {held} more descriptors under the flood"
+    );
+
+    let messages: Vec<NewMessage> = (1..=5)
+        .map(|n| NewMessage::new("orders", json!({ "n": n })).aggregate("order", n.to_string()))
+        .collect();
+    db.enqueue_committed("outbox_flood", &messages).await;
+    let published = db
+        .count_reaches("outbox_flood", "status = 2", 5, Duration::from_secs(30))
+        .await;
+    assert!(published, "the relay publishes under the flood");
+
+    drop(idle);
+    let _ = tokio::task::spawn_blocking(move || trickle.join()).await;
+    let (status, text) = tokio::task::spawn_blocking({
+        let address = address.clone();
+        move || http_get(&address, "/metrics")
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{text}");
+    stop_cleanly(child, libc::SIGTERM).await;
+    drop(cluster);
+}
+
 /// Sends `signal_number` to the CLI process and expects it to exit with status 0 within a
 /// minute (its stderr in the failure message).
 async fn stop_cleanly(child: std::process::Child, signal_number: i32) {

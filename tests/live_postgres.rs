@@ -15,18 +15,20 @@ mod claim_contract;
 mod common_postgres;
 mod common_server;
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use changefeed::Error;
-use changefeed::outbox::{Enqueued, NewMessage};
+use changefeed::outbox::{ClaimStore, Claimed, Enqueued, NewMessage};
 use changefeed::postgres::{
     OutboxTable, PostgresOutboxStore, PostgresWaker, PostgresWakerConfig, WakerState, enqueue,
     setup_outbox,
 };
-use changefeed::relay::RelayHandle;
+use changefeed::relay::{Relay, RelayConfig, RelayHandle};
 use claim_contract::wake::{self, Kinds, WokenRelay};
-use claim_contract::{ContractDb, OpenEnqueue, message_of};
-use common_postgres::{TestDb, database};
+use claim_contract::{ContractDb, OpenEnqueue, Recorder, message_of};
+use common_postgres::{TestDb, database, database_with};
 use futures::StreamExt;
 use tokio::sync::watch;
 
@@ -237,6 +239,77 @@ async fn connections_are_read_committed_with_a_statement_timeout() {
     );
     let version = changefeed::postgres::server_version(&client).await.unwrap();
     assert!(version.starts_with(char::is_numeric), "{version}");
+}
+
+/// A column other than payload and headers that does not decode (text holding a byte that
+/// is not UTF-8, which an `SQL_ASCII` database stores as it is given): the claim has
+/// committed the row as claimed, so failing the whole claim would claim the same batch and
+/// fail again forever. The row is handed over undecodable, naming the column, and the relay
+/// marks it dead by id; the rest of the batch, and the dead row's successor, go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn a_column_that_does_not_decode_makes_the_row_undecodable_and_the_relay_goes_on() {
+    let db = database_with(
+        "odd_column",
+        "encoding 'SQL_ASCII' lc_collate 'C' lc_ctype 'C' template template0",
+    )
+    .await;
+    let mut store = db.outbox("public.outbox").await;
+    let e = db
+        .enqueue_committed(
+            "public.outbox",
+            &[
+                message_of("a", 1),
+                message_of("b", 1),
+                message_of("c", 1),
+                message_of("b", 2),
+            ],
+        )
+        .await;
+    let (odd, successor) = (e[1].id, e[3].id);
+    db.sql(&format!(
+        "update public.outbox set trace_id = E'ab\\xffcd' where id = {odd}"
+    ))
+    .await;
+
+    let rows = store.claim(10, Duration::from_secs(30)).await.unwrap();
+    let ids: Vec<i64> = rows.iter().map(Claimed::id).collect();
+    assert_eq!(ids, [e[0].id, odd, e[2].id], "{rows:?}");
+    match &rows[1] {
+        Claimed::Undecodable(row) => {
+            assert!(row.error.contains("trace_id"), "{}", row.error);
+            assert_eq!(row.message_id.as_deref(), Some(e[1].message_id.as_str()));
+            assert_eq!(row.topic.as_deref(), Some("orders"));
+            assert!(row.payload.is_some(), "{row:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(&rows[0], Claimed::Message(_)) && matches!(&rows[2], Claimed::Message(_)));
+
+    // A relay marks it dead and publishes the rest, then the dead row's successor.
+    db.sql("update public.outbox set status = 0, claim_token = null")
+        .await;
+    let recorder = Arc::new(Recorder::default());
+    let mut relay = Relay::new(
+        db.store("public.outbox"),
+        Arc::clone(&recorder),
+        RelayConfig::default(),
+    )
+    .unwrap();
+    let first = relay.run_once().await.unwrap();
+    assert_eq!((first.published, first.dead), (2, 1), "{first:?}");
+    let second = relay.run_once().await.unwrap();
+    assert_eq!((second.published, second.dead), (1, 0), "{second:?}");
+    assert_eq!(
+        recorder.ids(),
+        BTreeSet::from([e[0].id, e[2].id, successor])
+    );
+    assert_eq!(
+        db.count("public.outbox", &format!("id = {odd} and status = 4"))
+            .await,
+        1
+    );
+    assert_eq!(db.count("public.outbox", "status = 2").await, 3);
 }
 
 // ------------------------------------------------------------------------------------------

@@ -141,6 +141,11 @@ struct StoreState {
     claim_wait: Option<Duration>,
     /// Calls of `cancel_claim`.
     cancelled_claims: usize,
+    /// Every claim takes this long before it answers, holding the store (one connection)
+    /// as a claim on a real server does.
+    claim_delay: Option<Duration>,
+    /// When each requeue was made.
+    requeue_times: Vec<Instant>,
 }
 
 impl StoreState {
@@ -304,6 +309,10 @@ impl ClaimStore for FakeStore {
             gate.started.notify_one();
             gate.release.notified().await;
         }
+        let delay = self.state().claim_delay;
+        if let Some(delay) = delay {
+            sleep(delay).await;
+        }
         let wait = self.state().claim_wait;
         if let Some(wait) = wait
             && claimed.is_empty()
@@ -382,6 +391,7 @@ impl ClaimStore for FakeStore {
     async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
         let mut state = self.state();
         let now = Instant::now();
+        state.requeue_times.push(now);
         let changed = match state.held(id, token) {
             Some(row) => {
                 row.status = Status::Failed;
@@ -1467,6 +1477,45 @@ relay_test! {
         eventually("claimed again at once", || store.status(id) == Status::Done).await;
         relay.stop().await.unwrap();
     }
+}
+
+/// A batch that meets backpressure while the next claim is under way (batches in flight:
+/// the claim holds the store, the batch's requeue waits for it) pauses the claims all the
+/// same: that claim's messages are not the news that the broker is no longer throttled, so
+/// only the claim already under way runs before the pause ends.
+#[tokio::test(start_paused = true)]
+async fn a_backpressure_pause_outlasts_the_claim_under_way() {
+    let (store, publisher, hooks) = fakes();
+    store.state().claim_delay = Some(ms(10));
+    for _ in 0..20 {
+        store.enqueue(None);
+    }
+    publisher.script(1, [Err(PublishError::backpressure("slow down")), Ok(())]);
+    let mut config = config().batch_size(1).max_in_flight(4).poll_interval(LONG);
+    config.retry.initial = Duration::from_secs(1);
+    let relay = start(&store, &publisher, &hooks, config);
+    eventually("the requeue", || !store.state().requeue_times.is_empty()).await;
+    let paused_at = store.state().requeue_times[0];
+    sleep(Duration::from_secs(2)).await;
+    relay.stop().await.unwrap();
+
+    let pause_ends = paused_at + Duration::from_secs(1);
+    let during_pause: Vec<Duration> = store
+        .claim_times()
+        .into_iter()
+        .filter(|t| *t >= paused_at && *t < pause_ends)
+        .map(|t| t - paused_at)
+        .collect();
+    // The claim already under way when the pause began started at most 10 ms before the
+    // requeue it held up; any claim after it is one started into the pause.
+    assert!(
+        during_pause.len() <= 1,
+        "claims started during the pause, after the requeue: {during_pause:?}"
+    );
+    assert!(
+        store.claim_times().iter().any(|t| *t >= pause_ends),
+        "the relay claims again after the pause"
+    );
 }
 
 // ---------------------------------------------------------------- shutdown

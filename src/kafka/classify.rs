@@ -23,8 +23,9 @@ use crate::relay::ErrorKind;
 /// | `PurgeQueue`, `PurgeInflight` | [`Backpressure`](ErrorKind::Backpressure) | librdkafka purged the message unsent, as it does to every other queued message after a fatal producer error: the message is not at fault, so it is handed back without counting an attempt |
 /// | `UnknownTopicOrPartition`, `UnknownTopic`, `UnknownTopicId` | [`Retriable`](ErrorKind::Retriable) | a topic that does not exist (yet) when auto-creation is off. Retried, not fatal: one row with a misspelt topic must not stop the relay for every other topic, and a topic being created appears within the retries; a topic that never appears makes its messages dead after `max_attempts` |
 /// | `TopicAuthorizationFailed` | [`Retriable`](ErrorKind::Retriable) | one topic's ACL refuses the producer (Kafka with ACLs answers this for a misspelt topic too): that topic's problem, so its messages count attempts and go dead after `max_attempts` while other topics flow. [`KafkaPublisher`](super::KafkaPublisher) makes it [`Fatal`](ErrorKind::Fatal) when it is producer-wide: every topic of a batch refused and no other topic delivered to recently |
-/// | `MessageSizeTooLarge` (from librdkafka's own `message.max.bytes` check at enqueue, or from the broker), `InvalidMessageSize`, `MessageBatchTooLarge` (Kafka's `RECORD_LIST_TOO_LARGE`), `InvalidMessage` (`CORRUPT_MESSAGE`), `InvalidRecord`, `InvalidTimestamp`, `BadMessage`, `BadCompression`, `InvalidTopic`, `PolicyViolation`, `KeySerialization`, `ValueSerialization`, `InvalidArgument`, a NUL byte in the topic | [`Poison`](ErrorKind::Poison) | this message can never be produced as it is; the rest of the batch can. A broker refuses a whole produce request (one partition's batch of messages) with `MessageSizeTooLarge`, `InvalidMessageSize`, `MessageBatchTooLarge`, `InvalidMessage`, `InvalidRecord` or `InvalidTimestamp`, so when one of these comes in a delivery report the message is only *suspect*: [`KafkaPublisher`](super::KafkaPublisher) and [`FeedExporter`](super::FeedExporter) produce it again alone (a request of one message) and judge it Poison only when it is refused on its own |
+/// | `MessageSizeTooLarge` (from librdkafka's own `message.max.bytes` check at enqueue, or from the broker), `InvalidMessageSize`, `MessageBatchTooLarge` (Kafka's `RECORD_LIST_TOO_LARGE`), `InvalidMessage` (`CORRUPT_MESSAGE`), `InvalidRecord`, `BadMessage`, `BadCompression`, `InvalidTopic`, `PolicyViolation`, `KeySerialization`, `ValueSerialization`, `InvalidArgument`, a NUL byte in the topic | [`Poison`](ErrorKind::Poison) | this message can never be produced as it is; the rest of the batch can. A broker refuses a whole produce request (one partition's batch of messages) with `MessageSizeTooLarge`, `InvalidMessageSize`, `MessageBatchTooLarge`, `InvalidMessage` or `InvalidRecord`, so when one of these comes in a delivery report the message is only *suspect*: [`KafkaPublisher`](super::KafkaPublisher) and [`FeedExporter`](super::FeedExporter) produce it again alone (a request of one message) and judge it Poison only when it is refused on its own |
 /// | `ClusterAuthorizationFailed`, `TransactionalIdAuthorizationFailed`, `GroupAuthorizationFailed`, `DelegationTokenAuthorizationFailed`, `SaslAuthenticationFailed`, `UnsupportedSASLMechanism`, `IllegalSASLState`, `Authentication`, `SSL`, `Fatal` (librdkafka's `_FATAL`: the idempotent producer lost its guarantee), `Fenced`, `ProducerFenced`, `InvalidProducerEpoch`, `InvalidProducerIdMapping`, `OutOfOrderSequenceNumber`, `UnknownProducerId`, `InvalidRequiredAcks`, `UnsupportedForMessageFormat`, `UnsupportedCompressionType`, `UnsupportedVersion`, `InvalidConfig`, `NotImplemented`, `UnsupportedFeature`, `NotConfigured`, `State`, `CriticalSystemResource`, `FileSystem`, and a configuration or client-creation error | [`Fatal`](ErrorKind::Fatal) | the producer cannot work at all (credentials, cluster ACLs, a fenced or failed producer, a broker or setting that cannot take these messages): every further message would fail the same way, so the relay hands the message back and stops |
+/// | `InvalidTimestamp` | [`Backpressure`](ErrorKind::Backpressure) | the record's timestamp is the producing host's clock at produce time (no message sets one), and the topic's `message.timestamp.before.max.ms` / `after.max.ms` (`message.timestamp.difference.max.ms` before Kafka 3.6) refuse it: the clock is off, not the message, so it is handed back without counting an attempt. [`KafkaPublisher`](super::KafkaPublisher) makes it [`Fatal`](ErrorKind::Fatal), naming the clock and those settings, once a topic has refused for [`clock_patience`](super::KafkaPublisherConfig::clock_patience) with nothing delivered to it; the exporter stops at once |
 /// | `QueueFull` | [`Backpressure`](ErrorKind::Backpressure) | librdkafka's local queue (`queue.buffering.max.messages` / `.kbytes`) is full: hand the message back without counting an attempt and claim later |
 /// | `ThrottlingQuotaExceeded` | [`Backpressure`](ErrorKind::Backpressure) | the broker's quota: slow down |
 /// | anything else (consumer-group, admin and transaction codes a producer is not sent, `Unknown`, codes newer than this table) | [`Retriable`](ErrorKind::Retriable) | an error we cannot place is retried, and goes dead after `max_attempts` like any retriable failure, so it neither stops the relay nor throws a message away on first sight |
@@ -73,14 +74,21 @@ pub(crate) fn refuses_whole_request(error: &KafkaError) -> bool {
 
 /// The poison codes a broker answers for a whole produce request (see
 /// [`refuses_whole_request`]); the table's other poison codes come with one message.
-const WHOLE_REQUEST_REFUSALS: [C; 6] = [
+/// `InvalidTimestamp` is refused for a whole request too, but it is never a message's
+/// fault (the timestamp is the producer's clock), so no message of it is suspect.
+const WHOLE_REQUEST_REFUSALS: [C; 5] = [
     C::MessageSizeTooLarge,
     C::InvalidMessageSize,
     C::MessageBatchTooLarge,
     C::InvalidMessage,
     C::InvalidRecord,
-    C::InvalidTimestamp,
 ];
+
+/// Whether the broker refused the record's timestamp: the producing host's clock (or the
+/// broker's) is off by more than the topic allows.
+pub(crate) fn clock_refused(error: &KafkaError) -> bool {
+    error.rdkafka_error_code() == Some(C::InvalidTimestamp)
+}
 
 /// Whether the error is a topic's authorization failure.
 pub(crate) fn topic_refused(error: &KafkaError) -> bool {
@@ -178,6 +186,9 @@ fn classify_code(code: C) -> ErrorKind {
 
         C::QueueFull | C::ThrottlingQuotaExceeded => ErrorKind::Backpressure,
 
+        // The producer's clock, not the message; the publisher decides when it is fatal.
+        C::InvalidTimestamp => ErrorKind::Backpressure,
+
         _ => ErrorKind::Retriable,
     }
 }
@@ -227,7 +238,6 @@ mod tests {
             C::MessageBatchTooLarge,
             C::InvalidMessage,
             C::InvalidRecord,
-            C::InvalidTimestamp,
             C::InvalidTopic,
             C::ValueSerialization,
         ] {
@@ -286,19 +296,37 @@ mod tests {
             C::MessageBatchTooLarge,
             C::InvalidMessage,
             C::InvalidRecord,
-            C::InvalidTimestamp,
         ] {
             assert!(
                 refuses_whole_request(&KafkaError::MessageProduction(code)),
                 "{code:?}"
             );
         }
-        for code in [C::InvalidTopic, C::ValueSerialization, C::MessageTimedOut] {
+        for code in [
+            C::InvalidTopic,
+            C::ValueSerialization,
+            C::MessageTimedOut,
+            C::InvalidTimestamp,
+        ] {
             assert!(
                 !refuses_whole_request(&KafkaError::MessageProduction(code)),
                 "{code:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_refused_timestamp_is_the_clocks_fault_not_the_messages() {
+        let error = KafkaError::MessageProduction(C::InvalidTimestamp);
+        assert_eq!(classify(&error), ErrorKind::Backpressure);
+        assert!(clock_refused(&error));
+        assert!(
+            !refuses_whole_request(&error),
+            "no message of it is suspect"
+        );
+        assert!(!clock_refused(&KafkaError::MessageProduction(
+            C::InvalidRecord
+        )));
     }
 
     #[test]

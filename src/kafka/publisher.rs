@@ -15,10 +15,13 @@ use crate::error::Result;
 use crate::outbox::{ClaimedMessage, Headers};
 use crate::relay::{DeadLetter, ErrorKind, PublishError, PublishOutcome, Publisher};
 
-use super::classify::{classify, refuses_whole_request, topic_refused};
+use super::classify::{classify, clock_refused, refuses_whole_request, topic_refused};
 use super::producer::ProducerSettings;
 
+mod clock;
 mod record;
+
+use clock::ClockRefusals;
 
 pub use record::{
     HEADER_MESSAGE_ID, HEADER_PUBLISH_ATTEMPTS, HEADER_TRACE_ID, HEADER_TRACEPARENT,
@@ -53,6 +56,11 @@ pub struct KafkaPublisherConfig {
     /// [`Hooks::on_dead_letter_failed`](crate::relay::Hooks::on_dead_letter_failed), and the
     /// row stays dead in the outbox with its raw text for an operator.
     pub undecodable_topic: Option<String>,
+    /// How long a topic may refuse the records' timestamps (`INVALID_TIMESTAMP`), with
+    /// nothing delivered to it meanwhile, before the refusal is fatal (default
+    /// [`KafkaPublisher::CLOCK_PATIENCE`]). Until then its messages are handed back
+    /// without counting an attempt: the timestamp is this host's clock, not the message.
+    pub clock_patience: Duration,
 }
 
 impl KafkaPublisherConfig {
@@ -63,6 +71,7 @@ impl KafkaPublisherConfig {
             topic_prefix: String::new(),
             dlq_suffix: ".dlq".to_owned(),
             undecodable_topic: None,
+            clock_patience: KafkaPublisher::CLOCK_PATIENCE,
         }
     }
 
@@ -73,6 +82,8 @@ impl KafkaPublisherConfig {
         dlq_suffix: String;
         /// Sets `undecodable_topic`.
         undecodable_topic: Option<String>;
+        /// Sets `clock_patience`.
+        clock_patience: Duration;
     }
 }
 
@@ -107,9 +118,8 @@ impl KafkaPublisherConfig {
 /// [`x-value-omitted`](HEADER_VALUE_OMITTED) saying why; the dead row keeps the payload.
 ///
 /// A broker refuses a whole produce request (one partition's batch) when it finds one bad
-/// message in it (`MESSAGE_TOO_LARGE`, `INVALID_RECORD`, `CORRUPT_MESSAGE`,
-/// `INVALID_TIMESTAMP`, ...), so such a delivery report only makes each of its messages
-/// suspect. Once the batch's reports are in, every suspect is produced again alone (enqueued
+/// message in it (`MESSAGE_TOO_LARGE`, `INVALID_RECORD`, `CORRUPT_MESSAGE`, ...), so such
+/// a delivery report only makes each of its messages suspect. Once the batch's reports are in, every suspect is produced again alone (enqueued
 /// and its report awaited before the next, so its request holds nothing else): it is
 /// delivered, or refused on its own and then [`Poison`](crate::relay::ErrorKind::Poison).
 /// Until then it stays claimed, so no successor of its aggregate is published ahead of it.
@@ -125,6 +135,16 @@ impl KafkaPublisherConfig {
 /// every topic of a batch refuses and no other topic was delivered to in that time, the
 /// refusal is producer-wide (the credentials): [`Fatal`](crate::relay::ErrorKind::Fatal),
 /// and the relay stops. Every such error names its topic.
+///
+/// A topic that refuses the records' timestamps (`INVALID_TIMESTAMP`: its
+/// `message.timestamp.before.max.ms` / `after.max.ms`, or
+/// `message.timestamp.difference.max.ms` before Kafka 3.6) refuses this host's clock, which
+/// librdkafka stamps on every record, not a message: no message of the request is suspect,
+/// each is handed back ([`Backpressure`](crate::relay::ErrorKind::Backpressure): no
+/// attempt counted, the relay pauses its claims). Once the topic has refused for
+/// [`clock_patience`](KafkaPublisherConfig::clock_patience) with nothing delivered to it,
+/// the refusal is [`Fatal`](crate::relay::ErrorKind::Fatal), naming the clock and those
+/// settings, and the relay stops.
 ///
 /// A publish takes at most [`longest_publish`](Publisher::longest_publish): twice the
 /// message timeout (the batch, then its suspects alone) plus 1 s for librdkafka's timer,
@@ -170,6 +190,8 @@ pub struct KafkaPublisher {
     /// side, so no other message shares its request. Fair: once a suspect waits, later
     /// batches wait behind it.
     producing: tokio::sync::RwLock<()>,
+    /// The topics refusing the records' timestamps, and since when.
+    clock_refusals: ClockRefusals,
 }
 
 impl KafkaPublisher {
@@ -181,6 +203,11 @@ impl KafkaPublisher {
     /// How recent a delivery to another topic must be to show that a topic's authorization
     /// failure is that topic's alone: 5 minutes.
     pub const TOPIC_EVIDENCE: Duration = Duration::from_secs(5 * 60);
+
+    /// The default [`clock_patience`](KafkaPublisherConfig::clock_patience): 1 minute. A
+    /// clock stepped back into line (NTP) is accepted again within it; one that is off by
+    /// more than a topic allows does not right itself by slewing in minutes.
+    pub const CLOCK_PATIENCE: Duration = Duration::from_secs(60);
 
     /// What librdkafka's message timeout may overrun by: it scans for timed-out messages
     /// about once a second.
@@ -222,6 +249,7 @@ impl KafkaPublisher {
             message_timeout,
             delivered_to: Mutex::new(HashMap::new()),
             producing: tokio::sync::RwLock::new(()),
+            clock_refusals: ClockRefusals::default(),
         })
     }
 
@@ -294,6 +322,7 @@ impl Publisher for KafkaPublisher {
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut suspects = Vec::new();
         let mut topic_refusals = HashSet::new();
+        let mut clock_refusals = HashSet::new();
         let mut timed_out = false;
         for (index, (report, message)) in reports.into_iter().zip(batch).enumerate() {
             let topic = self.topic(&message.topic);
@@ -314,6 +343,9 @@ impl Publisher for KafkaPublisher {
                     Awaited::Delivered(Err(error)) => {
                         if topic_refused(&error) {
                             topic_refusals.insert(index);
+                        }
+                        if clock_refused(&error) {
+                            clock_refusals.insert(index);
                         }
                         Err(publish_error(&error, &topic))
                     }
@@ -346,11 +378,22 @@ impl Publisher for KafkaPublisher {
             outcomes[index] = if alone.is_none() {
                 Err(self.not_judged(&batch[index], &error))
             } else {
-                self.produce_alone(&batch[index], &error, deadline).await
+                let (outcome, clock) = self.produce_alone(&batch[index], &error, deadline).await;
+                if clock {
+                    clock_refusals.insert(index);
+                }
+                outcome
             };
         }
         drop(alone);
         self.judge_topic_refusals(batch, &topic_refusals, &mut outcomes);
+        let topics: Vec<Cow<'_, str>> = batch.iter().map(|m| self.topic(&m.topic)).collect();
+        self.clock_refusals.judge(
+            &topics,
+            &clock_refusals,
+            self.config.clock_patience,
+            &mut outcomes,
+        );
         outcomes
     }
 
@@ -457,19 +500,25 @@ impl KafkaPublisher {
 
     /// Produces a suspect message alone: no other message of this publisher is queued or
     /// in flight while it is, so the request that carries it carries nothing else, and a
-    /// refusal now is this message's own.
+    /// refusal now is this message's own. `true` with a refusal of the record's timestamp.
     async fn produce_alone(
         &self,
         message: &ClaimedMessage,
         batch_error: &KafkaError,
         deadline: Option<Instant>,
-    ) -> PublishOutcome {
+    ) -> (PublishOutcome, bool) {
         if deadline.is_some_and(|deadline| Instant::now() > self.latest_start(deadline)) {
-            return Err(self.not_judged(message, batch_error));
+            return (Err(self.not_judged(message, batch_error)), false);
         }
         let topic = self.topic(&message.topic);
-        let delivery = self.enqueue(message).map_err(|(error, _)| error)?;
-        match self.await_report(delivery, deadline).await {
+        let delivery = match self.enqueue(message) {
+            Ok(delivery) => delivery,
+            Err((error, _)) => return (Err(error), false),
+        };
+        let outcome = match self.await_report(delivery, deadline).await {
+            Awaited::Delivered(Err(error)) if clock_refused(&error) => {
+                return (Err(publish_error(&error, &topic)), true);
+            }
             Awaited::Delivered(Ok(())) => Ok(()),
             Awaited::Delivered(Err(error)) if refuses_whole_request(&error) => {
                 Err(PublishError::poison(format!(
@@ -482,7 +531,8 @@ impl KafkaPublisher {
                 "producing to {topic} alone, after its batch's request was refused \
                  ({batch_error}): no delivery report in time; purged ({error})"
             ))),
-        }
+        };
+        (outcome, false)
     }
 
     /// The read side of `producing`, unless `deadline` leaves no time for a message's

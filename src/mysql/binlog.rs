@@ -23,6 +23,7 @@
 //! (MariaDB's `log_bin_compress`, MySQL's `binlog_transaction_compression`) still wake it.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -150,6 +151,10 @@ pub struct BinlogWaker {
     handle: RelayHandle,
     config: BinlogWakerConfig,
     state: watch::Sender<WakerState>,
+    /// The server's `lower_case_table_names` is not 0, so it compares database and table
+    /// names without case (and under 1 writes them to the binlog in lower case): the
+    /// binlog's names are compared with ours the same way. Read on every connect.
+    names_fold_case: AtomicBool,
 }
 
 impl BinlogWaker {
@@ -168,6 +173,7 @@ impl BinlogWaker {
             handle,
             config,
             state: watch::Sender::new(WakerState::Starting),
+            names_fold_case: AtomicBool::new(false),
         }
     }
 
@@ -209,6 +215,14 @@ impl BinlogWaker {
             Ok(conn) => conn,
             Err(error) => return format!("cannot connect: {error}"),
         };
+        let read = async {
+            let value: Option<u32> = conn.query_first("select @@lower_case_table_names").await?;
+            Ok(value.unwrap_or(0))
+        };
+        match bounded(SERVER, limit, "lower_case_table_names", read).await {
+            Ok(value) => self.names_fold_case.store(value != 0, Ordering::Relaxed),
+            Err(error) => return format!("cannot read lower_case_table_names: {error}"),
+        }
         let start = match resume.clone() {
             Some(position) => position,
             None => {
@@ -377,11 +391,24 @@ impl BinlogWaker {
         }
     }
 
-    /// Whether `table_id` maps to the outbox table.
+    /// Whether `table_id` maps to the outbox table, its names compared as the server
+    /// compares them.
     fn is_ours(&self, stream: &BinlogStream, table_id: u64) -> bool {
+        let fold = self.names_fold_case.load(Ordering::Relaxed);
         stream.get_tme(table_id).is_some_and(|map| {
-            map.table_name() == self.table.name() && map.database_name() == self.database.as_str()
+            same_name(&map.table_name(), self.table.name(), fold)
+                && same_name(&map.database_name(), &self.database, fold)
         })
+    }
+}
+
+/// Whether the binlog's name `logged` names `ours`: exactly, or without case when the
+/// server's `lower_case_table_names` is not 0 (`fold`).
+fn same_name(logged: &str, ours: &str, fold: bool) -> bool {
+    if fold {
+        logged.to_lowercase() == ours.to_lowercase()
+    } else {
+        logged == ours
     }
 }
 
@@ -467,6 +494,14 @@ async fn current_position(conn: &mut Conn) -> Result<Position, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_are_compared_as_the_server_compares_them() {
+        assert!(same_name("outbox", "outbox", false));
+        assert!(!same_name("cf_mixed", "cf_Mixed", false));
+        assert!(same_name("cf_mixed", "cf_Mixed", true));
+        assert!(!same_name("cf_mixed", "cf_other", true));
+    }
 
     #[test]
     fn table_ids_are_six_little_endian_bytes() {

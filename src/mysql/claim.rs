@@ -11,8 +11,8 @@ use mysql_async::{Conn, Row, Value};
 use super::table::OutboxTable;
 use crate::claim_limits::MAX_BATCH;
 use crate::error::{Error, Result, decode_error};
-use crate::outbox::{ClaimToken, Claimed, ClaimedMessage, Headers, UndecodableMessage};
-use crate::outbox_store::parse_headers;
+use crate::outbox::{ClaimToken, Claimed, ClaimedMessage, UndecodableMessage};
+use crate::outbox_backend::{decode_body, utf8_column};
 
 /// MariaDB answers a refused `NOWAIT` with 1205 (lock wait timeout), MySQL with 3572.
 const NOWAIT_REFUSED: [u16; 2] = [1205, 3572];
@@ -371,14 +371,8 @@ fn column<T: mysql_async::prelude::FromValue>(row: &Row, index: usize, name: &st
 /// Never an error: a row that failed the whole claim would be claimed again and again.
 fn claimed(candidate: Candidate, fetched: &Fetched, token: ClaimToken) -> Claimed {
     let row = &candidate.row;
-    let text = |bytes: &Option<Vec<u8>>, name: &str| -> Result<Option<String>> {
-        bytes
-            .as_ref()
-            .map(|b| String::from_utf8(b.clone()).map_err(|_| decode_error(name, "not UTF-8")))
-            .transpose()
-    };
-    let payload_text = text(&fetched.payload, "payload");
-    let headers_text = text(&fetched.headers, "headers");
+    let payload_text = utf8_column(&fetched.payload, "payload");
+    let headers_text = utf8_column(&fetched.headers, "headers");
     let decoded = (|| -> Result<ClaimedMessage> {
         if let Some(size) = fetched.too_large {
             return Err(decode_error(
@@ -392,20 +386,7 @@ fn claimed(candidate: Candidate, fetched: &Fetched, token: ClaimToken) -> Claime
                 ),
             ));
         }
-        let payload = payload_text
-            .as_ref()
-            .map_err(|e| decode_error("payload", e))?
-            .as_deref()
-            .ok_or_else(|| decode_error("payload", "NULL"))?;
-        let payload = serde_json::from_str::<serde_json::Value>(payload)
-            .map_err(|e| decode_error("payload", e))?;
-        let headers = match headers_text
-            .as_ref()
-            .map_err(|e| decode_error("headers", e))?
-        {
-            Some(text) => parse_headers(text)?,
-            None => Headers::new(),
-        };
+        let (payload, headers) = decode_body(&payload_text, &headers_text)?;
         Ok(ClaimedMessage {
             id: candidate.id,
             message_id: column(row, 1, "message_id")?,

@@ -18,8 +18,7 @@
 //! [`ClaimStore`]: crate::outbox::ClaimStore
 //! [`Relay`]: crate::relay::Relay
 
-pub(crate) mod connection;
-pub(crate) mod feed_info;
+mod connection;
 mod migrations;
 mod store;
 mod table;

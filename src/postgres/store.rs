@@ -20,18 +20,40 @@ use crate::claim_limits::{
 };
 use crate::error::{Result, decode_error};
 use crate::outbox::{
-    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Failed, Headers, NewMessage,
+    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Failed, NewMessage,
     UndecodableMessage,
 };
 use crate::outbox_backend::{
-    bounded, forget_if_broken, headers_json, message_id, purge_in_batches,
+    bounded, decode_body, forget_if_broken, headers_json, message_id, purge_in_batches, utf8_column,
 };
-use crate::outbox_store::{check_payload, parse_headers};
+use crate::outbox_store::check_payload;
 
-/// The columns a claim returns, in the order [`claimed`] reads them.
-const CLAIMED_COLUMNS: &str = "t.id, t.message_id, t.topic, t.aggregate_type, t.aggregate_id, \
-     coalesce(t.partition_key, t.aggregate_id), t.payload::text, t.headers::text, t.trace_id, \
-     t.attempts";
+/// The columns a claim returns, in the order [`claimed`] reads them. With `raw`, every text
+/// column comes as its bytes (`convert_to` the database's own encoding, `SQL_ASCII`, which
+/// converts nothing): an `SQL_ASCII` database stores whatever bytes it is given, and the
+/// server refuses to send text that is not valid in the client's UTF-8 (22021), which
+/// would fail the whole claim, every time, for one row. As bytes, such a row is handed over
+/// undecodable instead ([`claimed`]). Other encodings convert to UTF-8 on the server.
+fn claimed_columns(raw: bool) -> String {
+    let text = |expr: &str| {
+        if raw {
+            format!("convert_to({expr}, 'SQL_ASCII')")
+        } else {
+            expr.to_owned()
+        }
+    };
+    format!(
+        "t.id, {}, {}, {}, {}, {}, {}, {}, {}, t.attempts",
+        text("t.message_id"),
+        text("t.topic"),
+        text("t.aggregate_type"),
+        text("t.aggregate_id"),
+        text("coalesce(t.partition_key, t.aggregate_id)"),
+        text("t.payload::text"),
+        text("t.headers::text"),
+        text("t.trace_id"),
+    )
+}
 
 /// Enqueues `message` into `table` through `client`: pass the
 /// [`Transaction`](tokio_postgres::Transaction) of your business change, so the message
@@ -132,6 +154,9 @@ pub struct PostgresOutboxStore {
     table: OutboxTable,
     config: Config,
     client: Option<Client>,
+    /// Whether the database is `SQL_ASCII`, so a claim reads text as bytes (see
+    /// [`claimed_columns`]); learned by the first claim.
+    sql_ascii: Option<bool>,
 }
 
 impl PostgresOutboxStore {
@@ -141,6 +166,7 @@ impl PostgresOutboxStore {
             table,
             config,
             client: None,
+            sql_ascii: None,
         }
     }
 
@@ -227,8 +253,17 @@ impl PostgresOutboxStore {
         let timeout_us = micros("claim_timeout", claim_timeout, MAX_CLAIM_TIMEOUT)?;
         let limit = i64::from(batch_size);
         let token = ClaimToken::new(uuid::Uuid::new_v4());
-        let rows = self
+        let known = self.sql_ascii;
+        let (rows, sql_ascii) = self
             .with_client("the claim", async |t, client| {
+                let sql_ascii = match known {
+                    Some(known) => known,
+                    None => {
+                        let row = client.query_one("select getdatabaseencoding()", &[]).await?;
+                        column::<String>(&row, 0, "getdatabaseencoding()")? == "SQL_ASCII"
+                    }
+                };
+                let columns = claimed_columns(sql_ascii);
                 let sql = format!(
                     "with due as ( \
                      select t.id from {t} as t \
@@ -246,13 +281,18 @@ impl PostgresOutboxStore {
                      claim_expires_at = now() + $2::bigint * interval '1 microsecond', \
                      claim_token = $3 \
                      from due where t.id = due.id \
-                     returning {CLAIMED_COLUMNS}"
+                     returning {columns}"
                 );
-                Ok(client
+                let rows = client
                     .query(&sql, &[&limit, &timeout_us, token.as_uuid()])
-                    .await?)
+                    .await?;
+                Ok((rows, sql_ascii))
             })
             .await?;
+        self.sql_ascii = Some(sql_ascii);
+        // A row that does not decode is handed over undecodable, never an error: the rows
+        // are committed as claimed, so an error would leave them to expire, and the next
+        // claim would take the same batch and fail again.
         let mut claimed: Vec<Claimed> = rows
             .iter()
             .map(|row| claimed(row, token))
@@ -390,52 +430,54 @@ fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
     row.try_get(index).map_err(|e| decode_error(name, e))
 }
 
-/// A claimed row as the relay gets it: the payload and headers decoded, or the row as
-/// [`Claimed::Undecodable`] when they do not decode.
+/// A text column of a claimed row, read as text or (from an `SQL_ASCII` database, see
+/// [`claimed_columns`]) as bytes; an error names the column.
+fn text(row: &Row, index: usize, name: &str) -> Result<Option<String>> {
+    if row.columns()[index].type_() == &tokio_postgres::types::Type::BYTEA {
+        utf8_column(&column(row, index, name)?, name)
+    } else {
+        column(row, index, name)
+    }
+}
+
+/// A claimed row as the relay gets it: decoded, or as [`Claimed::Undecodable`] (with the
+/// reason) when any of its columns does not decode. An error only when its id or attempts
+/// do not (a bigint and an integer: never).
 fn claimed(row: &Row, token: ClaimToken) -> Result<Claimed> {
     let id: i64 = column(row, 0, "id")?;
     let attempts: i32 = column(row, 9, "attempts")?;
-    let payload_text: Option<String> = column(row, 6, "payload")?;
-    let headers_text: Option<String> = column(row, 7, "headers")?;
-    let decoded = payload_text
-        .as_deref()
-        .ok_or_else(|| decode_error("payload", "null"))
-        .and_then(|text| {
-            serde_json::from_str::<serde_json::Value>(text).map_err(|e| decode_error("payload", e))
-        })
-        .and_then(|payload| {
-            let headers = match headers_text.as_deref() {
-                Some(text) => parse_headers(text)?,
-                None => Headers::new(),
-            };
-            Ok((payload, headers))
-        });
-    let (payload, headers) = match decoded {
-        Ok(decoded) => decoded,
-        Err(error) => {
-            return Ok(Claimed::Undecodable(UndecodableMessage {
-                id,
-                message_id: column(row, 1, "message_id").ok(),
-                topic: column(row, 2, "topic").ok(),
-                payload: payload_text,
-                headers: headers_text,
-                attempts,
-                claim_token: token,
-                error: error.to_string(),
-            }));
-        }
+    let payload_text = text(row, 6, "payload");
+    let headers_text = text(row, 7, "headers");
+    let required = |index: usize, name: &str| -> Result<String> {
+        text(row, index, name)?.ok_or_else(|| decode_error(name, "null"))
     };
-    Ok(Claimed::Message(ClaimedMessage {
-        id,
-        message_id: column(row, 1, "message_id")?,
-        topic: column(row, 2, "topic")?,
-        aggregate_type: column(row, 3, "aggregate_type")?,
-        aggregate_id: column(row, 4, "aggregate_id")?,
-        partition_key: column(row, 5, "partition_key")?,
-        payload,
-        headers,
-        trace_id: column(row, 8, "trace_id")?,
-        attempts,
-        claim_token: token,
-    }))
+    let decoded = (|| -> Result<ClaimedMessage> {
+        let (payload, headers) = decode_body(&payload_text, &headers_text)?;
+        Ok(ClaimedMessage {
+            id,
+            message_id: required(1, "message_id")?,
+            topic: required(2, "topic")?,
+            aggregate_type: text(row, 3, "aggregate_type")?,
+            aggregate_id: text(row, 4, "aggregate_id")?,
+            partition_key: text(row, 5, "partition_key")?,
+            payload,
+            headers,
+            trace_id: text(row, 8, "trace_id")?,
+            attempts,
+            claim_token: token,
+        })
+    })();
+    Ok(match decoded {
+        Ok(message) => Claimed::Message(message),
+        Err(error) => Claimed::Undecodable(UndecodableMessage {
+            id,
+            message_id: required(1, "message_id").ok(),
+            topic: required(2, "topic").ok(),
+            payload: payload_text.ok().flatten(),
+            headers: headers_text.ok().flatten(),
+            attempts,
+            claim_token: token,
+            error: error.to_string(),
+        }),
+    })
 }

@@ -15,10 +15,10 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_postgres::{Config, Notification};
 
-use super::connection::open;
 use super::table::OutboxTable;
 use crate::error::Error;
 use crate::outbox_backend::follow_or_poll;
+use crate::pg_client::session::open;
 use crate::relay::RelayHandle;
 
 /// How the waker behaves; [`Default`] suits most deployments.

@@ -26,7 +26,7 @@ use super::{PageSource, effective_wait};
 pub const CONNECT_POOL_SIZE: u32 = 10;
 
 /// Reads a feed from SQL Server (a connection [`Pool`]) or PostgreSQL (feature `postgres`,
-/// [`FeedReader::postgres`]): single pages, or endless streams of pages that follow the
+/// `FeedReader::postgres`): single pages, or endless streams of pages that follow the
 /// head of a shard. Both databases give the same items, pages, errors and stream
 /// behaviour; [`FeedReader::connect`] picks the database by the connection string.
 ///
@@ -167,7 +167,7 @@ impl FeedReader {
 
     /// A reader of the database `url` names: a `postgres://` or `postgresql://` URL, or a
     /// `key=value` string with a `host=` key, is PostgreSQL (feature `postgres`, through
-    /// [`crate::postgres::config`]); anything else is a SQL Server ADO.NET connection
+    /// `changefeed::postgres::config`); anything else is a SQL Server ADO.NET connection
     /// string, read through a pool of at most [`CONNECT_POOL_SIZE`] connections
     /// ([`crate::pool::pool`]). Opens no connection.
     ///
@@ -183,7 +183,7 @@ impl FeedReader {
     pub async fn connect(url: &str, feed: Feed, options: FeedReaderOptions) -> Result<Self> {
         if is_postgres_url(url) {
             #[cfg(feature = "postgres")]
-            return FeedReader::postgres(crate::postgres::config(url)?, feed, options);
+            return FeedReader::postgres(crate::pg_client::session::config(url)?, feed, options);
             #[cfg(not(feature = "postgres"))]
             return Err(crate::error::Error::Config(
                 "the connection string is for PostgreSQL, which this build cannot read: \
@@ -249,8 +249,8 @@ impl FeedReader {
         allow(clippy::infallible_destructuring_match)
     )]
     async fn read_once<T: FeedItem>(&self, shard: i32, cursor: Cursor) -> Result<Page<T>> {
-        let pool = match &self.backend {
-            Backend::SqlServer(pool) => pool,
+        match &self.backend {
+            Backend::SqlServer(pool) => self.read_once_from(pool, shard, cursor).await,
             #[cfg(feature = "postgres")]
             Backend::Postgres(config) => {
                 // One read on a connection of its own, no wait.
@@ -260,11 +260,21 @@ impl FeedReader {
                     self.options.page_size,
                     self.options.timeout_margin,
                 );
-                return source
+                source
                     .read_waiting(shard, cursor, std::time::Duration::ZERO)
-                    .await;
+                    .await
             }
-        };
+        }
+    }
+
+    /// [`read_once`](Self::read_once) on SQL Server: one `read_feed` call on a connection
+    /// of `pool`.
+    async fn read_once_from<T: FeedItem>(
+        &self,
+        pool: &Pool,
+        shard: i32,
+        cursor: Cursor,
+    ) -> Result<Page<T>> {
         let mut conn = pool.get().await?;
         let options = ReadOptions::default().page_size(self.options.page_size);
         let bounds = CallBounds {
@@ -415,6 +425,75 @@ mod tests {
         let stream = reader.stream::<i64>(0, Cursor::START);
         assert_send_static(&stream);
         drop(reader); // the stream owns what it needs
+        let items: Vec<_> = stream.collect().await;
+        assert_eq!(items.len(), 1, "one error, then the end");
+        assert!(matches!(&items[0], Err(Error::Connection(_))), "{items:?}");
+    }
+
+    #[test]
+    fn the_url_picks_the_backend() {
+        for postgres in [
+            "postgres://reader@db/app",
+            "  PostgreSQL://reader@db/app",
+            "host=/run/postgresql dbname=app user=reader",
+            "user=reader host=db dbname=app",
+        ] {
+            assert!(is_postgres_url(postgres), "{postgres}");
+        }
+        for sql_server in [
+            "server=tcp:localhost,1433;user=sa;password=x;TrustServerCertificate=true",
+            "Server=db;Database=app;host=x;",
+            "mysql://u@h/app",
+        ] {
+            assert!(!is_postgres_url(sql_server), "{sql_server}");
+        }
+    }
+
+    #[tokio::test]
+    async fn connect_reads_sql_server_from_an_ado_string_and_postgres_from_a_url() {
+        let feed: Feed = "app.Event".parse().unwrap();
+        let options = FeedReaderOptions::default();
+        let sql_server = FeedReader::connect(
+            "server=tcp:127.0.0.1,1;user=sa;password=x;TrustServerCertificate=true",
+            feed.clone(),
+            options,
+        )
+        .await
+        .unwrap();
+        assert!(sql_server.pool().is_some());
+        let postgres =
+            FeedReader::connect("postgres://reader@127.0.0.1:1/app", feed, options).await;
+        #[cfg(feature = "postgres")]
+        assert!(postgres.unwrap().pool().is_none());
+        #[cfg(not(feature = "postgres"))]
+        assert!(
+            matches!(&postgres, Err(Error::Config(message)) if message.contains("`postgres` feature")),
+            "{postgres:?}"
+        );
+    }
+
+    /// Without a server a PostgreSQL reader fails as the SQL Server one does: transiently,
+    /// until the retries run out, and its streams own what they use.
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn without_a_postgres_server_reads_fail_transiently_and_the_stream_gives_up() {
+        let options = FeedReaderOptions::default().retry(
+            ReadRetryPolicy::default()
+                .initial(Duration::from_millis(1))
+                .max(Duration::from_millis(5))
+                .max_retries(Some(1)),
+        );
+        let mut config = crate::postgres::config("postgres://reader@127.0.0.1:1/app").unwrap();
+        config.connect_timeout(Duration::from_millis(300));
+        let reader = FeedReader::postgres(config, "app.Event".parse().unwrap(), options).unwrap();
+        let error = reader
+            .read_events::<(i64, String)>(0, Cursor::START)
+            .await
+            .unwrap_err();
+        assert!(error.is_transient(), "{error}");
+        let stream = reader.stream::<i64>(0, Cursor::START);
+        assert_send_static(&stream);
+        drop(reader);
         let items: Vec<_> = stream.collect().await;
         assert_eq!(items.len(), 1, "one error, then the end");
         assert!(matches!(&items[0], Err(Error::Connection(_))), "{items:?}");

@@ -9,12 +9,12 @@ use tokio::time::Instant;
 use tokio_postgres::{Client, Config, Statement};
 use tracing::Instrument;
 
+use crate::call_bound::bounded;
 use crate::cursor::Cursor;
 use crate::error::{Error, Result};
 use crate::feed::Feed;
-use crate::outbox_backend::bounded;
-use crate::postgres::connection::{Notifications, SERVER, open, session_settings};
-use crate::postgres::feed_info::{feed_info, quote_identifier};
+use crate::pg_client::feed_info::{feed_info, quote_identifier};
+use crate::pg_client::session::{Notifications, SERVER, open, session_settings};
 
 use super::page::{FeedItem, Page, SHARD_LOCK_WAIT, decode_pg_page};
 use super::stream::PageSource;

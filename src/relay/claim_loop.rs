@@ -119,9 +119,9 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
                     Some(ClaimEnd::Answered(Ok(batch))) => {
                         store_failures = 0;
                         last_full = batch.len() >= self.config.batch_size as usize;
-                        // Acknowledging an aggregate's head makes its next message
-                        // claimable, and other aggregates may have more: claim again.
-                        pace = Pace::Now;
+                        // Claim again at once, unless a batch that finished while
+                        // this claim ran paused the claims for backpressure.
+                        pace.claimed();
                         in_flight.push(self.process(batch, Instant::now()));
                     }
                     Some(ClaimEnd::Answered(Err(error))) => {

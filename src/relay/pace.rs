@@ -66,6 +66,16 @@ impl Pace {
         }
     }
 
+    /// A claim returned messages: claim again at once (acknowledging an aggregate's head
+    /// makes its next message claimable, and other aggregates may have more), unless a
+    /// batch that finished while the claim ran set a backpressure pause: the claim's
+    /// messages say nothing about the broker, so the pause stands.
+    pub(super) fn claimed(&mut self) {
+        if !self.paused() {
+            *self = Pace::Now;
+        }
+    }
+
     /// A claim failed: wait until `until` (the back-off) or a wake, which says the
     /// database may be back.
     pub(super) fn store_failed(&mut self, until: Instant) {
@@ -143,6 +153,22 @@ mod tests {
         assert_eq!(pace.until(), pause_ends);
         assert!(!pace.claims_at(pause_ends - Duration::from_millis(1)));
         assert!(pace.claims_at(pause_ends));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_that_returned_messages_keeps_a_backpressure_pause() {
+        let config = RelayConfig::default();
+        let now = Instant::now();
+        let mut pace = Pace::Now;
+        pace.after_batch(&report(0, 1), now, &config);
+        pace.claimed();
+        assert_eq!(pace.until(), now + config.retry.initial);
+        assert!(!pace.claims_at(now));
+
+        let mut pace = Pace::Now;
+        pace.idle(now + config.poll_interval);
+        pace.claimed();
+        assert_eq!(pace, Pace::Now);
     }
 
     #[tokio::test(start_paused = true)]

@@ -21,14 +21,14 @@
 //!
 //! # PostgreSQL (feature `postgres`)
 //!
-//! The same traits read `tokio_postgres` rows: [`FromRow::from_pg_row`] and
-//! [`Column::pg_column`], implemented for every type here that has a PostgreSQL
+//! The same traits read `tokio_postgres` rows: `FromRow::from_pg_row` and
+//! `Column::pg_column`, implemented for every type here that has a PostgreSQL
 //! counterpart: `bool`; `i16`, `i32`, `i64` (`smallint`, `integer`, `bigint`); `f32`, `f64`
 //! (`real`, `double precision`); `String` (`text`, `varchar`, `char(n)`, `name`); `Vec<u8>`
 //! (`bytea`); `uuid::Uuid` (= `tiberius::Uuid`, `uuid`); `time::PrimitiveDateTime`,
 //! `Date`, `Time`, `OffsetDateTime` (`timestamp`, `date`, `time`, `timestamptz`); [`Ulid`]
 //! (`bytea` of exactly 16 bytes); `Option`, tuples, [`Json`] (`json`, `jsonb` or text) and
-//! [`Serde`] (through [`deserialize_pg`]). Two have no clean counterpart and refuse
+//! [`Serde`] (through `deserialize_pg`). Two have no clean counterpart and refuse
 //! PostgreSQL rows with an error that says what to use: `u8` (PostgreSQL has no unsigned
 //! one-byte integer; read `smallint` as `i16`) and `tiberius::numeric::Numeric` (SQL
 //! Server's decimal; read `numeric` through [`Serde`], as a number or its exact text).
@@ -445,7 +445,8 @@ impl<T: DeserializeOwned> FromRow for Json<T> {
 }
 
 /// A serde-decoded value: `Serde<T>` is a [`FromRow`] for every `T: Deserialize`, decoded
-/// with [`deserialize`] (by column name for structs and maps, by position for tuples).
+/// with [`deserialize`] (by column name for structs and maps, by position for tuples); on
+/// PostgreSQL with `deserialize_pg`, by the same rules.
 ///
 /// ```
 /// use changefeed::row::{FromRow, Serde};

@@ -22,13 +22,19 @@ pub struct TestDb {
 /// A fresh database `cf_<name>` (dropped first if a previous run left it) with the
 /// PostgreSQL bundle applied.
 pub async fn database(name: &str) -> TestDb {
+    database_with(name, "").await
+}
+
+/// [`database`], created with `options` after `create database <name>` (e.g.
+/// `encoding 'SQL_ASCII' template template0`).
+pub async fn database_with(name: &str, options: &str) -> TestDb {
     let name = format!("cf_{name}");
     let server = server::server();
     let admin = connect_to(&server.url_for("postgres")).await;
     // Two statements: CREATE DATABASE cannot run in the implicit transaction of a batch.
     for statement in [
         format!("drop database if exists {name} with (force)"),
-        format!("create database {name}"),
+        format!("create database {name} {options}"),
     ] {
         admin
             .batch_execute(&statement)

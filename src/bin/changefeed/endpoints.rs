@@ -1,9 +1,11 @@
 //! `--metrics-addr`: `/metrics` (Prometheus text), `/healthz` and `/readyz` over plain
 //! HTTP/1.1, one request per connection.
 //!
-//! Small on purpose: GET (or HEAD) of three paths, a request head of at most 8 KiB read
-//! within 5 s, the answer written within 5 s, then the connection is closed. A slow or
-//! silent client costs one task until those bounds, never the relay's loop.
+//! Small on purpose: GET (or HEAD) of three paths, a request head of at most 8 KiB; each
+//! connection is read, answered and closed within 5 s, and at most 64 are served at once
+//! (more wait in the listener's backlog, in the kernel). A slow or silent client costs one
+//! task until that bound, and a flood of them no more than 64 file descriptors, which the
+//! relay's own connections need; never the relay's loop.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
 
@@ -22,8 +25,12 @@ use crate::prometheus::{PrometheusRecorder, Registry};
 
 /// The longest request head read.
 const MAX_HEAD: usize = 8 * 1024;
-/// How long a client may take to send its request, and to take the answer.
-const CLIENT_BOUND: Duration = Duration::from_secs(5);
+/// The longest one connection is served: its request read, answered and written.
+const REQUEST_BOUND: Duration = Duration::from_secs(5);
+/// The most connections served at once. The next is accepted only when one of them ends,
+/// so a flood waits in the listener's backlog (the kernel's, bounded by it) instead of
+/// taking this process's file descriptors.
+const MAX_CONNECTIONS: usize = 64;
 
 /// Which of a job's timestamps readiness looks at.
 #[derive(Clone, Copy, Debug)]
@@ -179,10 +186,18 @@ impl Drop for Endpoints {
 }
 
 async fn serve(listener: TcpListener, registry: Registry, readiness: Arc<Readiness>) {
+    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
+        let Ok(permit) = Arc::clone(&connections).acquire_owned().await else {
+            return; // never closed
+        };
         match listener.accept().await {
             Ok((stream, _)) => {
-                tokio::spawn(answer(stream, registry.clone(), Arc::clone(&readiness)));
+                let (registry, readiness) = (registry.clone(), Arc::clone(&readiness));
+                tokio::spawn(async move {
+                    let _ = timeout(REQUEST_BOUND, answer(stream, registry, readiness)).await;
+                    drop(permit);
+                });
             }
             // Out of file descriptors, say: pause rather than spin.
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -190,16 +205,15 @@ async fn serve(listener: TcpListener, registry: Registry, readiness: Arc<Readine
     }
 }
 
+/// Reads one request and answers it (the caller bounds the whole in time).
 async fn answer(mut stream: TcpStream, registry: Registry, readiness: Arc<Readiness>) {
-    let Ok(Some(head)) = timeout(CLIENT_BOUND, read_head(&mut stream)).await else {
+    let Some(head) = read_head(&mut stream).await else {
         return;
     };
     let response = respond(&head, &registry, &readiness, SystemTime::now());
-    let _ = timeout(CLIENT_BOUND, async {
-        stream.write_all(&response).await?;
-        stream.shutdown().await
-    })
-    .await;
+    if stream.write_all(&response).await.is_ok() {
+        let _ = stream.shutdown().await;
+    }
 }
 
 /// The request head (up to the blank line), or `None` when the client sent too much or
@@ -268,6 +282,76 @@ fn respond(head: &str, registry: &Registry, readiness: &Readiness, now: SystemTi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// This process's open file descriptors.
+    #[cfg(target_os = "linux")]
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count)
+    }
+
+    /// A flood of idle connections (each holding a socket of the server until its bound)
+    /// costs the server at most its connection bound in file descriptors, which the relay's
+    /// own connections need; once the flood's clients go, a client that trickles a request
+    /// that never ends is cut off at the request's bound, and a scrape is answered.
+    #[cfg(target_os = "linux")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_and_a_slow_client_are_bounded() {
+        use tokio::time::Instant;
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let ready = Arc::new(readiness(true, Duration::from_secs(10)));
+        let server = tokio::spawn(serve(listener, Registry::default(), ready));
+
+        let before = open_fds();
+        // More than the server serves at once, fewer than the listener's backlog holds (a
+        // flood beyond that waits in the clients' connect, retried by the kernel).
+        let flood = MAX_CONNECTIONS + 100;
+        let mut idle = Vec::new();
+        for _ in 0..flood {
+            idle.push(TcpStream::connect(address).await.unwrap());
+        }
+        // Time for the server to accept whatever it is going to.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let server_side = open_fds().saturating_sub(before + flood);
+        assert!(
+            server_side <= MAX_CONNECTIONS + 8,
+            "the server holds {server_side} sockets for {flood} idle clients"
+        );
+
+        drop(idle);
+        let started = Instant::now();
+        let mut slow = TcpStream::connect(address).await.unwrap();
+        let trickle = async {
+            for byte in b"GET /healthz HTTP/1.1\r\nX: ".iter().cycle() {
+                if slow.write_all(&[*byte]).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        };
+        let _ = timeout(Duration::from_secs(20), trickle).await;
+        let mut rest = Vec::new();
+        let _ = timeout(Duration::from_secs(5), slow.read_to_end(&mut rest)).await;
+        let cut_after = started.elapsed();
+        assert!(
+            cut_after < REQUEST_BOUND + Duration::from_secs(2),
+            "a trickling client was served for {cut_after:?}"
+        );
+
+        let mut client = TcpStream::connect(address).await.unwrap();
+        client
+            .write_all(b"GET /healthz HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        timeout(Duration::from_secs(10), client.read_to_end(&mut answer))
+            .await
+            .expect("a scrape after the flood is answered")
+            .unwrap();
+        assert!(answer.starts_with(b"HTTP/1.1 200 OK"), "{answer:?}");
+        server.abort();
+    }
 
     fn readiness(running: bool, within: Duration) -> Readiness {
         Readiness {

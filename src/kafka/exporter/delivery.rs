@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::reader::exponential;
 use crate::relay::ErrorKind;
 
-use super::super::classify::{classify, refuses_whole_request, topic_refused};
+use super::super::classify::{classify, clock_refused, refuses_whole_request, topic_refused};
 use super::cursors::ExportCursors;
 use super::job::{Job, Stop};
 use super::message::Message;
@@ -93,8 +93,9 @@ impl<C: ExportCursors> Job<C> {
                 error
             };
             let message = &messages[index];
-            // The export has one topic: its refusal is every topic's, so it is fatal.
-            let kind = if topic_refused(&error) {
+            // The export has one topic: its refusal is every topic's, so it is fatal; so is
+            // its refusing the timestamps, which are this host's clock, not the event's.
+            let kind = if topic_refused(&error) || clock_refused(&error) {
                 ErrorKind::Fatal
             } else {
                 classify(&error)
@@ -138,7 +139,13 @@ impl<C: ExportCursors> Job<C> {
         error: &KafkaError,
         kind: ErrorKind,
     ) -> Error {
-        let advice = if kind == ErrorKind::Poison {
+        let advice = if clock_refused(error) {
+            "the topic refuses the records' timestamps, which are this host's clock at \
+             produce time, not the event's: the clock (or the broker's) is off by more than \
+             the topic's message.timestamp.before.max.ms / message.timestamp.after.max.ms \
+             (message.timestamp.difference.max.ms before Kafka 3.6) allow; set the clock \
+             right or change those settings, then export again"
+        } else if kind == ErrorKind::Poison {
             "this event can never be produced as it is (e.g. larger than the producer's \
              message.max.bytes or the topic's max.message.bytes): raise the limit, or skip \
              the event by saving a cursor at its ULID, then export again"

@@ -52,14 +52,15 @@
 //!   retriable failure: the export waits for it as long as it is missing, logging each
 //!   retry, and goes on once it is created.
 //! * A broker refusal that covers a whole produce request (`MESSAGE_TOO_LARGE`,
-//!   `INVALID_RECORD`, `CORRUPT_MESSAGE`, `INVALID_TIMESTAMP`, ...) does not say which event
+//!   `INVALID_RECORD`, `CORRUPT_MESSAGE`, ...) does not say which event
 //!   is at fault: the first event it refused is produced again alone (no other shard's
 //!   message in flight meanwhile). Delivered, the page goes on after it; refused alone, it
 //!   is poison.
 //! * `Poison` or `Fatal`, and a [`ValueSerializer`] error: the export stops with an
 //!   [`Error::Kafka`] naming the event (ULID, shard) and what to do; the cursor of that page
 //!   is not saved. The topic refusing the producer (`TOPIC_AUTHORIZATION_FAILED`) is fatal
-//!   here: the export has one topic.
+//!   here: the export has one topic; so is its refusing the records' timestamps
+//!   (`INVALID_TIMESTAMP`: this host's clock, not an event, named as such).
 //!
 //! A read error (from [`page_stream`], after its own retries of transient failures) stops
 //! the export with that error, and so does a cursor save that fails (a transient save error
