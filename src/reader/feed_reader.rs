@@ -483,7 +483,8 @@ mod tests {
                 .max(Duration::from_millis(5))
                 .max_retries(Some(1)),
         );
-        let mut config = crate::postgres::config("postgres://reader@127.0.0.1:1/app").unwrap();
+        let mut config =
+            crate::pg_client::session::config("postgres://reader@127.0.0.1:1/app").unwrap();
         config.connect_timeout(Duration::from_millis(300));
         let reader = FeedReader::postgres(config, "app.Event".parse().unwrap(), options).unwrap();
         let error = reader
