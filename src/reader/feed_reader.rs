@@ -243,11 +243,6 @@ impl FeedReader {
         self.read_once(shard, cursor).await
     }
 
-    // Without the postgres feature the match below has one arm.
-    #[cfg_attr(
-        not(feature = "postgres"),
-        allow(clippy::infallible_destructuring_match)
-    )]
     async fn read_once<T: FeedItem>(&self, shard: i32, cursor: Cursor) -> Result<Page<T>> {
         match &self.backend {
             Backend::SqlServer(pool) => self.read_once_from(pool, shard, cursor).await,
