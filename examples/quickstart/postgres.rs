@@ -18,7 +18,7 @@ const DATABASE: &str = "changefeed_quickstart";
 const CALL_LIMIT: Duration = Duration::from_secs(30);
 
 /// A private server this example started: stopped, and its directory removed, by
-/// [`Started::stop`].
+/// [`Started::stop`], or by its watchdog when this process ends without it.
 pub struct Started {
     /// The URL of the database to use.
     pub url: String,
@@ -54,18 +54,12 @@ pub async fn start() -> Result<Started, NotStarted> {
         NotStarted::Failed(why)
     };
     let server = PrivatePostgres::init(&dir).map_err(remove)?;
-    let start = std::process::Command::new("sh")
-        .args(["-c", &server.start_command("")])
-        .status();
+    // Under a watchdog: the server goes with this process even if it dies.
+    server.start_watched("").map_err(remove)?;
     let started = Started {
         url: server.url_template().replace("{db}", DATABASE),
         server,
     };
-    if !start.is_ok_and(|status| status.success()) {
-        let log = started.server.log();
-        started.stop().await;
-        return Err(NotStarted::Failed(format!("pg_ctl start failed: {log}")));
-    }
     let deadline = tokio::time::Instant::now() + STARTUP_LIMIT;
     while !started.server.is_ready() {
         if tokio::time::Instant::now() >= deadline {

@@ -115,6 +115,34 @@ impl PrivatePostgres {
         )
     }
 
+    /// Starts the server with these extra `-c` settings under a watchdog: a shell that
+    /// waits while this process and the server both live, then stops the server (fast
+    /// shutdown) and removes the directory. So the server goes with this process however it
+    /// ends (a panic, a kill, a closed pipe). Does not wait for the server to accept
+    /// connections (see [`PrivatePostgres::is_ready`]).
+    // The watchdog is never waited for on purpose: it must outlive this process.
+    #[allow(clippy::zombie_processes)]
+    pub fn start_watched(&self, settings: &str) -> Result<(), String> {
+        let script = format!(
+            "{start}; \
+             while kill -0 {parent} 2>/dev/null && {alive}; do sleep 1; done; \
+             {stop}; rm -rf '{dir}'",
+            start = self.start_command(settings),
+            parent = std::process::id(),
+            alive = self.alive_condition(),
+            stop = self.stop_command(),
+            dir = self.dir.display()
+        );
+        Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map(drop)
+            .map_err(|error| format!("cannot start the server's watchdog: {error}"))
+    }
+
     /// A shell condition that holds while the server runs.
     pub fn alive_condition(&self) -> String {
         format!("test -f '{}/data/postmaster.pid'", self.dir.display())

@@ -53,15 +53,12 @@ pub fn server() -> &'static Server {
 fn start_private() -> Server {
     let dir = common_server::temp_dir("postgres");
     let postgres = PrivatePostgres::init(&dir).unwrap_or_else(|e| panic!("{e}. {MISSING}"));
-    common_server::watchdog(
-        &postgres.start_command(
+    postgres
+        .start_watched(
             "-c max_connections=300 -c fsync=off -c synchronous_commit=off \
              -c full_page_writes=off",
-        ),
-        &postgres.alive_condition(),
-        &postgres.stop_command(),
-        &dir,
-    );
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
     common_server::wait_until(
         "postgres",
         Duration::from_secs(60),
