@@ -6,10 +6,14 @@
 //! cargo run --example quickstart
 //! ```
 //!
-//! It connects to `CHANGEFEED_URL` (an ADO.NET connection string, used with its database as
-//! is) or, when that is not set, starts SQL Server 2022 with testcontainers (a Docker engine
-//! is needed; the first run pulls the image) and uses a database `changefeed_quickstart` in
-//! it. With neither, it prints one line saying what to set and exits with status 2.
+//! It connects to `CHANGEFEED_URL` (an ADO.NET connection string for SQL Server, or with
+//! the feature `postgres` a `postgres://` URL; used with its database as is) or, when that
+//! is not set, starts SQL Server 2022 with testcontainers (a Docker engine is needed; the
+//! first run pulls the image) and uses a database `changefeed_quickstart` in it, or, where
+//! Docker does not run, starts a private PostgreSQL from the installed binaries (feature
+//! `postgres`: `cargo run --features postgres --example quickstart`; `pg_config --bindir`,
+//! a temporary directory, a Unix socket only, stopped and removed at the end). With none of
+//! them, it prints one line saying what to install or set and exits with status 2.
 //!
 //! Then it
 //! 1. applies the changefeed migrations,
@@ -19,17 +23,24 @@
 //!    follows: it sees only what is written from now on) and a consumer replaying the feed
 //!    from [`Cursor::START`] with whole events (`@with_event = 1`; on a database used before,
 //!    it also replays the orders of earlier runs),
-//! 4. runs three writers, each on its own connection, each committing five orders (the event
-//!    row and its outbox row in one transaction),
+//! 4. runs three writers, each on its own connection, each committing five orders (SQL
+//!    Server: the event row and its outbox row in one transaction; PostgreSQL: the event
+//!    row, whose trigger records it),
 //! 5. prints what each consumer sees until both have seen all fifteen orders, and exits 0.
 //!
-//! Both consumers read through one connection pool and one [`FeedReader`]; each has its own
-//! cursor, and both see every order with the same ULID.
+//! Both consumers read through one [`FeedReader`] ([`FeedReader::connect`] picks the
+//! database by the connection string); each has its own cursor, and both see every order
+//! with the same ULID.
 
 // The other examples use the rest of the support module.
 #[allow(dead_code)]
 #[path = "support/mod.rs"]
 mod support;
+
+/// The quick start on PostgreSQL: a private server, the feed, the writers.
+#[cfg(feature = "postgres")]
+#[path = "quickstart/postgres.rs"]
+mod postgres;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -64,8 +75,14 @@ async fn main() {
     let server = Server::find()
         .await
         .unwrap_or_else(|line| support::exit_with(line));
-    let outcome = tokio::time::timeout(DEMO_LIMIT, demo(&server.ado)).await;
-    // std::process::exit skips destructors: remove our container first.
+    let outcome = tokio::select! {
+        outcome = tokio::time::timeout(DEMO_LIMIT, demo(&server.database)) => outcome,
+        _ = tokio::signal::ctrl_c() => {
+            server.shutdown().await;
+            support::exit_with("stopped by Ctrl-C");
+        }
+    };
+    // std::process::exit skips destructors: remove our container or server first.
     server.shutdown().await;
     match outcome {
         Ok(Ok(())) => {}
@@ -79,36 +96,109 @@ async fn main() {
 // ---------------------------------------------------------------------------------------
 // The server: CHANGEFEED_URL, or a container of our own
 
+/// The database the demo runs on.
+enum Database {
+    /// An ADO.NET connection string.
+    SqlServer(String),
+    /// A `postgres://` URL (feature `postgres`).
+    Postgres(String),
+}
+
+impl Database {
+    /// The connection string.
+    fn url(&self) -> &str {
+        match self {
+            Database::SqlServer(url) | Database::Postgres(url) => url,
+        }
+    }
+}
+
 struct Server {
-    /// The connection string of the database to use.
-    ado: String,
+    /// The database to use.
+    database: Database,
     /// The container we started, removed at the end.
     container: Option<ContainerAsync<MssqlServer>>,
+    /// The private PostgreSQL we started, stopped and removed at the end.
+    #[cfg(feature = "postgres")]
+    postgres: Option<postgres::Started>,
 }
 
 impl Server {
-    /// CHANGEFEED_URL when it is set, else SQL Server 2022 in a container. The error is the
-    /// one line to print.
+    /// CHANGEFEED_URL when it is set, else SQL Server 2022 in a container, else a private
+    /// PostgreSQL. The error is the one line to print.
     async fn find() -> Result<Server, String> {
         match std::env::var(URL_VARIABLE) {
-            Ok(ado) if !ado.trim().is_empty() => Ok(Server {
-                ado,
-                container: None,
-            }),
-            _ => Self::start_container().await,
+            Ok(url) if !url.trim().is_empty() => {
+                let lower = url.trim_start().to_ascii_lowercase();
+                let database =
+                    if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
+                        if cfg!(not(feature = "postgres")) {
+                            return Err(format!(
+                                "{URL_VARIABLE} is a PostgreSQL URL: run the quick start with \
+                             cargo run --features postgres --example quickstart"
+                            ));
+                        }
+                        Database::Postgres(url)
+                    } else {
+                        Database::SqlServer(url)
+                    };
+                Ok(Server::of(database))
+            }
+            _ => match Self::start_container().await {
+                Ok(server) => Ok(server),
+                Err(docker) => Self::start_postgres(&docker).await,
+            },
         }
     }
 
+    fn of(database: Database) -> Server {
+        Server {
+            database,
+            container: None,
+            #[cfg(feature = "postgres")]
+            postgres: None,
+        }
+    }
+
+    /// A private PostgreSQL, when Docker could not start SQL Server (`docker` says why).
+    #[cfg(feature = "postgres")]
+    async fn start_postgres(docker: &str) -> Result<Server, String> {
+        match postgres::start().await {
+            Ok(started) => {
+                let url = started.url.clone();
+                let mut server = Server::of(Database::Postgres(url));
+                server.postgres = Some(started);
+                Ok(server)
+            }
+            Err(postgres::NotStarted::Missing(why)) => Err(format!(
+                "no database: {URL_VARIABLE} is not set, Docker is not available to start SQL \
+                 Server ({docker}), and PostgreSQL is not installed ({why}). Install PostgreSQL \
+                 ({}, with pg_config on PATH) or Docker, or set {URL_VARIABLE} to a SQL Server ADO.NET \
+                 string or a postgres:// URL.",
+                support::private_postgres::INSTALL
+            )),
+            Err(postgres::NotStarted::Failed(why)) => Err(format!(
+                "{URL_VARIABLE} is not set, Docker is not available ({docker}), and the \
+                 private PostgreSQL did not start: {}",
+                one_line(&why)
+            )),
+        }
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    async fn start_postgres(docker: &str) -> Result<Server, String> {
+        Err(format!(
+            "no database: {URL_VARIABLE} is not set and Docker is not available to start SQL \
+             Server 2022 with testcontainers ({docker}). Start a Docker engine, or install \
+             PostgreSQL and run cargo run --features postgres --example quickstart, or set \
+             {URL_VARIABLE} to an ADO.NET connection string, e.g. {URL_VARIABLE}='server=tcp:\
+             localhost,1433;user=sa;password=...;TrustServerCertificate=true'."
+        ))
+    }
+
+    /// SQL Server 2022 in a container; the error says why not, for the next fallback.
     async fn start_container() -> Result<Server, String> {
-        let no_server = |reason: String| {
-            format!(
-                "no SQL Server: {URL_VARIABLE} is not set and Docker is not available to start \
-                 SQL Server 2022 with testcontainers ({}). Set {URL_VARIABLE} to an ADO.NET \
-                 connection string, e.g. {URL_VARIABLE}='server=tcp:localhost,1433;user=sa;\
-                 password=...;TrustServerCertificate=true', or start a Docker engine.",
-                one_line(&reason)
-            )
-        };
+        let no_server = |reason: String| one_line(&reason);
         // Without a Docker engine this fails at once, and the error is the only line printed;
         // a start that takes a while (pulling the image) says what it is doing.
         let start = MssqlServer::default().with_accept_eula().start();
@@ -137,10 +227,9 @@ impl Server {
         match Self::prepare(&container).await {
             Ok(ado) => {
                 eprintln!("SQL Server is up; using its database {DATABASE}");
-                Ok(Server {
-                    ado,
-                    container: Some(container),
-                })
+                let mut server = Server::of(Database::SqlServer(ado));
+                server.container = Some(container);
+                Ok(server)
             }
             Err(error) => {
                 let _ = container.rm().await;
@@ -197,6 +286,10 @@ impl Server {
         if let Some(container) = self.container {
             let _ = container.rm().await;
         }
+        #[cfg(feature = "postgres")]
+        if let Some(started) = self.postgres {
+            started.stop().await;
+        }
     }
 }
 
@@ -234,29 +327,34 @@ impl fmt::Display for OrderPlaced {
 /// returns its ULID, with NULL columns).
 type Event = Option<Serde<OrderPlaced>>;
 
-async fn demo(ado: &str) -> Result<(), String> {
-    let mut admin = changefeed::connect(ado)
-        .await
-        .map_err(|error| format!("{error} (check {URL_VARIABLE})"))?;
-    changefeed::migrations::migrate(&mut admin)
-        .await
-        .map_err(|error| error.to_string())?;
-    let feed = create_feed(&mut admin).await?;
-
-    // Fresh order ids, so that the example can run again on the same database.
-    let first_id = next_order_id(&mut admin).await?;
+async fn demo(database: &Database) -> Result<(), String> {
+    // The event table and its feed, and fresh order ids, so that the example can run again
+    // on the same database.
+    let (feed, first_id) = match database {
+        Database::SqlServer(ado) => {
+            let mut admin = changefeed::connect(ado)
+                .await
+                .map_err(|error| format!("{error} (check {URL_VARIABLE})"))?;
+            changefeed::migrations::migrate(&mut admin)
+                .await
+                .map_err(|error| error.to_string())?;
+            let feed = create_feed(&mut admin).await?;
+            let first_id = next_order_id(&mut admin).await?;
+            let _ = admin.close().await;
+            (feed, first_id)
+        }
+        Database::Postgres(url) => postgres_feed(url).await?,
+    };
     let ids: BTreeSet<i64> = (first_id..first_id + WRITERS * ORDERS_PER_WRITER).collect();
 
-    let pool = changefeed::pool::pool(ado, 4)
-        .await
-        .map_err(|error| error.to_string())?;
-    let reader = FeedReader::with_options(
-        pool,
+    let reader = FeedReader::connect(
+        database.url(),
         feed.clone(),
         FeedReaderOptions::default()
             .page_size(100)
             .wait(Wait::LongPoll(Duration::from_secs(5))),
     )
+    .await
     .map_err(|error| error.to_string())?;
 
     // The head consumer's start: the end of the feed as it is now. Reading moves every
@@ -284,10 +382,17 @@ async fn demo(ado: &str) -> Result<(), String> {
     );
     let writers: Vec<JoinHandle<Result<(), String>>> = (0..WRITERS)
         .map(|writer| {
-            let ado = ado.to_owned();
-            let feed = feed.clone();
             let first = first_id + writer * ORDERS_PER_WRITER;
-            tokio::spawn(async move { write_orders(&ado, &feed, writer, first).await })
+            match database {
+                Database::SqlServer(ado) => {
+                    let (ado, feed) = (ado.clone(), feed.clone());
+                    tokio::spawn(async move { write_orders(&ado, &feed, writer, first).await })
+                }
+                Database::Postgres(url) => {
+                    let url = url.clone();
+                    tokio::spawn(async move { postgres_writer(&url, writer, first).await })
+                }
+            }
         })
         .collect();
     for writer in writers {
@@ -308,8 +413,28 @@ async fn demo(ado: &str) -> Result<(), String> {
          same ULIDs",
         ids.len()
     );
-    let _ = admin.close().await;
     Ok(())
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres_feed(url: &str) -> Result<(Feed, i64), String> {
+    postgres::create_feed(url).await
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres_writer(url: &str, writer: i64, first_id: i64) -> Result<(), String> {
+    postgres::write_orders(url, writer, first_id, CUSTOMERS[writer as usize]).await
+}
+
+// Without the feature, Server::find never gives a PostgreSQL database.
+#[cfg(not(feature = "postgres"))]
+async fn postgres_feed(_url: &str) -> Result<(Feed, i64), String> {
+    unreachable!("a PostgreSQL database without the postgres feature")
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres_writer(_url: &str, _writer: i64, _first_id: i64) -> Result<(), String> {
+    unreachable!("a PostgreSQL database without the postgres feature")
 }
 
 /// Creates the schema, the event table and its feed, if missing.

@@ -104,16 +104,45 @@ pub struct JsonColumns(pub Option<Map<String, Value>>);
 
 impl FromRow for JsonColumns {
     fn from_row(row: &Row, first: usize) -> crate::Result<Self> {
-        let map = row_json(row, first)?;
-        if !map.is_empty() && map.values().all(Value::is_null) {
-            Ok(JsonColumns(None))
-        } else {
-            Ok(JsonColumns(Some(map)))
-        }
+        Ok(JsonColumns::of(row_json(row, first)?))
+    }
+
+    /// The same object from a PostgreSQL row: [`pg_row_json`].
+    #[cfg(feature = "postgres")]
+    fn from_pg_row(row: &tokio_postgres::Row, first: usize) -> crate::Result<Self> {
+        Ok(JsonColumns::of(pg_row_json(row, first)?))
     }
 }
 
+/// The columns of a PostgreSQL `row` from position `first` on, by column name (feature
+/// `postgres`), with the values [`row_json`] gives their SQL Server counterparts: binary
+/// as `0x…` hex, `numeric` as exact text, dates and times as ISO 8601 text, `json` and
+/// `jsonb` as their value. A value that cannot be converted is [`Error::Decode`] naming the
+/// column.
+#[cfg(feature = "postgres")]
+pub fn pg_row_json(row: &tokio_postgres::Row, first: usize) -> Result<Map<String, Value>, Error> {
+    let mut map = Map::new();
+    for (index, column) in row.columns().iter().enumerate().skip(first) {
+        let value = crate::row::pg_column_json(row, index).map_err(|reason| Error::Decode {
+            column: format!("{} (position {index})", column.name()),
+            reason,
+            row: None,
+        })?;
+        map.insert(column.name().to_owned(), value);
+    }
+    Ok(map)
+}
+
 impl JsonColumns {
+    /// `None` when every column is NULL (a deleted event).
+    fn of(map: Map<String, Value>) -> Self {
+        if !map.is_empty() && map.values().all(Value::is_null) {
+            JsonColumns(None)
+        } else {
+            JsonColumns(Some(map))
+        }
+    }
+
     /// The object, or `null` for a deleted event.
     pub fn into_value(self) -> Value {
         self.0.map_or(Value::Null, Value::Object)

@@ -187,6 +187,53 @@ fn assert_refused(args: &[&str], expect: &str) {
 }
 
 #[test]
+fn postgres_only_setup_feed_options_are_refused_on_sql_server_by_name() {
+    assert_refused(
+        &[
+            "setup-feed",
+            "app.Event",
+            "--outbox",
+            "--shard-column",
+            "S",
+            "--shards",
+            "4",
+        ],
+        "--shards is for PostgreSQL",
+    );
+    assert_refused(
+        &["setup-feed", "app.Event", "--outbox", "--shard-column", "S"],
+        "--shard-column with --outbox is for PostgreSQL",
+    );
+}
+
+/// With a postgres:// URL that points nowhere, the feed commands try PostgreSQL and say so
+/// in one line naming the address (exit 2); without the feature they say how to build it.
+#[test]
+fn feed_commands_take_a_postgres_url() {
+    const NOWHERE: &str = "postgres://app@127.0.0.1:1/app";
+    for args in [
+        &["migrate"][..],
+        &["setup-feed", "app.Event", "--outbox"],
+        &["status", "--consumers"],
+        &["purge", "app.Event", "--older-than", "30d"],
+    ] {
+        let mut with_url = args.to_vec();
+        with_url.extend(["--url", NOWHERE]);
+        let output = changefeed(&with_url);
+        let line = assert_one_error_line(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {line}");
+        if cfg!(feature = "postgres") {
+            assert!(
+                line.contains("cannot connect to PostgreSQL at 127.0.0.1"),
+                "{args:?}: {line}"
+            );
+        } else {
+            assert!(line.contains("--features cli,postgres"), "{args:?}: {line}");
+        }
+    }
+}
+
+#[test]
 fn bad_feed_names_are_refused_before_connecting() {
     assert_refused(&["tail", "dbo.x]; drop table y"], "']'");
     assert_refused(&["setup-feed", "dbo.x'; --", "--outbox"], "invalid value");

@@ -99,7 +99,7 @@ fn the_help_of_both_commands_documents_every_option_and_the_exit_status() {
         "--broker-timeout <DURATION>",
         "--progress-interval <DURATION>",
         "-q, --quiet",
-        "--url <ADO>",
+        "--url <URL>",
         "--connect-timeout <DURATION>",
         "SIGINT or SIGTERM",
         "Exit status: 0 stopped by a signal, 1 failed while running",

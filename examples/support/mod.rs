@@ -1,6 +1,8 @@
 //! What the examples share: a connection from CHANGEFEED_URL, or one line saying what to set,
 //! and the claim outbox the relay examples start from.
 
+pub mod private_postgres;
+
 use changefeed::connection::{URL_VARIABLE, url_from_env};
 use changefeed::outbox::NewMessage;
 use changefeed::outbox_store::OutboxStore;

@@ -214,6 +214,16 @@ impl FeedReader {
         }
     }
 
+    /// The connection settings it reads with on PostgreSQL (feature `postgres`); `None` on
+    /// SQL Server. The Kafka exporter opens its own connections with them.
+    #[cfg(feature = "postgres")]
+    pub fn postgres_config(&self) -> Option<&tokio_postgres::Config> {
+        match &self.backend {
+            Backend::SqlServer(_) => None,
+            Backend::Postgres(config) => Some(config),
+        }
+    }
+
     /// Reads the page of keys of `shard` after `cursor` at once (no long-poll, no retry).
     pub async fn read_page<K: FromRow>(
         &self,

@@ -60,6 +60,8 @@ mod pg_row;
 pub use deserializer::deserialize;
 #[cfg(feature = "postgres")]
 pub use pg_deserializer::deserialize_pg;
+#[cfg(feature = "postgres")]
+pub(crate) use pg_deserializer::pg_column_json;
 
 /// A value decoded from the columns of a row starting at a given position.
 ///

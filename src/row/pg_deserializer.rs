@@ -294,6 +294,53 @@ impl<'de> de::Deserializer<'de> for PgCell<'_> {
     }
 }
 
+/// Column `index` of a PostgreSQL `row` as the JSON value `tail` prints and the Kafka
+/// exporter sends ([`crate::json::JsonColumns`]), by the rules of SQL Server's
+/// `column_json`: NULL `null`; `bytea` `0x…` hex; `numeric` its exact text; dates and times
+/// ISO 8601 text (`timestamptz` RFC 3339 in UTC); `real` through its shortest text;
+/// `json`/`jsonb` their value; the rest as [`deserialize_pg`] maps them. Else why not.
+pub(crate) fn pg_column_json(
+    row: &Row,
+    index: usize,
+) -> std::result::Result<serde_json::Value, String> {
+    use serde::Deserialize as _;
+    use serde_json::Value;
+
+    let Some((ty, raw)) = pg_row::raw(row, index) else {
+        return Err("no such column".to_owned());
+    };
+    let Some(bytes) = raw else {
+        return Ok(Value::Null);
+    };
+    let cell = PgCell { ty, raw };
+    if let Some(text) = cell.time_text(bytes).map_err(|e| e.to_string())? {
+        return Ok(Value::String(text));
+    }
+    if let Some(numeric) = cell.numeric() {
+        return numeric
+            .map(|numeric| Value::String(numeric.text))
+            .map_err(|e| e.to_string());
+    }
+    match *ty {
+        // 0x and upper-case hex, as crate::json::hex writes SQL Server's binary (not called:
+        // json imports row).
+        Type::BYTEA => {
+            let mut hex = String::with_capacity(2 + 2 * bytes.len());
+            hex.push_str("0x");
+            for byte in bytes {
+                let _ = write!(hex, "{byte:02X}");
+            }
+            Ok(Value::String(hex))
+        }
+        Type::FLOAT4 => {
+            let value: f32 = decode(ty, bytes).map_err(|e: DeError| e.to_string())?;
+            let value: f64 = value.to_string().parse().unwrap_or(f64::from(value));
+            Ok(serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number))
+        }
+        _ => Value::deserialize(cell).map_err(|e| e.to_string()),
+    }
+}
+
 /// A text value's bytes as `&str` (PostgreSQL sends text in the client encoding, UTF-8).
 fn text(raw: &[u8]) -> DeResult<&str> {
     std::str::from_utf8(raw).map_err(de::Error::custom)

@@ -3,7 +3,9 @@
 //!
 //! # What a message is
 //!
-//! Every event read with `read_feed @with_event = 1` becomes one message:
+//! Every event read with its whole row (`read_feed @with_event = 1` on SQL Server,
+//! `read_events_<id>` on PostgreSQL, through the [`FeedReader`] either way) becomes one
+//! message:
 //!
 //! * **key**: the event's primary key as compact JSON, its columns in key order, e.g.
 //!   `{"OrderId":42}` or `{"Region":"eu","OrderId":42}`. A row's key never changes, so
@@ -23,7 +25,7 @@
 //! Each shard is exported page by page, strictly in order; the shards run concurrently.
 //! For each page every message is enqueued, then every delivery report awaited, and only
 //! when all are acknowledged (`acks=all`) is the page's cursor saved under the consumer's
-//! name ([`SqlCursors`]: `changefeed.consumer_cursor`). A restart resumes from the saved
+//! name ([`SqlCursors`]: `changefeed.consumer_cursor` of the feed's database). A restart resumes from the saved
 //! cursor, so an event is never skipped; the events of a page whose cursor was not saved
 //! (a crash, a stop) are produced again, with the same `ulid` header, so a consumer drops
 //! duplicates by that header.
@@ -134,12 +136,14 @@ pub struct FeedExporter<S, C> {
 }
 
 impl FeedExporter<FeedSource<FeedEvent<JsonColumns>>, SqlCursors> {
-    /// An exporter reading with `reader` and keeping its cursors in the reader's database.
+    /// An exporter reading with `reader` and keeping its cursors in the reader's database
+    /// (SQL Server, or PostgreSQL with the feature `postgres`).
     ///
-    /// Learns the feed's key columns first, from the column description of a `read_feed`
-    /// call with `@with_event = 0` ([`key_columns`]: page size 1, no wait, outside a
-    /// transaction; only the feed's procedure is called, so a login in the feed's readers
-    /// role suffices). An unknown feed fails here, with SQL Server's error 2812 and a
+    /// Learns the feed's key columns first: on SQL Server from the column description of a
+    /// `read_feed` call with `@with_event = 0` ([`key_columns`]: page size 1, no wait,
+    /// outside a transaction; only the feed's procedure is called, so a login in the feed's
+    /// readers role suffices), on PostgreSQL from `changefeed.feed_info` (CF006 for a
+    /// feed that is not there). An unknown feed fails here, with SQL Server's error 2812 and a
     /// message saying so. Pages are read with the reader's options (long-poll, retries),
     /// `config.page_size` rows at a time.
     pub async fn connect(
@@ -151,31 +155,30 @@ impl FeedExporter<FeedSource<FeedEvent<JsonColumns>>, SqlCursors> {
         let reader_options = reader.options().page_size(config.page_size);
         reader_options.validate()?;
         let feed = reader.feed().clone();
-        // The exporter keeps its cursors with SQL Server's procedures and learns the keys
-        // from read_feed's column description: SQL Server only, for now.
-        let pool = reader.pool().ok_or_else(|| {
-            Error::Config(format!(
-                "the Kafka exporter reads feeds on SQL Server; the reader of {feed} reads \
-                 PostgreSQL"
-            ))
-        })?;
-        let keys = {
-            let mut conn = pool.get().await?;
-            // Broken until the call completes: abandoned half-way, the pool discards it.
-            conn.set_broken(true);
-            let bound = reader_options.timeout_margin;
-            let keys = tokio::time::timeout(bound, key_columns(&mut conn, &feed))
-                .await
-                .map_err(|_elapsed| {
-                    Error::Connection(format!(
-                        "read_feed of {feed} did not answer within {bound:?} while the \
-                         exporter asked for its key columns"
-                    ))
-                })??;
-            conn.set_broken(false);
-            keys
+        let (keys, cursors) = match reader.pool() {
+            Some(pool) => {
+                let keys = {
+                    let mut conn = pool.get().await?;
+                    // Broken until the call completes: abandoned half-way, the pool
+                    // discards it.
+                    conn.set_broken(true);
+                    let bound = reader_options.timeout_margin;
+                    let keys = tokio::time::timeout(bound, key_columns(&mut conn, &feed))
+                        .await
+                        .map_err(|_elapsed| {
+                            Error::Connection(format!(
+                                "read_feed of {feed} did not answer within {bound:?} while \
+                                 the exporter asked for its key columns"
+                            ))
+                        })??;
+                    conn.set_broken(false);
+                    keys
+                };
+                let cursors = SqlCursors::new(pool.clone(), feed.clone(), &config.consumer)?;
+                (keys, cursors)
+            }
+            None => postgres_parts(reader, &feed, &config, reader_options.timeout_margin).await?,
         };
-        let cursors = SqlCursors::new(pool.clone(), feed.clone(), &config.consumer)?;
         let page_size = config.page_size;
         let reader = reader.clone();
         let exporter = FeedExporter::from_parts(
@@ -192,6 +195,52 @@ impl FeedExporter<FeedSource<FeedEvent<JsonColumns>>, SqlCursors> {
         );
         Ok(exporter.with_reader_options(reader_options))
     }
+}
+
+/// The key columns (from `changefeed.feed_info`, in key order) and the cursor store of a
+/// feed on PostgreSQL, whose reader has no pool.
+#[cfg(feature = "postgres")]
+async fn postgres_parts(
+    reader: &FeedReader,
+    feed: &Feed,
+    config: &ExportConfig,
+    bound: std::time::Duration,
+) -> Result<(Vec<String>, SqlCursors)> {
+    let settings = reader.postgres_config().ok_or_else(|| {
+        Error::Config(format!(
+            "the reader of {feed} has neither a pool nor PostgreSQL settings"
+        ))
+    })?;
+    let keys = tokio::time::timeout(bound, async {
+        let client = crate::postgres::connect(settings).await?;
+        let row = client
+            .query_one(
+                "select key_columns from changefeed.feed_info($1)",
+                &[&feed.to_string()],
+            )
+            .await?;
+        row.try_get::<_, Vec<String>>(0)
+            .map_err(|error| crate::error::decode_error("key_columns", error))
+    })
+    .await
+    .map_err(|_elapsed| {
+        Error::Connection(format!(
+            "PostgreSQL did not answer within {bound:?} while the exporter asked for the key \
+             columns of {feed}"
+        ))
+    })??;
+    let cursors = SqlCursors::postgres(settings.clone(), feed.clone(), &config.consumer)?;
+    Ok((keys, cursors))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres_parts(
+    _reader: &FeedReader,
+    feed: &Feed,
+    _config: &ExportConfig,
+    _bound: std::time::Duration,
+) -> Result<(Vec<String>, SqlCursors)> {
+    Err(Error::Config(format!("the reader of {feed} has no pool")))
 }
 
 impl<S, C> FeedExporter<S, C>

@@ -44,7 +44,8 @@ pub struct ExportArgs {
     pub consumer: String,
 
     /// The shards to export, e.g. 0,2 (default: every shard the feed has when the export
-    /// starts, as changefeed status shows them)
+    /// starts, as changefeed status shows them; on PostgreSQL every shard of its fixed
+    /// count)
     #[arg(
         long,
         value_name = "N,N,...",

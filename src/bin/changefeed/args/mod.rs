@@ -37,28 +37,35 @@ pub use tail::TailArgs;
 
 use values::parse_timeout;
 
-/// Race-safe event feeds and transactional outboxes inside SQL Server: apply the bundle,
-/// set up feeds, follow them, watch them and trim them.
+/// Race-safe event feeds and transactional outboxes inside SQL Server and PostgreSQL (and
+/// claim outboxes on MariaDB/MySQL): apply the bundle, set up feeds, follow them, watch
+/// them and trim them.
 #[derive(Debug, Parser)]
 #[command(name = "changefeed", version, propagate_version = true)]
-#[command(after_help = "The connection string is an ADO.NET string, e.g. \
+#[command(
+    after_help = "The connection string is an ADO.NET string for SQL Server, e.g. \
     CHANGEFEED_URL='server=tcp:localhost,1433;user=sa;password=...;database=app;\
-    TrustServerCertificate=true'. Exit status: 0 done (relay and export: stopped by \
+    TrustServerCertificate=true', a postgres:// URL for PostgreSQL (feature postgres), e.g. \
+    postgres://app:...@localhost:5432/app, or a mysql:// URL for MariaDB/MySQL (feature \
+    mysql; outboxes only). Which command takes which store is in each command's help. \
+    Exit status: 0 done (relay and export: stopped by \
     SIGINT or SIGTERM after finishing their batch), 1 failed, 2 bad arguments or no usable \
     connection (database or Kafka brokers), 130 tail stopped by Ctrl-C, or relay and export \
-    stopped at once by a second signal.")]
+    stopped at once by a second signal."
+)]
 pub struct Cli {
-    /// The ADO.NET connection string of the database
+    /// The database: an ADO.NET string (SQL Server), a postgres:// URL (PostgreSQL) or a
+    /// mysql:// URL (MariaDB/MySQL)
     #[arg(
         long,
         global = true,
         env = URL_VARIABLE,
         hide_env_values = true,
-        value_name = "ADO"
+        value_name = "URL"
     )]
     pub url: Option<String>,
 
-    /// How long to wait for SQL Server to accept a new connection
+    /// How long to wait for the database to accept a new connection
     #[arg(
         long,
         global = true,
@@ -94,11 +101,14 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Apply the changefeed SQL bundle: every migration the database does not have yet
+    /// (SQL Server, or PostgreSQL's bundle of feeds and claim outboxes for a postgres://
+    /// URL)
     Migrate,
-    /// Make an event table a feed (changefeed.setup_feed); the table must exist and have a
-    /// primary key
+    /// Make an event table a feed (changefeed.setup_feed on SQL Server or PostgreSQL); the
+    /// table must exist and have a primary key
     SetupFeed(SetupFeedArgs),
-    /// Print a feed shard's events as JSON lines and follow its head, like `tail -f`
+    /// Print a feed shard's events as JSON lines and follow its head, like `tail -f` (SQL
+    /// Server or PostgreSQL)
     #[command(
         after_help = "One JSON object per line: {\"ulid\":\"<cursor>\",\"time\":\"<the \
         ULID's time, RFC 3339>\",\"shard\":<n>,\"key\":{<key columns>}} or, with \
@@ -107,12 +117,14 @@ pub enum Command {
         ulid to --from to resume after it. Ctrl-C stops (exit status 130, like tail -f)."
     )]
     Tail(TailArgs),
-    /// Show every feed shard (changefeed.feed_status) as a table
+    /// Show every feed shard (changefeed.feed_status) as a table: SQL Server (feeds and
+    /// outboxes), PostgreSQL (feeds), MariaDB/MySQL (outboxes)
     Status(StatusArgs),
-    /// Delete a feed's rows older than a cutoff (outbox-mode feeds), never past a
-    /// registered consumer's cursor unless --force
+    /// Delete a feed's rows older than a cutoff (outbox-mode feeds, SQL Server or
+    /// PostgreSQL), never past a registered consumer's cursor unless --force
     Purge(PurgeArgs),
-    /// Delete a claim outbox's done messages older than a cutoff (dead ones are kept)
+    /// Delete a claim outbox's done messages older than a cutoff (dead ones are kept; SQL
+    /// Server)
     PurgeOutbox(PurgeOutboxArgs),
     /// Create or complete a claim outbox table on PostgreSQL (changefeed.setup_outbox; a
     /// postgres:// --url, needs the `postgres` feature)
@@ -125,7 +137,8 @@ pub enum Command {
     #[command(after_help = relay::HELP)]
     Relay(RelayArgs),
     /// Export a feed's events to a Kafka topic, saving the consumer's cursor after every
-    /// acknowledged page, until SIGINT or SIGTERM (needs the `kafka` feature)
+    /// acknowledged page, until SIGINT or SIGTERM (SQL Server or PostgreSQL; needs the
+    /// `kafka` feature)
     #[command(after_help = export::HELP)]
     Export(ExportArgs),
 }
@@ -281,6 +294,23 @@ mod tests {
         assert!(setup.serialize_writers && !setup.outbox);
         assert_eq!(setup.shard_column.as_deref(), Some("Shard"));
         assert_eq!(setup.ulid_column.as_deref(), Some("ULID"));
+        // PostgreSQL's outbox mode takes a shard column and a shard count (the command
+        // refuses them on SQL Server, where the writer names the shard).
+        let cli = parse(&[
+            "setup-feed",
+            "app.Event",
+            "--outbox",
+            "--shard-column",
+            "S",
+            "--shards",
+            "4",
+        ])
+        .unwrap();
+        let setup = arguments_of!(Command::SetupFeed, cli.command);
+        assert_eq!(
+            (setup.shard_column.as_deref(), setup.shards),
+            (Some("S"), Some(4))
+        );
         for bad in [
             &["setup-feed", "app.Event"][..],
             &["setup-feed", "app.Event", "--outbox", "--serialize-writers"],
@@ -292,8 +322,8 @@ mod tests {
                 "--shard-column",
                 "S",
             ],
-            &["setup-feed", "app.Event", "--outbox", "--shard-column", "S"],
             &["setup-feed", "app.Event", "--outbox", "--ulid-column", "U"],
+            &["setup-feed", "app.Event", "--outbox", "--shards", "0"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }

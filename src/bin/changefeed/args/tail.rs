@@ -35,7 +35,8 @@ pub struct TailArgs {
     )]
     pub from: StartAt,
 
-    /// Print every column of each event (read_feed @with_event = 1), not only its key
+    /// Print every column of each event (SQL Server: read_feed @with_event = 1;
+    /// PostgreSQL: read_events_<id>), not only its key
     #[arg(long)]
     pub with_event: bool,
 

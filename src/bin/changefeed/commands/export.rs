@@ -1,5 +1,6 @@
 //! `changefeed export`: a feed's events to a Kafka topic with the library's `FeedExporter`
-//! (feature `kafka`), its cursors saved under `--consumer`.
+//! (feature `kafka`) over a `FeedReader` of SQL Server or PostgreSQL, its cursors saved
+//! under `--consumer` in the feed's database.
 //!
 //! Checks come in this order, each a one-line failure: the arguments, the brokers, then the
 //! database (one connection: reachable, the feed's `read_feed` exists, its shards).
@@ -25,7 +26,7 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
     use changefeed::reader::FeedReaderOptions;
 
     use crate::args::ServiceArgs;
-    use crate::database::{require_feed, with_migrate_hint};
+    use crate::database::{is_postgres, require_feed, with_migrate_hint};
     use crate::endpoints::{Endpoints, Freshness};
     use crate::progress::{export_line, print_stderr, with_progress};
     use crate::signals::Signals;
@@ -50,38 +51,47 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
     let endpoints = Endpoints::serve(&metrics, Freshness::LastRead, progress.quiet).await?;
     let settings = crate::kafka::settings(&brokers, &producer);
     let kafka = crate::kafka::checked_producer(&settings, &producer).await?;
-    let shards = {
-        // One plain connection first: a clear line for an unreachable server or an unknown
-        // feed, instead of the reader's retries.
-        let mut client = connect.open(Some(Duration::from_secs(30))).await?;
-        require_feed(&mut client, &feed).await?;
-        if shards.is_empty() {
-            let found = shards_of(&mut client, &feed).await?;
-            if found.is_empty() {
-                if !progress.quiet {
-                    print_stderr(&format!(
-                        "{feed} has no shard with events yet: exporting shard 0 (pass \
-                         --shards to choose)"
-                    ));
-                }
-                vec![0]
-            } else {
-                found
-            }
-        } else {
-            distinct(shards)
-        }
-    };
-
-    // A connection per shard being read, and one for saving cursors.
-    let connections = u32::try_from(shards.len())
-        .unwrap_or(u32::MAX)
-        .saturating_add(1);
-    let manager = ConnectionManager::from_ado(&connect.url)?.connect_timeout(Some(connect.timeout));
-    let pool =
-        changefeed::Pool::from_builder(changefeed::Pool::builder().max_size(connections), manager);
     let options = FeedReaderOptions::default().page_size(page.page_size);
-    let reader = FeedReader::with_options(pool, feed.clone(), options)?;
+    let (shards, reader) = if is_postgres(&connect.url) {
+        postgres_reader(connect, &feed, shards, options).await?
+    } else {
+        let shards = {
+            // One plain connection first: a clear line for an unreachable server or an
+            // unknown feed, instead of the reader's retries.
+            let mut client = connect.open(Some(Duration::from_secs(30))).await?;
+            require_feed(&mut client, &feed).await?;
+            if shards.is_empty() {
+                let found = shards_of(&mut client, &feed).await?;
+                if found.is_empty() {
+                    if !progress.quiet {
+                        print_stderr(&format!(
+                            "{feed} has no shard with events yet: exporting shard 0 (pass \
+                             --shards to choose)"
+                        ));
+                    }
+                    vec![0]
+                } else {
+                    found
+                }
+            } else {
+                distinct(shards)
+            }
+        };
+        // A connection per shard being read, and one for saving cursors.
+        let connections = u32::try_from(shards.len())
+            .unwrap_or(u32::MAX)
+            .saturating_add(1);
+        let manager =
+            ConnectionManager::from_ado(&connect.url)?.connect_timeout(Some(connect.timeout));
+        let pool = changefeed::Pool::from_builder(
+            changefeed::Pool::builder().max_size(connections),
+            manager,
+        );
+        (
+            shards,
+            FeedReader::with_options(pool, feed.clone(), options)?,
+        )
+    };
     let config = ExportConfig::new(topic.clone(), consumer.clone()).page_size(page.page_size);
     let exporter = FeedExporter::connect(&reader, kafka, config)
         .await
@@ -139,6 +149,42 @@ pub async fn export(connect: &Connect, args: ExportArgs) -> Result<(), Failure> 
         ));
     }
     Ok(())
+}
+
+/// On PostgreSQL: the reader (each shard's stream and the cursor store open connections of
+/// their own) and the shards, `--shards` checked against the feed's fixed count, else all
+/// of them.
+#[cfg(all(feature = "kafka", feature = "postgres"))]
+async fn postgres_reader(
+    connect: &Connect,
+    feed: &changefeed::Feed,
+    shards: Vec<i32>,
+    options: changefeed::reader::FeedReaderOptions,
+) -> Result<(Vec<i32>, changefeed::FeedReader), Failure> {
+    let (reader, info) = crate::database::postgres::feed_reader(connect, feed, options).await?;
+    if let Some(shard) = shards.iter().find(|s| !(0..info.shards).contains(s)) {
+        return Err(Failure::usage(format!(
+            "--shards {shard}: {feed} has {} shard(s), 0 to {}",
+            info.shards,
+            info.shards - 1
+        )));
+    }
+    let shards = if shards.is_empty() {
+        (0..info.shards).collect()
+    } else {
+        distinct(shards)
+    };
+    Ok((shards, reader))
+}
+
+#[cfg(all(feature = "kafka", not(feature = "postgres")))]
+async fn postgres_reader(
+    _: &Connect,
+    _: &changefeed::Feed,
+    _: Vec<i32>,
+    _: changefeed::reader::FeedReaderOptions,
+) -> Result<(Vec<i32>, changefeed::FeedReader), Failure> {
+    Err(Failure::without_postgres())
 }
 
 /// The shards `changefeed status` shows for `feed` (those with events or outbox rows), or
@@ -214,7 +260,7 @@ fn export_failure(error: changefeed::Error, consumer: &str) -> Failure {
         changefeed::Error::CursorExpired { .. } => Failure::run(format!(
             "{error}; the events after consumer {consumer}'s cursor were purged before they \
              were exported. To go on from the oldest retained event, save a new cursor for \
-             it with exec changefeed.save_cursor, or export as a new --consumer with --from \
+             it with changefeed.save_cursor, or export as a new --consumer with --from \
              start"
         )),
         _ if error.is_transient() => Failure::run(format!(

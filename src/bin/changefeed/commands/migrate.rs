@@ -1,5 +1,5 @@
 //! `changefeed migrate`: applies the bundle of the database `--url` names (SQL Server, or
-//! PostgreSQL's claim-outbox bundle).
+//! PostgreSQL's bundle: claim outboxes and feeds).
 
 use crate::database::{Connect, is_postgres};
 use crate::failure::Failure;

@@ -1,13 +1,17 @@
 //! `changefeed purge`: deletes an outbox-mode feed's rows older than a cutoff
-//! (`purge_feed`), shard by shard, and reports what went and what held the rest back.
+//! (`purge_feed`), shard by shard, and reports what went and what held the rest back; on
+//! PostgreSQL through `postgres`.
 
 use changefeed::row::Column;
 use changefeed::{Error, Feed};
 use tiberius::Row;
 use ulid::Ulid;
 
+#[cfg(feature = "postgres")]
+mod postgres;
+
 use crate::args::PurgeArgs;
-use crate::database::{Connect, position, procedure_exists, query_rows};
+use crate::database::{Connect, is_postgres, position, procedure_exists, query_rows};
 use crate::failure::Failure;
 use crate::output::{Align, Out, Table, plural};
 
@@ -83,6 +87,15 @@ pub fn purge_report(
 
 /// Purges and prints the report.
 pub async fn purge(connect: &Connect, out: &mut Out, args: PurgeArgs) -> Result<(), Failure> {
+    if is_postgres(&connect.url) {
+        let shards = postgres::purge(connect, &args).await?;
+        return out.text(&purge_report(
+            &args.feed,
+            &args.older_than.to_string(),
+            args.dry_run,
+            &shards,
+        ));
+    }
     let PurgeArgs {
         feed,
         older_than,
@@ -127,6 +140,18 @@ pub async fn purge(connect: &Connect, out: &mut Out, args: PurgeArgs) -> Result<
         dry_run,
         &shards,
     ))
+}
+
+#[cfg(not(feature = "postgres"))]
+mod postgres {
+    use super::PurgedShard;
+    use crate::args::PurgeArgs;
+    use crate::database::Connect;
+    use crate::failure::Failure;
+
+    pub async fn purge(_: &Connect, _: &PurgeArgs) -> Result<Vec<PurgedShard>, Failure> {
+        Err(Failure::without_postgres())
+    }
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
 //! `changefeed status`: every feed shard (`changefeed.feed_status`), every claim outbox
 //! (its part is `outboxes`) and, with `--consumers`, every consumer's lag, as tables or as
-//! one JSON object.
+//! one JSON object; `postgres` is the same on PostgreSQL (feeds and consumers).
 
 mod outboxes;
+#[cfg(feature = "postgres")]
+mod postgres;
 
 use std::time::Duration;
 
@@ -123,11 +125,7 @@ pub async fn status(connect: &Connect, out: &mut Out, args: StatusArgs) -> Resul
         return mysql_status(connect, out, args).await;
     }
     if is_postgres(&connect.url) {
-        return Err(Failure::usage(
-            "status reads SQL Server (feeds and outboxes) or MariaDB/MySQL (outboxes); on \
-             PostgreSQL count an outbox with select status, count(*) from <outbox> group by \
-             status",
-        ));
+        return postgres_status(connect, out, args).await;
     }
     let mut client = connect.open(Some(Duration::from_secs(30))).await?;
     let feeds = query_rows(&mut client, FEED_STATUS, &[])
@@ -201,6 +199,48 @@ async fn mysql_status(_: &Connect, _: &mut Out, _: StatusArgs) -> Result<(), Fai
         "this changefeed was built without MariaDB/MySQL support; build it with --features \
          cli,mysql to use a mysql:// URL",
     ))
+}
+
+/// `status` with a `postgres://` URL: feeds and, with `--consumers`, consumers.
+#[cfg(feature = "postgres")]
+async fn postgres_status(
+    connect: &Connect,
+    out: &mut Out,
+    args: StatusArgs,
+) -> Result<(), Failure> {
+    use crate::database::postgres::{call, open, settings};
+
+    let config = settings(connect)?;
+    let client = open(connect, &config).await?;
+    let decode = |e: tokio_postgres::Error| Failure::run(format!("status: {e}"));
+    let rows = call("feed_status", client.query(postgres::FEED_STATUS, &[])).await?;
+    let feeds = postgres::feed_shards(&rows).map_err(decode)?;
+    let consumers = if args.consumers {
+        let rows = call("consumer_lag", client.query(postgres::CONSUMER_LAG, &[])).await?;
+        Some(postgres::consumer_lags(&rows, &feeds).map_err(decode)?)
+    } else {
+        None
+    };
+    if args.json {
+        let mut document = serde_json::json!({ "feeds": feeds });
+        if let Some(consumers) = &consumers {
+            document["consumers"] = serde_json::json!(consumers);
+        }
+        return out.line(&document.to_string());
+    }
+    let mut text = postgres::feed_table(&feeds).render("(no feeds)");
+    text.push('\n');
+    text.push_str(postgres::NO_OUTBOXES);
+    if let Some(consumers) = &consumers {
+        text.push('\n');
+        text.push_str(&postgres::consumer_table(consumers).render("(no consumers)"));
+    }
+    out.text(&text)
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres_status(_: &Connect, _: &mut Out, _: StatusArgs) -> Result<(), Failure> {
+    Err(Failure::without_postgres())
 }
 
 #[cfg(test)]

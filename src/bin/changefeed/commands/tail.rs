@@ -1,5 +1,6 @@
 //! `changefeed tail`: prints a feed shard's events as JSON lines and follows its head, like
-//! `tail -f`, until Ctrl-C (exit status 130) or a closed output pipe.
+//! `tail -f`, until Ctrl-C (exit status 130) or a closed output pipe; on SQL Server or
+//! PostgreSQL, through the same `FeedReader`.
 
 use std::time::{Duration, SystemTime};
 
@@ -9,7 +10,7 @@ use changefeed::pool::ConnectionManager;
 use changefeed::reader::{FeedEvent, FeedReader, FeedReaderOptions, FeedRow};
 
 use crate::args::TailArgs;
-use crate::database::{Connect, require_feed, with_migrate_hint};
+use crate::database::{Connect, is_postgres, require_feed, with_migrate_hint};
 use crate::failure::Failure;
 use crate::follow::{Stop, follow, interrupted, output_closed};
 use crate::output::feed_line;
@@ -23,16 +24,21 @@ pub async fn tail(connect: &Connect, args: TailArgs) -> Result<(), Failure> {
         with_event,
         page,
     } = args;
-    // One plain connection first: a clear line for an unreachable server or an unknown
-    // feed, instead of the stream's retries.
-    {
-        let mut client = connect.open(Some(Duration::from_secs(30))).await?;
-        require_feed(&mut client, &feed).await?;
-    }
-    let manager = ConnectionManager::from_ado(&connect.url)?.connect_timeout(Some(connect.timeout));
-    let pool = changefeed::Pool::from_builder(changefeed::Pool::builder().max_size(1), manager);
     let options = FeedReaderOptions::default().page_size(page.page_size);
-    let reader = FeedReader::with_options(pool, feed, options)?;
+    let reader = if is_postgres(&connect.url) {
+        postgres_reader(connect, &feed, shard, options).await?
+    } else {
+        // One plain connection first: a clear line for an unreachable server or an unknown
+        // feed, instead of the stream's retries.
+        {
+            let mut client = connect.open(Some(Duration::from_secs(30))).await?;
+            require_feed(&mut client, &feed).await?;
+        }
+        let manager =
+            ConnectionManager::from_ado(&connect.url)?.connect_timeout(Some(connect.timeout));
+        let pool = changefeed::Pool::from_builder(changefeed::Pool::builder().max_size(1), manager);
+        FeedReader::with_options(pool, feed, options)?
+    };
     let cursor = from.cursor(SystemTime::now());
     let mut stdout = std::io::stdout();
     let stop = if with_event {
@@ -59,6 +65,36 @@ pub async fn tail(connect: &Connect, args: TailArgs) -> Result<(), Failure> {
             "cannot write to standard output: {error}"
         ))),
     }
+}
+
+/// The reader of a feed on PostgreSQL (checked with one plain connection first); a shard
+/// outside the feed's fixed count is refused here rather than by every read.
+#[cfg(feature = "postgres")]
+async fn postgres_reader(
+    connect: &Connect,
+    feed: &changefeed::Feed,
+    shard: i32,
+    options: FeedReaderOptions,
+) -> Result<FeedReader, Failure> {
+    let (reader, info) = crate::database::postgres::feed_reader(connect, feed, options).await?;
+    if !(0..info.shards).contains(&shard) {
+        return Err(Failure::usage(format!(
+            "--shard {shard}: {feed} has {} shard(s), 0 to {}",
+            info.shards,
+            info.shards - 1
+        )));
+    }
+    Ok(reader)
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres_reader(
+    _: &Connect,
+    _: &changefeed::Feed,
+    _: i32,
+    _: FeedReaderOptions,
+) -> Result<FeedReader, Failure> {
+    Err(Failure::without_postgres())
 }
 
 /// The line a stream's final error ends `tail` with.
