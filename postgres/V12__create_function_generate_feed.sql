@@ -189,30 +189,6 @@ end
 $body$
 $f$, p_feed_id, v_feed.shards, v_fast, v_keys, v_keys_n, v_lock_error, v_lock_base);
 
-        execute format($f$
-create or replace function changefeed.read_events_%1$s(
-    p_shard integer default 0,
-    p_cursor bytea default '\x00000000000000000000000000000000'::bytea,
-    p_page_size integer default 1000
-)
-returns table (ulid bytea, event %2$s)
-language plpgsql
-volatile
-security definer
-set search_path = pg_catalog, pg_temp
-as $body$
-#variable_conflict use_column
-begin
-    -- A left join: an event deleted since it was written still yields its ulid (with a NULL
-    -- event), so the reader's cursor moves past it.
-    return query
-    select r.ulid, e
-    from changefeed.read_feed_%1$s(p_shard, p_cursor, p_page_size) as r
-    left join %2$s as e on %3$s
-    order by r.ulid;
-end
-$body$
-$f$, p_feed_id, v_event, v_join);
     else
         -- Serialized mode: the event table is the feed. Writers hold the shard's lock from
         -- lock_feed to their commit, so no committed row has a ULID above one that is not
@@ -242,30 +218,6 @@ end
 $body$
 $f$, p_feed_id, v_feed.shards, v_feed.shard_column, v_feed.ulid_column, v_keys_e, v_event);
 
-        execute format($f$
-create or replace function changefeed.read_events_%1$s(
-    p_shard integer default 0,
-    p_cursor bytea default '\x00000000000000000000000000000000'::bytea,
-    p_page_size integer default 1000
-)
-returns table (ulid bytea, event %5$s)
-language plpgsql
-stable
-security definer
-set search_path = pg_catalog, pg_temp
-as $body$
-#variable_conflict use_column
-begin
-    perform changefeed.check_read(%2$s, p_shard, p_cursor, p_page_size);
-    return query
-    select e.%4$I, e
-    from %5$s as e
-    where e.%3$I = p_shard and e.%4$I > p_cursor
-    order by e.%4$I
-    limit p_page_size;
-end
-$body$
-$f$, p_feed_id, v_feed.shards, v_feed.shard_column, v_feed.ulid_column, v_event);
 
         -- lock_feed: inside the writer's transaction, takes the shard's advisory lock (held
         -- until the transaction ends, so every writer of the shard queues here and commit
@@ -410,6 +362,32 @@ $f$, p_feed_id);
         execute format('grant execute on function changefeed.ulid_%s(bigint) to %I',
             p_feed_id, v_feed.writers_role);
     end if;
+
+    -- Both modes: the page of read_feed_<id> joined to the event rows by key (a left join: an
+    -- event deleted since it was written still yields its ulid, with a NULL event, so the
+    -- reader's cursor moves past it).
+    execute format($f$
+create or replace function changefeed.read_events_%1$s(
+    p_shard integer default 0,
+    p_cursor bytea default '\x00000000000000000000000000000000'::bytea,
+    p_page_size integer default 1000
+)
+returns table (ulid bytea, event %2$s)
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+as $body$
+#variable_conflict use_column
+begin
+    return query
+    select r.ulid, e
+    from changefeed.read_feed_%1$s(p_shard, p_cursor, p_page_size) as r
+    left join %2$s as e on %3$s
+    order by r.ulid;
+end
+$body$
+$f$, p_feed_id, v_event, v_join);
 
     execute format('revoke all on function changefeed.read_feed_%s(integer, bytea, integer) '
         || 'from public', p_feed_id);

@@ -204,38 +204,29 @@ async fn a_naive_id_reader_loses_an_event_that_the_feed_delivers() {
         assert!(slow_id < fast_id, "round {round}");
         written.extend([slow_id, fast_id]);
 
-        // Both readers poll while the slow writer is still open...
-        for row in naive
-            .query(
-                "select id from app.events where id > $1 order by id",
-                &[&naive_last],
-            )
-            .await
-            .unwrap()
-        {
-            naive_last = row.get(0);
-            naive_seen.insert(naive_last);
-        }
-        for (ulid, id) in read(&feed, feed_id, 0, &feed_cursor, 100).await {
-            feed_cursor = ulid;
-            feed_seen.insert(id);
-        }
-        // ...then it commits, and both poll again.
-        slow_tx.commit().await.unwrap();
-        for row in naive
-            .query(
-                "select id from app.events where id > $1 order by id",
-                &[&naive_last],
-            )
-            .await
-            .unwrap()
-        {
-            naive_last = row.get(0);
-            naive_seen.insert(naive_last);
-        }
-        for (ulid, id) in read(&feed, feed_id, 0, &feed_cursor, 100).await {
-            feed_cursor = ulid;
-            feed_seen.insert(id);
+        // Both readers poll while the slow writer is still open, then again after it
+        // commits.
+        let mut open = Some(slow_tx);
+        loop {
+            for row in naive
+                .query(
+                    "select id from app.events where id > $1 order by id",
+                    &[&naive_last],
+                )
+                .await
+                .unwrap()
+            {
+                naive_last = row.get(0);
+                naive_seen.insert(naive_last);
+            }
+            for (ulid, id) in read(&feed, feed_id, 0, &feed_cursor, 100).await {
+                feed_cursor = ulid;
+                feed_seen.insert(id);
+            }
+            match open.take() {
+                Some(slow_tx) => slow_tx.commit().await.unwrap(),
+                None => break,
+            }
         }
     }
     assert_eq!(
