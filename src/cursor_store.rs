@@ -56,7 +56,7 @@ pub const MAX_CONSUMER_LEN: usize = 200;
 ///
 /// A consumer belongs to the database user whose save created it: another user's save or
 /// load of it fails with server error 51114 (a `db_owner` may do both, and removes a stale
-/// consumer with `changefeed.remove_consumer`; README, "Consumers and replay").
+/// consumer with `changefeed.remove_consumer`; docs/sql-server.md, "Consumers and replay").
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CursorStore;
 

@@ -108,3 +108,36 @@ pub struct OptionStructsAreNonExhaustive;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+// The documents under docs/ that README links to, one item each so that their Rust examples
+// are compiled as doctests like README's (tests/docs.rs checks that every file is here).
+
+/// docs/sql-server.md's Rust examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/sql-server.md")]
+pub struct SqlServerDocDoctests;
+
+/// docs/mariadb.md's Rust examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/mariadb.md")]
+pub struct MariadbDocDoctests;
+
+/// docs/postgres.md's Rust examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/postgres.md")]
+pub struct PostgresDocDoctests;
+
+/// docs/kafka.md's Rust examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/kafka.md")]
+pub struct KafkaDocDoctests;
+
+/// docs/operating.md's Rust examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/operating.md")]
+pub struct OperatingDocDoctests;
+
+/// docs/testing.md's Rust examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/testing.md")]
+pub struct TestingDocDoctests;

@@ -817,9 +817,10 @@ async fn lock_shard_0_and_roll_back_to_a_savepoint(writer: &mut Client, feed: &F
 
 common::live_test!(current_thread another_shard_after_a_savepoint_rollback_is_still_refused_and_the_same_shard_works: "savepoint_shards" => savepoint_shards);
 
-/// The decision documented in README (lock_feed, 51203): after `rollback transaction s` undid
-/// shard 0's lock_feed, locking shard 1 in the same transaction is still refused (the
-/// transaction is rolled back), while locking shard 0 again works and numbers rows.
+/// The decision documented in docs/sql-server.md (lock_feed, 51203): after `rollback
+/// transaction s` undid shard 0's lock_feed, locking shard 1 in the same transaction is
+/// still refused (the transaction is rolled back), while locking shard 0 again works and
+/// numbers rows.
 async fn savepoint_shards(db: &TestDb) {
     let mut admin = db.client().await;
     let feed = create_serialized_feed(&mut admin, "savepoint_shards").await;

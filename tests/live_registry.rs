@@ -761,9 +761,10 @@ async fn status_views_inside_snapshot_or_serializable_fail_only_with_650_and_wor
     common::under_both_isolations("reg_views", views_scenario).await;
 }
 
-/// README, "Status views": the views read with READPAST, which SQL Server may refuse inside a
-/// SNAPSHOT or SERIALIZABLE transaction; then the error is 650 (nothing else), and at READ
-/// COMMITTED they work, also on a session that switches back from one of those levels.
+/// docs/sql-server.md, "Status views": the views read with READPAST, which SQL Server may
+/// refuse inside a SNAPSHOT or SERIALIZABLE transaction; then the error is 650 (nothing
+/// else), and at READ COMMITTED they work, also on a session that switches back from one of
+/// those levels.
 async fn views_scenario(db: &TestDb) {
     let mut master = common::connect_to("master").await;
     exec_ok(

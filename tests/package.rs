@@ -41,6 +41,7 @@ fn the_package_holds_only_what_a_user_needs() {
         "POWEROFF.md",
         "README.md",
         "build.rs",
+        "docs",
         "mysql",
         "postgres",
         "sql",
@@ -53,6 +54,7 @@ fn the_package_holds_only_what_a_user_needs() {
     assert!(extra.is_empty(), "not for users: {extra:?}\n{list}");
     for needed in [
         "README.md",
+        "docs",
         "LICENSE-MIT",
         "LICENSE-APACHE",
         "build.rs",

@@ -11,13 +11,14 @@
 //! [`FeedExporter`](crate::kafka::FeedExporter)**: they take their handles once, when they
 //! start, and handles taken before a recorder exists stay no-ops.
 //!
-//! [`CATALOGUE`] lists every metric with its kind, unit, labels and help text (README.md,
-//! "Metrics", is the same list with the alert each supports); [`describe`] hands the help
-//! texts to the installed recorder. Names and labels follow Prometheus' conventions
-//! (`changefeed_` prefix, `_total` counters, base units `_seconds`), and no label carries a
-//! value that grows with the messages: labels are the outbox, feed, shard and topic (which
-//! the operator's configuration bounds; the relay folds topics past [`MAX_TOPICS`] into
-//! [`OTHER_TOPIC`]) and fixed sets of words (`error_class`, `status`, `result`, ...).
+//! [`CATALOGUE`] lists every metric with its kind, unit, labels and help text
+//! (docs/operating.md, "Metrics", is the same list with the alert each supports);
+//! [`describe`] hands the help texts to the installed recorder. Names and labels follow
+//! Prometheus' conventions (`changefeed_` prefix, `_total` counters, base units
+//! `_seconds`), and no label carries a value that grows with the messages: labels are the
+//! outbox, feed, shard and topic (which the operator's configuration bounds; the relay
+//! folds topics past [`MAX_TOPICS`] into [`OTHER_TOPIC`]) and fixed sets of words
+//! (`error_class`, `status`, `result`, ...).
 
 #[cfg(feature = "kafka")]
 mod export;

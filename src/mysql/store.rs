@@ -2,11 +2,11 @@
 //! (claim, acknowledge, backlog, redrive, purge). [`enqueue`](super::enqueue), which runs in
 //! the caller's transaction, is `enqueue.rs`; the claim's steps are `claim.rs`.
 //!
-//! The semantics are those of the SQL Server procedures (README.md, "Claim outbox"): status
-//! 0 pending, 1 processing, 2 done, 3 failed, 4 dead; `attempts` counts failures and expired
-//! claims; every acknowledgement is fenced by the claim token; every time is the server's
-//! UTC clock. How the claim keeps them under InnoDB's locking is explained on
-//! [`MysqlOutboxStore::claim_batch`].
+//! The semantics are those of the SQL Server procedures (docs/sql-server.md, "The claim
+//! outbox"): status 0 pending, 1 processing, 2 done, 3 failed, 4 dead; `attempts` counts
+//! failures and expired claims; every acknowledgement is fenced by the claim token; every
+//! time is the server's UTC clock. How the claim keeps them under InnoDB's locking is
+//! explained on [`MysqlOutboxStore::claim_batch`].
 
 use std::time::Duration;
 

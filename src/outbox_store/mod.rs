@@ -2,7 +2,7 @@
 //!
 //! Each method runs one procedure of `[changefeed].[<kind>:schema.table]` (created by
 //! `exec changefeed.setup_outbox`), passing every value as a parameter, and decodes its
-//! rows. The semantics live in the SQL (see README.md, "Claim outbox").
+//! rows. The semantics live in the SQL (see docs/sql-server.md, "The claim outbox").
 //!
 //! [`SqlClaimStore`], the relay's store over these procedures (one pooled connection,
 //! claims that wait on the server), is `outbox_store/sql_claim_store.rs`.

@@ -1,12 +1,12 @@
 //! [`PostgresOutboxStore`]: the claim outbox's operations over PostgreSQL, and [`enqueue`],
 //! which runs in the caller's transaction.
 //!
-//! The semantics are those of the other stores (README.md, "Claim outbox"): status 0
-//! pending, 1 processing, 2 done, 3 failed, 4 dead; `attempts` counts failures and expired
-//! claims; every acknowledgement is fenced by the claim token; every time is the server's
-//! clock. How the claim keeps them is explained on [`PostgresOutboxStore::claim_batch`], and
-//! why an aggregate's messages cannot overtake each other in ARCHITECTURE.md ("The claim
-//! outbox on PostgreSQL").
+//! The semantics are those of the other stores (docs/sql-server.md, "The claim outbox"):
+//! status 0 pending, 1 processing, 2 done, 3 failed, 4 dead; `attempts` counts failures and
+//! expired claims; every acknowledgement is fenced by the claim token; every time is the
+//! server's clock. How the claim keeps them is explained on
+//! [`PostgresOutboxStore::claim_batch`], and why an aggregate's messages cannot overtake
+//! each other in ARCHITECTURE.md ("The claim outbox on PostgreSQL").
 
 use std::time::Duration;
 

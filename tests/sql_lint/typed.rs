@@ -984,7 +984,7 @@ fn cursor_parameters(code: &[&Token<'_>], module: &Module, sink: &mut Sink<'_>) 
 
 /// The comment with which a view accepts R16, giving its reason after the colon: a
 /// dashboard view that must never wait for writers, whose 650 under SNAPSHOT/SERIALIZABLE is
-/// documented where the view is (README, "Status views").
+/// documented where the view is (docs/sql-server.md, "Status views").
 pub const ACCEPT_VIEW_READPAST: &str = "-- lint: R16 accepted:";
 
 fn view_readpast(src: &str, code: &[&Token<'_>], module: &Module, sink: &mut Sink<'_>) {
