@@ -1,7 +1,7 @@
 -- claim for a claim-style outbox, written as the template outbox's procedure (replaces V77's).
 -- What changed: the claim's update reads only its candidates, each sought by id on the
--- clustered index (FORCESEEK, INDEX(1)), so it can never wait for an open transaction (the
--- argument is beside the update).
+-- clustered index, @candidates driving nested loops (INDEX(1), OPTION (FORCE ORDER, LOOP
+-- JOIN)), so it can never wait for an open transaction (the argument is beside the update).
 -- Since V77: @wait_ms, a claim that waits for work. With nothing due, the claim tries
 -- again after short pauses (changefeed.pause_wait: 2 ms doubling to 20 ms) until it claims
 -- something or @wait_ms has passed, and then returns what it claimed (an empty result when
@@ -86,7 +86,7 @@
 --                      (open_messages) an acknowledgement deletes the row's entry, and
 --                      an uncommitted delete is a ghost that both reads skip, so the
 --                      acknowledgement in flight would be invisible to the probe.
---   FORCESEEK, INDEX(1)  the update's pinned plan (beside it).
+--   INDEX(1), FORCE ORDER, LOOP JOIN  the update's pinned plan (beside it).
 --   MAXDOP 1           parallel plans with READPAST/UPDLOCK are known to deadlock.
 create or alter procedure [changefeed].[claim:changefeed.__template_outbox__]
     @batch_size int = 100,
@@ -202,13 +202,18 @@ begin
             -- optimizer picks such a plan by itself where a scan is cheap: a small outbox.
             -- The candidates are held by this transaction already, so seeking exactly them
             -- cannot wait.
-            -- FORCESEEK (allowed on a FROM-clause table of an UPDATE; only its form naming
-            -- index columns is refused for the target) with INDEX(1), the clustered index by
-            -- its id, not its name (a table made by hand names its primary key its own
-            -- way): the only plan left is a seek of the clustered index, whose key is
-            -- exactly (id) (upgrade_outbox checks it before generating this code, and
-            -- upgrade_all_feeds skips and reports an outbox without it). Were no such
-            -- seek possible, the call would fail at once (Msg 8622) instead of waiting.
+            -- The plan is pinned as read_feed's delete of moved rows is: FORCE ORDER keeps
+            -- @candidates, written first, as the outer input, LOOP JOIN makes the join
+            -- nested loops, so the outbox is read once per candidate with that candidate's
+            -- id, and INDEX(1) reads it through the clustered index (named by its id, not
+            -- its name: a table made by hand names its primary key its own way), whose key
+            -- is exactly (id): an equality on the whole key of the index read is a
+            -- single-row seek. upgrade_outbox checks that key before generating this code,
+            -- and upgrade_all_feeds skips and reports an outbox without it. No FORCESEEK:
+            -- SQL Server refused it on the target of read_feed's delete (Msg 10724, "not
+            -- allowed for target tables of INSERT, UPDATE, or DELETE statements"), and its
+            -- documentation does not settle whether the form without index columns is
+            -- refused there too.
             update t
             set
                 attempts = t.attempts + case when t.status = 1 then 1 else 0 end,
@@ -236,9 +241,10 @@ begin
                 id, message_id, topic, aggregate_type, aggregate_id, partition_key,
                 payload, headers, trace_id, attempts
             )
-            from [changefeed].[__template_outbox__] as t with (rowlock, forceseek, index(1))
-            inner join @candidates as c on t.id = c.id
-            option (maxdop 1);
+            from @candidates as c
+            inner join [changefeed].[__template_outbox__] as t with (rowlock, index(1))
+                on t.id = c.id
+            option (force order, loop join, maxdop 1);
 
             commit transaction;
         end try

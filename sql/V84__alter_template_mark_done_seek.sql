@@ -1,7 +1,8 @@
 -- mark_done for a claim-style outbox, written as the template outbox's procedure (replaces
 -- V31's). What changed: the update reads only the rows named in @ids, each sought by its id
--- on the clustered index (FORCESEEK, INDEX(1)), so it can never wait for an open
--- transaction on another row (the argument is beside the update).
+-- on the clustered index, the ids driving nested loops (INDEX(1), OPTION (FORCE ORDER, LOOP
+-- JOIN)), so it can never wait for an open transaction on another row (the argument is
+-- beside the update).
 -- Fenced: only messages still processing under @claim_token become done, so a relay whose
 -- claim expired and was taken over cannot acknowledge the new holder's work. Returns one
 -- row, updated = how many changed. @ids is a JSON array of ids, e.g. N'[12, 13, 15]'.
@@ -35,22 +36,27 @@ begin
     -- does acknowledge is held by another transaction only when that one claims or
     -- acknowledges the same row, and then waiting for it is right: its outcome
     -- decides whether this fenced update applies.
-    -- FORCESEEK (allowed on a FROM-clause table of an UPDATE; only its form naming
-    -- index columns is refused for the target) with INDEX(1), the clustered index by
-    -- its id, not its name (a table made by hand names its primary key its own way):
-    -- the only plan left is a seek of the clustered index, whose key is exactly (id)
-    -- (upgrade_outbox checks it before generating this code, and upgrade_all_feeds
-    -- skips and reports an outbox without it). Were no such seek possible, the call
-    -- would fail at once (Msg 8622) instead of waiting.
+    -- The plan is pinned as read_feed's delete of moved rows is: FORCE ORDER keeps the
+    -- ids, written first, as the outer input, LOOP JOIN makes the join nested loops, so the
+    -- outbox is read once per id with that id, and INDEX(1) reads it through the
+    -- clustered index (named by its id, not its name: a table made by hand names its
+    -- primary key its own way), whose key is exactly (id): an equality on the whole key of
+    -- the index read is a single-row seek. upgrade_outbox checks that key before
+    -- generating this code, and upgrade_all_feeds skips and reports an outbox without it.
+    -- No FORCESEEK: SQL Server refused it on the target of read_feed's delete of moved rows
+    -- (Msg 10724, "not allowed for target tables of INSERT, UPDATE, or DELETE statements"),
+    -- and its documentation does not settle whether the form without index columns is
+    -- refused there too.
     update t
     set
         status = 2,
         processed_at = sysutcdatetime(),
         last_error = null
-    from [changefeed].[__template_outbox__] as t with (forceseek, index(1))
-    inner join openjson(@ids) with (id bigint '$') as j
+    from openjson(@ids) with (id bigint '$') as j
+    inner join [changefeed].[__template_outbox__] as t with (index(1))
         on t.id = j.id
-    where t.status = 1 and t.claim_token = @claim_token;
+    where t.status = 1 and t.claim_token = @claim_token
+    option (force order, loop join);
 
     select @@rowcount as updated;
 end

@@ -1,6 +1,6 @@
 -- requeue for a claim-style outbox, written as the template outbox's procedure (replaces
 -- V33's). What changed: the update is pinned to a seek of the clustered index by @id
--- (FORCESEEK, INDEX(1)), so it reads no other row and can never wait for an open
+-- (INDEX(1)), so it reads no other row and can never wait for an open
 -- transaction on another row (the argument is beside the update).
 -- Puts a message back as failed, due after @retry_after_ms (server clock), attempts
 -- unchanged: for backpressure, when the broker asked us to slow down and the message
@@ -35,28 +35,28 @@ begin
 
     -- This update must never wait on a row it does not hand back, and it reads no other:
     -- the row @id, sought on the clustered index. Its reads take update locks, so a scan,
-    -- or a seek of another index on status (done_by_processed_at), would read rows of other
-    -- aggregates (an open transaction's uncommitted enqueue, another transaction's claim not
-    -- yet committed) and wait for that transaction: a relay's backpressure would wait behind
-    -- it, claims would expire, and messages would be published again. An equality on the
-    -- unique clustered key is a seek in every plan the optimizer produces today; the hint
-    -- makes that a guarantee rather than a costing outcome, and the lint (R23) can see it.
-    -- The row @id itself is held by another transaction only when that one claims or
-    -- acknowledges the same row, and then waiting is right: its outcome decides whether
-    -- this fenced update applies.
-    -- FORCESEEK (allowed on a FROM-clause table of an UPDATE; only its form naming index
-    -- columns is refused for the target) with INDEX(1), the clustered index by its id, not
-    -- its name (a table made by hand names its primary key its own way): the only plan left
-    -- is a seek of the clustered index, whose key is exactly (id) (upgrade_outbox checks it
-    -- before generating this code, and upgrade_all_feeds skips and reports an outbox
-    -- without it). Were no such seek possible, the call would fail at once (Msg 8622)
-    -- instead of waiting.
+    -- or a seek of another index on status (done_by_processed_at), would read rows of
+    -- other aggregates (an open transaction's uncommitted enqueue, another transaction's
+    -- claim not yet committed) and wait for that transaction: every acknowledgement would
+    -- wait behind it, claims would expire, and messages would be published again.
+    -- INDEX(1) reads the outbox through the clustered index (named by its id, not its
+    -- name: a table made by hand names its primary key its own way), whose key is exactly
+    -- (id): the equality on that whole key makes the read a single-row seek, and no other
+    -- index can be chosen instead. upgrade_outbox checks that key before generating this
+    -- code, and upgrade_all_feeds skips and reports an outbox without it. The row @id
+    -- itself is held by another transaction only when that one claims or acknowledges the
+    -- same row, and then waiting is right: its outcome decides whether this fenced update
+    -- applies.
+    -- No FORCESEEK: SQL Server refused it on the target of read_feed's delete of moved rows
+    -- (Msg 10724, "not allowed for target tables of INSERT, UPDATE, or DELETE statements"),
+    -- and its documentation does not settle whether the form without index columns is
+    -- refused there too.
     update t
     set
         status = 3,
         next_retry_at = @retry_at,
         processed_at = null
-    from [changefeed].[__template_outbox__] as t with (forceseek, index(1))
+    from [changefeed].[__template_outbox__] as t with (index(1))
     where
         t.id = @id
         and (

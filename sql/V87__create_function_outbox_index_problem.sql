@@ -1,11 +1,12 @@
 -- What is wrong with the indexes of a claim outbox that its generated code names in hints,
 -- with the statement that fixes it; NULL when nothing is. One row, always.
--- The code pins its plans (the claim's head probe reads INDEX(head_of_aggregate); the
--- claim's update and the acknowledgements seek WITH (FORCESEEK, INDEX(1)), the clustered
--- index), and a hint the table cannot satisfy fails every call (Msg 308 for an index name
--- that does not exist, Msg 8622 when no plan can follow the hints) instead of compiling to
--- another plan. An index dropped, renamed or re-created otherwise by hand therefore breaks
--- the outbox. upgrade_outbox refuses such an outbox (51016) and upgrade_all_feeds skips and
+-- The code pins its plans: the claim's head probe reads INDEX(head_of_aggregate), and the
+-- claim's update and the acknowledgements read INDEX(1), the clustered index, by id. A
+-- hint the table cannot satisfy fails every call instead of compiling to another plan (Msg
+-- 308 for an index name that does not exist; INDEX(1) on a heap is refused too), and a
+-- clustered index on another key would turn those reads by id into scans, which wait for
+-- any open transaction's row. An index dropped, renamed or re-created otherwise by hand
+-- therefore breaks the outbox. upgrade_outbox refuses such an outbox (51016) and upgrade_all_feeds skips and
 -- reports it, both before generating anything: a regeneration that failed under XACT_ABORT
 -- would roll back the whole upgrade (see upgrade_all_feeds).
 -- What the code needs, in the order checked:
@@ -34,9 +35,10 @@ select
         when c.usable = 0
             then concat(
                 N'The claim outbox ''', @schema_name, N'.', @table_name,
-                N''' has no unique clustered index on (id) alone, which its claim and',
-                N' acknowledgements seek (FORCESEEK, INDEX(1)): every such call would fail',
-                N' (Msg 8622). Make (id) its unique clustered index again (primary key',
+                N''' has no unique clustered index on (id) alone, through which its claim and',
+                N' acknowledgements read their rows by id (INDEX(1)): on a heap every such call',
+                N' would fail, on another key it would scan the outbox and wait for open',
+                N' transactions. Make (id) its unique clustered index again (primary key',
                 N' clustered (id), as setup_outbox creates it), then run exec',
                 N' changefeed.upgrade_outbox @table_name = N''',
                 replace(concat(@schema_name, N'.', @table_name), N'''', N''''''),

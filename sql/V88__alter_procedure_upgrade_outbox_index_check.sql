@@ -4,7 +4,8 @@
 -- names in its hints (changefeed.outbox_index_problem: the clustered index on (id) that
 -- the claim's update and the acknowledgements seek, head_of_aggregate that the claim's
 -- probe reads) is refused (51016) before anything is regenerated, with the statement that
--- fixes it: its code would fail on every call (Msg 308 or 8622), and a regeneration that
+-- fixes it: its code would fail on every call (Msg 308), or scan and wait where it must
+-- seek, and a regeneration that
 -- failed here would doom the caller's transaction under XACT_ABORT. A table that does not
 -- exist is not checked here (upgrade_all_feeds reports it).
 create or alter procedure [changefeed].[upgrade_outbox]

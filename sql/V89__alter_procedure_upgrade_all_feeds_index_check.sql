@@ -1,7 +1,7 @@
 -- (Replaces V54's.) What changed: an outbox whose indexes are not what its generated code
 -- names in hints is skipped and reported like one with a missing column (see below), before
 -- anything is regenerated: regenerating it would leave code that fails on every call (Msg
--- 308 or 8622), or fail here and roll the whole upgrade back.
+-- 308), or scans where it must seek, or fail here and roll the whole upgrade back.
 -- Regenerates the code of every registered feed and claim outbox from the current
 -- templates, in one transaction. A migration that changes a template ends with
 -- exec changefeed.upgrade_all_feeds.

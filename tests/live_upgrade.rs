@@ -610,10 +610,10 @@ async fn check_claim_outbox_objects_regenerated(admin: &mut Client, messages: &O
         // Every outbox gains its backlog procedure (issue 22).
         ("backlog", "datediff_big(millisecond, @oldest_at"),
         // The claim's update and the acknowledgements seek their rows only (issue 29, 2).
-        ("claim", "with (rowlock, forceseek, index(1))"),
-        ("mark_done", "with (forceseek, index(1))"),
-        ("mark_failed", "with (forceseek, index(1))"),
-        ("requeue", "with (forceseek, index(1))"),
+        ("claim", "with (rowlock, index(1))"),
+        ("mark_done", "option (force order, loop join)"),
+        ("mark_failed", "with (index(1))"),
+        ("requeue", "with (index(1))"),
     ] {
         let name = format!("[changefeed].[{kind}:{table}]");
         let found = scalar_i64(
@@ -786,7 +786,7 @@ fn assert_ulids_increase(rows: &[(Ulid, i64)], what: &str) {
 /// A feed whose key column `id` is then renamed `order_id`, and a claim outbox whose
 /// `payload` column is then renamed `body`: regenerating either fails to compile (Msg 207).
 /// And a claim outbox whose clustered primary key is then dropped (a heap): the code of
-/// V83 on seeks it by hint (`INDEX(1)`), which a heap cannot satisfy; it holds one pending
+/// V83 on reads it by hint (`INDEX(1)`), which a heap cannot satisfy; it holds one pending
 /// message.
 async fn set_up_broken_objects(admin: &mut Client) {
     exec_ok(

@@ -85,7 +85,8 @@
 //!   `requeue`; the outbox-mode `read_feed`), every read of a table writers hold rows of (the
 //!   outbox; read_feed's outbox and event table) carries a guard: `READPAST`,
 //!   `READUNCOMMITTED` (not on an UPDATE/DELETE target), `FORCESEEK`, or, for a DELETE or
-//!   UPDATE target, a table variable driving `OPTION (FORCE ORDER, LOOP JOIN)`. Inserts,
+//!   UPDATE target, a row source of its own driving `OPTION (FORCE ORDER, LOOP JOIN)`, or a
+//!   single-row read by key (`INDEX(1)` and `where <alias>.id = @variable`). Inserts,
 //!   the feed table, and procedures that may wait are out of scope (`never_wait.rs` says
 //!   which and why); the generated text is checked too (`generated.rs`).
 

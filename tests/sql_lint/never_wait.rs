@@ -21,17 +21,25 @@
 //! (`enqueue` waits for its aggregate's lock; `purge_done`, `held_aggregates`, `backlog`,
 //! the serialized `read_feed`, which waits for the shard's applock).
 //!
-//! What is a guard, on the reference itself (its `WITH (…)` hints):
-//! * `READPAST`: rows another transaction holds are skipped, never waited for;
-//! * `READUNCOMMITTED` / `NOLOCK`: no row locks are taken (not on the target of an UPDATE or
-//!   DELETE, where SQL Server ignores them);
-//! * `FORCESEEK`: the access is a seek, so it reads only the rows its seek predicate names.
-//!   Which rows those are, and why no other transaction can hold them, is the statement's
-//!   argument: the procedures state it beside the statement (the lint cannot);
-//! * for the target of a DELETE or UPDATE (where SQL Server refuses FORCESEEK with index
-//!   columns, Msg 10724), the plan's shape instead: the statement's first table source is a
-//!   table variable and it ends with `OPTION (FORCE ORDER, LOOP JOIN)`, so the table
-//!   variable drives nested loops into the table (`read_feed`'s delete of moved rows).
+//! What is a guard (which rows a guarded read touches, and why no other transaction can hold
+//! them, is the statement's argument: the procedures state it beside the statement; the
+//! lint checks that the guard is there):
+//! * `READPAST` on the reference: rows another transaction holds are skipped, never waited
+//!   for;
+//! * `READUNCOMMITTED` / `NOLOCK` on the reference: no row locks are taken (not on the
+//!   target of an UPDATE or DELETE, where SQL Server ignores them);
+//! * `FORCESEEK` on the reference: the access is a seek, so it reads only the rows its seek
+//!   predicate names;
+//! * for the target of a DELETE or UPDATE, where SQL Server refused FORCESEEK (Msg 10724),
+//!   the plan's shape instead, either
+//!   - driven: the statement's first table source is a row source of its own (a table
+//!     variable, `openjson(…)`, a `(values …)` row) and it ends with `OPTION (FORCE ORDER,
+//!     LOOP JOIN)`, so that source drives nested loops into the table, one seek per row
+//!     (`read_feed`'s delete of moved rows, the claim's update, `mark_done`); or
+//!   - by key: the reference is the statement's only table source, carries `INDEX(1)` (the
+//!     clustered index, the outbox's `id`), and its `WHERE` has a top-level conjunct
+//!     `<alias>.id = @variable`, an equality on that index's whole key: a single-row seek
+//!     (`mark_failed`, `requeue`).
 
 use crate::lex::{Kind, Token};
 use crate::typed::close_paren;
@@ -156,8 +164,9 @@ fn is_dml_target(code: &[&Token<'_>], start: usize, i: usize, alias: Option<&str
 }
 
 /// `OPTION (… FORCE ORDER … LOOP JOIN …)` ends the statement `code[start..end]`, and its
-/// first table source (after its first `FROM` outside parentheses) is a table variable.
-fn driven_by_table_variable(code: &[&Token<'_>], start: usize, end: usize) -> bool {
+/// first table source (after its first `FROM` outside parentheses) is a row source of its
+/// own: a table variable, `openjson(…)` or `(values …)`.
+fn driven_by_row_source(code: &[&Token<'_>], start: usize, end: usize) -> bool {
     let statement = &code[start..end];
     let forced = statement.iter().enumerate().any(|(k, t)| {
         t.is("option")
@@ -175,14 +184,92 @@ fn driven_by_table_variable(code: &[&Token<'_>], start: usize, end: usize) -> bo
         } else if t.is_punct(b')') {
             depth -= 1;
         } else if depth == 0 && t.is("from") {
-            return statement.get(k + 1);
+            return Some(k + 1);
         }
         None
     });
-    forced
-        && first_source.is_some_and(|t| {
-            t.kind == Kind::Word && t.text.starts_with('@') && !t.text.starts_with("@@")
+    let row_source = first_source.is_some_and(|k| {
+        let next = statement.get(k + 1);
+        statement.get(k).is_some_and(|t| {
+            is_variable(t)
+                || (t.is("openjson") && next.is_some_and(|n| n.is_punct(b'(')))
+                || (t.is_punct(b'(') && next.is_some_and(|n| n.is("values")))
         })
+    });
+    forced && row_source
+}
+
+/// A local variable (`@x`, not a `@@function`).
+fn is_variable(t: &Token<'_>) -> bool {
+    t.kind == Kind::Word && t.text.starts_with('@') && !t.text.starts_with("@@")
+}
+
+/// The indexes of `statement[from..]` outside parentheses opened after `from`.
+fn top_level(statement: &[&Token<'_>], from: usize) -> Vec<usize> {
+    let mut depth = 0i32;
+    let mut out = Vec::new();
+    for (k, t) in statement.iter().enumerate().skip(from) {
+        if t.is_punct(b'(') {
+            depth += 1;
+        } else if t.is_punct(b')') {
+            depth -= 1;
+        } else if depth == 0 {
+            out.push(k);
+        }
+    }
+    out
+}
+
+/// The reference at `code[i]` (its hints `hints`, alias `alias`) is the only table source of
+/// the statement `code[start..end]`, carries `INDEX(1)`, and the statement's `WHERE` has a
+/// top-level conjunct `<alias>.id = @variable` (either way round).
+fn single_row_by_key(
+    code: &[&Token<'_>],
+    (start, end): (usize, usize),
+    i: usize,
+    hints: &[&Token<'_>],
+    alias: Option<&str>,
+) -> bool {
+    let clustered = hints.windows(4).any(|w| {
+        w[0].is("index") && w[1].is_punct(b'(') && w[2].text == "1" && w[3].is_punct(b')')
+    });
+    let statement = &code[start..end];
+    let outside = top_level(statement, 0);
+    let Some(&where_at) = outside
+        .iter()
+        .find(|&&k| k > i - start && statement[k].is("where"))
+    else {
+        return false;
+    };
+    // Nothing joined to it and no second source after a comma, between FROM and WHERE.
+    let from_at = outside
+        .iter()
+        .copied()
+        .filter(|&k| k < i - start && statement[k].is("from"))
+        .last();
+    let alone = from_at.is_some_and(|from_at| {
+        !outside.iter().any(|&k| {
+            k > from_at
+                && k < where_at
+                && (statement[k].is_any(&["join", "apply"]) || statement[k].is_punct(b','))
+        })
+    });
+    let name = alias.unwrap_or("id");
+    let conditions: Vec<usize> = top_level(statement, where_at + 1);
+    let keyed = conditions
+        .split(|&k| statement[k].is("and"))
+        .any(|conjunct| {
+            let words: Vec<&Token<'_>> = conjunct.iter().map(|&k| statement[k]).collect();
+            let column = |w: &[&Token<'_>]| {
+                w[0].ident_value().eq_ignore_ascii_case(name)
+                    && w[1].is_punct(b'.')
+                    && w[2].ident_value().eq_ignore_ascii_case("id")
+            };
+            words.len() == 5
+                && ((column(&words[..3]) && words[3].is_punct(b'=') && is_variable(words[4]))
+                    || (is_variable(words[0]) && words[1].is_punct(b'=') && column(&words[2..])))
+        });
+    clustered && alone && keyed
 }
 
 /// Every reference to one of `tables` in `code` that lacks a guard (see the module's
@@ -212,25 +299,23 @@ pub fn unguarded_reads(code: &[&Token<'_>], tables: &[(&str, &str)]) -> Vec<(usi
             alias = Some(t.ident_value());
             j += 1;
         }
-        let hints: Vec<String> = if code.get(j).is_some_and(|t| t.is("with"))
+        let hints: &[&Token<'_>] = if code.get(j).is_some_and(|t| t.is("with"))
             && code.get(j + 1).is_some_and(|t| t.is_punct(b'('))
             && let Some(close) = close_paren(code, j + 1)
         {
-            code[j + 2..close]
-                .iter()
-                .filter(|t| t.kind == Kind::Word)
-                .map(|t| t.text.to_ascii_lowercase())
-                .collect()
+            &code[j + 2..close]
         } else {
-            Vec::new()
+            &[]
         };
-        let hinted = |word: &str| hints.iter().any(|h| h == word);
+        let hinted = |word: &str| hints.iter().any(|h| h.is(word));
         let (start, end) = statement_around(code, i);
         let target = is_dml_target(code, start, i, alias.as_deref());
         let guarded = hinted("readpast")
             || hinted("forceseek")
             || (!target && (hinted("readuncommitted") || hinted("nolock")))
-            || (target && driven_by_table_variable(code, start, end));
+            || (target
+                && (driven_by_row_source(code, start, end)
+                    || single_row_by_key(code, (start, end), i, hints, alias.as_deref())));
         if !guarded {
             out.push((code[i].line, format!("{}.{}", table.0, table.1)));
         }
@@ -246,10 +331,11 @@ pub fn message(module: &str, table: &str) -> String {
          table, it reads every row and waits for any open transaction holding one (an \
          uncommitted enqueue or write), stalling every aggregate or shard (issue 29). Give the \
          reference WITH (READPAST) to skip held rows, READUNCOMMITTED to take no locks (not \
-         on an UPDATE/DELETE target), or FORCESEEK (with INDEX(…)) so it reads only the rows \
-         it names, and state beside the statement why no one else can hold those; a DELETE \
-         target may instead be driven by a table variable with OPTION (FORCE ORDER, LOOP \
-         JOIN) (tests/sql_lint/never_wait.rs)."
+         on an UPDATE/DELETE target), or FORCESEEK so it reads only the rows it names; on an \
+         UPDATE/DELETE target, drive it from a table variable, openjson or (values ...) with \
+         OPTION (FORCE ORDER, LOOP JOIN), or read one row by key: WITH (INDEX(1)) and `where \
+         <alias>.id = @variable`. State beside the statement why no one else can hold the \
+         rows it reads (tests/sql_lint/never_wait.rs)."
     )
 }
 
@@ -267,12 +353,61 @@ mod tests {
     }
 
     #[test]
-    fn an_update_seeking_through_a_table_variable_without_a_hint_fires() {
-        let src = "update t\nset status = 1\nfrom [changefeed].[__template_outbox__] as t with (rowlock)\n\
-                   inner join @candidates as c on t.id = c.id\noption (maxdop 1);";
-        assert_eq!(unguarded(src), [3]);
-        let pinned = src.replace("with (rowlock)", "with (rowlock, forceseek, index(1))");
-        assert!(unguarded(&pinned).is_empty());
+    fn an_update_driven_by_its_candidates_passes_and_one_left_to_the_optimizer_fires() {
+        let unpinned = "update t\nset status = 1\nfrom [changefeed].[__template_outbox__] as t with (rowlock)\n\
+                        inner join @candidates as c on t.id = c.id\noption (maxdop 1);";
+        assert_eq!(unguarded(unpinned), [3]);
+        let driven = "update t\nset status = 1\nfrom @candidates as c\n\
+                      inner join [changefeed].[__template_outbox__] as t with (rowlock, index(1))\n\
+                      on t.id = c.id\noption (force order, loop join, maxdop 1);";
+        assert!(unguarded(driven).is_empty());
+        assert_eq!(
+            unguarded(&driven.replace("force order, ", "")),
+            [4],
+            "without FORCE ORDER the optimizer may put the outbox first"
+        );
+        let ids = "update t set status = 2\nfrom openjson(@ids) with (id bigint '$') as j\n\
+                   inner join [changefeed].[__template_outbox__] as t with (index(1))\n\
+                   on t.id = j.id where t.status = 1 option (force order, loop join);";
+        assert!(unguarded(ids).is_empty());
+        let one_row = "update t set status = 2\nfrom (values (@id)) as k (id)\n\
+                       inner join [changefeed].[__template_outbox__] as t on t.id = k.id\n\
+                       option (force order, loop join);";
+        assert!(unguarded(one_row).is_empty());
+    }
+
+    #[test]
+    fn a_single_row_update_by_its_key_passes_only_on_the_clustered_index_alone() {
+        let by_key = "update t set status = 3\nfrom [changefeed].[__template_outbox__] as t with (index(1))\n\
+                      where t.id = @id and t.status = 1 and t.claim_token = @claim_token;";
+        assert!(unguarded(by_key).is_empty());
+        assert!(
+            unguarded(&by_key.replace("t.id = @id", "@id = t.id")).is_empty(),
+            "either way round"
+        );
+        assert_eq!(
+            unguarded(&by_key.replace(" with (index(1))", "")),
+            [2],
+            "without INDEX(1) another index (status) may serve it"
+        );
+        assert_eq!(
+            unguarded(&by_key.replace("t.id = @id and ", "")),
+            [2],
+            "no equality on the key"
+        );
+        assert_eq!(
+            unguarded(&by_key.replace("t.id = @id and", "(t.id = @id or t.id = @other) and")),
+            [2],
+            "an equality inside an OR is no key"
+        );
+        assert_eq!(
+            unguarded(&by_key.replace(
+                "with (index(1))\n",
+                "with (index(1)) inner join @c as c on c.id = t.id\n"
+            )),
+            [2],
+            "a joined source can drive a scan"
+        );
     }
 
     #[test]
@@ -284,7 +419,7 @@ mod tests {
         assert_eq!(
             unguarded(
                 "update t set status = 2\nfrom changefeed.__template_outbox__ as t with (nolock)\n\
-                 where t.id = @id;"
+                 where t.status = 1;"
             ),
             [2],
             "NOLOCK is ignored on a DML target"
@@ -292,7 +427,7 @@ mod tests {
         assert!(
             unguarded(
                 "update t set status = 2 from [changefeed].[__template_outbox__] as t \
-                 with (forceseek, index(1)) where t.id = @id;"
+                 with (readpast) where t.status = 1;"
             )
             .is_empty()
         );
