@@ -148,7 +148,11 @@ async fn never_wait_in(db: &TestDb, table: &str, filler: i64) {
     let a1 = enqueue_open(&store, &mut writer, &message_of("A")).await;
     assert!(a1 > d1, "the open enqueue holds the newest row");
     assert_eq!(
-        scalar_i64(&mut relay, &format!("select count_big(*) from {table} with (readuncommitted);")).await,
+        scalar_i64(
+            &mut relay,
+            &format!("select count_big(*) from {table} with (readuncommitted);")
+        )
+        .await,
         filler + SCENARIO_ROWS
     );
 
@@ -194,7 +198,8 @@ async fn never_wait_in(db: &TestDb, table: &str, filler: i64) {
     )
     .await;
     assert_eq!(both, 2);
-    let nothing = decoded(prompt("claim with nothing due", store.claim(&mut relay, 10, HELD)).await);
+    let nothing =
+        decoded(prompt("claim with nothing due", store.claim(&mut relay, 10, HELD)).await);
     assert!(nothing.is_empty(), "A is not committed yet: {nothing:?}");
 
     assert_updates_seek_the_clustered_index(&mut relay, table).await;
@@ -204,7 +209,11 @@ async fn never_wait_in(db: &TestDb, table: &str, filler: i64) {
     let last = decoded(prompt("claim after the commit", store.claim(&mut relay, 10, HELD)).await);
     assert_eq!(ids(&last), [a1]);
     assert_eq!(
-        prompt("mark_done of A", store.mark_done(&mut relay, &[a1], token_of(&last))).await,
+        prompt(
+            "mark_done of A",
+            store.mark_done(&mut relay, &[a1], token_of(&last))
+        )
+        .await,
         1
     );
 }
@@ -308,7 +317,9 @@ fn problem_of<'a>(report: &'a [Reported], table: &str) -> &'a str {
         .find(|r| r.name == table)
         .unwrap_or_else(|| panic!("{table} is in the report: {report:?}"));
     assert!(!row.upgraded, "{table} was skipped: {row:?}");
-    row.problem.as_deref().unwrap_or_else(|| panic!("{table} has a problem: {row:?}"))
+    row.problem
+        .as_deref()
+        .unwrap_or_else(|| panic!("{table} has a problem: {row:?}"))
 }
 
 /// The server error of `exec changefeed.upgrade_outbox` for `table`: its number and message.
@@ -359,7 +370,9 @@ async fn indexes_in(db: &TestDb) {
     assert_eq!(before, 4);
     let report = upgrade_all(&mut admin).await;
     assert!(
-        report.iter().any(|r| r.name == "dbo.idx_fine" && r.upgraded && r.problem.is_none()),
+        report
+            .iter()
+            .any(|r| r.name == "dbo.idx_fine" && r.upgraded && r.problem.is_none()),
         "{report:?}"
     );
     let renamed = problem_of(&report, "dbo.idx_renamed");
@@ -382,7 +395,11 @@ async fn indexes_in(db: &TestDb) {
         "{reshaped}"
     );
     assert_eq!(
-        scalar_i64(&mut admin, "select count_big(*) from changefeed.outboxes where problem is not null;").await,
+        scalar_i64(
+            &mut admin,
+            "select count_big(*) from changefeed.outboxes where problem is not null;"
+        )
+        .await,
         3,
         "the registry keeps the three problems"
     );
@@ -398,7 +415,10 @@ async fn indexes_in(db: &TestDb) {
         assert_eq!(number, 51016, "{message}");
         assert!(message.contains(problem), "{message}");
     }
-    assert_eq!(scalar_i64(&mut admin, "select convert(bigint, @@trancount);").await, 0);
+    assert_eq!(
+        scalar_i64(&mut admin, "select convert(bigint, @@trancount);").await,
+        0
+    );
     // A table made with a heap is refused by setup_outbox the same way; nothing registered.
     let (number, _) = common::exec_failure(
         &mut admin,
@@ -417,7 +437,11 @@ async fn indexes_in(db: &TestDb) {
     .await;
     assert_eq!(number, 51016);
     assert_eq!(
-        scalar_i64(&mut admin, "select count_big(*) from changefeed.outboxes where table_name = N'idx_new';").await,
+        scalar_i64(
+            &mut admin,
+            "select count_big(*) from changefeed.outboxes where table_name = N'idx_new';"
+        )
+        .await,
         0
     );
 
@@ -438,7 +462,11 @@ async fn indexes_in(db: &TestDb) {
         "{report:?}"
     );
     assert_eq!(
-        scalar_i64(&mut admin, "select count_big(*) from changefeed.outboxes where problem is not null;").await,
+        scalar_i64(
+            &mut admin,
+            "select count_big(*) from changefeed.outboxes where problem is not null;"
+        )
+        .await,
         0
     );
     for table in ["renamed", "heap", "reshaped"] {

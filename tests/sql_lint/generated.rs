@@ -1024,7 +1024,11 @@ fn a_generated_read_without_its_guard_is_caught_under_the_real_table_name() {
         text: copy_template(text, "__template_outbox__", sample, Target::Outbox).unwrap(),
     };
     let guarded = render(template);
-    assert!(guarded.text.contains("from [ventes].[Événement commande] as t"));
+    assert!(
+        guarded
+            .text
+            .contains("from [ventes].[Événement commande] as t")
+    );
     assert_eq!(
         never_wait_problems(&guarded, "mark_done", sample, Target::Outbox),
         Vec::<String>::new()
@@ -1037,7 +1041,10 @@ fn a_generated_read_without_its_guard_is_caught_under_the_real_table_name() {
     assert_eq!(
         guarded_tables("read_feed", sample, Target::Feed("outbox")),
         [
-            ("changefeed".to_owned(), "outbox:ventes.Événement commande".to_owned()),
+            (
+                "changefeed".to_owned(),
+                "outbox:ventes.Événement commande".to_owned()
+            ),
             ("ventes".to_owned(), "Événement commande".to_owned())
         ]
     );

@@ -1299,19 +1299,18 @@ struct Current<'a> {
 /// file defines again: what runs. A file without a module is always current.
 fn current_files(files: &[(String, String)]) -> Vec<Current<'_>> {
     let sql: Vec<&(String, String)> = files.iter().filter(|(n, _)| n.ends_with(".sql")).collect();
-    let modules: Vec<Option<Module>> = sql
-        .iter()
-        .map(|(_, text)| module_of(text))
-        .collect();
+    let modules: Vec<Option<Module>> = sql.iter().map(|(_, text)| module_of(text)).collect();
     let keys: Vec<Option<String>> = modules
         .iter()
         .map(|m| m.as_ref().map(|m| m.name_parts.join(".").to_lowercase()))
         .collect();
     let mut out = Vec::new();
     for (index, ((name, text), module)) in sql.iter().zip(modules).enumerate() {
-        let replaced = keys[index]
-            .as_ref()
-            .is_some_and(|own| keys[index + 1..].iter().any(|later| later.as_ref() == Some(own)));
+        let replaced = keys[index].as_ref().is_some_and(|own| {
+            keys[index + 1..]
+                .iter()
+                .any(|later| later.as_ref() == Some(own))
+        });
         if !replaced {
             out.push(Current { name, text, module });
         }
@@ -1928,7 +1927,10 @@ fn an_unguarded_read_in_a_procedure_that_must_never_wait_fires_unless_replaced()
         .find(|v| v.rule == Rule::NeverWaitGuard)
         .expect("R23")
         .to_string();
-    assert!(message.contains("FORCESEEK") && message.contains("READPAST"), "{message}");
+    assert!(
+        message.contains("FORCESEEK") && message.contains("READPAST"),
+        "{message}"
+    );
 }
 
 #[test]

@@ -245,8 +245,7 @@ fn single_row_by_key(
     let from_at = outside
         .iter()
         .copied()
-        .filter(|&k| k < i - start && statement[k].is("from"))
-        .last();
+        .rfind(|&k| k < i - start && statement[k].is("from"));
     let alone = from_at.is_some_and(|from_at| {
         !outside.iter().any(|&k| {
             k > from_at
