@@ -210,7 +210,7 @@ begin
             -- is exactly (id): an equality on the whole key of the index read is a
             -- single-row seek. upgrade_outbox checks that key before generating this code,
             -- and upgrade_all_feeds skips and reports an outbox without it. No FORCESEEK:
-            -- SQL Server refused it on the target of read_feed's delete (Msg 10724, "not
+            -- SQL Server refused it on the target of read_feed's delete (Msg 10725, "not
             -- allowed for target tables of INSERT, UPDATE, or DELETE statements"), and its
             -- documentation does not settle whether the form without index columns is
             -- refused there too.

@@ -44,7 +44,7 @@ begin
     -- the index read is a single-row seek. upgrade_outbox checks that key before
     -- generating this code, and upgrade_all_feeds skips and reports an outbox without it.
     -- No FORCESEEK: SQL Server refused it on the target of read_feed's delete of moved rows
-    -- (Msg 10724, "not allowed for target tables of INSERT, UPDATE, or DELETE statements"),
+    -- (Msg 10725, "not allowed for target tables of INSERT, UPDATE, or DELETE statements"),
     -- and its documentation does not settle whether the form without index columns is
     -- refused there too.
     update t

@@ -48,7 +48,7 @@ begin
     -- same row, and then waiting is right: its outcome decides whether this fenced update
     -- applies.
     -- No FORCESEEK: SQL Server refused it on the target of read_feed's delete of moved rows
-    -- (Msg 10724, "not allowed for target tables of INSERT, UPDATE, or DELETE statements"),
+    -- (Msg 10725, "not allowed for target tables of INSERT, UPDATE, or DELETE statements"),
     -- and its documentation does not settle whether the form without index columns is
     -- refused there too.
     update t

@@ -40,9 +40,9 @@ select
                 N' would fail, on another key it would scan the outbox and wait for open',
                 N' transactions. Make (id) its unique clustered index again (primary key',
                 N' clustered (id), as setup_outbox creates it), then run exec',
-                N' changefeed.upgrade_outbox @table_name = N''',
+                N' changefeed.setup_outbox @table_name = N''',
                 replace(concat(@schema_name, N'.', @table_name), N'''', N''''''),
-                N''';'
+                N'''', case when @native_json = 1 then N', @native_json = 1' end, N';'
             )
         when h.found = 0
             then concat(
@@ -114,7 +114,9 @@ cross apply (
                 where
                     i.object_id = @object_id
                     and i.name = N'head_of_aggregate'
-                    and i.is_hypothetical = 0
+                -- A hypothetical index of the name counts as found (and then as not
+                -- usable, whose advice is to drop it): setup_outbox looks for the name
+                -- alone and would not create the index again.
             ) then 1 else 0
         end) as found,
         convert(bit, case

@@ -385,7 +385,7 @@ async fn indexes_in(db: &TestDb) {
     let heap = problem_of(&report, "dbo.idx_heap");
     assert!(
         heap.contains("no unique clustered index on (id)")
-            && heap.contains("exec changefeed.upgrade_outbox @table_name = N'dbo.idx_heap';"),
+            && heap.contains("exec changefeed.setup_outbox @table_name = N'dbo.idx_heap';"),
         "{heap}"
     );
     let reshaped = problem_of(&report, "dbo.idx_reshaped");
@@ -453,7 +453,7 @@ async fn indexes_in(db: &TestDb) {
              with (allow_page_locks = off); \
          drop index head_of_aggregate on dbo.idx_reshaped; \
          exec changefeed.setup_outbox @table_name = N'dbo.idx_reshaped'; \
-         exec changefeed.upgrade_outbox @table_name = N'dbo.idx_heap';",
+         exec changefeed.setup_outbox @table_name = N'dbo.idx_heap';",
     )
     .await;
     let report = upgrade_all(&mut admin).await;

@@ -30,7 +30,7 @@
 //!   target of an UPDATE or DELETE, where SQL Server ignores them);
 //! * `FORCESEEK` on the reference: the access is a seek, so it reads only the rows its seek
 //!   predicate names;
-//! * for the target of a DELETE or UPDATE, where SQL Server refused FORCESEEK (Msg 10724),
+//! * for the target of a DELETE or UPDATE, where SQL Server refused FORCESEEK (Msg 10725),
 //!   the plan's shape instead, either
 //!   - driven: the statement's first table source is a row source of its own (a table
 //!     variable, `openjson(…)`, a `(values …)` row) and it ends with `OPTION (FORCE ORDER,
