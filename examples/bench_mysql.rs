@@ -32,20 +32,22 @@ use std::time::Duration;
 
 use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, WakerState};
 use mysql_bench::BenchDb;
-use relay_bench::{AGGREGATES, BATCH, fail};
+use relay_bench::{AGGREGATES, BATCH, Stage, fail};
 use stats::Summary;
 
 /// The polling relay's interval in the latency comparison.
 const POLL: Duration = Duration::from_millis(100);
 
-/// Messages per second through `relays` relays with a no-op publisher.
-async fn relay_throughput(db: &BenchDb, messages: usize, relays: usize) -> f64 {
+/// Messages per second through `relays` relays with a no-op publisher; `None` when the
+/// stage failed or stalled.
+async fn relay_throughput(db: &BenchDb, messages: usize, relays: usize) -> Option<f64> {
     db.reset().await;
     db.fill(messages).await;
-    relay_bench::relay_throughput(messages, relays, || {
+    let stage = format!("{relays} relay(s), no-op publisher");
+    let run = relay_bench::relay_throughput(messages, relays, || {
         MysqlOutboxStore::new(db.table.clone(), db.opts.clone())
-    })
-    .await
+    });
+    relay_bench::bounded((Stage::Relay, &stage), async { Ok(run.await) }, async || {}).await
 }
 
 /// Commit-to-publish latencies (ms) of single-message commits, woken by the binlog or by
@@ -85,8 +87,18 @@ async fn main() {
         store_bench::print_relay_and_bare(relays, relay, bare);
     }
     for (name, binlog) in [("binlog wake", true), ("polling every 100 ms", false)] {
-        let cell = relay_bench::latency_cell(latency(&db, binlog).await, "nothing published");
-        println!("| commit to publish, {name} | {cell} |");
+        let stage = format!("commit to publish, {name}");
+        let summary = relay_bench::bounded(
+            (Stage::Relay, &stage),
+            async { Ok(latency(&db, binlog).await) },
+            async || {},
+        );
+        let cell = summary.await.map_or_else(
+            || "error".to_owned(),
+            |summary| relay_bench::latency_cell(summary, "nothing published"),
+        );
+        println!("| {stage} | {cell} |");
     }
     db.drop_database().await;
+    relay_bench::finish();
 }

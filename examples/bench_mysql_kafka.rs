@@ -47,7 +47,7 @@ use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, WakerS
 use changefeed::outbox::{ClaimedMessage, NewMessage};
 use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
 use mysql_bench::BenchDb;
-use relay_bench::{AGGREGATES, BATCH, fail};
+use relay_bench::{AGGREGATES, BATCH, Stage, fail};
 use stats::Summary;
 use tokio::sync::watch;
 
@@ -166,7 +166,12 @@ impl Fleet {
 
 /// Messages per second from a full outbox of `messages` through `relays` relays into the
 /// cluster.
-async fn relay_throughput(db: &BenchDb, bootstrap: &str, messages: usize, relays: usize) -> f64 {
+async fn relay_throughput(
+    db: &BenchDb,
+    bootstrap: &str,
+    messages: usize,
+    relays: usize,
+) -> Result<f64, String> {
     db.reset().await;
     db.fill(messages).await;
     // The relays start claiming at once: the clock includes their first claims.
@@ -176,12 +181,9 @@ async fn relay_throughput(db: &BenchDb, bootstrap: &str, messages: usize, relays
     let elapsed = started.elapsed();
     let delivered = fleet.stop().await;
     if delivered.len() != messages {
-        fail(
-            "relay throughput",
-            format!("{} of {messages} delivered", delivered.len()),
-        );
+        return Err(format!("{} of {messages} delivered", delivered.len()));
     }
-    messages as f64 / elapsed.as_secs_f64()
+    Ok(messages as f64 / elapsed.as_secs_f64())
 }
 
 /// Commit-to-delivery latencies of `samples` single-message commits.
@@ -270,31 +272,50 @@ async fn main() {
     let mut bare = Vec::new();
     let mut latencies = Vec::new();
     for relays in [1, 4] {
-        relay.push(relay_throughput(&db, &bootstrap, messages, relays).await);
+        let stage = format!("{relays} relay(s) -> cluster");
+        let run = relay_throughput(&db, &bootstrap, messages, relays);
+        relay.push(relay_bench::bounded((Stage::Relay, &stage), run, async || {}).await);
         bare.push(db.bare_throughput(messages, relays).await);
-        latencies.push(relay_bench::latency_cell(
-            latency(&db, &bootstrap, relays, samples).await,
-            "nothing delivered",
-        ));
+        let stage = format!("commit to delivery, {relays} relay(s)");
+        let run = async { Ok(latency(&db, &bootstrap, relays, samples).await) };
+        latencies.push(
+            relay_bench::bounded((Stage::Relay, &stage), run, async || {})
+                .await
+                .map_or_else(
+                    || "error".to_owned(),
+                    |summary| relay_bench::latency_cell(summary, "nothing delivered"),
+                ),
+        );
     }
-    let producer = producer_throughput(&bootstrap, messages).await;
+    let run = async { Ok(producer_throughput(&bootstrap, messages).await) };
+    let producer = relay_bench::bounded((Stage::Baseline, "bare producer"), run, async || {}).await;
+    let cells = |figures: &[Option<f64>]| {
+        figures
+            .iter()
+            .map(|f| relay_bench::rate_cell(*f))
+            .collect::<Vec<_>>()
+    };
+    let (relay_cells, bare_cells) = (cells(&relay), cells(&bare));
     println!(
-        "| outbox -> relay -> cluster | {:.0} msg/s | {:.0} msg/s |",
-        relay[0], relay[1]
+        "| outbox -> relay -> cluster | {} | {} |",
+        relay_cells[0], relay_cells[1]
     );
     println!(
-        "| bare claim-and-ack loop in SQL | {:.0} msg/s | {:.0} msg/s |",
-        bare[0], bare[1]
+        "| bare claim-and-ack loop in SQL | {} | {} |",
+        bare_cells[0], bare_cells[1]
     );
-    println!("| bare producer (one) | {producer:.0} msg/s | |");
+    println!(
+        "| bare producer (one) | {} | |",
+        relay_bench::rate_cell(producer)
+    );
     for (name, ceiling) in [
         ("bare loop", bare.as_slice()),
         ("bare producer", &[producer, producer][..]),
     ] {
         println!(
-            "| relay / {name} | {:.2} | {:.2} |",
-            stats::ratio(relay[0], ceiling[0]).unwrap_or(0.0),
-            stats::ratio(relay[1], ceiling[1]).unwrap_or(0.0)
+            "| relay / {name} | {} | {} |",
+            relay_bench::ratio_cell(relay[0], ceiling[0]),
+            relay_bench::ratio_cell(relay[1], ceiling[1])
         );
     }
     println!(
@@ -302,4 +323,5 @@ async fn main() {
         latencies[0], latencies[1]
     );
     db.drop_database().await;
+    relay_bench::finish();
 }

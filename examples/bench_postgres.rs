@@ -33,7 +33,7 @@ use changefeed::postgres::{
     enqueue, migrate, setup_outbox,
 };
 use changefeed::relay::RelayConfig;
-use relay_bench::{AGGREGATES, BATCH, fail};
+use relay_bench::{AGGREGATES, BATCH, Stage, fail};
 use stats::Summary;
 use tokio_postgres::{Client, Config};
 
@@ -87,18 +87,20 @@ async fn refill(config: &Config, table: &OutboxTable, messages: usize) {
     execute(config, &format!("analyze {table}"), "analyze").await;
 }
 
-/// Messages per second through `relays` relays with a no-op publisher.
+/// Messages per second through `relays` relays with a no-op publisher; `None` when the
+/// stage failed or stalled.
 async fn relay_throughput(
     config: &Config,
     table: &OutboxTable,
     messages: usize,
     relays: usize,
-) -> f64 {
+) -> Option<f64> {
     refill(config, table, messages).await;
-    relay_bench::relay_throughput(messages, relays, || {
+    let stage = format!("{relays} relay(s), no-op publisher");
+    let run = relay_bench::relay_throughput(messages, relays, || {
         PostgresOutboxStore::new(table.clone(), config.clone())
-    })
-    .await
+    });
+    relay_bench::bounded((Stage::Relay, &stage), async { Ok(run.await) }, async || {}).await
 }
 
 /// Messages per second through one loop of the store's own calls (`claim_batch`, then
@@ -175,34 +177,46 @@ begin
     end loop;
 end $$";
 
-/// Messages per second through `loops` concurrent bare loops.
+/// Messages per second through `loops` concurrent bare loops; `None` when a loop failed or
+/// the stage stalled, and then no loop is left running on the server.
 async fn bare_throughput(
     config: &Config,
     table: &OutboxTable,
     messages: usize,
     loops: usize,
-) -> f64 {
+) -> Option<f64> {
     refill(config, table, messages).await;
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..loops {
-        let config = config.clone();
-        tasks.push(tokio::spawn(async move {
-            let client = client(&config).await;
-            client
-                .batch_execute("set statement_timeout = 0")
-                .await
-                .unwrap_or_else(|e| fail("bare loop", e));
-            client
-                .batch_execute("call bench_bare_loop()")
-                .await
-                .unwrap_or_else(|e| fail("bare loop", changefeed::Error::from(e)));
-        }));
-    }
-    for task in tasks {
-        let _ = task.await;
-    }
-    stats::throughput(messages as u64, started.elapsed()).unwrap_or(0.0)
+    let stage = format!("{loops} bare SQL loop(s)");
+    let run = async {
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..loops {
+            let config = config.clone();
+            tasks.spawn(async move {
+                client(&config)
+                    .await
+                    .batch_execute("set statement_timeout = 0; call bench_bare_loop()")
+                    .await
+                    .map_err(|e| format!("bare loop: {}", changefeed::Error::from(e)))
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.map_err(|e| e.to_string())??;
+        }
+        Ok(stats::throughput(messages as u64, started.elapsed()).unwrap_or(0.0))
+    };
+    // A stalled loop runs on in its server process until it is told to stop.
+    let stop = async || {
+        let _ = client(config)
+            .await
+            .batch_execute(
+                "select pg_terminate_backend(pid) from pg_stat_activity \
+                 where datname = current_database() and pid <> pg_backend_pid() \
+                 and query like 'set statement_timeout = 0; call bench_bare_loop()%'",
+            )
+            .await;
+    };
+    relay_bench::bounded((Stage::Baseline, &stage), run, stop).await
 }
 
 /// Commit-to-publish latencies of single-message commits, woken by NOTIFY (relay poll 60 s)
@@ -275,19 +289,35 @@ async fn main() {
         let bare = bare_throughput(&config, &table, messages, relays).await;
         store_bench::print_relay_and_bare(relays, relay, bare);
         if relays == 1 {
-            let store = store_throughput(&config, &table, messages).await;
-            let store_ratio = stats::ratio(store, bare).unwrap_or(0.0);
-            println!("| 1 loop of the store's calls, no relay | {store:.0} msg/s |");
-            println!("| ratio store loop / bare, 1 | {store_ratio:.2} |");
+            let run = async { Ok(store_throughput(&config, &table, messages).await) };
+            let store = relay_bench::bounded(
+                (Stage::Relay, "1 loop of the store's calls"),
+                run,
+                async || {},
+            )
+            .await;
+            let (rate, ratio) = (
+                relay_bench::rate_cell(store),
+                relay_bench::ratio_cell(store, bare),
+            );
+            println!("| 1 loop of the store's calls, no relay | {rate} |");
+            println!("| ratio store loop / bare, 1 | {ratio} |");
         }
     }
     let polling = format!("polling every {} ms (default)", POLL.as_millis());
     for (name, notify) in [("NOTIFY wake", true), (polling.as_str(), false)] {
-        let cell =
-            relay_bench::latency_cell(latency(&config, &table, notify).await, "nothing published");
-        println!("| commit to publish, {name} | {cell} |");
+        let stage = format!("commit to publish, {name}");
+        let run = async { Ok(latency(&config, &table, notify).await) };
+        let cell = relay_bench::bounded((Stage::Relay, &stage), run, async || {})
+            .await
+            .map_or_else(
+                || "error".to_owned(),
+                |summary| relay_bench::latency_cell(summary, "nothing published"),
+            );
+        println!("| {stage} | {cell} |");
     }
     let _ = admin
         .batch_execute(&format!("drop database {database} with (force)"))
         .await;
+    relay_bench::finish();
 }

@@ -9,6 +9,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::error::Result;
@@ -268,12 +270,60 @@ impl<'a> Failed<'a> {
     }
 }
 
+/// How far the claim under way has got, for a store whose claim waits for work
+/// ([`ClaimStore::claim_progress`]): still **waiting** (it has taken no row, so stopping it
+/// loses nothing), or **answering** (it has committed rows as claimed, so stopping it would
+/// leave them held by nobody until the claim timeout, and their next claim would count an
+/// attempt each).
+///
+/// One shared flag, cheap to clone: the store keeps one clone and raises it from inside its
+/// claim once the claim has passed the point where it waits; the relay keeps another,
+/// lowers it before each claim, and reads it when a batch in flight needs the store.
+///
+/// ```
+/// use changefeed::outbox::ClaimProgress;
+///
+/// let store_side = ClaimProgress::new();
+/// let relay_side = store_side.clone();
+/// relay_side.waiting();
+/// assert!(!relay_side.is_answering());
+/// store_side.answering();
+/// assert!(relay_side.is_answering());
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ClaimProgress(Arc<AtomicBool>);
+
+impl ClaimProgress {
+    /// A flag that says waiting.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A claim begins: it is waiting until it says it answers.
+    pub fn waiting(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+
+    /// The claim has passed the point where it waits: it has committed rows as claimed (or
+    /// is returning an empty answer), and must be let finish. Raised by the store, from
+    /// inside its claim, as soon as it knows.
+    pub fn answering(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the claim under way has said it is answering.
+    pub fn is_answering(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
 /// The operations a relay performs on the outbox; implemented over SQL Server by
 /// `SqlClaimStore`, over MariaDB/MySQL and PostgreSQL by their stores, and by fakes in tests.
 ///
 /// A store that wraps another (to time or count its calls, say) must forward
-/// [`claim_waits`](Self::claim_waits), [`cancel_claim`](Self::cancel_claim) and
-/// [`outbox_name`](Self::outbox_name) too, not leave them to their defaults. A wrapper of
+/// [`claim_waits`](Self::claim_waits), [`cancel_claim`](Self::cancel_claim),
+/// [`claim_progress`](Self::claim_progress) and [`outbox_name`](Self::outbox_name) too, not
+/// leave them to their defaults. A wrapper of
 /// `SqlClaimStore` that says its claims do not wait lets the relay start a claim beside
 /// every batch in flight; that claim then holds the store's connection, waiting on the
 /// server, while the batch's acknowledgement queues behind it, and with a claim timeout
@@ -314,9 +364,10 @@ pub trait ClaimStore: Send {
 
     /// Whether a [`claim`](Self::claim) may wait on the server for messages when none is
     /// due (SQL Server's `@wait_ms`), so that it can last long with nothing wrong. A relay
-    /// that stops while such a claim is under way abandons it at once and calls
+    /// that stops while such a claim waits abandons it at once and calls
     /// [`cancel_claim`](Self::cancel_claim), instead of granting it
-    /// [`SHUTDOWN_CLAIM_GRACE`](crate::relay::SHUTDOWN_CLAIM_GRACE) to answer. Default:
+    /// [`SHUTDOWN_CLAIM_GRACE`](crate::relay::SHUTDOWN_CLAIM_GRACE) to answer (a claim that
+    /// says it answers, [`claim_progress`](Self::claim_progress), gets the grace). Default:
     /// `false`.
     fn claim_waits(&self) -> bool {
         false
@@ -327,6 +378,18 @@ pub trait ClaimStore: Send {
     fn cancel_claim(&mut self) -> impl Future<Output = ()> + Send {
         async {}
     }
+
+    /// For a store whose claim waits ([`claim_waits`](Self::claim_waits)): the flag its
+    /// claims raise once they have passed the point where they wait ([`ClaimProgress`]).
+    /// The relay then stops a claim for a batch in flight that needs the store (or for
+    /// shutdown) only while the claim still waits; one that answers is let finish and the
+    /// acknowledgement goes next. Default `None`: the relay cannot tell, and stops a waiting
+    /// claim whenever a batch in flight needs the store, even one that has just claimed
+    /// rows (those are claimed again after the claim timeout, an attempt each).
+    fn claim_progress(&self) -> Option<ClaimProgress> {
+        None
+    }
+
     /// The outbox's name as metrics and logs label it (`dbo.outbox`, `outbox`): the
     /// `outbox` label of every relay metric ([`crate::metrics`]). The default, for stores
     /// that do not say, is empty, which Prometheus treats as no label.

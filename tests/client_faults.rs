@@ -12,7 +12,7 @@ use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
 use changefeed::pool::{CHECKOUT_RESET, ConnectionManager, Pool};
 use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig, SHUTDOWN_CLAIM_GRACE};
 use changefeed::{Cursor, Error, Feed, FeedReader};
-use fake_tds::{FakeServer, Reply, Request};
+use fake_tds::{FakeServer, Reply, Request, Value};
 use futures::StreamExt;
 use tokio::time::timeout;
 
@@ -378,6 +378,125 @@ async fn a_relay_stops_at_once_while_its_claim_waits_and_cancels_it_on_the_serve
     );
 }
 
+/// Claims of ids `first..first + count`, each answered after waiting `wait` with its first
+/// row and, `pause` later, the rest.
+fn claim_in_two_parts(first: i64, count: i64, wait: Duration, pause: Duration) -> Reply {
+    Reply::RowsInTwoParts {
+        columns: claim_columns(),
+        rows: (first..first + count)
+            .map(|id| claim_row(id, r#"{"ok":true}"#, None))
+            .collect(),
+        wait,
+        pause,
+    }
+}
+
+#[tokio::test]
+async fn a_claim_says_it_answers_when_the_first_packet_of_its_result_arrives() {
+    let server = FakeServer::start(|_, request| match request {
+        Request::Rpc(text) if text.contains("claim:dbo.outbox") => {
+            claim_in_two_parts(1, 3, Duration::from_millis(300), Duration::from_millis(300))
+        }
+        _ => Reply::Done,
+    })
+    .await;
+    let mut store = store_of(&server);
+    let progress = store
+        .claim_progress()
+        .expect("SqlClaimStore says how far its claim got");
+    let claim = tokio::spawn(async move { store.claim(10, Duration::from_secs(30)).await });
+
+    // Waiting (nothing sent back yet): a relay may stop it.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(!progress.is_answering(), "answering before any answer came");
+    // The first row arrived, the rest not yet: its rows are claimed, it must be let finish.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        progress.is_answering(),
+        "not answering once its answer began"
+    );
+    let claimed = timeout(PROMPTLY, claim).await.unwrap().unwrap().unwrap();
+    assert_eq!(
+        claimed.iter().map(|c| c.id()).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+}
+
+/// Publishes each batch in 200 ms.
+struct Slow;
+
+impl Publisher for Slow {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        vec![Ok(()); batch.len()]
+    }
+}
+
+/// A relay over SqlClaimStore: its second claim, beside the first batch, has its rows
+/// claimed and half sent when that batch needs the store to acknowledge. The claim is not
+/// cancelled (no attention, no new connection): the acknowledgement waits for its answer,
+/// and its rows are published and acknowledged too.
+#[tokio::test]
+async fn a_relay_does_not_cancel_a_claim_whose_answer_has_begun() {
+    let claims = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&claims);
+    let server = FakeServer::start(move |_, request| match request {
+        Request::Rpc(text) if text.contains("claim:dbo.outbox") => {
+            match counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                // A full batch: the next claim runs beside it.
+                0 => claim_in_two_parts(1, 2, Duration::ZERO, Duration::ZERO),
+                // Answering from the start; its batch's acknowledgement comes 200 ms in.
+                1 => claim_in_two_parts(3, 2, Duration::ZERO, Duration::from_millis(1000)),
+                _ => Reply::Done,
+            }
+        }
+        Request::Rpc(text) if text.contains("mark_done:dbo.outbox") => Reply::Rows {
+            columns: vec!["updated"],
+            rows: vec![vec![Value::Int(2)]],
+        },
+        _ => Reply::Done,
+    })
+    .await;
+    let config = RelayConfig::default().batch_size(2).max_in_flight(4);
+    let relay = Relay::new(store_of(&server), Slow, config).unwrap();
+    let acknowledged = |server: &FakeServer| {
+        server
+            .seen()
+            .iter()
+            .filter(|s| s.request.text().contains("mark_done:dbo.outbox"))
+            .count()
+    };
+    let both = async {
+        // Bounded: with the claim cancelled, the second batch is never acknowledged.
+        let _ = timeout(Duration::from_secs(5), async {
+            while acknowledged(&server) < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    };
+    timeout(SHUTDOWN_CLAIM_GRACE * 3, relay.run(both))
+        .await
+        .expect("the relay stopped")
+        .unwrap();
+
+    let seen = server.seen();
+    assert!(
+        !seen.iter().any(|s| s.request == Request::Attention),
+        "the claim was cancelled while it answered: {seen:?}"
+    );
+    assert_eq!(server.accepted(), 1, "a new connection: {seen:?}");
+    let acks: Vec<String> = seen
+        .iter()
+        .map(|s| s.request.text().to_owned())
+        .filter(|text| text.contains("mark_done:dbo.outbox"))
+        .collect();
+    assert!(
+        acks.len() == 2 && acks[0].contains("[1,2]") && acks[1].contains("[3,4]"),
+        "acknowledged: {acks:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_claim_without_a_wait_sends_no_wait_ms() {
     let server = FakeServer::accepting().await;
@@ -458,48 +577,52 @@ async fn a_feed_row_that_does_not_decode_is_named_by_its_ulid() {
     assert!(!error.is_transient());
 }
 
+/// The columns of the claim procedure's result.
+fn claim_columns() -> Vec<&'static str> {
+    vec![
+        "id",
+        "message_id",
+        "topic",
+        "aggregate_type",
+        "aggregate_id",
+        "partition_key",
+        "payload",
+        "headers",
+        "trace_id",
+        "attempts",
+        "claim_token",
+    ]
+}
+
+/// One row of the claim procedure's result: message `id` with `payload` and `headers`.
+fn claim_row(id: i64, payload: &str, headers: Option<&str>) -> Vec<Value> {
+    vec![
+        Value::BigInt(id),
+        Value::Text(Some(format!("m-{id}"))),
+        Value::Text(Some("orders".to_owned())),
+        Value::Text(None),
+        Value::Text(None),
+        Value::Text(None),
+        Value::Text(Some(payload.to_owned())),
+        Value::Text(headers.map(str::to_owned)),
+        Value::Text(None),
+        Value::Int(0),
+        Value::Guid([7; 16]),
+    ]
+}
+
 #[tokio::test]
 async fn a_claim_with_an_undecodable_row_returns_the_rest() {
     use changefeed::outbox::Claimed;
-    use fake_tds::Value;
     let server = FakeServer::start(|_, request| match request {
-        Request::Rpc(text) if text.contains("claim:dbo.outbox") => {
-            let row = |id: i64, payload: &str, headers: Option<&str>| {
-                vec![
-                    Value::BigInt(id),
-                    Value::Text(Some(format!("m-{id}"))),
-                    Value::Text(Some("orders".to_owned())),
-                    Value::Text(None),
-                    Value::Text(None),
-                    Value::Text(None),
-                    Value::Text(Some(payload.to_owned())),
-                    Value::Text(headers.map(str::to_owned)),
-                    Value::Text(None),
-                    Value::Int(0),
-                    Value::Guid([7; 16]),
-                ]
-            };
-            Reply::Rows {
-                columns: vec![
-                    "id",
-                    "message_id",
-                    "topic",
-                    "aggregate_type",
-                    "aggregate_id",
-                    "partition_key",
-                    "payload",
-                    "headers",
-                    "trace_id",
-                    "attempts",
-                    "claim_token",
-                ],
-                rows: vec![
-                    row(1, "[1e400]", None),
-                    row(2, r#"{"ok":true}"#, None),
-                    row(3, r#"{"ok":true}"#, Some("[1,2]")),
-                ],
-            }
-        }
+        Request::Rpc(text) if text.contains("claim:dbo.outbox") => Reply::Rows {
+            columns: claim_columns(),
+            rows: vec![
+                claim_row(1, "[1e400]", None),
+                claim_row(2, r#"{"ok":true}"#, None),
+                claim_row(3, r#"{"ok":true}"#, Some("[1,2]")),
+            ],
+        },
         _ => Reply::Done,
     })
     .await;

@@ -19,7 +19,9 @@ mod common;
 use std::time::Duration;
 
 use changefeed::Result;
-use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, Enqueued, Failed, NewMessage};
+use changefeed::outbox::{
+    ClaimProgress, ClaimStore, ClaimToken, Claimed, Enqueued, Failed, NewMessage,
+};
 use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
 use claim_contract::{ContractDb, OpenEnqueue};
 use common::claims::id_list;
@@ -76,6 +78,10 @@ impl ClaimStore for Store {
 
     async fn cancel_claim(&mut self) {
         self.0.cancel_claim().await;
+    }
+
+    fn claim_progress(&self) -> Option<ClaimProgress> {
+        self.0.claim_progress()
     }
 
     fn outbox_name(&self) -> String {

@@ -508,15 +508,39 @@ async fn one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs
             .max(Duration::from_millis(100))
             .max_attempts(max_attempts),
     );
-
-    run_until_drained(
-        &store,
-        publisher(producer(&cluster)),
-        config,
-        Duration::from_secs(30),
-    )
-    .await
-    .expect("one topic's refusal does not stop the relay");
+    // A refusal is the topic's own (an attempt counted) only when another topic accepted a
+    // message since its previous one: the orders keep coming until the refused one is dead.
+    let fed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let feeding = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let feeder = {
+        let (store, fed, feeding) = (store.clone(), fed.clone(), feeding.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            for seq in 200.. {
+                if store.row(refused).status == Status::Dead || started.elapsed() > DRAIN_LIMIT {
+                    break;
+                }
+                let id = store.enqueue(message(&format!("order-{}", seq % 40), seq));
+                fed.lock().unwrap().push(id);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            feeding.store(false, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    let relay = Relay::new(store.clone(), publisher(producer(&cluster)), config).unwrap();
+    let watched = store.clone();
+    relay
+        .run(async move {
+            let started = Instant::now();
+            while (feeding.load(std::sync::atomic::Ordering::SeqCst) || !watched.is_drained())
+                && started.elapsed() < DRAIN_LIMIT * 2
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("one topic's refusal does not stop the relay");
+    feeder.await.unwrap();
 
     let row = store.row(refused);
     assert_eq!(row.status, Status::Dead, "{row:?}");
@@ -527,9 +551,15 @@ async fn one_refused_topic_among_200_messages_goes_dead_alone_and_the_relay_runs
         error.contains("topic secret refuses"),
         "names the topic: {error}"
     );
-    assert_eq!(store.count(Status::Done), 200);
-    let delivered: Vec<i64> = ids.iter().copied().filter(|id| *id != refused).collect();
-    let records = read_back(&cluster, TOPIC, 200).await;
+    let fed = fed.lock().unwrap().clone();
+    assert_eq!(store.count(Status::Done), 200 + fed.len());
+    let delivered: Vec<i64> = ids
+        .iter()
+        .chain(&fed)
+        .copied()
+        .filter(|id| *id != refused)
+        .collect();
+    let records = read_back(&cluster, TOPIC, delivered.len()).await;
     assert_once_each(&records, message_ids(&store, delivered));
 }
 
@@ -601,10 +631,22 @@ async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_bat
     // Every produce request fails; one partition, so the batch is one request anyway.
     cluster.request_errors(
         RDKafkaApiKey::Produce,
-        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 8],
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 20_000],
     );
+    let publisher = KafkaPublisher::new(
+        KafkaPublisherConfig::new(producer(&cluster))
+            .authorization_patience(Duration::from_millis(500)),
+    )
+    .unwrap();
 
-    let text = fatal_publisher_text(drain(&store, producer(&cluster), 100, max_in_flight).await);
+    let run = run_until_drained(
+        &store,
+        publisher,
+        relay_config(100, max_in_flight),
+        DRAIN_LIMIT,
+    )
+    .await;
+    let text = fatal_publisher_text(run);
     assert!(text.contains("TopicAuthorizationFailed"), "{text}");
     assert!(text.contains("handed the message back"), "{text}");
 
@@ -622,6 +664,111 @@ async fn a_producer_wide_authorization_failure_stops_the_relay_and_hands_the_bat
     assert_eq!(reclaimed, ids.iter().map(|id| (*id, 0)).collect::<Vec<_>>());
     cluster.clear_request_errors(RDKafkaApiKey::Produce);
     assert_no_dead_letter(&cluster).await;
+}
+
+in_flight_variants!(losing_write_access_to_every_topic_stops_the_relay_and_kills_nothing);
+/// Two low-rate topics, each delivered to once; then the producer loses write access to
+/// every topic (every produce request refused with `TOPIC_AUTHORIZATION_FAILED`), and
+/// each topic gets an aggregate's next two messages, the second topic's only after the
+/// first's refusal began. The deliveries from before the refusal are no evidence that
+/// either refusal is its topic's own, so no message counts an attempt or goes dead: the
+/// relay stops naming the Write ACL, and once access returns every message goes out, each
+/// aggregate in order.
+async fn losing_write_access_to_every_topic_stops_the_relay_and_kills_nothing(max_in_flight: u32) {
+    const PAYMENTS: &str = "payments";
+    let cluster = orders_cluster(1, 1);
+    create_topic(&cluster, PAYMENTS, 1);
+    create_topic(&cluster, "payments.dlq", 1);
+    let on = |topic: &str, aggregate: &str, seq: usize| {
+        NewMessage::new(topic, json!({ "aggregate": aggregate, "seq": seq }))
+            .aggregate("account", aggregate)
+    };
+    let store = MemoryStore::new();
+    let patience = Duration::from_secs(2);
+    let publisher = KafkaPublisher::new(
+        KafkaPublisherConfig::new(producer(&cluster)).authorization_patience(patience),
+    )
+    .unwrap();
+    // Attempts that would run out in well under a second, were they spent.
+    let config = relay_config(100, max_in_flight).retry(
+        RetryPolicy::default()
+            .initial(Duration::from_millis(20))
+            .max(Duration::from_millis(100))
+            .max_attempts(3),
+    );
+    let relay = Relay::new(store.clone(), publisher, config).unwrap();
+    // Stopped by its fatal error, or (the old code, which ran on) after DRAIN_LIMIT.
+    let run = tokio::spawn(relay.run(tokio::time::sleep(DRAIN_LIMIT)));
+    let settled = |id: i64, wanted: fn(Status) -> bool| {
+        let store = store.clone();
+        async move {
+            let started = Instant::now();
+            while !wanted(store.row(id).status) {
+                assert!(
+                    started.elapsed() < DRAIN_LIMIT,
+                    "row {id}: {:?}",
+                    store.row(id)
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+
+    let first = store.enqueue(on(TOPIC, "order-1", 0));
+    settled(first, |s| s == Status::Done).await;
+    let first = store.enqueue(on(PAYMENTS, "payment-1", 0));
+    settled(first, |s| s == Status::Done).await;
+
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 20_000],
+    );
+    let refused_at = Instant::now();
+    let order = store.enqueue(on(TOPIC, "order-1", 1));
+    store.enqueue(on(TOPIC, "order-1", 2));
+    settled(order, |s| s != Status::Pending && s != Status::Processing).await;
+    // Low rate: the other topic's next message comes a while after the first refusal.
+    tokio::time::sleep(patience / 2).await;
+    store.enqueue(on(PAYMENTS, "payment-1", 1));
+    store.enqueue(on(PAYMENTS, "payment-1", 2));
+
+    let result = tokio::time::timeout(DRAIN_LIMIT * 2, run)
+        .await
+        .expect("the relay stops")
+        .unwrap();
+    let took = refused_at.elapsed();
+    let rows = store.rows();
+    assert!(
+        rows.iter()
+            .all(|row| row.status != Status::Dead && row.attempts == 0),
+        "no attempt counted, nothing dead: {rows:?}"
+    );
+    let text = fatal_publisher_text(result);
+    for needed in ["TopicAuthorizationFailed", "Write", "ACL"] {
+        assert!(text.contains(needed), "{needed} in: {text}");
+    }
+    assert!(
+        text.contains("topic orders has refused"),
+        "names the topic: {text}"
+    );
+    assert!(took >= patience, "stopped after {took:?}");
+    // Both topics were tried and refused; their next messages wait behind them.
+    let statuses: Vec<Status> = rows.iter().map(|row| row.status).collect();
+    use Status::{Done, Failed, Pending};
+    assert_eq!(statuses, [Done, Done, Failed, Pending, Failed, Pending]);
+
+    // Access returns: a relay started again delivers the rest, each aggregate in order.
+    cluster.clear_request_errors(RDKafkaApiKey::Produce);
+    drain(&store, producer(&cluster), 100, max_in_flight)
+        .await
+        .unwrap();
+    assert_eq!(store.count(Status::Done), 6, "{:?}", store.rows());
+    let orders = read_back(&cluster, TOPIC, 3).await;
+    assert_eq!(seqs_of(&orders, "order-1"), vec![0, 1, 2]);
+    let payments = read_back(&cluster, PAYMENTS, 3).await;
+    assert_eq!(seqs_of(&payments, "payment-1"), vec![0, 1, 2]);
+    assert_no_dead_letter(&cluster).await;
+    assert!(read_back(&cluster, "payments.dlq", 0).await.is_empty());
 }
 
 in_flight_variants!(a_refused_timestamp_kills_no_message_and_counts_no_attempt);

@@ -31,7 +31,7 @@ use changefeed::outbox::{
 use changefeed::outbox_store::OutboxStore;
 use changefeed::row::Column;
 use claim_contract::assert_round_trip;
-use common::claims::{decoded, id_list};
+use common::claims::{decoded, enqueue_open, id_list};
 use common::sessions::{await_lock_wait, count_range_locks, session_id};
 use common::{TestDb, enqueue_committed, exec, rows, scalar_i64};
 use serde_json::json;
@@ -126,16 +126,6 @@ async fn enqueue_ids<const N: usize>(
 ) -> [i64; N] {
     let enqueued = enqueue_committed(store, client, &messages).await;
     std::array::from_fn(|i| enqueued[i].id)
-}
-
-/// Begins a transaction on `client` and enqueues `message` in it, leaving it open; its id.
-async fn enqueue_open(store: &OutboxStore, client: &mut Client, message: &NewMessage) -> i64 {
-    begin(client).await;
-    store
-        .enqueue(client, message)
-        .await
-        .expect("enqueue in the open transaction")
-        .id
 }
 
 /// An operator's redrive: `id` requeued without a token, due now; the rows it changed.

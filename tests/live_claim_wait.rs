@@ -3,7 +3,8 @@
 //! pauses between its own transactions only (no transaction, no lock, while it pauses, so it
 //! never delays an enqueue), refuses a wait inside the caller's transaction, and a relay over
 //! `SqlClaimStore` with its default settings publishes a commit within 50 ms (p99) and stops
-//! at once while its claim waits, cancelling it on the server.
+//! at once while its claim waits, cancelling it on the server; the store says its claim
+//! answers only once its rows come (issue 30 item 4).
 //!
 //! They need a SQL Server (`CHANGEFEED_TEST_MSSQL`) and are `#[ignore]`d: run them with
 //! `cargo test --test live_claim_wait -- --ignored`. Every scenario runs with
@@ -19,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use changefeed::Client;
-use changefeed::outbox::{ClaimedMessage, NewMessage};
+use changefeed::outbox::{ClaimStore, ClaimedMessage, NewMessage};
 use changefeed::outbox_store::{CLAIM_PAUSE_MAX, OutboxStore, SqlClaimStore};
 use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
 use common::claims::decoded;
@@ -368,6 +369,49 @@ async fn stops_in(db: &TestDb) {
         .await,
         0,
         "a message committed after the relay stopped was claimed: the claim outlived it"
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+
+common::live_test!(a_claim_says_it_answers_only_once_its_rows_come: "claim_wait_progress" => progress_in);
+
+/// `SqlClaimStore` tells a relay that its claim answers (`claim_progress`) only when the
+/// result arrives, after the try that claimed has committed: never while the claim waits
+/// on the server, whatever the server sends meanwhile, so a relay still stops a waiting
+/// claim for an acknowledgement and never one whose rows are claimed.
+async fn progress_in(db: &TestDb) {
+    const TABLE: &str = "dbo.wait_progress";
+    let (store, mut writer) = set_up(db, TABLE).await;
+    let mut claims = SqlClaimStore::new(store.clone(), db.ado())
+        .claim_wait(Duration::from_secs(20))
+        .expect("a valid wait");
+    let progress = claims
+        .claim_progress()
+        .expect("SqlClaimStore says how far its claim got");
+    let claim = spawn_bounded(
+        "the relay store's waiting claim".to_owned(),
+        Duration::from_secs(60),
+        async move {
+            let batch = claims
+                .claim(10, HELD)
+                .await
+                .map_err(|error| error.to_string())?;
+            Ok(decoded(batch))
+        },
+    );
+    // Connected, logged in and waiting (its pauses and empty tries) for a second and more.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !progress.is_answering(),
+        "the claim said it answers while it waited"
+    );
+    let id = enqueue_committed(&store, &mut writer, &NewMessage::new("t", json!({"n": 1}))).await;
+    let claimed = join(claim).await;
+    assert_eq!(claimed.iter().map(|m| m.id).collect::<Vec<_>>(), [id]);
+    assert!(
+        progress.is_answering(),
+        "the claim answered without saying so"
     );
 }
 

@@ -7,10 +7,11 @@
 //! before the upgrade can still be acknowledged and `claim` goes on in order, and
 //! `feed_status` and `consumer_lag` show the feeds.
 //!
-//! It also carries two broken objects over the upgrade (issue 19, item 5): a feed whose
-//! key column was renamed and a claim outbox one of whose columns was renamed. The
-//! migration that regenerates every feed must skip and report them, regenerate the others,
-//! and commit. The regenerated objects are checked by what they must now contain (the serial
+//! It also carries three broken objects over the upgrade (issue 19, item 5; issue 29, item
+//! 2): a feed whose key column was renamed, a claim outbox one of whose columns was renamed,
+//! and a claim outbox whose clustered primary key was dropped by hand (the claim and the
+//! acknowledgements now seek it by a hint). The migration that regenerates every feed must
+//! skip and report them, regenerate the others, and commit. The regenerated objects are checked by what they must now contain (the serial
 //! feed insert, the `#read` check), never by a version number.
 //!
 //! It needs a SQL Server (`CHANGEFEED_TEST_MSSQL`, or Docker for testcontainers) and is
@@ -54,7 +55,14 @@ const BASELINE: i32 = 49;
 
 /// The versions the upgrade starts from, ascending. Add `m - 1` for each later migration
 /// `V<m>` that changes a template (see the module's documentation).
-const FROM_VERSIONS: &[i32] = &[BASELINE, 51, 52, 53, 55, 56, 58, 59, 61, 62, 70, 76, 78];
+const FROM_VERSIONS: &[i32] = &[
+    BASELINE, 51, 52, 53, 55, 56, 58, 59, 61, 62, 70, 76, 78, 82, 83, 84, 85, 87, 88,
+];
+
+/// The first migration whose generated code names the clustered index in a hint (the
+/// claim's update, V83): an outbox without one set up before it keeps working code when the
+/// upgrade skips it.
+const FIRST_SEEK_HINT: i32 = 83;
 
 /// The consumer whose cursors the test saves before the upgrade.
 const CONSUMER: &str = "upgrade-test";
@@ -601,6 +609,11 @@ async fn check_claim_outbox_objects_regenerated(admin: &mut Client, messages: &O
         ("claim", "exec changefeed.pause_wait"),
         // Every outbox gains its backlog procedure (issue 22).
         ("backlog", "datediff_big(millisecond, @oldest_at"),
+        // The claim's update and the acknowledgements seek their rows only (issue 29, 2).
+        ("claim", "with (rowlock, index(1))"),
+        ("mark_done", "option (force order, loop join)"),
+        ("mark_failed", "with (index(1))"),
+        ("requeue", "with (index(1))"),
     ] {
         let name = format!("[changefeed].[{kind}:{table}]");
         let found = scalar_i64(
@@ -772,6 +785,9 @@ fn assert_ulids_increase(rows: &[(Ulid, i64)], what: &str) {
 
 /// A feed whose key column `id` is then renamed `order_id`, and a claim outbox whose
 /// `payload` column is then renamed `body`: regenerating either fails to compile (Msg 207).
+/// And a claim outbox whose clustered primary key is then dropped (a heap): the code of
+/// V83 on reads it by hint (`INDEX(1)`), which a heap cannot satisfy; it holds one pending
+/// message.
 async fn set_up_broken_objects(admin: &mut Client) {
     exec_ok(
         admin,
@@ -779,7 +795,10 @@ async fn set_up_broken_objects(admin: &mut Client) {
          exec changefeed.setup_feed @table_name = N'dbo.up_broken', @outbox = 1; \
          exec changefeed.setup_outbox @table_name = N'dbo.up_broken_messages'; \
          exec sp_rename N'dbo.up_broken.id', N'order_id', N'COLUMN'; \
-         exec sp_rename N'dbo.up_broken_messages.payload', N'body', N'COLUMN';",
+         exec sp_rename N'dbo.up_broken_messages.payload', N'body', N'COLUMN'; \
+         exec changefeed.setup_outbox @table_name = N'dbo.up_heap_messages'; \
+         alter table dbo.up_heap_messages drop constraint [up_heap_messages:pk]; \
+         insert into dbo.up_heap_messages (topic, payload) values (N'heap', N'{\"n\": 1}');",
     )
     .await;
 }
@@ -827,9 +846,10 @@ async fn check_broken_objects_were_skipped(admin: &mut Client, from: i32) {
             skipped,
             [
                 ("feed".to_owned(), "dbo.up_broken".to_owned()),
-                ("outbox".to_owned(), "dbo.up_broken_messages".to_owned())
+                ("outbox".to_owned(), "dbo.up_broken_messages".to_owned()),
+                ("outbox".to_owned(), "dbo.up_heap_messages".to_owned())
             ],
-            "upgrade_all_feeds skips exactly the broken feed and outbox"
+            "upgrade_all_feeds skips exactly the broken feed and outboxes"
         );
     }
     let feed_problem = problem_of(admin, "feeds", "up_broken").await;
@@ -844,6 +864,13 @@ async fn check_broken_objects_were_skipped(admin: &mut Client, from: i32) {
             && outbox_problem.contains("upgrade_outbox @table_name = N'dbo.up_broken_messages'"),
         "the broken outbox's problem names the missing column and the fix: {outbox_problem}"
     );
+    let heap_problem = problem_of(admin, "outboxes", "up_heap_messages").await;
+    assert!(
+        heap_problem.contains("no unique clustered index on (id)")
+            && heap_problem.contains("upgrade_outbox @table_name = N'dbo.up_heap_messages'"),
+        "the heap outbox's problem names the index and the fix: {heap_problem}"
+    );
+    check_skipped_heap_outbox_still_works(admin, from).await;
     let with_problems = scalar_i64(
         admin,
         "select count_big(*) from changefeed.feeds where problem is not null; ",
@@ -855,8 +882,8 @@ async fn check_broken_objects_were_skipped(admin: &mut Client, from: i32) {
         )
         .await;
     assert_eq!(
-        with_problems, 2,
-        "only the two broken objects have a problem"
+        with_problems, 3,
+        "only the three broken objects have a problem"
     );
     // Asked for directly, upgrade_feed refuses the broken feed before regenerating anything.
     let refused = common::exec(
@@ -942,6 +969,41 @@ fn from_versions_cover_every_template_change() {
             );
         }
     }
+}
+
+/// The outbox the upgrade skipped for its dropped primary key kept its old code, which names
+/// no index, so it works as before: its pending message is claimed and acknowledged. (Set up
+/// at V83 or later, its code already seeks by the hint, and only the repair brings it back.)
+/// upgrade_outbox refuses it (51016) until the key is back.
+async fn check_skipped_heap_outbox_still_works(admin: &mut Client, from: i32) {
+    let heap: OutboxStore = "dbo.up_heap_messages".parse().expect("a valid outbox name");
+    let refused = common::exec(
+        admin,
+        "exec changefeed.upgrade_outbox @table_name = N'dbo.up_heap_messages';",
+    )
+    .await
+    .expect_err("upgrade_outbox of an outbox without its clustered primary key");
+    assert_eq!(refused.server_number(), Some(51016), "got {refused}");
+    if from >= FIRST_SEEK_HINT {
+        return;
+    }
+    let claimed: Vec<ClaimedMessage> = heap
+        .claim(admin, 10, Duration::from_secs(60))
+        .await
+        .expect("claim with the skipped outbox's old code")
+        .into_iter()
+        .map(|row| match row {
+            Claimed::Message(message) => message,
+            Claimed::Undecodable(row) => panic!("the heap outbox's message: {row:?}"),
+        })
+        .collect();
+    assert_eq!(claimed.len(), 1, "its one pending message: {claimed:?}");
+    assert_eq!(
+        heap.mark_done(admin, &[claimed[0].id], claimed[0].claim_token)
+            .await
+            .expect("mark_done with the skipped outbox's old code"),
+        1
+    );
 }
 
 /// The `problem` a registry (`changefeed.feeds` or `changefeed.outboxes`) holds for the

@@ -17,8 +17,10 @@ use std::time::Duration;
 use changefeed::Error;
 use changefeed::Result;
 use changefeed::outbox::{
-    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Failed, Headers, UndecodableMessage,
+    ClaimProgress, ClaimStore, ClaimToken, Claimed, ClaimedMessage, Failed, Headers,
+    UndecodableMessage,
 };
+use changefeed::outbox_store::CLAIM_PAUSE_MAX;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -136,14 +138,22 @@ struct StoreState {
     claim_gate: Option<Arc<ClaimGate>>,
     /// Claims never answer (a server that stopped responding, a connect that hangs).
     claims_hang: bool,
-    /// A claim that finds nothing waits this long before it answers, as SQL Server's
-    /// claim with `@wait_ms` does (and the store says so, `claim_waits`).
+    /// A claim that finds nothing tries again every [`CLAIM_PAUSE_MAX`] until it claims
+    /// something or this long has passed, as SQL Server's claim with `@wait_ms` does (and
+    /// the store says so, `claim_waits`).
     claim_wait: Option<Duration>,
     /// Calls of `cancel_claim`.
     cancelled_claims: usize,
-    /// Every claim takes this long before it answers, holding the store (one connection)
-    /// as a claim on a real server does.
+    /// Every claim takes this long to answer after its last try, holding the store (one
+    /// connection) as a claim on a real server does: the rows it claimed are committed as
+    /// claimed and on their way back.
     claim_delay: Option<Duration>,
+    /// How long each try of a claim reads before it commits what it claimed.
+    try_time: Option<Duration>,
+    /// The flag through which the claim says it answers (`claim_progress`), raised after
+    /// its last try, before `claim_delay`, as `SqlClaimStore`'s is when the result's first
+    /// packet arrives. `None`: the store does not say, as the trait's default.
+    progress: Option<ClaimProgress>,
     /// When each requeue was made.
     requeue_times: Vec<Instant>,
 }
@@ -292,7 +302,7 @@ impl ClaimStore for FakeStore {
         if self.state().claims_hang {
             std::future::pending::<()>().await;
         }
-        let (claimed, gate) = {
+        let (try_time, gate) = {
             let mut state = self.state();
             state.claim_times.push(Instant::now());
             if let Some(error) = state.claim_errors.pop_front() {
@@ -300,24 +310,38 @@ impl ClaimStore for FakeStore {
                 return Err(error);
             }
             state.calls.push(Call::Claim);
-            (
-                state.claim(batch_size, claim_timeout),
-                state.claim_gate.take(),
-            )
+            (state.try_time, state.claim_gate.take())
         };
+        // One try: it reads (stopped meanwhile, it takes nothing), then commits its claim.
+        let try_once = async || {
+            if let Some(time) = try_time {
+                sleep(time).await;
+            }
+            self.state().claim(batch_size, claim_timeout)
+        };
+        let mut claimed = try_once().await;
         if let Some(gate) = gate {
             gate.started.notify_one();
             gate.release.notified().await;
         }
-        let delay = self.state().claim_delay;
+        let wait = self.state().claim_wait;
+        if let Some(wait) = wait {
+            // A try that took nothing pauses, and tries again until the wait is over.
+            let deadline = Instant::now() + wait;
+            while claimed.is_empty() && Instant::now() < deadline {
+                sleep(CLAIM_PAUSE_MAX.min(deadline - Instant::now())).await;
+                claimed = try_once().await;
+            }
+        }
+        let (progress, delay) = {
+            let state = self.state();
+            (state.progress.clone(), state.claim_delay)
+        };
+        if let Some(progress) = progress {
+            progress.answering();
+        }
         if let Some(delay) = delay {
             sleep(delay).await;
-        }
-        let wait = self.state().claim_wait;
-        if let Some(wait) = wait
-            && claimed.is_empty()
-        {
-            sleep(wait).await;
         }
         Ok(claimed)
     }
@@ -328,6 +352,10 @@ impl ClaimStore for FakeStore {
 
     async fn cancel_claim(&mut self) {
         self.state().cancelled_claims += 1;
+    }
+
+    fn claim_progress(&self) -> Option<ClaimProgress> {
+        self.state().progress.clone()
     }
 
     async fn mark_done(&mut self, ids: &[i64], token: ClaimToken) -> changefeed::Result<u64> {
@@ -1888,7 +1916,19 @@ async fn in_flight_case(
         .await
         .expect("the relay did not deliver every message")
         .unwrap();
+    assert_acknowledged_once_in_order(&store, &publisher, messages, max_in_flight);
+}
 
+/// After a run over messages 1..=`messages`: none was delivered before every earlier
+/// message of its aggregate was acknowledged, every one was acknowledged exactly once (done,
+/// or dead) and never fenced off, a done one was delivered once and a dead one never, and
+/// at most `max_in_flight` publishes ran at once.
+fn assert_acknowledged_once_in_order(
+    store: &FakeStore,
+    publisher: &DelayPublisher,
+    messages: usize,
+    max_in_flight: u32,
+) {
     let overtaken = publisher.overtaken.lock().unwrap().clone();
     assert!(
         overtaken.is_empty(),
@@ -2179,6 +2219,8 @@ relay_test! {
     async fn shutdown_cancels_a_waiting_claim_at_once() {
         let (store, publisher, hooks) = fakes();
         store.state().claim_wait = Some(LONG);
+        // It says when it answers, as SqlClaimStore does: a claim still waiting is stopped.
+        store.state().progress = Some(ClaimProgress::new());
         let relay = start(&store, &publisher, &hooks, config());
         eventually("the claim is waiting", || store.claim_times().len() == 1).await;
 
@@ -2202,11 +2244,14 @@ relay_test! {
 /// A claim that waits on the server holds the store's one connection. Beside a batch in
 /// flight it would hold up that batch's acknowledgement for its whole wait (and with it
 /// the aggregates' next messages): the acknowledgement stops the waiting claim, which is
-/// cancelled on the server, and goes first.
-#[tokio::test(start_paused = true)]
-async fn a_batch_in_flight_stops_a_waiting_claim_to_acknowledge() {
+/// cancelled on the server, and goes first. So whether or not the store says when its
+/// claim answers (`reports_progress`): this one never does, it only waits.
+async fn a_batch_in_flight_stops_a_waiting_claim_to_acknowledge(reports_progress: bool) {
     let (store, publisher, hooks) = fakes();
     store.state().claim_wait = Some(LONG);
+    if reports_progress {
+        store.state().progress = Some(ClaimProgress::new());
+    }
     for n in 0..5 {
         store.enqueue(Some(&format!("a{n}")));
     }
@@ -2232,6 +2277,16 @@ async fn a_batch_in_flight_stops_a_waiting_claim_to_acknowledge() {
     relay.stop().await.unwrap();
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_batch_in_flight_stops_a_waiting_claim_to_acknowledge_when_the_store_says_nothing() {
+    a_batch_in_flight_stops_a_waiting_claim_to_acknowledge(false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_in_flight_stops_a_claim_that_says_it_still_waits() {
+    a_batch_in_flight_stops_a_waiting_claim_to_acknowledge(true).await;
+}
+
 /// After a batch that was not full, nothing more is probably due: a store whose claim waits
 /// claims again only once the batch is acknowledged, so no claim is started only to be
 /// cancelled (SQL Server's cancel closes the connection).
@@ -2252,6 +2307,141 @@ async fn a_waiting_claim_does_not_run_beside_a_batch_that_was_not_full() {
     assert_eq!(store.state().cancelled_claims, 0);
     relay.stop().await.unwrap();
     assert_eq!(store.state().cancelled_claims, 1, "the shutdown's");
+}
+
+/// A store whose claim waits, says when it answers, and answers `answer` after its last
+/// try: the claim has committed its rows as claimed and they are on their way back, as a
+/// large batch's rows are over the network.
+fn store_answering_in(answer: Duration) -> FakeStore {
+    let store = FakeStore::default();
+    {
+        let mut state = store.state();
+        state.claim_wait = Some(Duration::from_secs(5));
+        state.try_time = Some(ms(5));
+        state.claim_delay = Some(answer);
+        state.progress = Some(ClaimProgress::new());
+    }
+    store
+}
+
+/// A claim beside batches in flight that has committed rows as claimed and is returning them
+/// is not stopped when a batch needs the store to acknowledge: the acknowledgement waits for
+/// it. Stopped, its rows would be held by nobody until the claim timeout (10 s here) and
+/// their next claim would count an attempt each, and every collision would make the relay
+/// drain its batches in flight before claiming again: about one batch at a time. Here the
+/// claims beside four batches in flight meet many acknowledgements.
+#[tokio::test(start_paused = true)]
+async fn an_acknowledgement_waits_for_a_claim_that_answers() {
+    const MESSAGES: usize = 400;
+    const BATCH: u32 = 10;
+    const IN_FLIGHT: u32 = 4;
+    let answer = ms(30);
+    let publish = ms(150);
+    let store = store_answering_in(answer);
+    // 100 aggregates of 4 messages: each message's successor is claimed only after it.
+    for n in 0..MESSAGES {
+        store.enqueue(Some(&format!("a{}", n % 100)));
+    }
+    // Each message is delivered within `publish` of its batch's start (seeded draws).
+    let publisher = Arc::new(DelayPublisher::new(&store, 30, publish, 0));
+    let config = config().batch_size(BATCH).max_in_flight(IN_FLIGHT);
+    let relay = Relay::new(store.clone(), Arc::clone(&publisher), config).unwrap();
+    let watched = store.clone();
+    let started = Instant::now();
+    timeout(
+        Duration::from_secs(600),
+        relay.run(async move {
+            while !(1..=MESSAGES as i64).all(|id| watched.status(id) == Status::Done) {
+                sleep(ms(5)).await;
+            }
+        }),
+    )
+    .await
+    .expect("the relay did not deliver every message")
+    .unwrap();
+    let took = started.elapsed();
+    let batches = MESSAGES as u32 / BATCH;
+    let one_at_a_time = (answer + publish) * batches;
+    eprintln!(
+        "{batches} batches, {IN_FLIGHT} in flight: {took:?} (one at a time: about \
+         {one_at_a_time:?}); {} claims, {} stopped while waiting",
+        store.claim_times().len(),
+        store.state().cancelled_claims
+    );
+
+    let taken_back: Vec<(i64, i32)> = store
+        .state()
+        .rows
+        .iter()
+        .filter(|row| row.attempts > 0)
+        .map(|row| (row.id, row.attempts))
+        .collect();
+    assert!(
+        taken_back.is_empty(),
+        "claims stopped after they had claimed: their rows were claimed again after the \
+         claim timeout, an attempt each (id, attempts): {taken_back:?}"
+    );
+    assert_acknowledged_once_in_order(&store, &publisher, MESSAGES, IN_FLIGHT);
+    assert!(
+        took < one_at_a_time / 2,
+        "{batches} batches took {took:?}; one at a time they take about {one_at_a_time:?}"
+    );
+    assert_eq!(
+        publisher.most_calls.load(Ordering::SeqCst),
+        IN_FLIGHT as usize,
+        "batches overlapped"
+    );
+}
+
+relay_test! {
+    /// Shutdown while a claim answers: the claim is finished (within the grace) and its
+    /// batch published and acknowledged, not stopped and left to the claim timeout.
+    async fn shutdown_lets_a_claim_that_answers_finish_and_delivers_its_batch() {
+        let store = store_answering_in(ms(500));
+        let (_, publisher, hooks) = fakes();
+        for n in 0..3 {
+            store.enqueue(Some(&format!("a{n}")));
+        }
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("the claim answers", || store.claim_times().len() == 1).await;
+        sleep(ms(100)).await;
+
+        relay.signal_stop();
+        relay.finish().await.unwrap();
+        let claimed = store.claim_times()[0];
+        assert_eq!(
+            claimed.elapsed(),
+            ms(5 + 500),
+            "the relay returned when the answer ended (and its batch was acknowledged)"
+        );
+        assert_eq!(publisher.batches(), [vec![1, 2, 3]]);
+        assert!((1..=3).all(|id| store.status(id) == Status::Done));
+        assert_eq!(store.state().cancelled_claims, 0);
+        assert_eq!(store.claim_times().len(), 1, "no claim after shutdown");
+    }
+}
+
+relay_test! {
+    /// An answer that never ends (a network gone mid-answer) holds shutdown no longer than
+    /// any claim under way: [`SHUTDOWN_CLAIM_GRACE`].
+    async fn shutdown_abandons_a_claim_that_never_finishes_its_answer_after_the_grace() {
+        let store = store_answering_in(LONG * 10);
+        let (_, publisher, hooks) = fakes();
+        store.enqueue(None);
+        let relay = start(&store, &publisher, &hooks, config());
+        eventually("the claim answers", || store.claim_times().len() == 1).await;
+        sleep(ms(100)).await;
+
+        let stopped = Instant::now();
+        relay.signal_stop();
+        let returned = timeout(SHUTDOWN_CLAIM_GRACE * 2, relay.task)
+            .await
+            .expect("shutdown waited for an answer that never ends")
+            .unwrap();
+        returned.unwrap();
+        assert_eq!(stopped.elapsed(), SHUTDOWN_CLAIM_GRACE);
+        assert!(publisher.batches().is_empty());
+    }
 }
 
 // ---------------------------------------------------------------- metrics

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, Failed};
+use changefeed::outbox::{ClaimProgress, ClaimStore, ClaimToken, Claimed, ClaimedMessage, Failed};
 use changefeed::outbox_store::{OutboxStore, SqlClaimStore};
 use changefeed::relay::{Hooks, PublishOutcome, Publisher, Relay, RelayConfig};
 use changefeed::{Client, Cursor, Feed, Result, TableName};
@@ -915,6 +915,10 @@ impl<S: ClaimStore> ClaimStore for TimedStore<S> {
 
     async fn cancel_claim(&mut self) {
         self.inner.cancel_claim().await;
+    }
+
+    fn claim_progress(&self) -> Option<ClaimProgress> {
+        self.inner.claim_progress()
     }
 
     fn outbox_name(&self) -> String {

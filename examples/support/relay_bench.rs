@@ -3,8 +3,9 @@
 //! the end of a filled outbox, single-message commits spaced like real traffic, and the
 //! commit-to-publish summary. The store and the database are each benchmark's own.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use changefeed::outbox::{ClaimStore, ClaimedMessage};
@@ -21,6 +22,75 @@ pub const BATCH: u32 = 100;
 /// Commits per latency run, spaced `LATENCY_GAP` apart (plus up to 10 ms of jitter).
 pub const LATENCY_SAMPLES: usize = 200;
 const LATENCY_GAP: Duration = Duration::from_millis(15);
+
+/// The longest one stage of a benchmark (a throughput run, a latency run, a baseline) may
+/// take. A stalled stage is reported and its cells say `error`; the run goes on with the
+/// next stage, and the process exits with status 1 at the end when it was a relay's
+/// ([`finish`]).
+pub const STAGE_LIMIT: Duration = Duration::from_secs(120);
+
+/// Whether a stage of the product (a relay's) failed or stalled in this run.
+static RELAY_FAILED: AtomicBool = AtomicBool::new(false);
+
+/// What a stage measures.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The product: relays, the store's calls. Its failure fails the run.
+    Relay,
+    /// A ceiling the product is compared with (a bare SQL loop, the bare producer). Its
+    /// failure leaves its cells `error` and the ratios unknown, and is no finding about the
+    /// product, so the run's status does not change.
+    Baseline,
+}
+
+/// Runs one stage named `name` within [`STAGE_LIMIT`]: its result, or `None` once it failed
+/// or stalled (said on standard error). Dropping a stalled stage drops its relays' stop
+/// sender, so they stop; work the stage left running on the server (a bare loop in SQL) is
+/// the caller's to stop, which `cleanup` does.
+pub async fn bounded<T, C: Future<Output = ()>>(
+    (kind, name): (Stage, &str),
+    work: impl Future<Output = Result<T, String>>,
+    cleanup: impl FnOnce() -> C,
+) -> Option<T> {
+    let stage = name;
+    let started = Instant::now();
+    let error = match tokio::time::timeout(STAGE_LIMIT, work).await {
+        Ok(Ok(value)) => return Some(value),
+        Ok(Err(error)) => error,
+        Err(_) => format!(
+            "did not finish within {} s (relay_bench::STAGE_LIMIT)",
+            STAGE_LIMIT.as_secs()
+        ),
+    };
+    eprintln!(
+        "bench: {stage}: error after {:.1} s: {error}",
+        started.elapsed().as_secs_f64()
+    );
+    if kind == Stage::Relay {
+        RELAY_FAILED.store(true, Ordering::Relaxed);
+    }
+    cleanup().await;
+    None
+}
+
+/// Ends the run: exit status 1 when a relay's stage failed or stalled (the table printed
+/// `error` for it).
+pub fn finish() {
+    if RELAY_FAILED.load(Ordering::Relaxed) {
+        eprintln!("bench: a relay's stage failed or stalled (see above); its cells say error");
+        std::process::exit(1);
+    }
+}
+
+/// A throughput cell: `n msg/s`, or `error`.
+pub fn rate_cell(rate: Option<f64>) -> String {
+    rate.map_or_else(|| "error".to_owned(), |r| format!("{r:.0} msg/s"))
+}
+
+/// A ratio cell: two decimals, or `error` when either figure is missing.
+pub fn ratio_cell(value: Option<f64>, baseline: Option<f64>) -> String {
+    stats::ratio_of(value, baseline).map_or_else(|| "error".to_owned(), |r| format!("{r:.2}"))
+}
 
 /// Prints `error` with what failed and exits with status 1.
 pub fn fail(what: &str, error: impl std::fmt::Display) -> ! {

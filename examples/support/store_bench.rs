@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::relay_bench::{self, Clock, LATENCY_SAMPLES, fail};
-use crate::stats::{self, Summary};
+use crate::stats::Summary;
 
 /// The relay's own poll when a waker wakes it: longer than a latency run.
 pub const WOKEN_POLL: Duration = Duration::from_secs(60);
@@ -80,10 +80,16 @@ where
 }
 
 /// The table's rows for `relays` relays at `relay` msg/s next to as many bare SQL loops at
-/// `bare` msg/s, and their ratio.
-pub fn print_relay_and_bare(relays: usize, relay: f64, bare: f64) {
-    let ratio = stats::ratio(relay, bare).unwrap_or(0.0);
-    println!("| {relays} relay(s), no-op publisher | {relay:.0} msg/s |");
-    println!("| {relays} bare SQL loop(s) | {bare:.0} msg/s |");
-    println!("| ratio relay / bare, {relays} | {ratio:.2} |");
+/// `bare` msg/s, and their ratio (`error` for a stage that failed or stalled).
+pub fn print_relay_and_bare(relays: usize, relay: Option<f64>, bare: Option<f64>) {
+    let ratio = relay_bench::ratio_cell(relay, bare);
+    println!(
+        "| {relays} relay(s), no-op publisher | {} |",
+        relay_bench::rate_cell(relay)
+    );
+    println!(
+        "| {relays} bare SQL loop(s) | {} |",
+        relay_bench::rate_cell(bare)
+    );
+    println!("| ratio relay / bare, {relays} | {ratio} |");
 }

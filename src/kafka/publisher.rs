@@ -1,8 +1,7 @@
 //! [`KafkaPublisher`]: the relay's publisher to Kafka.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::collections::HashSet;
 use std::time::Duration;
 
 use rdkafka::error::KafkaError;
@@ -18,9 +17,11 @@ use crate::relay::{DeadLetter, ErrorKind, PublishError, PublishOutcome, Publishe
 use super::classify::{classify, clock_refused, refuses_whole_request, topic_refused};
 use super::producer::ProducerSettings;
 
+mod authorization;
 mod clock;
 mod record;
 
+use authorization::TopicRefusals;
 use clock::ClockRefusals;
 
 pub use record::{
@@ -61,6 +62,13 @@ pub struct KafkaPublisherConfig {
     /// [`KafkaPublisher::CLOCK_PATIENCE`]). Until then its messages are handed back
     /// without counting an attempt: the timestamp is this host's clock, not the message.
     pub clock_patience: Duration,
+    /// How long a topic may refuse the producer (`TOPIC_AUTHORIZATION_FAILED`) with no
+    /// other topic accepting a message meanwhile before the refusal is fatal (default
+    /// [`KafkaPublisher::AUTHORIZATION_PATIENCE`]). Until then, and whenever no other topic
+    /// accepted a message since the topic's previous refusal, its messages are handed back
+    /// without counting an attempt: nothing shows yet that the refusal is the topic's and
+    /// not the producer's.
+    pub authorization_patience: Duration,
 }
 
 impl KafkaPublisherConfig {
@@ -72,6 +80,7 @@ impl KafkaPublisherConfig {
             dlq_suffix: ".dlq".to_owned(),
             undecodable_topic: None,
             clock_patience: KafkaPublisher::CLOCK_PATIENCE,
+            authorization_patience: KafkaPublisher::AUTHORIZATION_PATIENCE,
         }
     }
 
@@ -84,6 +93,8 @@ impl KafkaPublisherConfig {
         undecodable_topic: Option<String>;
         /// Sets `clock_patience`.
         clock_patience: Duration;
+        /// Sets `authorization_patience`.
+        authorization_patience: Duration;
     }
 }
 
@@ -130,11 +141,17 @@ impl KafkaPublisherConfig {
 /// at once.
 ///
 /// A topic that refuses the producer (`TOPIC_AUTHORIZATION_FAILED`) is that topic's problem
-/// (retriable: attempts counted, dead at `max_attempts`) while other topics are delivered,
-/// in the same batch or within the last [`TOPIC_EVIDENCE`](Self::TOPIC_EVIDENCE). When
-/// every topic of a batch refuses and no other topic was delivered to in that time, the
-/// refusal is producer-wide (the credentials): [`Fatal`](crate::relay::ErrorKind::Fatal),
-/// and the relay stops. Every such error names its topic.
+/// (retriable: an attempt counted, dead at `max_attempts`) only when another topic accepted
+/// a message enqueued after the topic's previous refusal: deliveries from before a refusal
+/// began say nothing about it, since a producer that loses write access everywhere refuses
+/// each topic in turn while those are still recent. Without such evidence the refusal is
+/// handed back ([`Backpressure`](crate::relay::ErrorKind::Backpressure): no attempt
+/// counted, the relay pauses its claims; the message stays its aggregate's head, so no
+/// successor goes out first), and once a topic has refused for
+/// [`authorization_patience`](KafkaPublisherConfig::authorization_patience) with no other
+/// topic accepting a message meanwhile, the refusal is producer-wide (credentials, ACLs):
+/// [`Fatal`](crate::relay::ErrorKind::Fatal), and the relay stops. Every such error names
+/// its topic.
 ///
 /// A topic that refuses the records' timestamps (`INVALID_TIMESTAMP`: its
 /// `message.timestamp.before.max.ms` / `after.max.ms`, or
@@ -181,10 +198,8 @@ pub struct KafkaPublisher {
     producer: FutureProducer,
     /// librdkafka's `message.timeout.ms` (zero: no limit).
     message_timeout: Duration,
-    /// When each topic last had a message delivered, for telling one topic's
-    /// authorization failure from a producer-wide one (entries older than
-    /// `TOPIC_EVIDENCE` are dropped).
-    delivered_to: Mutex<HashMap<String, std::time::Instant>>,
+    /// The topics refusing the producer, and what shows whose problem that is.
+    topic_refusals: TopicRefusals,
     /// Batches (and dead letters) are produced under its read side, side by side when the
     /// relay has several batches in flight; a suspect is produced alone under its write
     /// side, so no other message shares its request. Fair: once a suspect waits, later
@@ -200,9 +215,12 @@ impl KafkaPublisher {
     /// relay's default claim timeout of 30 s.
     pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
 
-    /// How recent a delivery to another topic must be to show that a topic's authorization
-    /// failure is that topic's alone: 5 minutes.
-    pub const TOPIC_EVIDENCE: Duration = Duration::from_secs(5 * 60);
+    /// The default [`authorization_patience`](KafkaPublisherConfig::authorization_patience):
+    /// 5 minutes, for low-rate topics to show (by accepting a message) that a refusal is
+    /// one topic's and not the producer's. Waiting costs no attempt and moves no message
+    /// out of order; stopping sooner would stop the relay for one topic's ACL whenever the
+    /// other topics are quiet.
+    pub const AUTHORIZATION_PATIENCE: Duration = Duration::from_secs(5 * 60);
 
     /// The default [`clock_patience`](KafkaPublisherConfig::clock_patience): 1 minute. A
     /// clock stepped back into line (NTP) is accepted again within it; one that is off by
@@ -247,7 +265,7 @@ impl KafkaPublisher {
             config,
             producer,
             message_timeout,
-            delivered_to: Mutex::new(HashMap::new()),
+            topic_refusals: TopicRefusals::default(),
             producing: tokio::sync::RwLock::new(()),
             clock_refusals: ClockRefusals::default(),
         })
@@ -311,6 +329,7 @@ impl Publisher for KafkaPublisher {
         };
         // Everything is enqueued before anything is awaited, so librdkafka sends the batch
         // in as few requests as it can instead of one round trip per message.
+        let enqueued_at = std::time::Instant::now();
         let pending: Vec<_> = batch.iter().map(|message| self.enqueue(message)).collect();
         let mut reports = Vec::with_capacity(batch.len());
         for enqueued in pending {
@@ -386,8 +405,14 @@ impl Publisher for KafkaPublisher {
             };
         }
         drop(alone);
-        self.judge_topic_refusals(batch, &topic_refusals, &mut outcomes);
         let topics: Vec<Cow<'_, str>> = batch.iter().map(|m| self.topic(&m.topic)).collect();
+        self.topic_refusals.judge(
+            &topics,
+            enqueued_at,
+            &topic_refusals,
+            self.config.authorization_patience,
+            &mut outcomes,
+        );
         self.clock_refusals.judge(
             &topics,
             &clock_refusals,
@@ -578,66 +603,6 @@ impl KafkaPublisher {
              alone and see whether it is at fault, so it is tried again",
             self.topic(&message.topic)
         ))
-    }
-
-    /// Makes a batch's topic authorization failures that topic's problem (retriable,
-    /// naming the topic), unless they are producer-wide: every topic of the batch refused,
-    /// and no other topic delivered to within [`TOPIC_EVIDENCE`](Self::TOPIC_EVIDENCE);
-    /// then they are fatal. Records the topics this batch delivered to.
-    fn judge_topic_refusals(
-        &self,
-        batch: &[ClaimedMessage],
-        refusals: &HashSet<usize>,
-        outcomes: &mut [PublishOutcome],
-    ) {
-        let refused: HashSet<&str> = refusals
-            .iter()
-            .map(|index| batch[*index].topic.as_str())
-            .collect();
-        let accepted: HashSet<&str> = batch
-            .iter()
-            .zip(outcomes.iter())
-            .filter(|(_, outcome)| outcome.is_ok())
-            .map(|(message, _)| message.topic.as_str())
-            .collect();
-        let now = std::time::Instant::now();
-        let mut delivered_to = self
-            .delivered_to
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        delivered_to.retain(|_, at| now.duration_since(*at) < Self::TOPIC_EVIDENCE);
-        for topic in &accepted {
-            delivered_to.insert((*topic).to_owned(), now);
-        }
-        if refused.is_empty() {
-            return;
-        }
-        let every_topic_refused = batch.iter().all(|m| refused.contains(m.topic.as_str()));
-        let others_accept = delivered_to.keys().any(|t| !refused.contains(t.as_str()));
-        drop(delivered_to);
-        let producer_wide = every_topic_refused && !others_accept;
-        for &index in refusals {
-            let Err(error) = &mut outcomes[index] else {
-                continue;
-            };
-            let topic = self.topic(&batch[index].topic);
-            *error = if producer_wide {
-                PublishError::fatal(format!(
-                    "{}; every topic of the batch refuses this producer and no other topic \
-                     accepted a message in the last {:?}, so the producer's credentials or \
-                     ACLs are wrong: grant them Write on the topics",
-                    error.message,
-                    Self::TOPIC_EVIDENCE
-                ))
-            } else {
-                PublishError::retriable(format!(
-                    "{}; topic {topic} refuses this producer while other topics accept it: \
-                     grant Write on {topic} (or fix the topic's name); its messages go dead \
-                     after max_attempts",
-                    error.message
-                ))
-            };
-        }
     }
 
     async fn produce_dead_letter(

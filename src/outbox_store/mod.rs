@@ -15,8 +15,8 @@ use crate::connection::Client;
 use crate::error::{Error, Result, decode_error};
 use crate::feed::TableName;
 use crate::outbox::{
-    BACKLOG_COUNT_LIMIT, ClaimToken, Claimed, ClaimedMessage, Enqueued, Failed, Headers,
-    NewMessage, OutboxBacklog, UndecodableMessage,
+    BACKLOG_COUNT_LIMIT, ClaimProgress, ClaimToken, Claimed, ClaimedMessage, Enqueued, Failed,
+    Headers, NewMessage, OutboxBacklog, UndecodableMessage,
 };
 use crate::row::Column;
 
@@ -140,24 +140,45 @@ impl OutboxStore {
         claim_timeout: Duration,
         wait: Duration,
     ) -> Result<Vec<Claimed>> {
+        self.claim_reporting(client, batch_size, claim_timeout, wait, None)
+            .await
+    }
+
+    /// [`claim_waiting`](Self::claim_waiting), raising `progress` once the claim has passed
+    /// its wait: when the first packet of its result arrives. The procedure's one result
+    /// set is its last statement, after the try that claimed has committed (an empty one
+    /// after the wait is over), so from then on the rows are claimed and on their way, and
+    /// a cancel would lose them to the claim timeout. Before it, the claim is pausing or in
+    /// a try that an attention rolls back. What remains is the moment between that commit
+    /// and the server's first packet (the select of a table variable, and the network).
+    pub(crate) async fn claim_reporting(
+        &self,
+        client: &mut Client,
+        batch_size: u32,
+        claim_timeout: Duration,
+        wait: Duration,
+        progress: Option<&ClaimProgress>,
+    ) -> Result<Vec<Claimed>> {
         let batch_size = i32::try_from(batch_size).unwrap_or(i32::MAX);
         let timeout_ms = i32::try_from(claim_timeout.as_millis()).unwrap_or(i32::MAX);
         let rows = if wait.is_zero() {
-            self.call(
+            self.call_reporting(
                 client,
                 "claim",
                 "@batch_size = @P1, @claim_timeout_ms = @P2",
                 &[&batch_size, &timeout_ms],
+                progress,
             )
             .await?
         } else {
             check_claim_wait(wait)?;
             let wait_ms = wait.as_millis().max(1) as i32;
-            self.call(
+            self.call_reporting(
                 client,
                 "claim",
                 "@batch_size = @P1, @claim_timeout_ms = @P2, @wait_ms = @P3",
                 &[&batch_size, &timeout_ms, &wait_ms],
+                progress,
             )
             .await
             .map_err(|error| no_wait_parameter(error, &self.table))?
@@ -354,12 +375,27 @@ impl OutboxStore {
         arguments: &str,
         parameters: &[&dyn tiberius::ToSql],
     ) -> Result<Vec<Row>> {
+        self.call_reporting(client, kind, arguments, parameters, None)
+            .await
+    }
+
+    /// [`Self::call`], raising `progress` as soon as the answer begins: tiberius' `query`
+    /// returns once the first result set's column metadata has arrived (or the answer ended
+    /// without one), before its rows are read.
+    async fn call_reporting(
+        &self,
+        client: &mut Client,
+        kind: &str,
+        arguments: &str,
+        parameters: &[&dyn tiberius::ToSql],
+        progress: Option<&ClaimProgress>,
+    ) -> Result<Vec<Row>> {
         let sql = format!("exec {} {arguments}", self.table.object(kind));
-        Ok(client
-            .query(sql, parameters)
-            .await?
-            .into_first_result()
-            .await?)
+        let answer = client.query(sql, parameters).await?;
+        if let Some(progress) = progress {
+            progress.answering();
+        }
+        Ok(answer.into_first_result().await?)
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{CLAIM_PAUSE_MAX, MAX_CLAIM_WAIT};
 use super::{CLAIM_WAIT_MARGIN, DEFAULT_CLAIM_WAIT, OutboxStore, check_claim_wait};
 use crate::error::{Error, Result};
-use crate::outbox::{ClaimStore, ClaimToken, Claimed, Failed, OutboxBacklog};
+use crate::outbox::{ClaimProgress, ClaimStore, ClaimToken, Claimed, Failed, OutboxBacklog};
 use crate::pool::{Pool, PooledClient, PooledConnection};
 use crate::reader::effective_wait;
 
@@ -24,11 +24,15 @@ use crate::reader::effective_wait;
 /// [`DEFAULT_CLAIM_WAIT`]), so a relay over it claims a new message within
 /// [`CLAIM_PAUSE_MAX`] of its commit rather than within its `poll_interval`, and a relay
 /// that stops while the claim waits cancels it on the server ([`ClaimStore::cancel_claim`]).
+/// The claim says when it has passed its wait ([`ClaimStore::claim_progress`]: when the
+/// first packet of its result arrives), so a relay never cancels a claim whose rows are
+/// claimed and on their way.
 pub struct SqlClaimStore {
     store: OutboxStore,
     source: Source,
     conn: Option<PooledConnection>,
     wait: Duration,
+    progress: ClaimProgress,
 }
 
 /// How long a [`SqlClaimStore`] gives the server to acknowledge the cancel of an abandoned
@@ -52,6 +56,7 @@ impl SqlClaimStore {
             source: Source::Ado(ado_connection_string.into()),
             conn: None,
             wait: DEFAULT_CLAIM_WAIT,
+            progress: ClaimProgress::new(),
         }
     }
 
@@ -63,6 +68,7 @@ impl SqlClaimStore {
             source: Source::Pool(pool),
             conn: None,
             wait: DEFAULT_CLAIM_WAIT,
+            progress: ClaimProgress::new(),
         }
     }
 
@@ -122,10 +128,12 @@ impl SqlClaimStore {
 impl ClaimStore for SqlClaimStore {
     async fn claim(&mut self, batch_size: u32, claim_timeout: Duration) -> Result<Vec<Claimed>> {
         let wait = self.wait;
+        let progress = self.progress.clone();
+        progress.waiting();
         self.with_client(async |store, client| {
             let wait = effective_wait(wait, client.command_timeout(), CLAIM_WAIT_MARGIN);
             store
-                .claim_waiting(client, batch_size, claim_timeout, wait)
+                .claim_reporting(client, batch_size, claim_timeout, wait, Some(&progress))
                 .await
         })
         .await
@@ -135,12 +143,18 @@ impl ClaimStore for SqlClaimStore {
         !self.wait.is_zero()
     }
 
+    fn claim_progress(&self) -> Option<ClaimProgress> {
+        Some(self.progress.clone())
+    }
+
     /// Sends the server an attention for the claim a relay abandoned (its future dropped
     /// half-way, which left the connection marked broken): SQL Server stops the procedure,
     /// rolling back a try in progress (`xact_abort`), so the claim neither keeps waiting nor
     /// takes rows for a relay that is gone. Bounded by `CANCEL_BOUND` (2 s); the connection is
-    /// closed either way. A try that had committed just before the attention loses its rows
-    /// to the claim timeout, as any abandoned claim does.
+    /// closed either way. A relay abandons only a claim whose answer has not begun
+    /// ([`ClaimStore::claim_progress`]); a try that committed in the moment before the
+    /// attention, its first packet not yet arrived, loses its rows to the claim timeout, as
+    /// any abandoned claim does.
     async fn cancel_claim(&mut self) {
         let Some(mut conn) = self.conn.take() else {
             return;

@@ -1,5 +1,5 @@
 //! The claim loop: when to claim, the claim itself (and how a claim that waits on the
-//! server is stopped), the batches in flight, and shutdown.
+//! server is stopped while it waits), the batches in flight, and shutdown.
 
 use std::future::Future;
 use std::pin::pin;
@@ -78,8 +78,9 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
                 // Abandoning a claim that did commit leaves its rows claimed until the
                 // timeout (and charged an attempt), so a claim under way when shutdown
                 // comes gets a grace period; a hanging one does not hold shutdown. A claim
-                // that waits for work is in its normal state: it is stopped at once and
-                // cancelled on the server (by `claim` itself, which still answers).
+                // that waits for work is in its normal state: while it waits, it is stopped
+                // at once and cancelled on the server (by `claim` itself, which still
+                // answers); once it answers, it gets the grace like any other.
                 let mut grace_ends = claim_started;
                 let claimed = loop {
                     tokio::select! {
@@ -87,13 +88,12 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
                         end = claim.as_mut() => break Some(end),
                         () = shutdown.as_mut(), if !stopping => {
                             stopping = true;
+                            grace_ends = Instant::now() + SHUTDOWN_CLAIM_GRACE;
                             if self.claim_waits {
                                 self.stop_waiting_claim();
-                            } else {
-                                grace_ends = Instant::now() + SHUTDOWN_CLAIM_GRACE;
                             }
                         }
-                        () = sleep_until(grace_ends), if stopping && !self.claim_waits => {
+                        () = sleep_until(grace_ends), if stopping => {
                             tracing::warn!(
                                 grace = ?SHUTDOWN_CLAIM_GRACE,
                                 "relay shutting down: abandoned a claim that did not answer"
@@ -171,8 +171,9 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
     }
 
     /// One claim. A claim of a store that waits for work is stopped when shutdown comes or
-    /// a batch in flight needs the store, and then cancelled on the server (the relay's
-    /// call is gone, so nothing would take the rows it might still claim).
+    /// a batch in flight needs the store while it still waits, and then cancelled on the
+    /// server (the relay's call is gone, so nothing would take the rows it might still
+    /// claim). Once the store says the claim answers, it is let finish.
     pub(super) async fn claim(&self) -> ClaimEnd {
         let batch_size = self.config.batch_size;
         let claim_timeout = self.config.claim_timeout;
@@ -181,15 +182,19 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
             // Nothing sent yet, so nothing to cancel.
             return ClaimEnd::Cancelled;
         }
+        self.claim_begins();
         let started = Instant::now();
         let call = store
             .claim(batch_size, claim_timeout)
             .instrument(tracing::debug_span!("relay.claim", batch_size));
         let batch = if self.claim_waits {
             let answer = tokio::select! {
+                // The call first: what has arrived of its answer is read, and the store
+                // says it answers, before an interruption is looked at; an answer already
+                // here is never taken for a wait.
                 biased;
-                () = self.claim_interrupted() => None,
                 batch = call => Some(batch),
+                () = self.claim_interrupted() => None,
             };
             match answer {
                 Some(batch) => batch,

@@ -99,7 +99,9 @@ pub const MAX_STORE_RETRY_DELAY: Duration = Duration::from_secs(2);
 ///   store's pause, not the poll interval. Such a claim holds the store's one connection
 ///   while it waits, so it runs beside batches in flight only after a full batch (more is
 ///   probably due), and a batch in flight that needs the store to acknowledge stops it
-///   and cancels it on the server ([`ClaimStore::cancel_claim`]);
+///   and cancels it on the server ([`ClaimStore::cancel_claim`]) while it waits; once it
+///   answers ([`ClaimStore::claim_progress`]: its rows are claimed) the acknowledgement
+///   waits for it instead;
 /// * a failing claim is reported to [`Hooks::on_loop_error`] and retried after a
 ///   back-off of at least `poll_interval` (or [`MAX_STORE_RETRY_DELAY`] if that is less)
 ///   and at most [`MAX_STORE_RETRY_DELAY`], cut short by a wake; the relay never gives up
@@ -114,8 +116,8 @@ pub const MAX_STORE_RETRY_DELAY: Duration = Duration::from_secs(2);
 ///   acknowledge it; they run side by side, so that takes as long as the slowest, not
 ///   their sum) and returns; a claim under way when shutdown comes gets
 ///   [`SHUTDOWN_CLAIM_GRACE`] to answer (its batch is then finished too) and is abandoned
-///   after that, except a claim of a store that waits for work: that one is stopped at once
-///   and cancelled on the server ([`ClaimStore::cancel_claim`]);
+///   after that, except a claim of a store that waits for work while it still waits: that
+///   one is stopped at once and cancelled on the server ([`ClaimStore::cancel_claim`]);
 /// * a [fatal](ErrorKind::Fatal) publish error likewise ends the claims, lets every batch
 ///   in flight finish, and then ends `run` with the error.
 ///

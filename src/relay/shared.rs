@@ -11,7 +11,7 @@ use super::hooks::guarded;
 use super::{Hooks, Publisher};
 use crate::error::Error;
 use crate::metrics::RelayMetrics;
-use crate::outbox::ClaimStore;
+use crate::outbox::{ClaimProgress, ClaimStore};
 
 /// What the claim loop and every batch in flight share: the store (one call at a time:
 /// it is one connection), the publisher (called for several batches at once), the hooks,
@@ -25,8 +25,11 @@ pub(super) struct Shared<'a, S, P, H> {
     rng: std::sync::Mutex<&'a mut StdRng>,
     /// The store's claim may wait on the server for work ([`ClaimStore::claim_waits`]):
     /// such a claim is stopped and cancelled when the relay stops or when a batch in
-    /// flight needs the store (see [`store`](Self::store)).
+    /// flight needs the store (see [`store`](Self::store)), while it still waits.
     pub(super) claim_waits: bool,
+    /// How far such a claim has got, when the store says ([`ClaimStore::claim_progress`]):
+    /// one that answers is not stopped.
+    claim_progress: Option<ClaimProgress>,
     /// Set by the claim loop when shutdown comes.
     stopping: AtomicBool,
     /// Acknowledgements waiting for the store (only counted when `claim_waits`).
@@ -46,6 +49,7 @@ impl<'a, S: ClaimStore, P: Publisher, H: Hooks> Shared<'a, S, P, H> {
     ) -> Self {
         Shared {
             claim_waits: store.claim_waits(),
+            claim_progress: store.claim_progress(),
             store: Mutex::new(store),
             publisher,
             hooks,
@@ -69,7 +73,8 @@ impl<'a, S: ClaimStore, P: Publisher, H: Hooks> Shared<'a, S, P, H> {
     /// that is waiting on the server for work holds the store's one connection for as long
     /// as it waits (seconds), while this batch's acknowledgement is what would make its
     /// aggregates' next messages due: so the waiting claim is told to stop and cancel
-    /// itself, and the acknowledgement goes first (the lock is fair).
+    /// itself, and the acknowledgement goes first (the lock is fair). A claim that already
+    /// answers is not stopped (its rows are claimed): the acknowledgement goes next.
     pub(super) async fn store(&self) -> MutexGuard<'_, &'a mut S> {
         if !self.claim_waits {
             return self.store.lock().await;
@@ -90,15 +95,25 @@ impl<'a, S: ClaimStore, P: Publisher, H: Hooks> Shared<'a, S, P, H> {
         self.interrupt.notify_waiters();
     }
 
+    /// A claim of a store that waits for work begins: it waits until the store says it
+    /// answers.
+    pub(super) fn claim_begins(&self) {
+        if let Some(progress) = &self.claim_progress {
+            progress.waiting();
+        }
+    }
+
     /// Waits until a claim that waits on the server must stop (shutdown, or a batch in
-    /// flight needs the store); at once if it must already.
+    /// flight needs the store) while it still waits; at once if it must already. Never, once
+    /// the store says the claim answers: stopped then, the rows it claimed would be held by
+    /// nobody until the claim timeout, and claimed again at the cost of an attempt each.
     pub(super) async fn claim_interrupted(&self) {
         let notified = self.interrupt.notified();
         let mut notified = std::pin::pin!(notified);
         loop {
             // Registered before the check, so a notification between the two is not lost.
             notified.as_mut().enable();
-            if self.claim_must_stop() {
+            if self.claim_must_stop() && !self.claim_answers() {
                 return;
             }
             notified.as_mut().await;
@@ -109,6 +124,13 @@ impl<'a, S: ClaimStore, P: Publisher, H: Hooks> Shared<'a, S, P, H> {
     /// Whether a claim that waits on the server must not start or go on waiting.
     pub(super) fn claim_must_stop(&self) -> bool {
         self.stopping() || self.store_wanted.load(Ordering::SeqCst) > 0
+    }
+
+    /// Whether the store said that the claim under way answers.
+    fn claim_answers(&self) -> bool {
+        self.claim_progress
+            .as_ref()
+            .is_some_and(ClaimProgress::is_answering)
     }
 
     /// Whether shutdown came while a claim was under way.

@@ -65,6 +65,17 @@ pub enum Reply {
         columns: Vec<&'static str>,
         rows: Vec<Vec<Value>>,
     },
+    /// One result set sent in two parts, as a claim that waits for work answers: nothing
+    /// for `wait` (the claim waiting), then the column metadata and the first row in a
+    /// packet that does not end the message, then after `pause` (the rest on its way) the
+    /// other rows and DONE. An attention during either delay is answered (DONE with its
+    /// attention bit) instead of the rest, and the connection serves on.
+    RowsInTwoParts {
+        columns: Vec<&'static str>,
+        rows: Vec<Vec<Value>>,
+        wait: Duration,
+        pause: Duration,
+    },
     /// Never answers (the connection stays open).
     Hang,
     /// Answers only an attention (a request that waits on the server until the client
@@ -273,6 +284,39 @@ async fn serve(
                 result_set(&mut tokens, &columns, &rows);
                 done(&mut tokens, 0x0010);
             }
+            Reply::RowsInTwoParts {
+                columns,
+                rows,
+                wait,
+                pause,
+            } => {
+                let mut first = Vec::new();
+                column_metadata(&mut first, &columns, &rows[0]);
+                row(&mut first, &rows[0]);
+                let sent = match until_attention(&mut socket, connection, &log, wait).await {
+                    Some(false) => socket.write_all(&packets(&first, false)).await.is_ok(),
+                    Some(true) => {
+                        done(&mut tokens, 0x0020);
+                        true
+                    }
+                    None => return,
+                };
+                if !sent {
+                    return;
+                }
+                if tokens.is_empty() {
+                    match until_attention(&mut socket, connection, &log, pause).await {
+                        Some(false) => {
+                            for values in &rows[1..] {
+                                row(&mut tokens, values);
+                            }
+                            done(&mut tokens, 0x0010);
+                        }
+                        Some(true) => done(&mut tokens, 0x0020),
+                        None => return,
+                    }
+                }
+            }
             Reply::Hang => {
                 // Keep reading so a close by the client is seen, but never answer.
                 let mut sink = [0u8; 4096];
@@ -302,6 +346,33 @@ async fn serve(
     }
 }
 
+/// Waits `delay` for an attention from the client: `Some(true)` if one came (it is
+/// logged), `Some(false)` if none did, `None` if the client closed the connection (logged).
+async fn until_attention(
+    socket: &mut TcpStream,
+    connection: usize,
+    log: &Mutex<Log>,
+    delay: Duration,
+) -> Option<bool> {
+    tokio::select! {
+        () = tokio::time::sleep(delay) => Some(false),
+        message = read_message(socket) => match message {
+            Some((ATTENTION, _)) => {
+                log.lock().unwrap().seen.push(Seen {
+                    connection,
+                    request: Request::Attention,
+                });
+                Some(true)
+            }
+            Some((other, _)) => panic!("a request of type {other:#x} during an answer"),
+            None => {
+                log.lock().unwrap().closed.push(connection);
+                None
+            }
+        },
+    }
+}
+
 /// Reads one message (packets up to end-of-message): its type and payload.
 async fn read_message(socket: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
     let mut payload = Vec::new();
@@ -318,8 +389,15 @@ async fn read_message(socket: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
     }
 }
 
-/// Tabular-result packets holding `payload`, split at the default packet size (4096).
+/// Tabular-result packets holding `payload`, split at the default packet size (4096), the
+/// last one ending the message.
 fn packet(payload: &[u8]) -> Vec<u8> {
+    packets(payload, true)
+}
+
+/// Tabular-result packets holding `payload`; the last one ends the message only when
+/// `end_of_message` (otherwise more of the answer follows in later packets).
+fn packets(payload: &[u8], end_of_message: bool) -> Vec<u8> {
     let chunks: Vec<&[u8]> = if payload.is_empty() {
         vec![payload]
     } else {
@@ -327,7 +405,7 @@ fn packet(payload: &[u8]) -> Vec<u8> {
     };
     let mut out = Vec::new();
     for (index, chunk) in chunks.iter().enumerate() {
-        let last = index + 1 == chunks.len();
+        let last = end_of_message && index + 1 == chunks.len();
         let length = u16::try_from(chunk.len() + 8).expect("a chunk fits a packet");
         out.extend_from_slice(&[TABULAR_RESULT, u8::from(last)]);
         out.extend_from_slice(&length.to_be_bytes());
@@ -337,10 +415,18 @@ fn packet(payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// COLMETADATA and one ROW per row. Types: BIGINT (0x7F), INT (0x38), GUID (0x24),
-/// NVARCHAR (0xE7, Latin1_General collation), BIGVARBINARY (0xA5).
+/// COLMETADATA and one ROW per row.
 fn result_set(out: &mut Vec<u8>, columns: &[&str], rows: &[Vec<Value>]) {
     let first = rows.first().expect("a result set with at least one row");
+    column_metadata(out, columns, first);
+    for values in rows {
+        row(out, values);
+    }
+}
+
+/// COLMETADATA, each column typed by its value in `first`: BIGINT (0x7F), INT (0x38), GUID
+/// (0x24), NVARCHAR (0xE7, Latin1_General collation), BIGVARBINARY (0xA5).
+fn column_metadata(out: &mut Vec<u8>, columns: &[&str], first: &[Value]) {
     out.push(0x81);
     out.extend_from_slice(&(columns.len() as u16).to_le_bytes());
     for (name, value) in columns.iter().zip(first) {
@@ -366,28 +452,30 @@ fn result_set(out: &mut Vec<u8>, columns: &[&str], rows: &[Vec<Value>]) {
             out.extend_from_slice(&unit.to_le_bytes());
         }
     }
-    for row in rows {
-        out.push(0xD1);
-        for value in row {
-            match value {
-                Value::BigInt(n) => out.extend_from_slice(&n.to_le_bytes()),
-                Value::Int(n) => out.extend_from_slice(&n.to_le_bytes()),
-                Value::Guid(bytes) => {
-                    out.push(16);
-                    out.extend_from_slice(bytes);
+}
+
+/// One ROW.
+fn row(out: &mut Vec<u8>, values: &[Value]) {
+    out.push(0xD1);
+    for value in values {
+        match value {
+            Value::BigInt(n) => out.extend_from_slice(&n.to_le_bytes()),
+            Value::Int(n) => out.extend_from_slice(&n.to_le_bytes()),
+            Value::Guid(bytes) => {
+                out.push(16);
+                out.extend_from_slice(bytes);
+            }
+            Value::Text(None) => out.extend_from_slice(&0xFFFFu16.to_le_bytes()),
+            Value::Text(Some(text)) => {
+                let units: Vec<u16> = text.encode_utf16().collect();
+                out.extend_from_slice(&((units.len() * 2) as u16).to_le_bytes());
+                for unit in units {
+                    out.extend_from_slice(&unit.to_le_bytes());
                 }
-                Value::Text(None) => out.extend_from_slice(&0xFFFFu16.to_le_bytes()),
-                Value::Text(Some(text)) => {
-                    let units: Vec<u16> = text.encode_utf16().collect();
-                    out.extend_from_slice(&((units.len() * 2) as u16).to_le_bytes());
-                    for unit in units {
-                        out.extend_from_slice(&unit.to_le_bytes());
-                    }
-                }
-                Value::Binary(bytes) => {
-                    out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
-                    out.extend_from_slice(bytes);
-                }
+            }
+            Value::Binary(bytes) => {
+                out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+                out.extend_from_slice(bytes);
             }
         }
     }

@@ -31,6 +31,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use crate::lex::{Kind, Token, lex};
+use crate::never_wait;
 use crate::schema::{Column, Schema, parse_type};
 use crate::typed::close_paren;
 use crate::{Violation, bundle_schema, find_modules, lint_file_in, module_of, read_bundle};
@@ -280,14 +281,69 @@ pub fn copy_template(
     if let Some(ulid) = ulid {
         text = text.replace("__template_ulid__", &quotename(ulid).ok_or_else(null)?);
     }
+    rename_table(&text, template_table, sample).ok_or_else(null)
+}
+
+/// copy_template's last two replacements (4 and 5 above): the template table's name, and
+/// `changefeed.<template table>` inside per-object names and literals, by the sample's.
+/// None when a quoted name would be NULL (over 128 characters).
+fn rename_table(text: &str, template_table: &str, sample: &Sample) -> Option<String> {
     let table = format!(
         "{}.{}",
-        quotename(&sample.schema).ok_or_else(null)?,
-        quotename(&sample.table).ok_or_else(null)?
+        quotename(&sample.schema)?,
+        quotename(&sample.table)?
     );
-    text = text.replace(&format!("[changefeed].[{template_table}]"), &table);
-    text = text.replace(&format!("changefeed.{template_table}"), &sample.qualified());
-    Ok(text)
+    Some(
+        text.replace(&format!("[changefeed].[{template_table}]"), &table)
+            .replace(&format!("changefeed.{template_table}"), &sample.qualified()),
+    )
+}
+
+/// The tables (schema, name) whose reads need a guard (R23, `never_wait.rs`) in the object
+/// of `kind` generated for `sample` as `target`: the template's tables as copy_template
+/// renames them. Empty for a kind that may wait.
+pub fn guarded_tables(kind: &str, sample: &Sample, target: Target) -> Vec<(String, String)> {
+    let template_table = target.template_table();
+    let Some(tables) = never_wait::guarded_tables(&format!("{kind}:changefeed.{template_table}"))
+    else {
+        return Vec::new();
+    };
+    tables
+        .iter()
+        .filter_map(|(schema, name)| {
+            let renamed = rename_table(&format!("[{schema}].[{name}]"), template_table, sample)?;
+            let lexed = lex(&renamed);
+            let code = lexed.code();
+            Some((code.first()?.ident_value(), code.get(2)?.ident_value()))
+        })
+        .collect()
+}
+
+/// The R23 problems of one generated object of `kind`: reads of its outbox or event table
+/// that lost their guard on the way through the generator.
+pub fn never_wait_problems(
+    rendered: &Rendered,
+    kind: &str,
+    sample: &Sample,
+    target: Target,
+) -> Vec<String> {
+    let tables = guarded_tables(kind, sample, target);
+    let tables: Vec<(&str, &str)> = tables
+        .iter()
+        .map(|(schema, name)| (schema.as_str(), name.as_str()))
+        .collect();
+    let lexed = lex(&rendered.text);
+    never_wait::unguarded_reads(&lexed.code(), &tables)
+        .into_iter()
+        .map(|(line, table)| {
+            format!(
+                "{} line {line}: [{}] {}",
+                rendered.object,
+                crate::Rule::NeverWaitGuard.id(),
+                never_wait::message(&rendered.object, &table)
+            )
+        })
+        .collect()
 }
 
 /// One generated object: its name, the template file it came from, and its text.
@@ -297,17 +353,28 @@ pub struct Rendered {
     pub text: String,
 }
 
+/// The newest definition of the template of `kind` (bundle in version order): a later
+/// `create or alter` replaces an earlier one in the database, and upgrade_outbox and
+/// upgrade_feed copy what is there.
 fn template_of<'b>(
     bundle: &'b [(String, String)],
     kind: &str,
     template_table: &str,
 ) -> Option<(&'b str, &'b str)> {
     let wanted = format!("{kind}:changefeed.{template_table}");
-    bundle.iter().find_map(|(name, text)| {
+    bundle.iter().rev().find_map(|(name, text)| {
         module_of(text)
             .filter(|m| m.name_parts.last().is_some_and(|n| *n == wanted))
             .map(|_| (name.as_str(), text.as_str()))
     })
+}
+
+/// The kind of a generated object named `[changefeed].[<kind>:<schema.table>]`.
+fn kind_of(object: &str) -> &str {
+    object
+        .strip_prefix("[changefeed].[")
+        .and_then(|rest| rest.split_once(':'))
+        .map_or(object, |(kind, _)| kind)
 }
 
 /// Every object generated for `sample` as `target`.
@@ -729,6 +796,10 @@ fn generated_objects_parse_lint_and_bind_for_every_sample_table() {
                 for p in binding_problems(r, &known) {
                     problems.push(format!("{} ({}): {p}", r.object, sample.what));
                 }
+                let kind = kind_of(&r.object);
+                for p in never_wait_problems(r, kind, sample, target) {
+                    problems.push(format!("{p} [{}]", sample.what));
+                }
                 for v in new_violations(r, template, &schema) {
                     problems.push(format!("{v} [{}]", sample.what));
                 }
@@ -915,4 +986,67 @@ fn a_key_shape_that_breaks_a_template_is_caught() {
             && v.to_string().contains("German_PhoneBook_CI_AS")),
         "{found:?}"
     );
+}
+
+#[test]
+fn generated_code_is_copied_from_the_newest_template() {
+    let (bundle, _) = read_bundle();
+    let sample = &samples()[0];
+    let rendered = render(&bundle, sample, Target::Outbox).expect("the outbox's objects");
+    let claim = rendered
+        .iter()
+        .find(|r| kind_of(&r.object) == "claim")
+        .expect("a claim");
+    let newest = bundle
+        .iter()
+        .rev()
+        .find(|(_, text)| {
+            module_of(text).is_some_and(|m| {
+                m.name_parts.last().map(String::as_str)
+                    == Some("claim:changefeed.__template_outbox__")
+            })
+        })
+        .expect("the claim template");
+    assert_eq!(claim.template_file, format!("sql/{}", newest.0));
+}
+
+#[test]
+fn a_generated_read_without_its_guard_is_caught_under_the_real_table_name() {
+    let sample = &samples()[1];
+    let template = "create or alter procedure [changefeed].[mark_done:changefeed.__template_outbox__]\n\
+                    as\nbegin\n    set nocount, xact_abort on;\n\
+                    update t set status = 2\n\
+                    from [changefeed].[__template_outbox__] as t with (index(1))\n\
+                    where t.id = @id;\nend\n";
+    let render = |text: &str| Rendered {
+        object: format!("[changefeed].[mark_done:{}]", sample.qualified()),
+        template_file: "sql/V1__test.sql".into(),
+        text: copy_template(text, "__template_outbox__", sample, Target::Outbox).unwrap(),
+    };
+    let guarded = render(template);
+    assert!(
+        guarded
+            .text
+            .contains("from [ventes].[Événement commande] as t")
+    );
+    assert_eq!(
+        never_wait_problems(&guarded, "mark_done", sample, Target::Outbox),
+        Vec::<String>::new()
+    );
+    let bare = render(&template.replace(" with (index(1))", ""));
+    let problems = never_wait_problems(&bare, "mark_done", sample, Target::Outbox);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("line 6"), "{problems:?}");
+    // The feed's outbox and event table, renamed for the feed.
+    assert_eq!(
+        guarded_tables("read_feed", sample, Target::Feed("outbox")),
+        [
+            (
+                "changefeed".to_owned(),
+                "outbox:ventes.Événement commande".to_owned()
+            ),
+            ("ventes".to_owned(), "Événement commande".to_owned())
+        ]
+    );
+    assert!(guarded_tables("enqueue", sample, Target::Outbox).is_empty());
 }

@@ -80,6 +80,15 @@
 //!   feed rows entering the index in ULID order, which only a serial, ordered plan keeps
 //!   (ORDER BY alone orders identity values, not the insert). Definitions that a later file
 //!   replaces (frozen files) are not what runs, and are not checked.
+//! * R23 `never-wait-guard` — in the newest definition of a procedure that must never wait
+//!   for another transaction (the claim outbox's `claim`, `mark_done`, `mark_failed`,
+//!   `requeue`; the outbox-mode `read_feed`), every read of a table writers hold rows of (the
+//!   outbox; read_feed's outbox and event table) carries a guard: `READPAST`,
+//!   `READUNCOMMITTED` (not on an UPDATE/DELETE target), `FORCESEEK`, or, for a DELETE or
+//!   UPDATE target, a row source of its own driving `OPTION (FORCE ORDER, LOOP JOIN)`, or a
+//!   single-row read by key (`INDEX(1)` and `where <alias>.id = @variable`). Inserts,
+//!   the feed table, and procedures that may wait are out of scope (`never_wait.rs` says
+//!   which and why); the generated text is checked too (`generated.rs`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -90,6 +99,7 @@ mod coverage;
 #[cfg(test)]
 mod generated;
 mod lex;
+mod never_wait;
 mod schema;
 mod typed;
 #[cfg(test)]
@@ -127,6 +137,7 @@ enum Rule {
     OrderedFeedInsert,
     LengthUnits,
     PauseOutsideTransaction,
+    NeverWaitGuard,
 }
 
 impl Rule {
@@ -155,6 +166,7 @@ impl Rule {
             Rule::OrderedFeedInsert => "R20 ordered-feed-insert",
             Rule::LengthUnits => "R21 length-units",
             Rule::PauseOutsideTransaction => "R22 pause-outside-transaction",
+            Rule::NeverWaitGuard => "R23 never-wait-guard",
         }
     }
 }
@@ -1262,7 +1274,7 @@ fn length_units(code: &[&Token<'_>], sink: &mut Sink<'_>) {
     }
 }
 
-/// R1 over the names plus every per-file rule over the `.sql` files, and R20.
+/// R1 over the names plus every per-file rule over the `.sql` files, R20 and R23.
 fn lint_bundle(files: &[(String, String)]) -> Vec<Violation> {
     let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
     let mut out = lint_file_names(&names);
@@ -1271,32 +1283,73 @@ fn lint_bundle(files: &[(String, String)]) -> Vec<Violation> {
         out.extend(lint_file_in(&format!("sql/{name}"), text, &schema));
     }
     out.extend(lint_feed_inserts(files));
+    out.extend(lint_never_wait(files));
+    out
+}
+
+/// A `.sql` file of the bundle that no later file replaces: its name, its text, and the
+/// module it defines, if any.
+struct Current<'a> {
+    name: &'a str,
+    text: &'a str,
+    module: Option<Module>,
+}
+
+/// The `.sql` files of `files` (in bundle order) whose module, if they define one, no later
+/// file defines again: what runs. A file without a module is always current.
+fn current_files(files: &[(String, String)]) -> Vec<Current<'_>> {
+    let sql: Vec<&(String, String)> = files.iter().filter(|(n, _)| n.ends_with(".sql")).collect();
+    let modules: Vec<Option<Module>> = sql.iter().map(|(_, text)| module_of(text)).collect();
+    let keys: Vec<Option<String>> = modules
+        .iter()
+        .map(|m| m.as_ref().map(|m| m.name_parts.join(".").to_lowercase()))
+        .collect();
+    let mut out = Vec::new();
+    for (index, ((name, text), module)) in sql.iter().zip(modules).enumerate() {
+        let replaced = keys[index].as_ref().is_some_and(|own| {
+            keys[index + 1..]
+                .iter()
+                .any(|later| later.as_ref() == Some(own))
+        });
+        if !replaced {
+            out.push(Current { name, text, module });
+        }
+    }
+    out
+}
+
+/// R23 over the newest definition of every procedure that must never wait.
+fn lint_never_wait(files: &[(String, String)]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for current in current_files(files) {
+        let Some(module) = &current.module else {
+            continue;
+        };
+        let Some(tables) = module
+            .name_parts
+            .last()
+            .and_then(|name| never_wait::guarded_tables(name))
+        else {
+            continue;
+        };
+        let lexed = lex(current.text);
+        for (line, table) in never_wait::unguarded_reads(&lexed.code(), tables) {
+            out.push(Violation {
+                file: format!("sql/{}", current.name),
+                line,
+                rule: Rule::NeverWaitGuard,
+                message: never_wait::message(&module.name_text, &table),
+            });
+        }
+    }
     out
 }
 
 /// R20 over the newest definition of every module (files in bundle order).
 fn lint_feed_inserts(files: &[(String, String)]) -> Vec<Violation> {
-    let sql: Vec<&(String, String)> = files.iter().filter(|(n, _)| n.ends_with(".sql")).collect();
-    let lexed: Vec<_> = sql.iter().map(|(_, text)| lex(text)).collect();
-    let module_names: Vec<Option<String>> = sql
-        .iter()
-        .zip(&lexed)
-        .map(|((_, text), lexed)| {
-            find_modules(text, &lexed.code())
-                .first()
-                .map(|m| m.name_parts.join(".").to_lowercase())
-        })
-        .collect();
     let mut out = Vec::new();
-    for (index, ((name, _), lexed)) in sql.iter().zip(&lexed).enumerate() {
-        let replaced = module_names[index].as_ref().is_some_and(|module| {
-            module_names[index + 1..]
-                .iter()
-                .any(|later| later.as_ref() == Some(module))
-        });
-        if replaced {
-            continue;
-        }
+    for current in current_files(files) {
+        let (name, lexed) = (current.name, lex(current.text));
         for line in unordered_feed_inserts(&lexed.code()) {
             out.push(Violation {
                 file: format!("sql/{name}"),
@@ -1828,6 +1881,57 @@ fn catch_without_rethrow_or_semicolon_fires() {
 }
 
 // R7
+
+#[test]
+fn an_unguarded_read_in_a_procedure_that_must_never_wait_fires_unless_replaced() {
+    let procedure = |kind: &str, hints: &str| {
+        format!(
+            "create or alter procedure [changefeed].[{kind}:changefeed.__template_outbox__]\n\
+             as\nbegin\n    set nocount, xact_abort on;\n\
+             update [changefeed].[__template_outbox__]{hints}\n\
+             set status = 3 where id = 1;\nend\n"
+        )
+    };
+    let r23 = |files: &[(&str, &str)]| -> Vec<(String, usize)> {
+        let files: Vec<(String, String)> = files
+            .iter()
+            .map(|(n, t)| ((*n).to_owned(), (*t).to_owned()))
+            .collect();
+        lint_bundle(&files)
+            .into_iter()
+            .filter(|v| v.rule == Rule::NeverWaitGuard)
+            .map(|v| (v.file, v.line))
+            .collect()
+    };
+    let bare = procedure("requeue", "");
+    let pinned = procedure("requeue", " with (readpast)");
+    assert_eq!(
+        r23(&[("V1__p.sql", &bare)]),
+        [("sql/V1__p.sql".to_owned(), 5)]
+    );
+    assert!(r23(&[("V1__p.sql", &pinned)]).is_empty());
+    assert!(
+        r23(&[("V1__p.sql", &bare), ("V2__p.sql", &pinned)]).is_empty(),
+        "a definition replaced by a later file is not checked"
+    );
+    assert_eq!(
+        r23(&[("V1__p.sql", &pinned), ("V2__p.sql", &bare)]),
+        [("sql/V2__p.sql".to_owned(), 5)]
+    );
+    assert!(
+        r23(&[("V1__p.sql", &procedure("enqueue", ""))]).is_empty(),
+        "enqueue may wait (for its aggregate's lock): out of scope"
+    );
+    let message = lint_bundle(&[("V1__p.sql".to_owned(), bare)])
+        .into_iter()
+        .find(|v| v.rule == Rule::NeverWaitGuard)
+        .expect("R23")
+        .to_string();
+    assert!(
+        message.contains("FORCESEEK") && message.contains("READPAST"),
+        "{message}"
+    );
+}
 
 #[test]
 fn feed_insert_without_order_and_maxdop_fires_unless_a_later_file_replaces_it() {

@@ -1,0 +1,178 @@
+-- What is wrong with the indexes of a claim outbox that its generated code names in hints,
+-- with the statement that fixes it; NULL when nothing is. One row, always.
+-- The code pins its plans: the claim's head probe reads INDEX(head_of_aggregate), and the
+-- claim's update and the acknowledgements read INDEX(1), the clustered index, by id. A
+-- hint the table cannot satisfy fails every call instead of compiling to another plan (Msg
+-- 308 for an index name that does not exist; INDEX(1) on a heap is refused too), and a
+-- clustered index on another key would turn those reads by id into scans, which wait for
+-- any open transaction's row. An index dropped, renamed or re-created otherwise by hand
+-- therefore breaks the outbox. upgrade_outbox refuses such an outbox (51016) and upgrade_all_feeds skips and
+-- reports it, both before generating anything: a regeneration that failed under XACT_ABORT
+-- would roll back the whole upgrade (see upgrade_all_feeds).
+-- What the code needs, in the order checked:
+--   the clustered index: unique, rowstore, enabled, keyed on (id) alone (an equality on id
+--     is then a single-row seek that reads no other row);
+--   head_of_aggregate, by that name: a nonclustered rowstore index, enabled, unfiltered,
+--     keyed on (aggregate_id, id) in that order, with status among its included columns
+--     (the claim's committed probe relies on an update of status locking this index's key).
+-- Internal: the inputs are a registered outbox's object id, names and native_json (for the
+-- setup_outbox call in the fix); names come from the registry, so the text says them as
+-- the owner wrote them.
+create or alter function [changefeed].[outbox_index_problem] (
+    @object_id int,
+    @schema_name sysname,
+    @table_name sysname,
+    @native_json bit
+)
+returns table
+as
+return
+select
+    -- concat: a NULL piece is empty, never a NULL text (NULL means "no problem"). Cut to
+    -- outboxes.problem's length explicitly, so that a long name cannot make the update of
+    -- the registry fail on truncation (Msg 2628).
+    convert(nvarchar(1000), case
+        when c.usable = 0
+            then concat(
+                N'The claim outbox ''', @schema_name, N'.', @table_name,
+                N''' has no unique clustered index on (id) alone, through which its claim and',
+                N' acknowledgements read their rows by id (INDEX(1)): on a heap every such call',
+                N' would fail, on another key it would scan the outbox and wait for open',
+                N' transactions. Make (id) its unique clustered index again (primary key',
+                N' clustered (id), as setup_outbox creates it), then run exec',
+                N' changefeed.setup_outbox @table_name = N''',
+                replace(concat(@schema_name, N'.', @table_name), N'''', N''''''),
+                N'''', case when @native_json = 1 then N', @native_json = 1' end, N';'
+            )
+        when h.found = 0
+            then concat(
+                N'The index head_of_aggregate of the claim outbox ''', @schema_name, N'.',
+                @table_name,
+                N''', which its claim reads by name (INDEX(head_of_aggregate)), was dropped',
+                N' or renamed: every claim would fail (Msg 308). Rename it back (exec',
+                N' sp_rename with @objtype = N''INDEX''), or let setup_outbox create it',
+                N' again and regenerate the procedures: exec changefeed.setup_outbox',
+                N' @table_name = N''',
+                replace(concat(@schema_name, N'.', @table_name), N'''', N''''''),
+                N'''', case when @native_json = 1 then N', @native_json = 1' end, N';'
+            )
+        when h.usable = 0
+            then concat(
+                N'The index head_of_aggregate of the claim outbox ''', @schema_name, N'.',
+                @table_name,
+                N''' is not the one its claim reads by name (enabled, unfiltered, keyed on',
+                N' (aggregate_id, id), status included). Drop it (drop index',
+                N' head_of_aggregate on ', quotename(@schema_name), N'.', quotename(@table_name),
+                N') and let setup_outbox create it again and regenerate the procedures:',
+                N' exec changefeed.setup_outbox @table_name = N''',
+                replace(concat(@schema_name, N'.', @table_name), N'''', N''''''),
+                N'''', case when @native_json = 1 then N', @native_json = 1' end, N';'
+            )
+    end) as problem
+from (
+    select
+        convert(bit, case
+            when exists (
+                select 1
+                from sys.indexes as i
+                where
+                    i.object_id = @object_id
+                    and i.index_id = 1
+                    and i.type = 1
+                    and i.is_unique = 1
+                    and i.is_disabled = 0
+                    and i.is_hypothetical = 0
+                    -- Its one key column is id.
+                    and exists (
+                        select 1
+                        from sys.index_columns as ic
+                        inner join sys.columns as col
+                            on col.object_id = ic.object_id and col.column_id = ic.column_id
+                        where
+                            ic.object_id = i.object_id
+                            and ic.index_id = i.index_id
+                            and ic.key_ordinal = 1
+                            and col.name = N'id'
+                    )
+                    and not exists (
+                        select 1
+                        from sys.index_columns as ic
+                        where
+                            ic.object_id = i.object_id
+                            and ic.index_id = i.index_id
+                            and ic.key_ordinal > 1
+                    )
+            ) then 1 else 0
+        end) as usable
+) as c
+cross apply (
+    select
+        convert(bit, case
+            when exists (
+                select 1
+                from sys.indexes as i
+                where
+                    i.object_id = @object_id
+                    and i.name = N'head_of_aggregate'
+                -- A hypothetical index of the name counts as found (and then as not
+                -- usable, whose advice is to drop it): setup_outbox looks for the name
+                -- alone and would not create the index again.
+            ) then 1 else 0
+        end) as found,
+        convert(bit, case
+            when exists (
+                select 1
+                from sys.indexes as i
+                where
+                    i.object_id = @object_id
+                    and i.name = N'head_of_aggregate'
+                    and i.type = 2
+                    and i.is_disabled = 0
+                    and i.is_hypothetical = 0
+                    and i.has_filter = 0
+                    -- Keyed on (aggregate_id, id), in that order, and on nothing else.
+                    and exists (
+                        select 1
+                        from sys.index_columns as ic
+                        inner join sys.columns as col
+                            on col.object_id = ic.object_id and col.column_id = ic.column_id
+                        where
+                            ic.object_id = i.object_id
+                            and ic.index_id = i.index_id
+                            and ic.key_ordinal = 1
+                            and col.name = N'aggregate_id'
+                    )
+                    and exists (
+                        select 1
+                        from sys.index_columns as ic
+                        inner join sys.columns as col
+                            on col.object_id = ic.object_id and col.column_id = ic.column_id
+                        where
+                            ic.object_id = i.object_id
+                            and ic.index_id = i.index_id
+                            and ic.key_ordinal = 2
+                            and col.name = N'id'
+                    )
+                    and not exists (
+                        select 1
+                        from sys.index_columns as ic
+                        where
+                            ic.object_id = i.object_id
+                            and ic.index_id = i.index_id
+                            and ic.key_ordinal > 2
+                    )
+                    -- status is included.
+                    and exists (
+                        select 1
+                        from sys.index_columns as ic
+                        inner join sys.columns as col
+                            on col.object_id = ic.object_id and col.column_id = ic.column_id
+                        where
+                            ic.object_id = i.object_id
+                            and ic.index_id = i.index_id
+                            and ic.is_included_column = 1
+                            and col.name = N'status'
+                    )
+            ) then 1 else 0
+        end) as usable
+) as h;
