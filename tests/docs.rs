@@ -97,13 +97,13 @@ fn link_targets(line: &str) -> Vec<&str> {
     let mut in_code = false;
     let mut rest = line;
     while let Some(at) = rest.find(['`', ']']) {
-        let after = &rest[at..];
-        if after.starts_with('`') {
+        // Both markers are one byte: what follows the one found.
+        let marker = rest.as_bytes()[at];
+        rest = &rest[at + 1..];
+        if marker == b'`' {
             in_code = !in_code;
-            rest = &after[1..];
             continue;
         }
-        rest = &after[1..];
         if in_code {
             continue;
         }
