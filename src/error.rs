@@ -154,8 +154,8 @@ const CURSOR_EXPIRED: u32 = 51104;
 /// Azure SQL Database the connect path ([`crate::connection`]) turns it into a transient
 /// [`Error::Connection`] instead.
 const TRANSIENT_SERVER_ERRORS: &[u32] = &[
-    601, 1205, 1222, 2801, 3960, 51012, 51103, 51113, 51115, 51202, 51305, 51310, 4221, 10928, 10929,
-    10936, 40143, 40197, 40501, 40540, 40613, 42108, 42109, 49918, 49919, 49920,
+    601, 1205, 1222, 2801, 3960, 51012, 51103, 51113, 51115, 51202, 51305, 51310, 4221, 10928,
+    10929, 10936, 40143, 40197, 40501, 40540, 40613, 42108, 42109, 49918, 49919, 49920,
 ];
 
 /// Login failures: a wrong password or unknown login (18456), an untrusted domain login
