@@ -406,3 +406,72 @@ fn clip(text: &str) -> Cow<'_, str> {
         Some((end, _)) => Cow::Owned(format!("{}…", &text[..end])),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbox::UndecodableMessage;
+
+    fn row(topic: Option<&str>) -> UndecodableMessage {
+        UndecodableMessage {
+            id: 7,
+            message_id: None,
+            topic: topic.map(str::to_owned),
+            payload: None,
+            headers: None,
+            attempts: 0,
+            claim_token: ClaimToken::new(uuid::Uuid::nil()),
+            error: "x".to_owned(),
+        }
+    }
+
+    #[test]
+    fn the_dead_letter_s_failure_survives_the_stores_2000_characters() {
+        let row = row(Some("orders"));
+        let own = PublishError::poison("é".repeat(3_000));
+        let refused = PublishError::retriable("producing to orders.dlq: not authorized");
+        let both = with_dead_letter_failure(
+            DeadLetter::Undecodable(&row),
+            &own,
+            Some("orders.dlq"),
+            &refused,
+        );
+        assert_eq!(both.kind, ErrorKind::Poison, "the message's own kind");
+        let kept: String = error_text(&both).chars().take(2_000).collect();
+        assert!(
+            kept.ends_with(
+                "…; its dead letter from topic orders to orders.dlq was not written either: \
+                 retriable: producing to orders.dlq: not authorized"
+            ),
+            "{kept}"
+        );
+    }
+
+    #[test]
+    fn the_route_says_what_is_known() {
+        let refused = PublishError::retriable("down");
+        let own = PublishError::poison("bad");
+        for (topic, destination, expected) in [
+            (
+                None,
+                Some("undecodable"),
+                "bad; its dead letter to undecodable was not",
+            ),
+            (
+                Some("orders"),
+                None,
+                "bad; its dead letter from topic orders was not",
+            ),
+            (None, None, "bad; its dead letter was not"),
+        ] {
+            let row = row(topic);
+            let both = with_dead_letter_failure(
+                DeadLetter::Undecodable(&row),
+                &own,
+                destination,
+                &refused,
+            );
+            assert!(both.message.starts_with(expected), "{}", both.message);
+        }
+    }
+}
