@@ -6,7 +6,8 @@
 //! (one line, exit 2), refused producer settings. With MariaDB (`#[ignore]`d; .ci/run's
 //! MariaDB step runs them): the relay delivers an outbox to the mock cluster and stops
 //! with exit 0 on SIGINT, exits 130 at once on a second signal while its batch is stuck,
-//! and stops the same way without --brokers (JSON lines). With SQL Server (`#[ignore]`d; `CHANGEFEED_TEST_MSSQL`): the
+//! says on its progress line when a dead letter fails, and stops the same way without
+//! --brokers (JSON lines). With SQL Server (`#[ignore]`d; `CHANGEFEED_TEST_MSSQL`): the
 //! export end to end, stopped by SIGINT and resumed after a restart.
 
 mod common;
@@ -515,6 +516,91 @@ async fn relay_from_mariadb_exits_130_at_once_on_a_second_signal(max_in_flight: 
         rest,
         ["stopped at once by a second signal: the batch in flight was not finished"]
     );
+    drop(cluster);
+}
+
+mariadb_variants!(relay_from_mariadb_says_in_its_progress_line_when_a_dead_letter_fails);
+/// A poison message whose dead-letter topic refuses the producer: the default (human)
+/// output says so, naming both topics and both errors, on the progress line and on the
+/// last line; the row is dead, its `last_error` saying the same; the next message of its
+/// aggregate goes out after it.
+#[cfg(feature = "mysql")]
+async fn relay_from_mariadb_says_in_its_progress_line_when_a_dead_letter_fails(max_in_flight: u32) {
+    use changefeed::kafka::rdkafka::types::RDKafkaRespErr;
+    use mysql_async::prelude::Queryable;
+
+    let (cluster, brokers) = cluster_with_topic("orders");
+    cluster.create_topic("orders.dlq", 1, 1).unwrap();
+    cluster
+        .topic_error(
+            "orders.dlq",
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+        )
+        .unwrap();
+    let db = mariadb_outbox("cli_kafka_dlq", "outbox_dlq", max_in_flight).await;
+    let messages = [
+        NewMessage::new("orders", json!({ "blob": "x".repeat(20_000) }))
+            .aggregate("order", "order-1"),
+        NewMessage::new("orders", json!({ "n": 1 })).aggregate("order", "order-1"),
+    ];
+    db.enqueue_committed("outbox_dlq", &messages).await;
+
+    let child = relay_child(
+        &db.url,
+        "outbox_dlq",
+        max_in_flight,
+        &[
+            "--brokers",
+            &brokers,
+            // The first message is over it: poison, and so is its dead letter's value.
+            "-X",
+            "message.max.bytes=10000",
+            "--progress-interval",
+            "500ms",
+        ],
+        Stdio::null(),
+    );
+    if !db
+        .count_reaches("outbox_dlq", "status = 2", 1, Duration::from_secs(60))
+        .await
+    {
+        let (status, stderr) = wait_for_exit(child, Duration::ZERO);
+        panic!("the second message was not published within 60 s ({status}): {stderr}");
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (status, stderr) = stop(child, libc::SIGINT).await;
+    assert_eq!(status.code(), Some(0), "{stderr}");
+
+    let both = [
+        "producing to orders: ",
+        "MessageSizeTooLarge",
+        "its dead letter from topic orders to orders.dlq was not written either: ",
+        "producing to orders.dlq: ",
+        "TopicAuthorizationFailed",
+    ];
+    let line = stderr
+        .lines()
+        .find(|line| line.contains(", dead 1, dead letters failed 1 (last: "))
+        .unwrap_or_else(|| panic!("no progress line says the dead letter failed: {stderr}"));
+    for part in both {
+        assert!(line.contains(part), "{part:?} in {line}");
+    }
+    assert_eq!(
+        stderr.lines().last(),
+        Some("stopped: published 1, failed 0, dead 1, dead letters failed 1"),
+        "{stderr}"
+    );
+    let last_error: Option<String> = db
+        .conn()
+        .await
+        .query_first("select last_error from outbox_dlq where status = 4")
+        .await
+        .unwrap();
+    let last_error = last_error.expect("one dead row");
+    assert!(last_error.starts_with("poison: "), "{last_error}");
+    for part in both {
+        assert!(last_error.contains(part), "{part:?} in {last_error}");
+    }
     drop(cluster);
 }
 

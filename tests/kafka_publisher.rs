@@ -364,6 +364,100 @@ async fn a_message_the_broker_refuses_as_too_large_is_dead_lettered_with_its_pay
     assert_eq!(letter.json(), json!({ "aggregate": "order-1", "seq": 0 }));
 }
 
+/// Five messages over `message.max.bytes` (poison at enqueue) of five aggregates, each
+/// followed by a small one, and a message of an aggregate of its own; the poison ids and
+/// the others'.
+fn five_poison_with_successors(store: &MemoryStore) -> (Vec<i64>, Vec<i64>) {
+    let poison = (0..5)
+        .map(|i| {
+            let big = NewMessage::new(TOPIC, json!({ "blob": "x".repeat(20_000) }))
+                .aggregate("order", format!("order-{i}"));
+            store.enqueue(big)
+        })
+        .collect();
+    let mut healthy: Vec<i64> = (0..5)
+        .map(|i| store.enqueue(message(&format!("order-{i}"), 1)))
+        .collect();
+    healthy.push(store.enqueue(message("order-alone", 0)));
+    (poison, healthy)
+}
+
+in_flight_variants!(dead_letters_to_a_missing_topic_end_inside_the_claim_and_say_so);
+/// The dead-letter topic does not exist and the brokers do not create topics: librdkafka
+/// holds each dead letter until its message timeout (4 s here). One at a time, five of
+/// them took 20 s, past the 15 s claim: the rows were claimed, published and dead-lettered
+/// again. Together they take one timeout; each row is dead once, saying why its dead
+/// letter failed, and the healthy messages go out once each, in order.
+async fn dead_letters_to_a_missing_topic_end_inside_the_claim_and_say_so(max_in_flight: u32) {
+    let cluster = start_cluster(1);
+    create_topic(&cluster, TOPIC, 1);
+    let store = MemoryStore::new();
+    let (poison, healthy) = five_poison_with_successors(&store);
+    let settings = producer(&cluster)
+        .set("message.max.bytes", "10000")
+        .set("allow.auto.create.topics", "false");
+
+    let started = Instant::now();
+    drain(&store, settings, 100, max_in_flight).await.unwrap();
+    let took = started.elapsed();
+
+    // relay_config's claim: 15 s.
+    assert!(took < Duration::from_secs(12), "drained after {took:?}");
+    for id in &poison {
+        let row = store.row(*id);
+        assert_eq!((row.status, row.attempts), (Status::Dead, 1), "{row:?}");
+        let error = row.last_error.clone().unwrap_or_default();
+        for part in [
+            "poison: producing to orders: ",
+            "MessageSizeTooLarge",
+            "its dead letter from topic orders to orders.dlq was not written either: \
+             retriable: producing to orders.dlq: ",
+        ] {
+            assert!(error.contains(part), "{part:?} in {error}");
+        }
+    }
+    assert_eq!(store.count(Status::Done), healthy.len());
+    let records = read_back(&cluster, TOPIC, healthy.len()).await;
+    assert_once_each(&records, message_ids(&store, healthy));
+}
+
+in_flight_variants!(a_dead_letter_topic_that_refuses_the_producer_is_named_with_both_errors);
+/// The dead-letter topic refuses the producer (ACLs): each dead row's `last_error` names
+/// its own error and topic and the dead-letter topic's refusal; the relay runs on.
+async fn a_dead_letter_topic_that_refuses_the_producer_is_named_with_both_errors(
+    max_in_flight: u32,
+) {
+    let cluster = orders_cluster(1, 1);
+    cluster
+        .topic_error(
+            DLQ,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+        )
+        .unwrap();
+    let store = MemoryStore::new();
+    let (poison, healthy) = five_poison_with_successors(&store);
+    let settings = producer(&cluster).set("message.max.bytes", "10000");
+
+    drain(&store, settings, 100, max_in_flight).await.unwrap();
+
+    for id in &poison {
+        let row = store.row(*id);
+        assert_eq!((row.status, row.attempts), (Status::Dead, 1), "{row:?}");
+        let error = row.last_error.clone().unwrap_or_default();
+        for part in [
+            "poison: producing to orders: ",
+            "MessageSizeTooLarge",
+            "its dead letter from topic orders to orders.dlq was not written either: ",
+            "producing to orders.dlq: ",
+            "TopicAuthorizationFailed",
+        ] {
+            assert!(error.contains(part), "{part:?} in {error}");
+        }
+    }
+    let records = read_back(&cluster, TOPIC, healthy.len()).await;
+    assert_once_each(&records, message_ids(&store, healthy));
+}
+
 /// Settings that put a whole claim of one partition into one produce request.
 fn one_request(cluster: &Cluster) -> ProducerSettings {
     producer(cluster).set("linger.ms", "200")

@@ -10,7 +10,7 @@ mod common_relay;
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -449,6 +449,9 @@ struct FakePublisher {
     /// The payload text of every dead letter, by id.
     dead_letter_payloads: Mutex<Vec<(i64, Option<String>)>>,
     dead_letter_error: Mutex<Option<PublishError>>,
+    /// How long every dead letter takes before its outcome (a destination that does not
+    /// answer: a missing topic waits the producer's message timeout).
+    dead_letter_delay: Mutex<Option<Duration>>,
     /// Runs once, inside the next publish call.
     during_publish: Mutex<Option<Action>>,
     /// How long the next publish call takes.
@@ -543,10 +546,18 @@ impl Publisher for FakePublisher {
             .lock()
             .unwrap()
             .push((letter.id(), letter.payload_text().map(|t| t.into_owned())));
+        let delay = *self.dead_letter_delay.lock().unwrap();
+        if let Some(delay) = delay {
+            sleep(delay).await;
+        }
         match self.dead_letter_error.lock().unwrap().clone() {
             Some(error) => Err(error),
             None => Ok(()),
         }
+    }
+
+    fn dead_letter_destination(&self, letter: DeadLetter<'_>) -> Option<String> {
+        letter.topic().map(|topic| format!("{topic}.dlq"))
     }
 }
 
@@ -1130,6 +1141,159 @@ relay_test! {
             1,
             "a dead message is not retried"
         );
+        assert_eq!(
+            store.row(id).last_error.as_deref(),
+            Some(
+                "poison: bad payload; its dead letter from topic orders to orders.dlq was not \
+                 written either: retriable: dlq down"
+            )
+        );
+    }
+}
+
+/// Waits (on the paused clock) until `condition` holds, at most `limit`; returns how long
+/// that took.
+async fn settled_within(what: &str, limit: Duration, condition: impl Fn() -> bool) -> Duration {
+    let started = Instant::now();
+    while !condition() {
+        assert!(started.elapsed() < limit, "not within {limit:?}: {what}");
+        sleep(ms(1)).await;
+    }
+    started.elapsed()
+}
+
+/// Five poison messages of five aggregates, each followed by a healthy one, whose dead
+/// letters each take `delay` and then fail as `error`; returns the poison ids and their
+/// successors', once every poison row is dead and every successor done, and how long the
+/// poison rows took to go dead.
+async fn dead_letters_that_take(
+    store: &FakeStore,
+    publisher: &Arc<FakePublisher>,
+    hooks: &Arc<Recorder>,
+    delay: Duration,
+    error: PublishError,
+) -> (Vec<i64>, Vec<i64>, Duration) {
+    let poison: Vec<i64> = (0..5)
+        .map(|n| store.enqueue(Some(&format!("order-{n}"))))
+        .collect();
+    let successors: Vec<i64> = (0..5)
+        .map(|n| store.enqueue(Some(&format!("order-{n}"))))
+        .collect();
+    for id in &poison {
+        publisher.script(
+            *id,
+            [Err(PublishError::poison(
+                "producing to orders: Broker: Message size too large",
+            ))],
+        );
+    }
+    *publisher.dead_letter_delay.lock().unwrap() = Some(delay);
+    *publisher.dead_letter_error.lock().unwrap() = Some(error);
+    let relay = start(store, publisher, hooks, config());
+    let took = settled_within("the poison rows dead", LONG, || {
+        poison.iter().all(|id| store.status(*id) == Status::Dead)
+    })
+    .await;
+    settled_within("the successors done", LONG, || {
+        successors
+            .iter()
+            .all(|id| store.status(*id) == Status::Done)
+    })
+    .await;
+    relay.stop().await.unwrap();
+    (poison, successors, took)
+}
+
+relay_test! {
+    /// A dead-letter topic that does not exist (auto-creation off) answers each dead letter
+    /// only when the producer's message timeout passes. One at a time, five of them
+    /// outlived the batch's claim and the rows were claimed and published again; together,
+    /// the batch is done in one wait, inside its claim.
+    async fn a_batch_s_dead_letters_are_written_together_inside_its_claim() {
+        let recorder = SeriesRecorder::default();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let (store, publisher, hooks) = fakes();
+        let timed_out = PublishError::retriable(
+            "producing to orders.dlq: Message production error: MessageTimedOut (Local: \
+             Message timed out)",
+        );
+        let (poison, successors, took) =
+            dead_letters_that_take(&store, &publisher, &hooks, Duration::from_secs(4), timed_out)
+                .await;
+
+        // config()'s claim is 10 s; five waits of 4 s one after another are 20 s.
+        assert!(took < Duration::from_secs(5), "dead after {took:?}");
+        for id in &poison {
+            assert_eq!(publisher.publishes_of(*id), 1, "row {id} published once");
+            let row = store.row(*id);
+            assert_eq!(row.attempts, 1, "{row:?}");
+            let error = row.last_error.unwrap();
+            for part in [
+                "poison: producing to orders: Broker: Message size too large",
+                "its dead letter from topic orders to orders.dlq was not written either",
+                "retriable: producing to orders.dlq: Message production error: MessageTimedOut",
+            ] {
+                assert!(error.contains(part), "{part:?} in {error:?}");
+            }
+        }
+        let mut lettered: Vec<i64> = publisher.dead_letters().iter().map(|(id, _)| *id).collect();
+        lettered.sort_unstable();
+        assert_eq!(lettered, poison, "one dead letter per poison row");
+        assert!(successors.iter().all(|id| publisher.publishes_of(*id) == 1));
+        let events = hooks.events();
+        assert!(
+            !events.iter().any(|e| matches!(e, Event::ClaimLost(_))),
+            "no acknowledgement came after its claim: {events:?}"
+        );
+        for id in &poison {
+            let failed = events.iter().position(|e| *e == Event::DeadLetterFailed(*id));
+            let dead = events.iter().position(|e| *e == Event::Dead(*id, ErrorKind::Poison));
+            assert!(failed.is_some() && failed < dead, "{events:?}");
+        }
+        // What an alert watches.
+        let labels = [
+            ("outbox", ""),
+            ("topic", "orders"),
+            ("error_class", "retriable"),
+        ];
+        assert_eq!(
+            recorder.counter(changefeed::metrics::RELAY_DEAD_LETTERS_FAILED, &labels),
+            5
+        );
+    }
+}
+
+relay_test! {
+    /// A dead letter that never answers is given up at three quarters of the claim timeout
+    /// after the claim, and its row marked dead inside the claim, saying so; before, each
+    /// waited a whole claim timeout, so the row was claimed and published again.
+    async fn a_dead_letter_that_never_answers_is_given_up_inside_the_claim() {
+        let (store, publisher, hooks) = fakes();
+        let (poison, _successors, took) = dead_letters_that_take(
+            &store,
+            &publisher,
+            &hooks,
+            LONG,
+            PublishError::retriable("never seen"),
+        )
+        .await;
+
+        // 7.5 s of config()'s 10 s claim, the claim's own call and the marks included.
+        assert!(took >= ms(7_500) && took < ms(8_000), "dead after {took:?}");
+        assert_eq!(publisher.dead_letters().len(), poison.len());
+        for id in &poison {
+            assert_eq!(publisher.publishes_of(*id), 1, "row {id} published once");
+            let row = store.row(*id);
+            assert_eq!(row.attempts, 1, "{row:?}");
+            let error = row.last_error.unwrap();
+            assert!(
+                error.contains("its dead letter from topic orders to orders.dlq was not written \
+                                either: retriable: the dead-letter publish was not confirmed \
+                                within its bound, three quarters of the claim timeout (10s)"),
+                "{error}"
+            );
+        }
+        assert!(!hooks.events().iter().any(|e| matches!(e, Event::ClaimLost(_))));
     }
 }
 
@@ -2449,24 +2613,36 @@ relay_test! {
 /// One series: the metric's name and its labels in order.
 type Series = (String, Vec<(String, String)>);
 
-/// A `metrics` recorder that keeps the series the relay registers.
+/// A `metrics` recorder that keeps the series the relay registers, and its counters'
+/// values.
 #[derive(Default)]
-struct SeriesRecorder(Mutex<HashSet<Series>>);
+struct SeriesRecorder(Mutex<HashMap<Series, Arc<AtomicU64>>>);
 
 impl SeriesRecorder {
-    fn keep(&self, key: &metrics::Key) {
+    fn keep(&self, key: &metrics::Key) -> Arc<AtomicU64> {
         let labels = key
             .labels()
             .map(|l| (l.key().to_owned(), l.value().to_owned()))
             .collect();
-        self.0
-            .lock()
-            .unwrap()
-            .insert((key.name().to_owned(), labels));
+        let mut series = self.0.lock().unwrap();
+        Arc::clone(series.entry((key.name().to_owned(), labels)).or_default())
     }
 
     fn series(&self) -> HashSet<Series> {
-        self.0.lock().unwrap().clone()
+        self.0.lock().unwrap().keys().cloned().collect()
+    }
+
+    /// The value of counter `name` with `labels` (0 when never registered).
+    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        self.0
+            .lock()
+            .unwrap()
+            .get(&(name.to_owned(), labels))
+            .map_or(0, |value| value.load(Ordering::SeqCst))
     }
 }
 
@@ -2493,8 +2669,7 @@ impl metrics::Recorder for SeriesRecorder {
     ) {
     }
     fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        self.keep(key);
-        metrics::Counter::noop()
+        metrics::Counter::from_arc(self.keep(key))
     }
     fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
         self.keep(key);
@@ -2511,12 +2686,13 @@ impl metrics::Recorder for SeriesRecorder {
 }
 
 /// Relays `count` messages, each of its own aggregate, over `topics` in turn, a fifth of
-/// them poison, a fifth failing once, a fifth meeting backpressure once; returns the series
-/// the relay registered.
+/// them poison (whose dead letters fail), a fifth failing once, a fifth meeting
+/// backpressure once; returns the series the relay registered.
 async fn series_of_a_run(count: usize, topics: &[&str]) -> HashSet<Series> {
     let recorder = SeriesRecorder::default();
     let _local = metrics::set_default_local_recorder(&recorder);
     let (store, publisher, _hooks) = fakes();
+    *publisher.dead_letter_error.lock().unwrap() = Some(PublishError::retriable("dlq down"));
     for n in 0..count {
         let topic = topics[n % topics.len()].to_owned();
         let id = store.enqueue_with(|row| {
@@ -2565,6 +2741,7 @@ async fn metric_series_do_not_grow_with_messages() {
         changefeed::metrics::RELAY_PUBLISHED,
         changefeed::metrics::RELAY_FAILED,
         changefeed::metrics::RELAY_DEAD,
+        changefeed::metrics::RELAY_DEAD_LETTERS_FAILED,
         changefeed::metrics::RELAY_REQUEUED,
         changefeed::metrics::RELAY_CLAIM_SECONDS,
         changefeed::metrics::RELAY_BATCH_SIZE,

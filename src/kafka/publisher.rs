@@ -438,22 +438,13 @@ impl Publisher for KafkaPublisher {
         letter: DeadLetter<'_>,
         headers: &Headers,
     ) -> Result<(), PublishError> {
-        let topic = match letter.topic() {
-            Some(topic) => format!(
-                "{}{topic}{}",
-                self.config.topic_prefix, self.config.dlq_suffix
-            ),
-            None => match &self.config.undecodable_topic {
-                Some(topic) => topic.clone(),
-                None => {
-                    return Err(PublishError::poison(format!(
-                        "outbox row {} has no readable topic, so it has no dead-letter topic; \
-                         it stays dead in the outbox. Set KafkaPublisherConfig::\
-                         undecodable_topic to send such rows to a topic of their own",
-                        letter.id()
-                    )));
-                }
-            },
+        let Some(topic) = self.dead_letter_destination(letter) else {
+            return Err(PublishError::poison(format!(
+                "outbox row {} has no readable topic, so it has no dead-letter topic; \
+                 it stays dead in the outbox. Set KafkaPublisherConfig::\
+                 undecodable_topic to send such rows to a topic of their own",
+                letter.id()
+            )));
         };
         let value = letter.payload_text();
         let key = match letter {
@@ -476,6 +467,18 @@ impl Publisher for KafkaPublisher {
                 self.produce_dead_letter(&topic, key, None, headers).await
             }
             other => other,
+        }
+    }
+
+    /// `topic_prefix` + the row's topic + `dlq_suffix`; for a row whose topic could not be
+    /// read, `undecodable_topic`.
+    fn dead_letter_destination(&self, letter: DeadLetter<'_>) -> Option<String> {
+        match letter.topic() {
+            Some(topic) => Some(format!(
+                "{}{topic}{}",
+                self.config.topic_prefix, self.config.dlq_suffix
+            )),
+            None => self.config.undecodable_topic.clone(),
         }
     }
 }

@@ -83,6 +83,8 @@ pub const RELAY_PUBLISHED: &str = "changefeed_relay_messages_published_total";
 pub const RELAY_FAILED: &str = "changefeed_relay_messages_failed_total";
 /// Messages marked dead.
 pub const RELAY_DEAD: &str = "changefeed_relay_messages_dead_total";
+/// Dead letters that were not written.
+pub const RELAY_DEAD_LETTERS_FAILED: &str = "changefeed_relay_dead_letters_failed_total";
 /// Messages handed back without an attempt counted.
 pub const RELAY_REQUEUED: &str = "changefeed_relay_messages_requeued_total";
 /// Acknowledgements fenced off because the claim had expired.
@@ -169,6 +171,14 @@ pub const CATALOGUE: &[Metric] = &[
         kind: MetricKind::Counter,
         labels: OUTBOX_TOPIC_CLASS,
         help: "Messages marked dead: poison, undecodable, or out of attempts.",
+    },
+    Metric {
+        name: RELAY_DEAD_LETTERS_FAILED,
+        kind: MetricKind::Counter,
+        labels: OUTBOX_TOPIC_CLASS,
+        help: "Dead letters not written (refused, failed, or not confirmed within the claim): \
+               the row is dead in the outbox, its last_error names both errors; topic is the \
+               message's own, error_class the dead letter's.",
     },
     Metric {
         name: RELAY_REQUEUED,

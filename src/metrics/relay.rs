@@ -9,9 +9,9 @@ use ::metrics::{Counter, Gauge, Histogram, SharedString};
 
 use super::{
     MAX_TOPICS, OTHER_TOPIC, RELAY_ACK_SECONDS, RELAY_BATCH_SIZE, RELAY_CLAIM_SECONDS,
-    RELAY_CLAIMED, RELAY_CLAIMS, RELAY_CLAIMS_LOST, RELAY_DEAD, RELAY_FAILED, RELAY_IN_FLIGHT,
-    RELAY_LAST_CLAIM, RELAY_LOOP_ERRORS, RELAY_PUBLISH_SECONDS, RELAY_PUBLISHED, RELAY_REQUEUED,
-    Timer, unix_now,
+    RELAY_CLAIMED, RELAY_CLAIMS, RELAY_CLAIMS_LOST, RELAY_DEAD, RELAY_DEAD_LETTERS_FAILED,
+    RELAY_FAILED, RELAY_IN_FLIGHT, RELAY_LAST_CLAIM, RELAY_LOOP_ERRORS, RELAY_PUBLISH_SECONDS,
+    RELAY_PUBLISHED, RELAY_REQUEUED, Timer, unix_now,
 };
 
 /// What happened to a message, for the per-topic counters.
@@ -20,6 +20,7 @@ enum Outcome {
     Published,
     Failed,
     Dead,
+    DeadLetterFailed,
     Requeued,
 }
 
@@ -29,6 +30,7 @@ impl Outcome {
             Outcome::Published => RELAY_PUBLISHED,
             Outcome::Failed => RELAY_FAILED,
             Outcome::Dead => RELAY_DEAD,
+            Outcome::DeadLetterFailed => RELAY_DEAD_LETTERS_FAILED,
             Outcome::Requeued => RELAY_REQUEUED,
         }
     }
@@ -154,6 +156,17 @@ impl RelayMetrics {
     /// `class`.
     pub(crate) fn dead(&self, topic: Option<&str>, class: &'static str) {
         self.count(Outcome::Dead, topic.unwrap_or(OTHER_TOPIC), class, 1);
+    }
+
+    /// The dead letter of a message of `topic` (`None`: unreadable) was not written; its
+    /// error was of class `class`.
+    pub(crate) fn dead_letter_failed(&self, topic: Option<&str>, class: &'static str) {
+        self.count(
+            Outcome::DeadLetterFailed,
+            topic.unwrap_or(OTHER_TOPIC),
+            class,
+            1,
+        );
     }
 
     /// A message of `topic` was handed back after an error of class `class`.

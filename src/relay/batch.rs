@@ -2,12 +2,14 @@
 //! failure table, acknowledge each message, and hand dead ones to the dead-letter
 //! destination.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures::FutureExt;
-use tokio::time::{Instant, timeout};
+use futures::future::join_all;
+use tokio::time::{Instant, timeout, timeout_at};
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -225,24 +227,45 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
         }
 
         // Dead-letter before marking dead: a crash in between re-publishes the dead letter
-        // (at least once) instead of losing it.
-        for (letter, error) in &dead {
-            let id = letter.id();
+        // (at least once) instead of losing it. Every dead letter of the batch at once and
+        // under one bound inside the claim: one at a time, a dead-letter destination that
+        // never answers (a missing topic) would cost its whole wait per message, the batch
+        // would outlive its claim, and its rows would be claimed, published and
+        // dead-lettered again while it still held an in-flight slot.
+        let written_by = self.dead_letter_deadline(claimed_at);
+        let written = join_all(dead.iter().map(|(letter, error)| {
             let attempts = attempts_of(letter.attempts()).saturating_add(1);
             let headers = dead_letter_headers(*letter, attempts, error);
-            if let Err(dl_error) = self.dead_letter(*letter, &headers).await {
-                tracing::warn!(id, error = %dl_error, "dead-letter publish failed");
-                guarded(self.hooks, "on_dead_letter_failed", |h| {
-                    h.on_dead_letter_failed(id, &dl_error)
-                });
-            }
-            let text = error_text(error);
+            async move { self.dead_letter(*letter, &headers, written_by).await }
+        }))
+        .await;
+        for ((letter, error), written) in dead.iter().zip(written) {
+            let id = letter.id();
+            let error = match written {
+                Ok(()) => Cow::Borrowed(error),
+                Err(dl_error) => {
+                    let destination = self.publisher.dead_letter_destination(*letter);
+                    tracing::warn!(id, destination, error = %dl_error, "dead-letter publish failed");
+                    self.metrics
+                        .dead_letter_failed(letter.topic(), dl_error.kind.as_str());
+                    guarded(self.hooks, "on_dead_letter_failed", |h| {
+                        h.on_dead_letter_failed(id, &dl_error)
+                    });
+                    Cow::Owned(with_dead_letter_failure(
+                        *letter,
+                        error,
+                        destination.as_deref(),
+                        &dl_error,
+                    ))
+                }
+            };
+            let text = error_text(&error);
             let ack = Ack::Failed(Failed::dead(id, letter.claim_token(), &text));
             self.acknowledge(ack, deadline, &mut report).await;
             report.dead += 1;
             self.metrics.dead(letter.topic(), error.kind.as_str());
             tracing::warn!(id, topic = letter.topic().unwrap_or(""), error_class = error.kind.as_str(), %error, "message dead");
-            guarded(self.hooks, "on_dead", |h| h.on_dead(id, error));
+            guarded(self.hooks, "on_dead", |h| h.on_dead(id, &error));
         }
 
         (report, fatal)
@@ -283,23 +306,53 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
         vec![Err(PublishError::retriable(problem)); n]
     }
 
+    /// When a batch's dead letters must be written by: three quarters of the claim timeout
+    /// after the claim, so the last quarter (what [`RelayConfig::check_publisher`] leaves
+    /// for acknowledgements after a publish) is there to mark the rows dead while the claim
+    /// still holds them. Never later than the claim's end, so never longer than the claim
+    /// timeout from now.
+    ///
+    /// [`RelayConfig::check_publisher`]: super::RelayConfig::check_publisher
+    fn dead_letter_deadline(&self, claimed_at: Instant) -> Instant {
+        let timeout = self.config.claim_timeout;
+        claimed_at + (timeout - timeout / 4)
+    }
+
+    /// Hands one dead letter to the publisher, by `deadline` (a call not started by then
+    /// is not made: whatever it wrote could land after another claim took the row).
     async fn dead_letter(
         &self,
         letter: DeadLetter<'_>,
         headers: &crate::outbox::Headers,
+        deadline: Instant,
     ) -> Result<(), PublishError> {
+        let bound = || {
+            format!(
+                "three quarters of the claim timeout ({:?}) after the claim, so that the row \
+                 is marked dead while the claim still holds it",
+                self.config.claim_timeout
+            )
+        };
+        if Instant::now() >= deadline {
+            return Err(PublishError::retriable(format!(
+                "the dead letter was not sent: the batch's publish left no time before its \
+                 bound, {}",
+                bound()
+            )));
+        }
         let call =
             AssertUnwindSafe(async { self.publisher.publish_dead_letter(letter, headers).await })
                 .catch_unwind();
-        match timeout(self.config.claim_timeout, call).await {
+        match timeout_at(deadline, call).await {
             Ok(Ok(result)) => result,
             Ok(Err(payload)) => Err(PublishError::retriable(format!(
                 "the dead-letter publish panicked: {}",
                 panic_message(payload.as_ref())
             ))),
             Err(_) => Err(PublishError::retriable(format!(
-                "the dead-letter publish did not finish within the claim timeout ({:?})",
-                self.config.claim_timeout
+                "the dead-letter publish was not confirmed within its bound, {}; it may still \
+                 arrive",
+                bound()
             ))),
         }
     }
@@ -313,4 +366,112 @@ fn attempts_of(attempts: i32) -> u32 {
 /// What the outbox's error column gets.
 fn error_text(error: &PublishError) -> String {
     format!("{}: {}", error.kind, error.message)
+}
+
+/// The most characters of either error [`with_dead_letter_failure`] keeps: the stores keep
+/// the first 2,000 of `last_error`, and the dead letter's failure must be among them.
+const ERROR_PART_CHARS: usize = 800;
+
+/// The error a message whose dead letter failed is marked dead with: its own (same kind),
+/// then the dead letter's, naming the message's topic and the dead-letter destination
+/// (when the publisher states it), so that `last_error`, the `on_dead` hook and the
+/// command line's progress line say both.
+fn with_dead_letter_failure(
+    letter: DeadLetter<'_>,
+    error: &PublishError,
+    destination: Option<&str>,
+    dl_error: &PublishError,
+) -> PublishError {
+    let route = match (letter.topic(), destination) {
+        (Some(topic), Some(destination)) => format!(" from topic {topic} to {destination}"),
+        (Some(topic), None) => format!(" from topic {topic}"),
+        (None, Some(destination)) => format!(" to {destination}"),
+        (None, None) => String::new(),
+    };
+    PublishError::new(
+        error.kind,
+        format!(
+            "{}; its dead letter{route} was not written either: {}: {}",
+            clip(&error.message),
+            dl_error.kind,
+            clip(&dl_error.message)
+        ),
+    )
+}
+
+/// `text`'s first [`ERROR_PART_CHARS`] characters, with `…` when it was longer.
+fn clip(text: &str) -> Cow<'_, str> {
+    match text.char_indices().nth(ERROR_PART_CHARS) {
+        None => Cow::Borrowed(text),
+        Some((end, _)) => Cow::Owned(format!("{}…", &text[..end])),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbox::UndecodableMessage;
+
+    fn row(topic: Option<&str>) -> UndecodableMessage {
+        UndecodableMessage {
+            id: 7,
+            message_id: None,
+            topic: topic.map(str::to_owned),
+            payload: None,
+            headers: None,
+            attempts: 0,
+            claim_token: ClaimToken::new(uuid::Uuid::nil()),
+            error: "x".to_owned(),
+        }
+    }
+
+    #[test]
+    fn the_dead_letter_s_failure_survives_the_stores_2000_characters() {
+        let row = row(Some("orders"));
+        let own = PublishError::poison("é".repeat(3_000));
+        let refused = PublishError::retriable("producing to orders.dlq: not authorized");
+        let both = with_dead_letter_failure(
+            DeadLetter::Undecodable(&row),
+            &own,
+            Some("orders.dlq"),
+            &refused,
+        );
+        assert_eq!(both.kind, ErrorKind::Poison, "the message's own kind");
+        let kept: String = error_text(&both).chars().take(2_000).collect();
+        assert!(
+            kept.ends_with(
+                "…; its dead letter from topic orders to orders.dlq was not written either: \
+                 retriable: producing to orders.dlq: not authorized"
+            ),
+            "{kept}"
+        );
+    }
+
+    #[test]
+    fn the_route_says_what_is_known() {
+        let refused = PublishError::retriable("down");
+        let own = PublishError::poison("bad");
+        for (topic, destination, expected) in [
+            (
+                None,
+                Some("undecodable"),
+                "bad; its dead letter to undecodable was not",
+            ),
+            (
+                Some("orders"),
+                None,
+                "bad; its dead letter from topic orders was not",
+            ),
+            (None, None, "bad; its dead letter was not"),
+        ] {
+            let row = row(topic);
+            let both = with_dead_letter_failure(
+                DeadLetter::Undecodable(&row),
+                &own,
+                destination,
+                &refused,
+            );
+            assert!(both.message.starts_with(expected), "{}", both.message);
+        }
+    }
 }

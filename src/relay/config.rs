@@ -39,8 +39,9 @@ pub struct RelayConfig {
     pub poll_interval: Duration,
     /// How long a claim holds its messages before another claim may take them back (and
     /// count an attempt), 1 ms..=24 h. Default: 30 s. Also the longest the relay waits for
-    /// one `publish` (or dead-letter publish) call: past it the claim may already belong to
-    /// another relay, so the batch is treated as a retriable failure.
+    /// one `publish` call: past it the claim may already belong to another relay, so the
+    /// batch is treated as a retriable failure. A batch's dead letters are waited for until
+    /// three quarters of it after the claim.
     pub claim_timeout: Duration,
     /// Back-off and the limit on failures. Default: [`RetryPolicy::default`].
     pub retry: RetryPolicy,

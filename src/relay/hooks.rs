@@ -56,7 +56,9 @@ pub trait Hooks: Send + Sync {
     }
 
     /// Message `id` was marked dead: poison, undecodable, or a failure that reached
-    /// `max_attempts`. Called after the dead-letter hand-off.
+    /// `max_attempts`. Called after the dead-letter hand-off; `error` is what the row's
+    /// `last_error` says: when the dead letter failed, the message's error followed by the
+    /// dead letter's, naming the message's topic and the dead-letter destination.
     fn on_dead(&self, id: i64, error: &PublishError) {
         let _ = (id, error);
     }
@@ -68,8 +70,9 @@ pub trait Hooks: Send + Sync {
         let _ = (id, error);
     }
 
-    /// The dead-letter publish of message `id` failed (or panicked, or timed out); the
-    /// message was marked dead anyway and stays in the outbox.
+    /// The dead-letter publish of message `id` failed (or panicked, or was not confirmed
+    /// within three quarters of the claim timeout after the claim); the message is marked
+    /// dead anyway (right after this call) and stays in the outbox.
     fn on_dead_letter_failed(&self, id: i64, error: &PublishError) {
         let _ = (id, error);
     }

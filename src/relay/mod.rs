@@ -18,6 +18,15 @@
 //! | publisher panicked, timed out, or returned the wrong number of outcomes | every message of the batch as `Retriable` | +1 | reported to [`Hooks::on_loop_error`] |
 //! | the claimed row cannot be decoded ([`Claimed::Undecodable`](crate::outbox::Claimed::Undecodable): payload or headers not readable JSON) | dead, never published | +1 | dead-letter hand-off with the raw text ([`DeadLetter::Undecodable`]) |
 //!
+//! A batch's dead letters are handed to [`Publisher::publish_dead_letter`] all at once,
+//! before their rows are marked dead, and waited for until three quarters of the claim
+//! timeout after the claim, leaving the last quarter for marking the rows dead while the
+//! claim still holds them. A dead letter that fails (refused, panicked, or not confirmed by
+//! then) leaves its row dead all the same, its `last_error` naming both errors, the
+//! message's topic and the dead-letter destination; it is reported to
+//! [`Hooks::on_dead_letter_failed`] and counted in
+//! `changefeed_relay_dead_letters_failed_total`.
+//!
 //! A message claimed with `attempts >= max_attempts` (its earlier claims expired, e.g.
 //! because publishing it crashed the relay process) is marked dead without being
 //! published again.

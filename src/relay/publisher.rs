@@ -242,11 +242,18 @@ pub trait Publisher: Send + Sync {
     /// its payload's and headers' raw text (use [`DeadLetter::payload_text`] to forward
     /// either kind); its headers here are only the dead-letter ones.
     ///
+    /// The relay calls it for every dead letter of a batch at once, and waits for them
+    /// until three quarters of the claim timeout after the claim (the last quarter is for
+    /// marking the rows dead while the claim still holds them); a call still running then
+    /// is dropped and counts as failed.
+    ///
     /// The default does nothing: the dead row stays in the outbox (dead rows are never
-    /// purged), which is a dead-letter queue of its own. An error here is reported through
-    /// [`Hooks::on_dead_letter_failed`](super::Hooks::on_dead_letter_failed) and the message
-    /// is marked dead anyway: retrying it would publish a message already judged
-    /// unpublishable, and its dead row keeps it for an operator.
+    /// purged), which is a dead-letter queue of its own. An error here (or the bound
+    /// passing, or a panic) is reported through
+    /// [`Hooks::on_dead_letter_failed`](super::Hooks::on_dead_letter_failed) and counted
+    /// (`changefeed_relay_dead_letters_failed_total`), and the message is marked dead anyway,
+    /// with both errors and both destinations in its `last_error`: retrying it would publish
+    /// a message already judged unpublishable, and its dead row keeps it for an operator.
     fn publish_dead_letter(
         &self,
         letter: DeadLetter<'_>,
@@ -254,6 +261,14 @@ pub trait Publisher: Send + Sync {
     ) -> impl Future<Output = Result<(), PublishError>> + Send {
         let _ = (letter, headers);
         async { Ok(()) }
+    }
+
+    /// Where [`publish_dead_letter`](Self::publish_dead_letter) sends `letter` (a topic, a
+    /// queue), for the row's `last_error` when the dead letter fails; `None` (the default)
+    /// when there is no such place or it is not stated.
+    fn dead_letter_destination(&self, letter: DeadLetter<'_>) -> Option<String> {
+        let _ = letter;
+        None
     }
 }
 
@@ -280,6 +295,10 @@ impl<P: Publisher> Publisher for Arc<P> {
         headers: &Headers,
     ) -> impl Future<Output = Result<(), PublishError>> + Send {
         (**self).publish_dead_letter(letter, headers)
+    }
+
+    fn dead_letter_destination(&self, letter: DeadLetter<'_>) -> Option<String> {
+        (**self).dead_letter_destination(letter)
     }
 }
 

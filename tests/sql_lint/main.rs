@@ -1892,17 +1892,7 @@ fn an_unguarded_read_in_a_procedure_that_must_never_wait_fires_unless_replaced()
              set status = 3 where id = 1;\nend\n"
         )
     };
-    let r23 = |files: &[(&str, &str)]| -> Vec<(String, usize)> {
-        let files: Vec<(String, String)> = files
-            .iter()
-            .map(|(n, t)| ((*n).to_owned(), (*t).to_owned()))
-            .collect();
-        lint_bundle(&files)
-            .into_iter()
-            .filter(|v| v.rule == Rule::NeverWaitGuard)
-            .map(|v| (v.file, v.line))
-            .collect()
-    };
+    let r23 = |files: &[(&str, &str)]| violations_of(Rule::NeverWaitGuard, files);
     let bare = procedure("requeue", "");
     let pinned = procedure("requeue", " with (readpast)");
     assert_eq!(
@@ -1933,6 +1923,19 @@ fn an_unguarded_read_in_a_procedure_that_must_never_wait_fires_unless_replaced()
     );
 }
 
+/// Where `rule` fires in a bundle of `(file name, text)`: each violation's file and line.
+fn violations_of(rule: Rule, files: &[(&str, &str)]) -> Vec<(String, usize)> {
+    let files: Vec<(String, String)> = files
+        .iter()
+        .map(|(n, t)| ((*n).to_owned(), (*t).to_owned()))
+        .collect();
+    lint_bundle(&files)
+        .into_iter()
+        .filter(|v| v.rule == rule)
+        .map(|v| (v.file, v.line))
+        .collect()
+}
+
 #[test]
 fn feed_insert_without_order_and_maxdop_fires_unless_a_later_file_replaces_it() {
     let unordered = "create or alter procedure [changefeed].[p]\nas\nbegin\n\
@@ -1943,17 +1946,7 @@ fn feed_insert_without_order_and_maxdop_fires_unless_a_later_file_replaces_it() 
                    set nocount, xact_abort on;\n\
                    insert into [changefeed].[feed:dbo.t] (shard_id, ulid) \
                    select 0, ulid from @moved order by ulid option (maxdop 1);\nend\n";
-    let r20 = |files: &[(&str, &str)]| -> Vec<(String, usize)> {
-        let files: Vec<(String, String)> = files
-            .iter()
-            .map(|(n, t)| ((*n).to_owned(), (*t).to_owned()))
-            .collect();
-        lint_bundle(&files)
-            .into_iter()
-            .filter(|v| v.rule == Rule::OrderedFeedInsert)
-            .map(|v| (v.file, v.line))
-            .collect()
-    };
+    let r20 = |files: &[(&str, &str)]| violations_of(Rule::OrderedFeedInsert, files);
     assert_eq!(
         r20(&[("V1__p.sql", unordered)]),
         [("sql/V1__p.sql".to_owned(), 5)]

@@ -2,6 +2,7 @@
 //! `--progress-interval`: what it says (pure functions, tested below), the relay's counters
 //! (its [`Hooks`]), and the loop that prints it while a job runs.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::io::Write;
 use std::pin::pin;
@@ -84,6 +85,11 @@ pub struct RelayCounts {
     pub failed: u64,
     /// Messages marked dead.
     pub dead: u64,
+    /// Dead letters not written (their rows are dead all the same).
+    pub dead_letters_failed: u64,
+    /// The error of the last message whose dead letter was not written: its own and the
+    /// dead letter's, naming its topic and the dead-letter topic.
+    pub last_dead_letter_failure: Option<String>,
     /// Errors outside a single message: store calls (retried) and publisher faults.
     pub errors: u64,
     /// The last of those errors.
@@ -93,8 +99,9 @@ pub struct RelayCounts {
     pub last_failure: Option<String>,
 }
 
-/// `published 1200 (240/s), failed 3, dead 0`, and the last store or publisher error when
-/// one happened since `before` (the relay retries those without a word otherwise).
+/// `published 1200 (240/s), failed 3, dead 0`, then `dead letters failed N` once one has,
+/// and the last store or publisher error when one happened since `before` (the relay
+/// retries those without a word otherwise).
 pub fn relay_line(before: &RelayCounts, now: &RelayCounts, elapsed: Duration) -> String {
     let mut line = format!(
         "published {} ({}), failed {}, dead {}",
@@ -103,11 +110,24 @@ pub fn relay_line(before: &RelayCounts, now: &RelayCounts, elapsed: Duration) ->
         now.failed,
         now.dead
     );
+    let new_dead_letter_failure = (now.dead_letters_failed > before.dead_letters_failed)
+        .then_some(now.last_dead_letter_failure.as_ref())
+        .flatten();
     let new_failures = (now.failed + now.dead).saturating_sub(before.failed + before.dead);
     if new_failures > 0
         && let Some(failure) = &now.last_failure
+        && Some(failure) != new_dead_letter_failure
     {
         line.push_str(&format!(" (last failure: {})", one_line(failure)));
+    }
+    if now.dead_letters_failed > 0 {
+        line.push_str(&format!(
+            ", dead letters failed {}",
+            now.dead_letters_failed
+        ));
+    }
+    if let Some(failure) = new_dead_letter_failure {
+        line.push_str(&format!(" (last: {})", one_line(failure)));
     }
     let new_errors = now.errors.saturating_sub(before.errors);
     if new_errors > 0 {
@@ -125,9 +145,14 @@ pub struct RelayCounters {
     published: AtomicU64,
     failed: AtomicU64,
     dead: AtomicU64,
+    dead_letters_failed: AtomicU64,
     errors: AtomicU64,
     last_error: Mutex<Option<String>>,
     last_failure: Mutex<Option<String>>,
+    /// Messages whose dead letter failed and that are not yet marked dead (the relay calls
+    /// `on_dead` for them next; other batches' hooks may come in between).
+    dead_letter_failed: Mutex<HashSet<i64>>,
+    last_dead_letter_failure: Mutex<Option<String>>,
 }
 
 impl RelayCounters {
@@ -137,10 +162,16 @@ impl RelayCounters {
             published: self.published.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
             dead: self.dead.load(Ordering::Relaxed),
+            dead_letters_failed: self.dead_letters_failed.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             last_error: self.last_error.lock().ok().and_then(|error| error.clone()),
             last_failure: self
                 .last_failure
+                .lock()
+                .ok()
+                .and_then(|failure| failure.clone()),
+            last_dead_letter_failure: self
+                .last_dead_letter_failure
                 .lock()
                 .ok()
                 .and_then(|failure| failure.clone()),
@@ -158,9 +189,24 @@ impl Hooks for RelayCounters {
         self.failure(error);
     }
 
-    fn on_dead(&self, _id: i64, error: &PublishError) {
+    fn on_dead(&self, id: i64, error: &PublishError) {
         self.dead.fetch_add(1, Ordering::Relaxed);
         self.failure(error);
+        // After a failed dead letter, the row's error says both errors and both topics.
+        let letter_failed = self
+            .dead_letter_failed
+            .lock()
+            .is_ok_and(|mut ids| ids.remove(&id));
+        if letter_failed && let Ok(mut last) = self.last_dead_letter_failure.lock() {
+            *last = Some(error.message.clone());
+        }
+    }
+
+    fn on_dead_letter_failed(&self, id: i64, _error: &PublishError) {
+        self.dead_letters_failed.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut ids) = self.dead_letter_failed.lock() {
+            ids.insert(id);
+        }
     }
 
     fn on_loop_error(&self, error: &changefeed::Error) {
@@ -297,6 +343,40 @@ mod tests {
             "published 60 (0/s), failed 4, dead 1 (last failure: producing to secret: \
              TopicAuthorizationFailed)"
         );
+        // A dead letter that failed: counted from then on, and the last failure (the
+        // row's error) names both topics and both errors.
+        let both = "producing to orders: MessageSizeTooLarge; its dead letter from topic \
+                    orders to orders.dlq was not written either: retriable: producing to \
+                    orders.dlq: TopicAuthorizationFailed";
+        let undelivered = RelayCounts {
+            dead: 2,
+            dead_letters_failed: 1,
+            last_failure: Some(both.into()),
+            last_dead_letter_failure: Some(both.into()),
+            ..now.clone()
+        };
+        assert_eq!(
+            relay_line(&now, &undelivered, Duration::from_secs(5)),
+            format!("published 60 (0/s), failed 3, dead 2, dead letters failed 1 (last: {both})")
+        );
+        // Another failure since: both are said; an old dead-letter failure only counted.
+        let later = RelayCounts {
+            failed: 4,
+            last_failure: Some("producing to orders: MsgTimedOut".into()),
+            ..undelivered.clone()
+        };
+        assert_eq!(
+            relay_line(&now, &later, Duration::from_secs(5)),
+            format!(
+                "published 60 (0/s), failed 4, dead 2 (last failure: producing to orders: \
+                 MsgTimedOut), dead letters failed 1 (last: {both})"
+            )
+        );
+        assert_eq!(
+            relay_line(&undelivered, &later, Duration::from_secs(5)),
+            "published 60 (0/s), failed 4, dead 2 (last failure: producing to orders: \
+             MsgTimedOut), dead letters failed 1"
+        );
         let failing = RelayCounts {
             errors: 3,
             last_error: Some("connection: cannot reach SQL Server\nat db:1433".into()),
@@ -316,6 +396,10 @@ mod tests {
         counters.on_published(5);
         counters.on_published(2);
         counters.on_failed(1, &PublishError::retriable("x"));
+        // Another batch's hooks may come between a dead letter's failure and its row's
+        // on_dead.
+        counters.on_dead_letter_failed(3, &PublishError::retriable("dlq refused"));
+        counters.on_dead(3, &PublishError::poison("z; its dead letter failed"));
         counters.on_dead(2, &PublishError::poison("y"));
         counters.on_loop_error(&changefeed::Error::Config("z".into()));
         assert_eq!(
@@ -323,10 +407,12 @@ mod tests {
             RelayCounts {
                 published: 7,
                 failed: 1,
-                dead: 1,
+                dead: 2,
+                dead_letters_failed: 1,
                 errors: 1,
                 last_error: Some("configuration: z".into()),
                 last_failure: Some("y".into()),
+                last_dead_letter_failure: Some("z; its dead letter failed".into()),
             }
         );
     }

@@ -320,10 +320,17 @@ async fn drive<S: ClaimStore, P: Publisher, B: Backlog, C: Companion>(
     result?;
     if !quiet {
         let done = counters.snapshot();
-        print_stderr(&format!(
+        let mut line = format!(
             "stopped: published {}, failed {}, dead {}",
             done.published, done.failed, done.dead
-        ));
+        );
+        if done.dead_letters_failed > 0 {
+            line.push_str(&format!(
+                ", dead letters failed {}",
+                done.dead_letters_failed
+            ));
+        }
+        print_stderr(&line);
     }
     Ok(())
 }
