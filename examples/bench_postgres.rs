@@ -192,12 +192,17 @@ async fn bare_throughput(
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..loops {
             let config = config.clone();
+            // Two simple queries: in one, the procedure would run inside the implicit
+            // transaction of a multi-statement query and could not commit (2D000).
             tasks.spawn(async move {
-                client(&config)
-                    .await
-                    .batch_execute("set statement_timeout = 0; call bench_bare_loop()")
-                    .await
-                    .map_err(|e| format!("bare loop: {}", changefeed::Error::from(e)))
+                let client = client(&config).await;
+                for sql in ["set statement_timeout = 0", "call bench_bare_loop()"] {
+                    client
+                        .batch_execute(sql)
+                        .await
+                        .map_err(|e| format!("bare loop: {}", changefeed::Error::from(e)))?;
+                }
+                Ok::<(), String>(())
             });
         }
         while let Some(done) = tasks.join_next().await {
@@ -212,7 +217,7 @@ async fn bare_throughput(
             .batch_execute(
                 "select pg_terminate_backend(pid) from pg_stat_activity \
                  where datname = current_database() and pid <> pg_backend_pid() \
-                 and query like 'set statement_timeout = 0; call bench_bare_loop()%'",
+                 and query = 'call bench_bare_loop()'",
             )
             .await;
     };
