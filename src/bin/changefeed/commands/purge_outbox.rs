@@ -50,6 +50,7 @@ async fn sql_server(connect: &Connect, args: &PurgeOutboxArgs) -> Result<(u64, S
 }
 
 /// The line for a purge of a table that is not there (or not an outbox): what to run.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn not_an_outbox(table: &str, error: &Error) -> Failure {
     Failure::run(format!(
         "{error} ({table} is not a claim outbox in this database? create it with \
