@@ -438,3 +438,90 @@ fn relay_refuses_an_outbox_name_before_connecting() {
         assert!(started.elapsed() < Duration::from_secs(10), "{line}");
     }
 }
+
+/// A command given the URL of a store it does not work on is refused before anything
+/// connects (the URLs point nowhere), with exit status 2 and a line naming the store and
+/// the commands that store takes.
+#[test]
+fn a_feed_command_given_a_mariadb_url_names_the_commands_that_take_one() {
+    for args in [
+        &["migrate"][..],
+        &["setup-feed", "app.Event", "--outbox"],
+        &["tail", "app.Event"],
+        &["purge", "app.Event", "--older-than", "30d"],
+    ] {
+        let mut with_url = args.to_vec();
+        with_url.extend(["--url", "mysql://app@127.0.0.1:1/app"]);
+        let output = changefeed(&with_url);
+        let line = assert_one_error_line(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {line}");
+        assert!(
+            line.starts_with(&format!(
+                "error: {} does not work on MariaDB/MySQL (a mysql:// --url)",
+                args[0]
+            )),
+            "{line}"
+        );
+        assert!(
+            line.ends_with(
+                "the commands for MariaDB/MySQL are status, purge-outbox, setup-outbox, relay"
+            ),
+            "{line}"
+        );
+    }
+}
+
+/// setup-outbox and purge-outbox take every store's URL: on SQL Server they check the name
+/// before connecting, and with a postgres:// or mysql:// URL pointing nowhere they try that
+/// store and say so (or, without its feature, how to build it).
+#[test]
+fn the_outbox_commands_take_every_stores_url() {
+    assert_refused(&["setup-outbox", "dbo.x]; drop table y"], "']'");
+    assert_refused(&["purge-outbox", "dbo.x]", "--older-than", "7d"], "']'");
+    let output = changefeed(&[
+        "setup-outbox",
+        "public.outbox",
+        "--native-json",
+        "--url",
+        "postgres://app@127.0.0.1:1/app",
+    ]);
+    let line = assert_one_error_line(&output);
+    assert_eq!(output.status.code(), Some(2), "{line}");
+    assert!(
+        line.contains("--native-json is for SQL Server; on PostgreSQL"),
+        "{line}"
+    );
+    for (url, outbox, store, feature) in [
+        (
+            "postgres://app@127.0.0.1:1/app",
+            "public.outbox",
+            "PostgreSQL",
+            cfg!(feature = "postgres"),
+        ),
+        (
+            "mysql://app@127.0.0.1:1/app",
+            "outbox",
+            "MariaDB/MySQL",
+            cfg!(feature = "mysql"),
+        ),
+    ] {
+        for args in [
+            &["setup-outbox", outbox][..],
+            &["purge-outbox", outbox, "--older-than", "7d"],
+        ] {
+            let mut with_url = args.to_vec();
+            with_url.extend(["--url", url]);
+            let output = changefeed(&with_url);
+            let line = assert_one_error_line(&output);
+            assert_eq!(output.status.code(), Some(2), "{args:?}: {line}");
+            if feature {
+                assert!(
+                    line.contains(&format!("cannot connect to {store} at 127.0.0.1")),
+                    "{args:?}: {line}"
+                );
+            } else {
+                assert!(line.contains("built without"), "{args:?}: {line}");
+            }
+        }
+    }
+}

@@ -391,6 +391,71 @@ async fn nvarchar_in(db: &TestDb) {
 // 12. re-running setup_outbox repairs a partial install
 // ------------------------------------------------------------------------------------------
 
+#[cfg(feature = "cli")]
+common::live_test!(the_cli_sets_up_lists_and_purges_a_sql_server_outbox: "claim_cli" => cli_outbox_in);
+
+/// `changefeed setup-outbox`, `status` and `purge-outbox` with an ADO.NET URL: the outbox
+/// is made by `changefeed.setup_outbox`, listed, and a done message older than the cutoff
+/// goes while a newer one stays.
+#[cfg(feature = "cli")]
+async fn cli_outbox_in(db: &TestDb) {
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_changefeed"))
+            .args(args)
+            .args(["--url", &db.ado()])
+            .output()
+            .expect("the changefeed binary runs")
+    };
+    let made = cli(&["setup-outbox", "dbo.cli_outbox"]);
+    assert!(made.status.success(), "{made:?}");
+    assert!(
+        String::from_utf8_lossy(&made.stdout).starts_with("outbox dbo.cli_outbox is ready"),
+        "{made:?}"
+    );
+    let store = OutboxStore::new("dbo.cli_outbox".parse().unwrap());
+    let mut client = db.client().await;
+    let e = enqueue_committed(
+        &store,
+        &mut client,
+        &[
+            claim_contract::message_of("a", 1),
+            claim_contract::message_of("b", 1),
+        ],
+    )
+    .await;
+    exec(
+        &mut client,
+        &format!(
+            "update dbo.cli_outbox set status = 2, \
+             processed_at = dateadd(day, -10, sysutcdatetime()) where id = {}; \
+             update dbo.cli_outbox set status = 2, processed_at = sysutcdatetime() \
+             where id = {};",
+            e[0].id, e[1].id
+        ),
+    )
+    .await
+    .unwrap();
+    let status = cli(&["status", "--json"]);
+    assert!(status.status.success(), "{status:?}");
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(
+        status["outboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o["outbox"] == "dbo.cli_outbox"),
+        "{status}"
+    );
+    let purged = cli(&["purge-outbox", "dbo.cli_outbox", "--older-than", "7d"]);
+    assert!(purged.status.success(), "{purged:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&purged.stdout),
+        "deleted 1 done message older than 7d from dbo.cli_outbox\n"
+    );
+    let left = scalar_i64(&mut client, "select count_big(*) from dbo.cli_outbox").await;
+    assert_eq!(left, 1);
+}
+
 common::live_test!(setup_outbox_repairs_a_partial_install_and_never_drops_data: "claim_repair" => setup_outbox_repairs_in);
 
 const KINDS: [&str; 7] = [

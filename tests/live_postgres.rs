@@ -13,6 +13,8 @@
 
 mod claim_contract;
 mod common_postgres;
+#[cfg(feature = "cli")]
+mod common_process;
 mod common_server;
 
 use std::collections::BTreeSet;
@@ -555,4 +557,61 @@ async fn the_cli_sets_up_and_relays_a_postgres_outbox() {
         .await;
     let done = async || db.count("public.cli_outbox", "status = 2").await;
     relays_a_message_as_a_json_line(&db.url, "public.cli_outbox", &["--quiet"], &e[0], done).await;
+}
+
+/// `purge-outbox` with a postgres:// URL: a done message older than the cutoff goes, a
+/// newer one and a dead one stay, and a table that is not an outbox is one line saying to
+/// run `setup-outbox`.
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn the_cli_purges_a_postgres_outbox() {
+    use common_process::{assert_one_error_line, changefeed};
+
+    let db = database("cli_purge").await;
+    let cli = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--url", &db.url]);
+        changefeed(&all)
+    };
+    let made = cli(&["setup-outbox", "public.purged_outbox"]);
+    assert!(made.status.success(), "{made:?}");
+    let e = db
+        .enqueue_committed(
+            "public.purged_outbox",
+            &[message_of("a", 1), message_of("b", 1), message_of("c", 1)],
+        )
+        .await;
+    db.sql(&format!(
+        "update public.purged_outbox set status = 2, processed_at = now() - interval '10 days' \
+         where id = {0}; \
+         update public.purged_outbox set status = 2, processed_at = now() where id = {1}; \
+         update public.purged_outbox set status = 4, processed_at = now() - interval '10 days' \
+         where id = {2}",
+        e[0].id, e[1].id, e[2].id
+    ))
+    .await;
+    let purged = cli(&["purge-outbox", "public.purged_outbox", "--older-than", "7d"]);
+    assert!(purged.status.success(), "{purged:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&purged.stdout),
+        "deleted 1 done message older than 7d from public.purged_outbox\n"
+    );
+    assert_eq!(
+        db.count("public.purged_outbox", &format!("id = {}", e[0].id))
+            .await,
+        0
+    );
+    assert_eq!(db.count("public.purged_outbox", "1 = 1").await, 2);
+
+    let missing = cli(&["purge-outbox", "public.nothing_here", "--older-than", "7d"]);
+    let line = assert_one_error_line(&missing);
+    assert_eq!(missing.status.code(), Some(1), "{line}");
+    assert!(
+        line.contains("changefeed setup-outbox public.nothing_here"),
+        "{line}"
+    );
+    let bad = cli(&["purge-outbox", "Public.Outbox", "--older-than", "7d"]);
+    let line = assert_one_error_line(&bad);
+    assert_eq!(bad.status.code(), Some(2), "{line}");
 }

@@ -33,6 +33,52 @@ pub fn is_postgres(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
+/// The kind of database a `--url` names: every command says which of these it supports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Store {
+    /// An ADO.NET connection string (SQL Server, Azure SQL).
+    SqlServer,
+    /// A `postgres://` or `postgresql://` URL.
+    Postgres,
+    /// A `mysql://` URL (MariaDB/MySQL).
+    Mysql,
+}
+
+impl Store {
+    /// Every store, in the order the messages list them.
+    pub const ALL: [Store; 3] = [Store::SqlServer, Store::Postgres, Store::Mysql];
+
+    /// The store `url` names (anything that is not a `postgres://` or `mysql://` URL is
+    /// taken for an ADO.NET string, whose parser then says what is wrong with it).
+    pub fn of(url: &str) -> Store {
+        if is_mysql(url) {
+            Store::Mysql
+        } else if is_postgres(url) {
+            Store::Postgres
+        } else {
+            Store::SqlServer
+        }
+    }
+
+    /// The store's name, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Store::SqlServer => "SQL Server",
+            Store::Postgres => "PostgreSQL",
+            Store::Mysql => "MariaDB/MySQL",
+        }
+    }
+
+    /// The store and the kind of `--url` that names it, for messages.
+    pub fn described(self) -> &'static str {
+        match self {
+            Store::SqlServer => "SQL Server (an ADO.NET --url)",
+            Store::Postgres => "PostgreSQL (a postgres:// --url)",
+            Store::Mysql => "MariaDB/MySQL (a mysql:// --url)",
+        }
+    }
+}
+
 /// How to open a connection.
 pub struct Connect {
     /// The connection string (`--url` or `CHANGEFEED_URL`).
@@ -82,6 +128,28 @@ pub fn connect_message(address: &str, error: &Error, timeout: Duration) -> Strin
         ),
         other => format!("cannot connect to SQL Server at {address}: {other}; {CHECK_URL}"),
     }
+}
+
+/// One connection to the MariaDB/MySQL database of a `mysql://` URL (and the URL's
+/// settings), or a one-line failure naming the server (exit status 2).
+#[cfg(feature = "mysql")]
+pub async fn open_mysql(
+    connect: &Connect,
+) -> Result<(mysql_async::Opts, mysql_async::Conn), Failure> {
+    let opts = changefeed::mysql::opts(&connect.url).map_err(|e| Failure::usage(e.to_string()))?;
+    let address = match opts.socket() {
+        Some(socket) => socket.to_owned(),
+        None => format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port()),
+    };
+    let conn = changefeed::mysql::connect_within(&opts, connect.timeout)
+        .await
+        .map_err(|error| {
+            Failure::connect(format!(
+                "cannot connect to MariaDB/MySQL at {address}: {error}; {CHECK_URL} (or raise \
+                 --connect-timeout)"
+            ))
+        })?;
+    Ok((opts, conn))
 }
 
 /// Runs a query and returns its first result set.

@@ -63,6 +63,15 @@ impl Failure {
         )
     }
 
+    /// A `mysql://` URL given to a build without the `mysql` feature.
+    #[cfg(not(feature = "mysql"))]
+    pub fn without_mysql() -> Self {
+        Failure::usage(
+            "this changefeed was built without MariaDB/MySQL support; build it with --features \
+             cli,mysql to use a mysql:// URL",
+        )
+    }
+
     /// The line to print after `error: `, if any.
     pub fn message(&self) -> Option<&str> {
         self.message.as_deref()

@@ -101,14 +101,13 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Apply the changefeed SQL bundle: every migration the database does not have yet
-    /// (SQL Server, or PostgreSQL's bundle of feeds and claim outboxes for a postgres://
-    /// URL)
+    /// (SQL Server, PostgreSQL; on MariaDB/MySQL apply it with changefeed::mysql::migrate)
     Migrate,
-    /// Make an event table a feed (changefeed.setup_feed on SQL Server or PostgreSQL); the
+    /// Make an event table a feed (changefeed.setup_feed; SQL Server, PostgreSQL); the
     /// table must exist and have a primary key
     SetupFeed(SetupFeedArgs),
     /// Print a feed shard's events as JSON lines and follow its head, like `tail -f` (SQL
-    /// Server or PostgreSQL)
+    /// Server, PostgreSQL)
     #[command(
         after_help = "One JSON object per line: {\"ulid\":\"<cursor>\",\"time\":\"<the \
         ULID's time, RFC 3339>\",\"shard\":<n>,\"key\":{<key columns>}} or, with \
@@ -117,27 +116,27 @@ pub enum Command {
         ulid to --from to resume after it. Ctrl-C stops (exit status 130, like tail -f)."
     )]
     Tail(TailArgs),
-    /// Show every feed shard (changefeed.feed_status) as a table: SQL Server (feeds and
-    /// outboxes), PostgreSQL (feeds), MariaDB/MySQL (outboxes)
+    /// Show feeds, claim outboxes and consumers as tables: SQL Server (feeds, outboxes,
+    /// consumers), PostgreSQL (feeds and consumers; its bundle keeps no list of outboxes),
+    /// MariaDB/MySQL (outboxes)
     Status(StatusArgs),
-    /// Delete a feed's rows older than a cutoff (outbox-mode feeds, SQL Server or
-    /// PostgreSQL), never past a registered consumer's cursor unless --force
+    /// Delete a feed's rows older than a cutoff (outbox-mode feeds; SQL Server, PostgreSQL),
+    /// never past a registered consumer's cursor unless --force
     Purge(PurgeArgs),
-    /// Delete a claim outbox's done messages older than a cutoff (dead ones are kept; SQL
-    /// Server)
+    /// Delete a claim outbox's done messages older than a cutoff, dead ones kept (SQL
+    /// Server, PostgreSQL, MariaDB/MySQL)
     PurgeOutbox(PurgeOutboxArgs),
-    /// Create or complete a claim outbox table on PostgreSQL (changefeed.setup_outbox; a
-    /// postgres:// --url, needs the `postgres` feature)
+    /// Create or complete a claim outbox table, never dropping data (SQL Server,
+    /// PostgreSQL with the `postgres` feature, MariaDB/MySQL with the `mysql` feature)
     SetupOutbox(SetupOutboxArgs),
     /// Relay a claim outbox to Kafka (--brokers; needs the `kafka` feature) or to standard
-    /// output, one JSON line per message, until SIGINT or SIGTERM. --url may be an ADO.NET
-    /// string (SQL Server), a mysql:// URL (MariaDB/MySQL, with the binlog wake; needs
-    /// the `mysql` feature) or a postgres:// URL (PostgreSQL, with the LISTEN/NOTIFY wake;
-    /// needs the `postgres` feature)
+    /// output, one JSON line per message, until SIGINT or SIGTERM (SQL Server; MariaDB/MySQL
+    /// with the binlog wake, `mysql` feature; PostgreSQL with the LISTEN/NOTIFY wake,
+    /// `postgres` feature)
     #[command(after_help = relay::HELP)]
     Relay(RelayArgs),
     /// Export a feed's events to a Kafka topic, saving the consumer's cursor after every
-    /// acknowledged page, until SIGINT or SIGTERM (SQL Server or PostgreSQL; needs the
+    /// acknowledged page, until SIGINT or SIGTERM (SQL Server, PostgreSQL; needs the
     /// `kafka` feature)
     #[command(after_help = export::HELP)]
     Export(ExportArgs),
@@ -202,6 +201,7 @@ mod tests {
 
         let cli = parse(&["purge-outbox", "dbo.outbox", "--older-than", "7d"]).unwrap();
         let purge = arguments_of!(Command::PurgeOutbox, cli.command);
+        assert_eq!(purge.table, "dbo.outbox");
         assert_eq!(purge.older_than.value, Duration::from_secs(7 * 86_400));
         assert_eq!(purge.batch_size, 1000);
         // The global options also go after the subcommand.
@@ -363,7 +363,6 @@ mod tests {
                 "--batch-size",
                 "4001",
             ],
-            &["purge-outbox", "dbo.x]", "--older-than", "7d"],
             &["status", "--connect-timeout", "0s"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");

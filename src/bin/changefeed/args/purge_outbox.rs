@@ -1,17 +1,18 @@
 //! `purge-outbox`'s arguments.
 
-use changefeed::TableName;
 use clap::Args;
 
-use super::values::{parse_max_rows, parse_table, parse_u32_up_to};
+use super::values::{parse_max_rows, parse_u32_up_to};
 use crate::duration::{CliDuration, parse_retention};
 
 /// `purge-outbox`.
 #[derive(Debug, Args)]
 pub struct PurgeOutboxArgs {
-    /// The claim outbox table (created by changefeed.setup_outbox), as schema.table
-    #[arg(value_name = "SCHEMA.TABLE", value_parser = parse_table)]
-    pub table: TableName,
+    /// The claim outbox table (made by setup-outbox): schema.table on SQL Server and
+    /// PostgreSQL, a table name on MariaDB/MySQL (checked by the store's rule before
+    /// anything connects)
+    #[arg(value_name = "TABLE")]
+    pub table: String,
 
     /// Delete done messages processed longer ago than this, e.g. 7d (at most 100 years)
     #[arg(

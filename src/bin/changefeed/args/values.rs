@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use changefeed::{Error, Feed, TableName};
+use changefeed::{Error, Feed};
 
 use crate::duration::{CliDuration, parse_duration};
 
@@ -19,11 +19,6 @@ fn name_error(error: Error) -> String {
 
 /// A feed name, checked with [`Feed`]'s rule (the one `setup_feed` applies).
 pub fn parse_feed(text: &str) -> Result<Feed, String> {
-    text.parse().map_err(name_error)
-}
-
-/// A claim outbox's table name, checked with [`TableName`]'s rule.
-pub fn parse_table(text: &str) -> Result<TableName, String> {
     text.parse().map_err(name_error)
 }
 
@@ -248,7 +243,6 @@ mod tests {
         ] {
             let error = parse_feed(bad).expect_err(bad);
             assert!(!error.is_empty() && !error.contains('\n'), "{bad}: {error}");
-            assert!(parse_table(bad).is_err(), "{bad}");
         }
         assert!(parse_column("Shard").is_ok());
         assert!(parse_column(" ").is_err());

@@ -21,26 +21,15 @@ pub async fn relay(
     use changefeed::relay::RelayHandle;
 
     use super::{Monitor, Waker, config, run, target};
+    use crate::database::open_mysql;
     use mysql_async::prelude::Queryable;
 
     let usage = |e: Error| Failure::usage(e.to_string());
     let table: OutboxTable = args.outbox.parse().map_err(usage)?;
-    let opts = changefeed::mysql::opts(&connect.url).map_err(usage)?;
     let target = target(&args).await?;
+    let (opts, mut conn) = open_mysql(connect).await?;
     {
         // As for SQL Server: one connection, and the table must be there.
-        let address = match opts.socket() {
-            Some(socket) => socket.to_owned(),
-            None => format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port()),
-        };
-        let mut conn = changefeed::mysql::connect_within(&opts, connect.timeout)
-            .await
-            .map_err(|error| {
-                Failure::connect(format!(
-                    "cannot connect to MariaDB/MySQL at {address}: {error}; check --url or \
-                     CHANGEFEED_URL (or raise --connect-timeout)"
-                ))
-            })?;
         let found: Option<i64> = conn
             .exec_first(
                 "select count(*) from information_schema.tables \
