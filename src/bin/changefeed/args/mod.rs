@@ -101,7 +101,7 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Apply the changefeed SQL bundle: every migration the database does not have yet
-    /// (SQL Server, PostgreSQL; on MariaDB/MySQL apply it with changefeed::mysql::migrate)
+    /// (SQL Server, PostgreSQL, MariaDB/MySQL: each store's own bundle)
     Migrate,
     /// Make an event table a feed (changefeed.setup_feed; SQL Server, PostgreSQL); the
     /// table must exist and have a primary key

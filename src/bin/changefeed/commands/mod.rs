@@ -47,7 +47,7 @@ const STORES: &[(&str, &[Store])] = {
     const FEEDS: &[Store] = &[Store::SqlServer, Store::Postgres];
     const ALL: &[Store] = &Store::ALL;
     &[
-        ("migrate", FEEDS),
+        ("migrate", ALL),
         ("setup-feed", FEEDS),
         ("tail", FEEDS),
         ("status", ALL),
@@ -175,8 +175,7 @@ mod tests {
     #[test]
     fn a_feed_command_on_mariadb_names_the_store_and_its_commands() {
         for args in [
-            &["migrate"][..],
-            &["setup-feed", "app.Event", "--outbox"],
+            &["setup-feed", "app.Event", "--outbox"][..],
             &["tail", "app.Event"],
             &["purge", "app.Event", "--older-than", "30d"],
         ] {
@@ -187,8 +186,8 @@ mod tests {
                 line,
                 format!(
                     "{} does not work on MariaDB/MySQL (a mysql:// --url): it takes SQL Server \
-                     or PostgreSQL; the commands for MariaDB/MySQL are status, purge-outbox, \
-                     setup-outbox, relay",
+                     or PostgreSQL; the commands for MariaDB/MySQL are migrate, status, \
+                     purge-outbox, setup-outbox, relay",
                     args[0]
                 )
             );

@@ -119,7 +119,7 @@ async fn mysql(connect: &Connect, outbox: &str) -> Result<String, Failure> {
         // ER_SP_DOES_NOT_EXIST: the bundle is not applied.
         Error::Mysql { code: 1305, .. } => Failure::run(format!(
             "{error} (the MariaDB/MySQL bundle is not applied to this database: apply it with \
-             changefeed::mysql::migrate, see README's MariaDB section)"
+             changefeed migrate, or changefeed::mysql::migrate from Rust)"
         )),
         _ => Failure::run(error.to_string()),
     })?;
