@@ -366,6 +366,13 @@ $f$, p_feed_id);
     -- Both modes: the page of read_feed_<id> joined to the event rows by key (a left join: an
     -- event deleted since it was written still yields its ulid, with a NULL event, so the
     -- reader's cursor moves past it).
+    -- Two statements, not one. Under READ COMMITTED a statement sees what was committed when
+    -- it began, while read_feed_<id> (volatile) reads with snapshots of its own, taken later:
+    -- it moves outbox rows committed after the calling statement began. A join in the
+    -- statement that calls it would not see those writers' event rows and would return their
+    -- events as deleted (tests/live_postgres_feed.rs,
+    -- read_events_returns_every_event_that_its_call_moved). The join below is a statement of
+    -- its own, begun after read_feed_<id> returned, so it sees every event whose row moved.
     execute format($f$
 create or replace function changefeed.read_events_%1$s(
     p_shard integer default 0,
@@ -379,10 +386,20 @@ security definer
 set search_path = pg_catalog, pg_temp
 as $body$
 #variable_conflict use_column
+declare
+    v_ulids bytea[];
+    v_keys changefeed.key_%1$s[];
 begin
+    select array_agg(p.ulid order by p.ulid), array_agg(p.key order by p.ulid)
+    into v_ulids, v_keys
+    from changefeed.read_feed_%1$s(p_shard, p_cursor, p_page_size) as p;
     return query
     select r.ulid, e
-    from changefeed.read_feed_%1$s(p_shard, p_cursor, p_page_size) as r
+    from (
+        -- By position: an unnest of both arrays at once would expand the key's columns.
+        select u.ulid, v_keys[u.n] as key
+        from unnest(v_ulids) with ordinality as u (ulid, n)
+    ) as r
     left join %2$s as e on %3$s
     order by r.ulid;
 end

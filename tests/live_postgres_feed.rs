@@ -286,6 +286,81 @@ async fn a_writer_that_has_not_committed_is_skipped_not_waited_for() {
     assert!(last[0].0 > next[0].0);
 }
 
+/// A writer commits after a read_events call began and before its read_feed moved the
+/// outbox: the event that call returns must have its row, not look deleted. The reader is
+/// held at the shard's lock (which the test takes, as a mover would) so that the commit
+/// falls in exactly that gap.
+#[tokio::test]
+#[ignore = "needs PostgreSQL (CHANGEFEED_TEST_POSTGRES, or the installed binaries)"]
+async fn read_events_returns_every_event_that_its_call_moved() {
+    let db = database("feed_read_events_snapshot").await;
+    let feed_id = events_feed(&db, 1).await;
+    db.sql("insert into app.events (id, body) values (1, 'before')")
+        .await;
+
+    let mut holder = db.client().await;
+    let hold = holder.transaction().await.unwrap();
+    hold.execute(
+        "select pg_advisory_xact_lock(changefeed.shard_lock_key($1, 0))",
+        &[&feed_id],
+    )
+    .await
+    .unwrap();
+
+    let reader = db.client().await;
+    let reading = tokio::spawn(async move {
+        reader
+            .query(
+                &format!(
+                    "select r.ulid, (r.event).id, (r.event).body \
+                     from changefeed.read_events_{feed_id}(0, $1, 10) as r"
+                ),
+                &[&START.as_slice()],
+            )
+            .await
+            .map(|rows| {
+                rows.iter()
+                    .map(|row| {
+                        (
+                            row.get::<_, Option<i64>>(1),
+                            row.get::<_, Option<String>>(2),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+    });
+    // The reader's statement has begun once it waits for the lock.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while db
+        .scalar("select count(*) from pg_locks where locktype = 'advisory' and not granted")
+        .await
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the reader never waited for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    db.sql("insert into app.events (id, body) values (2, 'during')")
+        .await;
+    hold.commit().await.unwrap();
+
+    let page = tokio::time::timeout(Duration::from_secs(10), reading)
+        .await
+        .expect("the reader goes on once the lock is free")
+        .unwrap()
+        .unwrap_or_else(|e| panic!("read_events_{feed_id}: {e:?}"));
+    assert_eq!(
+        page,
+        [
+            (Some(1), Some("before".to_owned())),
+            (Some(2), Some("during".to_owned()))
+        ],
+        "both events with their rows; none returned as deleted"
+    );
+}
+
 #[tokio::test]
 #[ignore = "needs PostgreSQL (CHANGEFEED_TEST_POSTGRES, or the installed binaries)"]
 async fn readers_racing_at_the_head_both_return_the_rows() {

@@ -7,7 +7,11 @@
 //!   can neither hide the bundle's objects nor slip another function in their place (the
 //!   bundle names its own objects with their schema);
 //! * every `raise exception` carries one of the bundle's SQLSTATEs, `CF` and three digits,
-//!   which `Error::server_number` maps to 51000–51999.
+//!   which `Error::server_number` maps to 51000–51999;
+//! * a statement that calls a feed's `read_feed_<id>` joins nothing: that function moves
+//!   outbox rows it reads with later snapshots than its calling statement's, so a join in the
+//!   same statement misses the rows of writers that committed in between (an event read as
+//!   deleted). The join goes in a statement of its own, after the call.
 
 use std::path::Path;
 
@@ -113,4 +117,26 @@ fn every_raised_error_has_a_bundle_sqlstate() {
             );
         }
     }
+}
+
+#[test]
+fn a_statement_that_calls_read_feed_joins_nothing() {
+    let mut calls = 0;
+    for (file, text) in bundle() {
+        for (at, _) in text.match_indices("from changefeed.read_feed_") {
+            calls += 1;
+            let begins = text[..at].rfind(';').map_or(0, |end| end + 1);
+            let ends = text[at..].find(';').map_or(text.len(), |end| at + end);
+            let statement = &text[begins..ends];
+            assert!(
+                !statement.contains(" join "),
+                "{file}: a statement calls read_feed_<id> and joins in the same statement; \
+                 read the page first, then join in a statement of its own:\n{statement}"
+            );
+        }
+    }
+    assert!(
+        calls > 0,
+        "no call of read_feed_<id> found: the rule checks nothing"
+    );
 }
