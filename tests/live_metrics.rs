@@ -2,12 +2,14 @@
 //! MariaDB and rdkafka's mock cluster, scraped over plain HTTP while messages are enqueued
 //! and published; `/readyz` while the database is frozen (`SIGSTOP`) and after (`SIGCONT`);
 //! `changefeed status` showing the outbox's counts; the backlog query's plan (EXPLAIN) and
-//! counts. MariaDB tests are `#[ignore]`d and run by .ci/run's MariaDB step; the SQL Server
-//! ones need `CHANGEFEED_TEST_MSSQL`.
+//! counts; the same gauges from a relay on a private PostgreSQL. MariaDB and PostgreSQL
+//! tests are `#[ignore]`d and run by .ci/run; the SQL Server ones need
+//! `CHANGEFEED_TEST_MSSQL`.
 
 mod common;
 mod common_kafka;
 mod common_mysql;
+mod common_postgres;
 mod common_process;
 mod common_server;
 
@@ -469,6 +471,71 @@ async fn sql_server_backlog_status_and_scraped_gauges() {
     readyz_until(&address, 200, Duration::from_secs(10)).await;
     stop_cleanly(child, libc::SIGTERM).await;
     db.drop_database().await;
+}
+
+/// A relay on PostgreSQL reads the backlog into its gauges, as on the other stores: two
+/// pending messages published, one failed due in an hour, one dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn postgres_backlog_gauges_of_a_scraped_relay() {
+    let db = common_postgres::database("metrics_backlog").await;
+    db.outbox("public.metrics_outbox").await;
+    db.sql(
+        "insert into public.metrics_outbox (message_id, topic, payload, status, next_retry_at, \
+             created_at) values \
+         ('p1', 'orders', '{}', 0, null, now() - interval '1 minute'), \
+         ('p2', 'orders', '{}', 0, null, now()), \
+         ('f1', 'orders', '{}', 3, now() + interval '1 hour', now()), \
+         ('d1', 'orders', '{}', 4, null, now())",
+    )
+    .await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
+        .args([
+            "relay",
+            "--outbox",
+            "public.metrics_outbox",
+            "--url",
+            &db.url,
+        ])
+        .args([
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--backlog-interval",
+            "300ms",
+        ])
+        .env_remove("CHANGEFEED_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = stderr_lines(&mut child);
+    let address = metrics_address(&lines);
+    let gauge = |text: &str, status: &str| {
+        sample(
+            text,
+            &format!(
+                "changefeed_outbox_messages{{outbox=\"public.metrics_outbox\",status=\"{status}\"}}"
+            ),
+        )
+    };
+    scrape_until(
+        &address,
+        Duration::from_secs(60),
+        "2 published; the gauges: none pending, 1 failed, 1 dead",
+        |t| {
+            sample(
+                t,
+                "changefeed_relay_messages_published_total{outbox=\"public.metrics_outbox\",topic=\"orders\"}",
+            ) == Some(2.0)
+                && gauge(t, "pending") == Some(0.0)
+                && gauge(t, "processing") == Some(0.0)
+                && gauge(t, "failed") == Some(1.0)
+                && gauge(t, "dead") == Some(1.0)
+        },
+    )
+    .await;
+    stop_cleanly(child, libc::SIGTERM).await;
 }
 
 /// The relay's open file descriptors.

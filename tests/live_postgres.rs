@@ -615,3 +615,106 @@ async fn the_cli_purges_a_postgres_outbox() {
     let line = assert_one_error_line(&bad);
     assert_eq!(bad.status.code(), Some(2), "{line}");
 }
+
+/// The backlog counts each status (done rows not at all), and the oldest open message's age
+/// by the server's clock; it never waits for an open enqueue, whose row it does not count
+/// yet. `status` lists every outbox of the database (the tables setup_outbox made, not a
+/// look-alike) with those counts.
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn the_backlog_counts_by_status_and_status_lists_every_outbox() {
+    use common_process::changefeed;
+
+    let db = database("backlog").await;
+    db.outbox("public.busy").await;
+    db.outbox("public.idle").await;
+    db.sql("create table public.lookalike (id bigint primary key, status smallint)")
+        .await;
+    let e = db
+        .enqueue_committed(
+            "public.busy",
+            &(0..6)
+                .map(|n| message_of(&format!("a{n}"), 1))
+                .collect::<Vec<_>>(),
+        )
+        .await;
+    // 2 pending (e0, e1), 1 processing, 1 failed, 1 dead, 1 done; the oldest open message
+    // was written a minute ago.
+    db.sql(&format!(
+        "update public.busy set created_at = now() - interval '1 minute' where id = {0}; \
+         update public.busy set status = 1, claimed_at = now(), \
+             claim_expires_at = now() + interval '1 minute', claim_token = gen_random_uuid() \
+             where id = {1}; \
+         update public.busy set status = 3, next_retry_at = now() where id = {2}; \
+         update public.busy set status = 4, processed_at = now() where id = {3}; \
+         update public.busy set status = 2, processed_at = now() where id = {4}",
+        e[0].id, e[2].id, e[3].id, e[4].id, e[5].id
+    ))
+    .await;
+    let mut open = db.client().await;
+    let open_tx = open.transaction().await.unwrap();
+    enqueue(
+        &open_tx,
+        &"public.busy".parse().unwrap(),
+        &message_of("open", 1),
+    )
+    .await
+    .unwrap();
+
+    let mut store = db.store("public.busy");
+    let backlog = tokio::time::timeout(Duration::from_secs(5), store.backlog())
+        .await
+        .expect("the backlog never waits for an open enqueue")
+        .unwrap();
+    assert_eq!(
+        (
+            backlog.pending,
+            backlog.processing,
+            backlog.failed,
+            backlog.dead
+        ),
+        (2, 1, 1, 1),
+        "{backlog:?}"
+    );
+    let age = backlog.oldest_open_age.expect("messages are open");
+    assert!(
+        age >= Duration::from_secs(59) && age < Duration::from_secs(120),
+        "{age:?}"
+    );
+    let idle = db.store("public.idle").backlog().await.unwrap();
+    assert_eq!(
+        (idle.pending, idle.dead, idle.oldest_open_age),
+        (0, 0, None)
+    );
+
+    let status = changefeed(&["status", "--json", "--url", &db.url]);
+    assert!(status.status.success(), "{status:?}");
+    let document: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let outboxes = document["outboxes"].as_array().unwrap();
+    let names: Vec<&str> = outboxes
+        .iter()
+        .map(|o| o["outbox"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["public.busy", "public.idle"], "{document}");
+    assert_eq!(
+        [
+            &outboxes[0]["pending"],
+            &outboxes[0]["processing"],
+            &outboxes[0]["failed"],
+            &outboxes[0]["dead"]
+        ],
+        [2, 1, 1, 1],
+        "{document}"
+    );
+    assert!(outboxes[0]["problem"].is_null(), "{document}");
+    let table = changefeed(&["status", "--url", &db.url]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("(no feeds)"), "{table}");
+    let busy = table
+        .lines()
+        .find(|line| line.starts_with("public.busy"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(busy.contains(" 1 min "), "{busy}");
+    open_tx.rollback().await.unwrap();
+}

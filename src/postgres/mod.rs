@@ -18,12 +18,14 @@
 //! [`ClaimStore`]: crate::outbox::ClaimStore
 //! [`Relay`]: crate::relay::Relay
 
+mod backlog;
 mod connection;
 mod migrations;
 mod store;
 mod table;
 mod waker;
 
+pub use backlog::{backlog, backlog_query};
 pub use connection::{
     CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, STATEMENT_TIMEOUT, config, connect, server_version,
 };

@@ -20,7 +20,7 @@ use crate::claim_limits::{
 };
 use crate::error::{Result, decode_error};
 use crate::outbox::{
-    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Failed, NewMessage,
+    ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Failed, NewMessage, OutboxBacklog,
     UndecodableMessage,
 };
 use crate::outbox_backend::{
@@ -309,6 +309,17 @@ impl PostgresOutboxStore {
         let after_us = micros("after", after, MAX_RETRY)?;
         let sql = |t: &str| hand_back(t, "status in (3, 4)");
         self.execute("redrive", sql, &[&after_us, &id]).await
+    }
+
+    /// The outbox's backlog: pending, processing, failed and dead counts (each stopping at
+    /// [`BACKLOG_COUNT_LIMIT`](crate::outbox::BACKLOG_COUNT_LIMIT)) and the age of the
+    /// oldest open message, by the server's clock, in one statement
+    /// ([`backlog_query`](super::backlog_query), which says what it reads).
+    pub async fn backlog(&mut self) -> Result<OutboxBacklog> {
+        self.with_client("backlog", async |t, client| {
+            super::backlog::read(client, t).await
+        })
+        .await
     }
 
     /// Deletes done messages processed more than `older_than` ago (cutoff on the server's

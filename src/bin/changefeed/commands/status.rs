@@ -1,6 +1,6 @@
 //! `changefeed status`: every feed shard (`changefeed.feed_status`), every claim outbox
 //! (its part is `outboxes`) and, with `--consumers`, every consumer's lag, as tables or as
-//! one JSON object; `postgres` is the same on PostgreSQL (feeds and consumers).
+//! one JSON object; `postgres` is the same on PostgreSQL.
 
 mod outboxes;
 #[cfg(feature = "postgres")]
@@ -201,7 +201,7 @@ async fn mysql_status(_: &Connect, _: &mut Out, _: StatusArgs) -> Result<(), Fai
     ))
 }
 
-/// `status` with a `postgres://` URL: feeds and, with `--consumers`, consumers.
+/// `status` with a `postgres://` URL: feeds, outboxes and, with `--consumers`, consumers.
 #[cfg(feature = "postgres")]
 async fn postgres_status(
     connect: &Connect,
@@ -215,6 +215,9 @@ async fn postgres_status(
     let decode = |e: tokio_postgres::Error| Failure::run(format!("status: {e}"));
     let rows = call("feed_status", client.query(postgres::FEED_STATUS, &[])).await?;
     let feeds = postgres::feed_shards(&rows).map_err(decode)?;
+    let outboxes = outboxes::postgres(&client)
+        .await
+        .map_err(|error| Failure::run(format!("status: {error}")))?;
     let consumers = if args.consumers {
         let rows = call("consumer_lag", client.query(postgres::CONSUMER_LAG, &[])).await?;
         Some(postgres::consumer_lags(&rows, &feeds).map_err(decode)?)
@@ -222,7 +225,7 @@ async fn postgres_status(
         None
     };
     if args.json {
-        let mut document = serde_json::json!({ "feeds": feeds });
+        let mut document = serde_json::json!({ "feeds": feeds, "outboxes": outboxes });
         if let Some(consumers) = &consumers {
             document["consumers"] = serde_json::json!(consumers);
         }
@@ -230,7 +233,7 @@ async fn postgres_status(
     }
     let mut text = postgres::feed_table(&feeds).render("(no feeds)");
     text.push('\n');
-    text.push_str(postgres::NO_OUTBOXES);
+    text.push_str(&outboxes::outbox_table(&outboxes).render("(no outboxes)"));
     if let Some(consumers) = &consumers {
         text.push('\n');
         text.push_str(&postgres::consumer_table(consumers).render("(no consumers)"));

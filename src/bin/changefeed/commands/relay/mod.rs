@@ -150,13 +150,10 @@ impl Backlog for changefeed::mysql::MysqlOutboxStore {
     }
 }
 
-/// A store without a backlog query (PostgreSQL, for now): no backlog gauges.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-pub struct NoBacklog;
-
-impl Backlog for NoBacklog {
+#[cfg(feature = "postgres")]
+impl Backlog for changefeed::postgres::PostgresOutboxStore {
     async fn read(&mut self) -> changefeed::Result<OutboxBacklog> {
-        Err(Error::Config("this store has no backlog query".to_owned()))
+        self.backlog().await
     }
 }
 
@@ -223,16 +220,6 @@ impl<B: Backlog> Monitor<B> {
             endpoints,
             backlog: Some(backlog),
             every: args.backlog_interval.value,
-        }
-    }
-
-    /// The endpoints without backlog reads.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub fn without_backlog(endpoints: Option<Endpoints>) -> Self {
-        Monitor {
-            endpoints,
-            backlog: None,
-            every: Duration::from_secs(15),
         }
     }
 

@@ -23,7 +23,7 @@ pub async fn relay(
     };
     use changefeed::relay::RelayHandle;
 
-    use super::{Monitor, NoBacklog, Waker, config, run, target};
+    use super::{Monitor, Waker, config, run, target};
     use crate::database::postgres::{open, settings};
 
     let table: OutboxTable = args
@@ -49,6 +49,7 @@ pub async fn relay(
         }
     }
     let store = PostgresOutboxStore::new(table.clone(), settings.clone());
+    let backlog = PostgresOutboxStore::new(table.clone(), settings.clone());
     // Notifications wake the relay; its own poll is the safety net behind the waker's.
     let config = config(&args).poll_interval(Duration::from_secs(5));
     let start = |handle: RelayHandle| {
@@ -60,7 +61,7 @@ pub async fn relay(
         })
     };
     let how = " (woken by LISTEN/NOTIFY, polling when it cannot listen)";
-    let monitor = Monitor::<NoBacklog>::without_backlog(endpoints);
+    let monitor = Monitor::new(endpoints, backlog, &args);
     run(store, target, config, &args, how, monitor, start).await
 }
 

@@ -1,15 +1,11 @@
 //! `changefeed status` with a `postgres://` URL: every feed shard (`changefeed.feed_status`)
-//! and, with `--consumers`, every saved cursor's lag (`changefeed.consumer_lag`). The
-//! PostgreSQL bundle keeps no registry of claim outboxes, so they are not listed.
+//! and, with `--consumers`, every saved cursor's lag (`changefeed.consumer_lag`); the
+//! outboxes are `super::outboxes::postgres`.
 
 use serde::Serialize;
 use ulid::Ulid;
 
 use crate::output::{Align, Table, human_lag, ulid_time};
-
-/// The line that says why outboxes are missing from the PostgreSQL status.
-pub const NO_OUTBOXES: &str = "(claim outboxes are not listed on PostgreSQL, whose bundle keeps \
-    no registry of them: select status, count(*) from <outbox> group by status)\n";
 
 /// The feed_status query: ULIDs as bytea, the times computed from them in Rust.
 pub const FEED_STATUS: &str = "select feed, case when serialize_writers then \
