@@ -2250,8 +2250,12 @@ fn a_stated_collation_or_a_value_that_is_not_a_name_does_not_fire() {
         "select 1 from t where column_name collate Latin1_General_100_CI_AI \
          in (N'shard_id', N'ulid');",
     );
-    assert_clean("select 1 from sys.columns as c where c.name collate Latin1_General_100_BIN2 <> N'ulid';");
-    assert_clean("select 1 from sys.columns as c where N'ulid' = c.name collate Latin1_General_100_CI_AI;");
+    assert_clean(
+        "select 1 from sys.columns as c where c.name collate Latin1_General_100_BIN2 <> N'ulid';",
+    );
+    assert_clean(
+        "select 1 from sys.columns as c where N'ulid' = c.name collate Latin1_General_100_CI_AI;",
+    );
     assert_clean("select 1 from f where kind = N'ulid';");
     assert_clean("select * from (values (N'ulid', 'FN')) as v (name, type);");
     assert_clean("select N'column_name in (N''ulid'')';");

@@ -86,7 +86,9 @@ fn operand_after(code: &[&Token<'_>], at: usize) -> Option<(String, bool)> {
         k += 1;
     }
     // A dotted name: its last part.
-    let mut name = code.get(k).filter(|t| matches!(t.kind, Kind::Word | Kind::Ident))?;
+    let mut name = code
+        .get(k)
+        .filter(|t| matches!(t.kind, Kind::Word | Kind::Ident))?;
     while code.get(k + 1).is_some_and(|t| t.is_punct(b'.'))
         && let Some(next) = code
             .get(k + 2)
