@@ -215,16 +215,16 @@ begin
                     case
                         when j.given_collation is null then N''
                         else concat(N' (code page ', j.given_code_page, N')')
-                    end,
-                    N', which cannot hold'
+                    end
                 )
             end,
-            N' the feed''s column ', j.declared_type,
+            N', and read_feed writes it as ', j.declared_type,
             case
                 when j.collation_name is null then N''
                 else concat(N' (code page ', j.code_page, N')')
             end,
-            N' exactly. Declare #read as read_feed writes it: create table #read (',
+            N', which #read must hold exactly. Declare #read as read_feed writes it:',
+            N' create table #read (',
             (
                 select
                     string_agg(
