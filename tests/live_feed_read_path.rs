@@ -813,14 +813,14 @@ fn suggested_declaration(message: &str) -> &str {
     &message[start..start + end + 2]
 }
 
-/// A feed in each mode keyed by (at datetime2(7), amount decimal(18, 4), code varchar(20) in
-/// a code page that neither tempdb nor the database has), with a key only those exact types
-/// hold: seven digits of a second, four decimals, letters of that code page. A readers-only
-/// login reads into `#read`:
-/// * `at datetime`, `at datetime2(3)`, `amount decimal(18, 2)` and `amount float` (every other
-///   column declared right) are refused with 51105 naming the column and the declaration of
-///   the whole `#read`, and nothing moves from the outbox; before the fix only character
-///   columns were checked, so these were accepted and the keys rounded;
+/// A feed in each mode keyed by (occurred datetime2(7), amount decimal(18, 4), code
+/// varchar(20) in a code page that neither tempdb nor the database has), with a key only
+/// those exact types hold: seven digits of a second, four decimals, letters of that code
+/// page. A readers-only login reads into `#read`:
+/// * `occurred datetime`, `occurred datetime2(3)`, `amount decimal(18, 2)` and `amount
+///   float` (every other column declared right) are refused with 51105 naming the column and
+///   the declaration of the whole `#read`, and nothing moves from the outbox; before the fix
+///   only character columns were checked, so these were accepted and the keys rounded;
 /// * that declaration, executed as it is, is accepted, holds the key unchanged, and joins
 ///   the event table (before the fix the suggestion was `<type>(<bytes>) collate
 ///   database_default`: `datetime2(8)`, a collate clause on a number, and for the character
@@ -833,17 +833,18 @@ async fn read_table_types(db: &TestDb) {
     let (collation, code) = foreign_code_page_key(&mut admin).await;
     let key_values = format!("'{AT}', {AMOUNT}, N'{code}'");
     let key_columns = format!(
-        "at datetime2(7) not null, amount decimal(18, 4) not null, \
+        "occurred datetime2(7) not null, amount decimal(18, 4) not null, \
          code varchar(20) collate {collation} not null"
     );
     exec_ok(
         &mut admin,
         &format!(
             "create table dbo.rtt_outbox ({key_columns}, payload int not null, \
-                 primary key (at, amount, code)); \
+                 primary key (occurred, amount, code)); \
              exec changefeed.setup_feed @table_name = N'dbo.rtt_outbox', @outbox = 1; \
              create table dbo.rtt_serial ({key_columns}, Shard int not null, \
-                 ULID binary(16) not null, payload int not null, primary key (at, amount, code)); \
+                 ULID binary(16) not null, payload int not null, \
+                 primary key (occurred, amount, code)); \
              create unique index ux_rtt_serial on dbo.rtt_serial (Shard, ULID); \
              exec changefeed.setup_feed @table_name = N'dbo.rtt_serial', \
                  @serialize_writers = 1, @shard_column = N'Shard', @ulid_column = N'ULID';"
@@ -855,22 +856,22 @@ async fn read_table_types(db: &TestDb) {
         &mut admin,
         "rtt",
         ["dbo.rtt_outbox", "dbo.rtt_serial"],
-        ("at, amount, code", &key_values),
-        "at, amount, code, payload",
+        ("occurred, amount, code", &key_values),
+        "occurred, amount, code, payload",
         [&format!("{key_values}, 1"), &format!("{key_values}, 2")],
     )
     .await;
 
     let right = [
-        ("at", "datetime2(7)".to_owned()),
+        ("occurred", "datetime2(7)".to_owned()),
         ("amount", "decimal(18, 4)".to_owned()),
         ("code", format!("varchar(20) collate {collation}")),
     ];
     let mut suggestions = Vec::new();
     for feed in [&outbox, &serial] {
         for (column, narrower) in [
-            ("at", "datetime"),
-            ("at", "datetime2(3)"),
+            ("occurred", "datetime"),
+            ("occurred", "datetime2(3)"),
             ("amount", "decimal(18, 2)"),
             ("amount", "float"),
         ] {
@@ -934,7 +935,7 @@ async fn read_table_types(db: &TestDb) {
             &mut client,
             &format!(
                 "{suggested} exec {} @shard_id = 0; \
-                 select datediff_big(nanosecond, convert(datetime2(7), N'{SECOND}'), at) \
+                 select datediff_big(nanosecond, convert(datetime2(7), N'{SECOND}'), occurred) \
                          as at_ns, \
                      convert(bigint, amount * 10000) as amount_units, \
                      convert(nvarchar(20), code) as code from #read; \
@@ -964,7 +965,7 @@ async fn read_table_types(db: &TestDb) {
             &format!(
                 "{suggested} exec {} @shard_id = 0; \
                  select e.payload from #read as r inner join {} as e \
-                     on e.at = r.at and e.amount = r.amount and e.code = r.code; \
+                     on e.occurred = r.occurred and e.amount = r.amount and e.code = r.code; \
                  drop table #read;",
                 feed.read_feed_procedure(),
                 feed.quoted_table()
