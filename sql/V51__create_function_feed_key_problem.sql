@@ -40,7 +40,7 @@ with stored as (
     where
         tt.schema_id = schema_id(N'changefeed')
         and tt.name = N'type:read:' + @schema_name + N'.' + @table_name
-        and c.name <> N'ulid'
+        and c.name collate Latin1_General_100_BIN2 <> N'ulid'
 ),
 
 current_key as (

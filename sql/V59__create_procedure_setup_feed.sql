@@ -140,6 +140,24 @@ begin
     order by key_ordinal;
     if @problem is not null throw 51008, @problem, 1;
 
+    -- key_columns compares the key's names with the names changefeed adds in the database's
+    -- collation, so in a case-sensitive database a key column ULID passes it. But read_feed's
+    -- copy of the key and a caller's #read live in tempdb, whose collation (the server's)
+    -- may ignore case, and there ULID and ulid are one name: every read into #read would
+    -- fail (Msg 2705). So the names are compared here under an explicit collation that
+    -- ignores case, accents, kana type and width, whatever the database's and tempdb's are.
+    select top (1)
+        @problem = N'The key column ''' + column_name
+            + N''' has, but for case, accents or width, the name of a column changefeed adds'
+            + N' next to the key (shard_id, ulid, order_sequence, time_hint), and in tempdb'
+            + N' (the server''s collation) the two may be one name. Rename the column.'
+    from changefeed.key_columns(@object_id)
+    where
+        column_name collate Latin1_General_100_CI_AI
+        in (N'shard_id', N'ulid', N'order_sequence', N'time_hint')
+    order by key_ordinal;
+    if @problem is not null throw 51008, @problem, 1;
+
     if @mode = 'serialize_writers'
     begin
         -- The catalog's spelling of each column, and its type.

@@ -43,6 +43,52 @@ feed_contract::feed_contract_tests!(
     on_fresh_feeds
 );
 
+/// The same scenarios in a case-sensitive UTF-8 database on a server whose default collation
+/// differs ([`common::case_sensitive_utf8_collation`]): the bundle's and the client's SQL must
+/// spell every name as it is declared, and nothing may rely on the database and tempdb
+/// sharing a collation.
+mod case_sensitive_utf8 {
+    use super::MssqlFeeds;
+    use crate::common::{self, TestDb};
+    use std::sync::atomic::AtomicUsize;
+
+    async fn on_fresh_feeds(test: &str, scenario: impl AsyncFn(&MssqlFeeds)) {
+        let collation = common::case_sensitive_utf8_collation().await;
+        common::under_both_isolations_collated(
+            &format!("fc_cs_{test}"),
+            collation,
+            async |db: &TestDb| {
+                let mut client = db.client().await;
+                assert_eq!(
+                    common::scalar_i64(
+                        &mut client,
+                        "select case when N'a' = N'A' then 0 else 1 end \
+                         + case when convert(int, collationproperty(convert(sysname, \
+                             databasepropertyex(db_name(), 'Collation')), 'CodePage')) = 65001 \
+                             then 2 else 0 end;",
+                    )
+                    .await,
+                    3,
+                    "{} is a case-sensitive UTF-8 database",
+                    db.name
+                );
+                scenario(&MssqlFeeds {
+                    database: db.name.clone(),
+                    ado: db.ado(),
+                    tables: AtomicUsize::new(0),
+                })
+                .await;
+            },
+        )
+        .await;
+    }
+
+    crate::feed_contract::feed_contract_tests!(
+        "needs SQL Server 2019 or later: set CHANGEFEED_TEST_MSSQL or run Docker",
+        on_fresh_feeds
+    );
+}
+
 impl MssqlFeeds {
     /// The program name of the readers' sessions, which end_reader_sessions kills.
     fn reader_application(&self) -> String {

@@ -22,7 +22,9 @@ use common::events::{
     write_all_ok, write_ok,
 };
 use common::logins::drop_logins;
-use common::{TestDb, exec_failure, rows, scalar_i64};
+use common::{
+    TestDb, exec_failure, registered_feeds, rows, scalar_i64, under_both_isolations_collated,
+};
 use tiberius::Row;
 use ulid::Ulid;
 
@@ -670,23 +672,7 @@ common::live_test!(current_thread read_feed_refuses_a_read_table_that_cannot_hol
 ///   the second joins the event table.
 async fn read_table(db: &TestDb) {
     let mut admin = db.client().await;
-    let tempdb_code_page = scalar_i64(
-        &mut admin,
-        "select convert(bigint, collationproperty(convert(sysname, \
-         databasepropertyex(N'tempdb', 'Collation')), 'CodePage'));",
-    )
-    .await;
-    let database_code_page = scalar_i64(
-        &mut admin,
-        "select convert(bigint, collationproperty(convert(sysname, \
-         databasepropertyex(db_name(), 'Collation')), 'CodePage'));",
-    )
-    .await;
-    let (collation, key) = if tempdb_code_page == 1253 || database_code_page == 1253 {
-        ("Cyrillic_General_100_CI_AS", "жзий")
-    } else {
-        ("Greek_100_CI_AS", "αβγδ")
-    };
+    let (collation, key) = foreign_code_page_key(&mut admin).await;
     exec_ok(
         &mut admin,
         &format!(
@@ -799,6 +785,308 @@ async fn read_table(db: &TestDb) {
 
     drop(client);
     drop_logins(db, &[&reader]).await;
+}
+
+// ------------------------------------------------------------------------------------------
+// Issue 29 item 5: every #read column checked exactly, reserved key names in any case
+// ------------------------------------------------------------------------------------------
+
+common::live_test!(current_thread read_feed_refuses_a_narrower_datetime_or_decimal_column_and_accepts_the_declaration_it_suggests: "read_table_types" => read_table_types);
+
+/// [`read_table_types`] in a case-sensitive UTF-8 database on a server whose default
+/// collation differs (so tempdb's differs too).
+#[tokio::test]
+#[ignore = "needs SQL Server 2019 or later: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn read_table_types_in_a_case_sensitive_utf8_database() {
+    let collation = common::case_sensitive_utf8_collation().await;
+    under_both_isolations_collated("read_table_types_cs", collation, read_table_types).await;
+}
+
+/// The first `create table #read (…);` in a 51105 message: the declaration it suggests.
+fn suggested_declaration(message: &str) -> &str {
+    let start = message
+        .find("create table #read (")
+        .unwrap_or_else(|| panic!("51105 suggests a declaration: {message}"));
+    let end = message[start..]
+        .find(");")
+        .unwrap_or_else(|| panic!("the suggested declaration ends with `);`: {message}"));
+    &message[start..start + end + 2]
+}
+
+/// A feed in each mode keyed by (occurred datetime2(7), amount decimal(18, 4), code
+/// varchar(20) in a code page that neither tempdb nor the database has), with a key only
+/// those exact types hold: seven digits of a second, four decimals, letters of that code
+/// page. A readers-only login reads into `#read`:
+/// * `occurred datetime`, `occurred datetime2(3)`, `amount decimal(18, 2)` and `amount
+///   float` (every other column declared right) are refused with 51105 naming the column and
+///   the declaration of the whole `#read`, and nothing moves from the outbox; before the fix
+///   only character columns were checked, so these were accepted and the keys rounded;
+/// * that declaration, executed as it is, is accepted, holds the key unchanged, and joins
+///   the event table (before the fix the suggestion was `<type>(<bytes>) collate
+///   database_default`: `datetime2(8)`, a collate clause on a number, and for the character
+///   column a collation of the database's code page, which the check itself refused).
+async fn read_table_types(db: &TestDb) {
+    const SECOND: &str = "2026-12-06T10:00:00";
+    const AT: &str = "2026-12-06T10:00:00.1234567";
+    const AMOUNT: &str = "12.3456";
+    let mut admin = db.client().await;
+    let (collation, code) = foreign_code_page_key(&mut admin).await;
+    let key_values = format!("'{AT}', {AMOUNT}, N'{code}'");
+    let key_columns = format!(
+        "occurred datetime2(7) not null, amount decimal(18, 4) not null, \
+         code varchar(20) collate {collation} not null"
+    );
+    exec_ok(
+        &mut admin,
+        &format!(
+            "create table dbo.rtt_outbox ({key_columns}, payload int not null, \
+                 primary key (occurred, amount, code)); \
+             exec changefeed.setup_feed @table_name = N'dbo.rtt_outbox', @outbox = 1; \
+             create table dbo.rtt_serial ({key_columns}, Shard int not null, \
+                 ULID binary(16) not null, payload int not null, \
+                 primary key (occurred, amount, code)); \
+             create unique index ux_rtt_serial on dbo.rtt_serial (Shard, ULID); \
+             exec changefeed.setup_feed @table_name = N'dbo.rtt_serial', \
+                 @serialize_writers = 1, @shard_column = N'Shard', @ulid_column = N'ULID';"
+        ),
+    )
+    .await;
+    let (outbox, serial, reader, mut client) = readable_in_both_modes(
+        db,
+        &mut admin,
+        "rtt",
+        ["dbo.rtt_outbox", "dbo.rtt_serial"],
+        ("occurred, amount, code", &key_values),
+        "occurred, amount, code, payload",
+        [&format!("{key_values}, 1"), &format!("{key_values}, 2")],
+    )
+    .await;
+
+    let right = [
+        ("occurred", "datetime2(7)".to_owned()),
+        ("amount", "decimal(18, 4)".to_owned()),
+        ("code", format!("varchar(20) collate {collation}")),
+    ];
+    let mut suggestions = Vec::new();
+    for feed in [&outbox, &serial] {
+        for (column, narrower) in [
+            ("occurred", "datetime"),
+            ("occurred", "datetime2(3)"),
+            ("amount", "decimal(18, 2)"),
+            ("amount", "float"),
+        ] {
+            let columns = right
+                .iter()
+                .map(|(name, declared)| {
+                    let declared = if *name == column { narrower } else { declared };
+                    format!("{name} {declared} not null")
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let (number, message) = exec_failure(
+                &mut client,
+                &format!(
+                    "create table #read (ulid binary(16) not null, {columns}); \
+                     exec {} @shard_id = 0;",
+                    feed.read_feed_procedure()
+                ),
+            )
+            .await;
+            assert_eq!(
+                number, 51105,
+                "{feed}, #read {column} {narrower}: {message}"
+            );
+            assert!(
+                message.contains(&format!("[{column}] is {narrower}")),
+                "51105 names the column and its type: {message}"
+            );
+            let suggested = suggested_declaration(&message).to_owned();
+            for (name, declared) in &right {
+                assert!(
+                    suggested.contains(&format!("[{name}] {declared} not null")),
+                    "the suggestion declares {name} as the key does: {suggested}"
+                );
+            }
+            suggestions.push(suggested);
+            exec_ok(
+                &mut client,
+                "if object_id(N'tempdb..#read') is not null drop table #read;",
+            )
+            .await;
+        }
+    }
+    assert_eq!(
+        scalar_i64(
+            &mut admin,
+            &format!("select count_big(*) from {};", outbox.object("feed"))
+        )
+        .await,
+        0,
+        "a refused #read moved nothing from the outbox"
+    );
+    let suggested = suggestions[0].clone();
+    assert!(
+        suggestions.iter().all(|s| *s == suggested),
+        "every refusal suggests the one declaration: {suggestions:?}"
+    );
+
+    for feed in [&outbox, &serial] {
+        let rows = rows_ok(
+            &mut client,
+            &format!(
+                "{suggested} exec {} @shard_id = 0; \
+                 select datediff_big(nanosecond, convert(datetime2(7), N'{SECOND}'), occurred) \
+                         as at_ns, \
+                     convert(bigint, amount * 10000) as amount_units, \
+                     convert(nvarchar(20), code) as code from #read; \
+                 drop table #read;",
+                feed.read_feed_procedure()
+            ),
+        )
+        .await;
+        assert_eq!(rows.len(), 1, "{feed}, through `{suggested}`");
+        let read = (
+            required::<i64>(&rows[0], "at_ns"),
+            required::<i64>(&rows[0], "amount_units"),
+            required::<&str>(&rows[0], "code"),
+        );
+        assert_eq!(
+            read,
+            (123_456_700, 123_456, code),
+            "{feed}: #read holds the key unchanged ({AT}, {AMOUNT})"
+        );
+    }
+
+    // Through the suggested #read, the key joins the event table (as admin: readers may not
+    // read the event table itself), and finds the event's row.
+    for (feed, payload) in [(&outbox, 1), (&serial, 2)] {
+        let joined = rows_ok(
+            &mut admin,
+            &format!(
+                "{suggested} exec {} @shard_id = 0; \
+                 select e.payload from #read as r inner join {} as e \
+                     on e.occurred = r.occurred and e.amount = r.amount and e.code = r.code; \
+                 drop table #read;",
+                feed.read_feed_procedure(),
+                feed.quoted_table()
+            ),
+        )
+        .await;
+        assert_eq!(joined.len(), 1, "{feed}: the #read row joins its event");
+        assert_eq!(required::<i32>(&joined[0], "payload"), payload);
+    }
+
+    drop(client);
+    drop_logins(db, &[&reader]).await;
+}
+
+/// Runs [`reserved_key_names`] in a case-sensitive UTF-8 database (its premise).
+#[tokio::test]
+#[ignore = "needs SQL Server 2019 or later: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn a_key_column_named_ulid_in_any_case_is_refused_at_setup_in_a_case_sensitive_database() {
+    let collation = common::case_sensitive_utf8_collation().await;
+    under_both_isolations_collated("reserved_key_names", collation, reserved_key_names).await;
+}
+
+/// In a case-sensitive database, key_columns' own check (in the database's collation) let a
+/// key column `ULID` through, and tempdb, which may ignore case, then refused every read into
+/// `#read` (Msg 2705: read_feed's copy of the key has `ulid` and `ULID`). setup_feed refuses
+/// every spelling of the columns changefeed adds next to the key with 51008 naming the
+/// column, in both modes, and registers nothing; a key column whose name only contains one
+/// (`ulid_at`) is set up and read into `#read`.
+async fn reserved_key_names(db: &TestDb) {
+    let mut admin = db.client().await;
+    assert_eq!(
+        scalar_i64(
+            &mut admin,
+            "select case when N'ulid' = N'ULID' then 0 else 1 end;"
+        )
+        .await,
+        1,
+        "the premise: {} is case-sensitive",
+        db.name
+    );
+    for (n, name) in ["ULID", "Ulid", "SHARD_ID", "Order_Sequence", "Time_Hint"]
+        .into_iter()
+        .enumerate()
+    {
+        let (number, message) = exec_failure(
+            &mut admin,
+            &format!(
+                "create table dbo.rk_{n} ([{name}] bigint not null primary key, payload int null); \
+                 exec changefeed.setup_feed @table_name = N'dbo.rk_{n}', @outbox = 1;"
+            ),
+        )
+        .await;
+        assert_eq!(number, 51008, "key column {name}: {message}");
+        assert!(
+            message.contains(&format!("'{name}'")),
+            "51008 names the column: {message}"
+        );
+    }
+    let (number, message) = exec_failure(
+        &mut admin,
+        "create table dbo.rk_serial (ULID binary(16) not null primary key, Shard int not null, \
+             Position binary(16) not null); \
+         create unique index ux_rk_serial on dbo.rk_serial (Shard, Position); \
+         exec changefeed.setup_feed @table_name = N'dbo.rk_serial', @serialize_writers = 1, \
+             @shard_column = N'Shard', @ulid_column = N'Position';",
+    )
+    .await;
+    assert_eq!(number, 51008, "serialized mode, key column ULID: {message}");
+    assert_eq!(
+        registered_feeds(&mut admin).await,
+        0,
+        "no feed was registered"
+    );
+
+    exec_ok(
+        &mut admin,
+        "create table dbo.rk_ok (ulid_at bigint not null primary key); \
+         exec changefeed.setup_feed @table_name = N'dbo.rk_ok', @outbox = 1;",
+    )
+    .await;
+    let feed = Feed::new("dbo", "rk_ok").expect("a valid feed name");
+    let rows = rows_ok(
+        &mut admin,
+        &format!(
+            "set xact_abort on; begin transaction; \
+             insert into dbo.rk_ok (ulid_at) values (7); \
+             insert into {} (shard_id, ulid_at) values (0, 7); \
+             commit transaction; \
+             create table #read (ulid binary(16) not null, ulid_at bigint not null); \
+             exec {} @shard_id = 0; \
+             select ulid_at from #read; \
+             drop table #read;",
+            feed.outbox_table(),
+            feed.read_feed_procedure()
+        ),
+    )
+    .await;
+    assert_eq!(rows.len(), 1, "ulid_at is a key read_feed can carry");
+    assert_eq!(required::<i64>(&rows[0], "ulid_at"), 7);
+}
+
+/// A collation whose code page is neither tempdb's nor the database's (Greek, or Cyrillic
+/// when either is Greek), and a key that only that code page can spell as varchar.
+async fn foreign_code_page_key(admin: &mut Client) -> (&'static str, &'static str) {
+    let tempdb_code_page = scalar_i64(
+        admin,
+        "select convert(bigint, collationproperty(convert(sysname, \
+         databasepropertyex(N'tempdb', 'Collation')), 'CodePage'));",
+    )
+    .await;
+    let database_code_page = scalar_i64(
+        admin,
+        "select convert(bigint, collationproperty(convert(sysname, \
+         databasepropertyex(db_name(), 'Collation')), 'CodePage'));",
+    )
+    .await;
+    if tempdb_code_page == 1253 || database_code_page == 1253 {
+        ("Cyrillic_General_100_CI_AS", "жзий")
+    } else {
+        ("Greek_100_CI_AS", "αβγδ")
+    }
 }
 
 // ------------------------------------------------------------------------------------------

@@ -345,7 +345,39 @@ impl TestDb {
 /// message) and how long it took, database creation included. `cargo run --example
 /// live_suite` reads it back.
 pub async fn under_both_isolations(label: &str, scenario: impl AsyncFn(&TestDb)) {
-    run_under_both_isolations(label, None, scenario).await;
+    run_under_both_isolations(label, None, None, scenario).await;
+}
+
+/// [`under_both_isolations`] in databases whose default collation is `collation`.
+pub async fn under_both_isolations_collated(
+    label: &str,
+    collation: &str,
+    scenario: impl AsyncFn(&TestDb),
+) {
+    run_under_both_isolations(label, None, Some(collation), scenario).await;
+}
+
+/// A case-sensitive UTF-8 collation (SQL Server 2019 and later) that is not the server's
+/// default, so that a database in it differs from tempdb in case sensitivity or code page
+/// or both: `Latin1_General_100_CS_AS_SC_UTF8`, or `Latin1_General_100_BIN2_UTF8` on a
+/// server whose default is that one.
+pub async fn case_sensitive_utf8_collation() -> &'static str {
+    const PREFERRED: &str = "Latin1_General_100_CS_AS_SC_UTF8";
+    let mut master = connect_to("master").await;
+    let server = rows(
+        &mut master,
+        "select convert(nvarchar(128), serverproperty('Collation')) as collation;",
+    )
+    .await
+    .expect("the server's collation");
+    let server: Option<&str> = server
+        .first()
+        .and_then(|row| row.try_get::<&str, usize>(0).ok().flatten());
+    if server == Some(PREFERRED) {
+        "Latin1_General_100_BIN2_UTF8"
+    } else {
+        PREFERRED
+    }
 }
 
 /// Declares one live test, in a line above its scenario: `test_name: "label" => scenario`
@@ -421,12 +453,13 @@ pub async fn under_both_isolations_from(
     version: i32,
     scenario: impl AsyncFn(&TestDb),
 ) {
-    run_under_both_isolations(label, Some(version), scenario).await;
+    run_under_both_isolations(label, Some(version), None, scenario).await;
 }
 
 async fn run_under_both_isolations(
     label: &str,
     version: Option<i32>,
+    collation: Option<&str>,
     scenario: impl AsyncFn(&TestDb),
 ) {
     use futures::FutureExt;
@@ -437,7 +470,7 @@ async fn run_under_both_isolations(
     for isolation in ISOLATIONS {
         let started = std::time::Instant::now();
         let run = async {
-            let db = TestDb::create_at(label, isolation, version).await;
+            let db = TestDb::create_with(label, isolation, version, collation).await;
             eprintln!("-- {label}: {isolation:?} in {}", db.name);
             scenario(&db).await;
             db.drop_database().await;

@@ -67,6 +67,11 @@
 //!   Released (frozen) migrations are exempt: they cannot change, and later files replace
 //!   the modules that broke it.
 //!
+//! * R24 `reserved-name-collation` — a name (an identifier ending in `name`) compared with
+//!   `shard_id`, `ulid`, `order_sequence` or `time_hint`, the columns changefeed adds next to
+//!   a key, states the comparison's collation with `collate` (`reserved_names.rs` says why).
+//!   Released (frozen) migrations are exempt.
+//!
 //! * R22 `pause-outside-transaction` — no `WAITFOR` and no call of a pause procedure
 //!   (`changefeed.pause_*`) between a `BEGIN TRAN[SACTION]` and the `COMMIT` or `ROLLBACK`
 //!   after it, in text order: a procedure that waits for work (read_feed's long-poll, the
@@ -100,6 +105,7 @@ mod coverage;
 mod generated;
 mod lex;
 mod never_wait;
+mod reserved_names;
 mod schema;
 mod typed;
 #[cfg(test)]
@@ -138,6 +144,7 @@ enum Rule {
     LengthUnits,
     PauseOutsideTransaction,
     NeverWaitGuard,
+    ReservedNameCollation,
 }
 
 impl Rule {
@@ -167,6 +174,7 @@ impl Rule {
             Rule::LengthUnits => "R21 length-units",
             Rule::PauseOutsideTransaction => "R22 pause-outside-transaction",
             Rule::NeverWaitGuard => "R23 never-wait-guard",
+            Rule::ReservedNameCollation => "R24 reserved-name-collation",
         }
     }
 }
@@ -1156,6 +1164,24 @@ fn lint_file_in(file: &str, src: &str, schema: &Schema) -> Vec<Violation> {
 
     // R22
     pauses_in_transactions(&code, &mut sink);
+
+    // R24
+    if !is_frozen(file) {
+        for (line, name) in reserved_names::violations(&code) {
+            sink.push(
+                line,
+                Rule::ReservedNameCollation,
+                format!(
+                    "`{name}` is compared with a column name changefeed adds next to a key \
+                     without `collate`: it then compares in the database's collation, and in a \
+                     case-sensitive database `ULID` passes, while tempdb (read_feed's copy of \
+                     the key, a caller's #read) may take `ULID` and `ulid` for one name (Msg \
+                     2705). Say which spellings count: `{name} collate \
+                     Latin1_General_100_CI_AI in (…)` (or `_BIN2` for the exact name)."
+                ),
+            );
+        }
+    }
 
     let mut out = sink.out;
     out.sort_by_key(|v| (v.line, v.rule));
@@ -2186,6 +2212,62 @@ fn released_migrations_are_exempt_from_length_units() {
     let later = lint_file("sql/V999__parse.sql", src);
     assert!(
         later.iter().any(|v| v.rule == Rule::LengthUnits),
+        "{later:?}"
+    );
+}
+
+// R24
+
+#[test]
+fn a_name_compared_with_a_reserved_name_without_collate_fires() {
+    // key_columns (V9) as released: `ULID` passes in a case-sensitive database.
+    assert_fires_saying(
+        "select 1;\nselect 1 from t where column_name in (N'shard_id', N'ulid', N'time_hint');",
+        Rule::ReservedNameCollation,
+        2,
+        "collate",
+    );
+    assert_fires(
+        "select 1 from sys.columns as c where c.name <> N'ulid';",
+        Rule::ReservedNameCollation,
+        1,
+    );
+    assert_fires(
+        "select 1 from sys.columns as c where N'ULID' = c.[name];",
+        Rule::ReservedNameCollation,
+        1,
+    );
+    assert_fires(
+        "select 1 from t where column_name not in (N'x', N'order_sequence');",
+        Rule::ReservedNameCollation,
+        1,
+    );
+}
+
+#[test]
+fn a_stated_collation_or_a_value_that_is_not_a_name_does_not_fire() {
+    assert_clean(
+        "select 1 from t where column_name collate Latin1_General_100_CI_AI \
+         in (N'shard_id', N'ulid');",
+    );
+    assert_clean(
+        "select 1 from sys.columns as c where c.name collate Latin1_General_100_BIN2 <> N'ulid';",
+    );
+    assert_clean(
+        "select 1 from sys.columns as c where N'ulid' = c.name collate Latin1_General_100_CI_AI;",
+    );
+    assert_clean("select 1 from f where kind = N'ulid';");
+    assert_clean("select * from (values (N'ulid', 'FN')) as v (name, type);");
+    assert_clean("select N'column_name in (N''ulid'')';");
+}
+
+#[test]
+fn released_migrations_are_exempt_from_reserved_name_collation() {
+    let src = "select 1 from t where column_name in (N'ulid');";
+    assert!(lint_file("sql/V9__key_columns.sql", src).is_empty());
+    let later = lint_file("sql/V999__key_columns.sql", src);
+    assert!(
+        later.iter().any(|v| v.rule == Rule::ReservedNameCollation),
         "{later:?}"
     );
 }
