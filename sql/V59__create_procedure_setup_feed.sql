@@ -158,6 +158,21 @@ begin
     order by key_ordinal;
     if @problem is not null throw 51008, @problem, 1;
 
+    -- For the same reason, two key columns whose names differ only by case, accents or
+    -- width (Code, code) may be one name in tempdb: read_feed could not copy the key there.
+    select top (1)
+        @problem = N'The key columns ''' + a.column_name + N''' and ''' + b.column_name
+            + N''' differ only by case, accents or width, and in tempdb (the server''s'
+            + N' collation) the two may be one name. Rename one of them.'
+    from changefeed.key_columns(@object_id) as a
+    inner join changefeed.key_columns(@object_id) as b
+        on
+            a.key_ordinal < b.key_ordinal
+            and a.column_name collate Latin1_General_100_CI_AI
+            = b.column_name collate Latin1_General_100_CI_AI
+    order by a.key_ordinal, b.key_ordinal;
+    if @problem is not null throw 51008, @problem, 1;
+
     if @mode = 'serialize_writers'
     begin
         -- The catalog's spelling of each column, and its type.

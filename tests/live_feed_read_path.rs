@@ -1040,6 +1040,25 @@ async fn reserved_key_names(db: &TestDb) {
         "no feed was registered"
     );
 
+    // Two key columns that are one name but for case.
+    let (number, message) = exec_failure(
+        &mut admin,
+        "create table dbo.rk_twins (Code int not null, code int not null, \
+             constraint pk_rk_twins primary key (Code, code)); \
+         exec changefeed.setup_feed @table_name = N'dbo.rk_twins';",
+    )
+    .await;
+    assert_eq!(number, 51008, "key columns Code and code: {message}");
+    assert!(
+        message.contains("'Code' and 'code'"),
+        "51008 names both columns: {message}"
+    );
+    assert_eq!(
+        registered_feeds(&mut admin).await,
+        0,
+        "no feed was registered"
+    );
+
     exec_ok(
         &mut admin,
         "create table dbo.rk_ok (ulid_at bigint not null primary key); \
