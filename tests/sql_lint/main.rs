@@ -89,6 +89,11 @@
 //!   single-row read by key (`INDEX(1)` and `where <alias>.id = @variable`). Inserts,
 //!   the feed table, and procedures that may wait are out of scope (`never_wait.rs` says
 //!   which and why); the generated text is checked too (`generated.rs`).
+//! * R24 `outbox-columns` — every column `create_outbox_storage` creates is required of an
+//!   existing outbox table or added to one; one that is added is not reported missing by
+//!   `outbox_problem`, and `upgrade_outbox` calls `create_outbox_storage` to add it, so that
+//!   an outbox from before the column never gets code naming it without it (Msg 207;
+//!   `outbox_columns.rs`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -100,6 +105,7 @@ mod coverage;
 mod generated;
 mod lex;
 mod never_wait;
+mod outbox_columns;
 mod schema;
 mod typed;
 #[cfg(test)]
@@ -138,6 +144,7 @@ enum Rule {
     LengthUnits,
     PauseOutsideTransaction,
     NeverWaitGuard,
+    OutboxColumns,
 }
 
 impl Rule {
@@ -167,6 +174,7 @@ impl Rule {
             Rule::LengthUnits => "R21 length-units",
             Rule::PauseOutsideTransaction => "R22 pause-outside-transaction",
             Rule::NeverWaitGuard => "R23 never-wait-guard",
+            Rule::OutboxColumns => "R24 outbox-columns",
         }
     }
 }
@@ -1274,7 +1282,7 @@ fn length_units(code: &[&Token<'_>], sink: &mut Sink<'_>) {
     }
 }
 
-/// R1 over the names plus every per-file rule over the `.sql` files, R20 and R23.
+/// R1 over the names plus every per-file rule over the `.sql` files, R20, R23 and R24.
 fn lint_bundle(files: &[(String, String)]) -> Vec<Violation> {
     let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
     let mut out = lint_file_names(&names);
@@ -1284,6 +1292,7 @@ fn lint_bundle(files: &[(String, String)]) -> Vec<Violation> {
     }
     out.extend(lint_feed_inserts(files));
     out.extend(lint_never_wait(files));
+    out.extend(outbox_columns::lint(&current_files(files)));
     out
 }
 
