@@ -12,7 +12,9 @@
 --   * a feed: changefeed.refresh_feed_status records feeds.problem (the event table dropped
 --     or re-created, its shard or ULID column gone, its primary key changed since setup);
 --   * a claim outbox: its table is missing, or a column the template outbox has (and its
---     procedures name) is missing from it, renamed or dropped; recorded in outboxes.problem.
+--     procedures name) is missing from it, renamed or dropped, or its name is one that
+--     upgrade_outbox (V35's, which checks it as a feed's name) now refuses: 109 to 111
+--     UTF-16 units, possible before V71 counted units; recorded in outboxes.problem.
 -- A defect of another kind still fails the whole upgrade, which then changes nothing.
 --
 -- Returns one row per feed and outbox: kind ('feed' or 'outbox'), name ('schema.table'),
@@ -96,6 +98,10 @@ begin
                 )
             order by t.column_id
         ) as m
+        -- The name as upgrade_outbox checks it (changefeed.check_table_name): registered
+        -- names passed that check when they were set up, but V71 counts lengths in UTF-16
+        -- units, and an outbox set up before it under an _SC collation may have 109 to 111.
+        cross apply changefeed.parse_feed_name(o.schema_name + N'.' + o.table_name) as n
         cross apply (
             -- Explicitly cut to the column's length: long names must not make the update
             -- fail on truncation (Msg 2628) and so fail the upgrade.
@@ -117,6 +123,13 @@ begin
                             + N' changefeed.upgrade_outbox @table_name = N'''
                             + replace(o.schema_name + N'.' + o.table_name, N'''', N'''''')
                             + N''';'
+                    when n.problem is not null
+                        then
+                            N'The upgrade_outbox of this version refuses the name of the claim'
+                            + N' outbox ''' + o.schema_name + N'.' + o.table_name
+                            + N''', which it checks as a feed''s name, so its code was kept: '
+                            + n.problem + N' A later upgrade_outbox, which finds an outbox by'
+                            + N' its registered name, regenerates it.'
                 end) as problem
         ) as p
         where isnull(o.problem, N'') <> isnull(p.problem, N'');

@@ -18,6 +18,8 @@
 -- (drop_existing): that index holds only open rows (pending, processing, failed), so this
 -- costs what those rows cost, under a schema lock on the table for that time.
 --
+-- Lock waits are bounded (60 s, then 51012: transient, retry), see the first statements.
+--
 -- status: 0 pending, 1 processing, 2 done, 3 failed (due again at next_retry_at), 4 dead.
 -- attempts counts failures: mark_failed and expired claims, never a plain claim.
 -- Row store with a clustered bigint identity, never columnstore: claims are point updates.
@@ -48,6 +50,13 @@ begin
     -- It begins and commits its own transaction: under a caller's SET IMPLICIT_TRANSACTIONS
     -- ON that commit would leave a second level open with every lock held. Reverts on return.
     set implicit_transactions off;
+    -- Every statement below that changes an existing table (an added column, index or
+    -- constraint) needs a schema-modification lock on it, which waits for every
+    -- transaction that uses the table: an open enqueue of a business transaction, a claim,
+    -- a long query. Bounded, as the generators lock is (60 s, then 51012 below), so that
+    -- setup_outbox, upgrade_outbox and the migrations that call them never wait without
+    -- end. Reverts on return.
+    set lock_timeout 60000;
 
     declare @table nvarchar(300) = quotename(@schema_name) + N'.' + quotename(@table_name);
     declare @json_type nvarchar(20) = case
@@ -220,6 +229,16 @@ begin
         commit transaction;
     end try
     begin catch
+        -- 1222: a lock wait ran out (see the top).
+        if error_number() = 1222
+        begin
+            if @@trancount > 0 rollback transaction;
+            set @message = N'Changing the claim outbox table ' + @table
+                + N' waited over 60 s for a lock that another transaction holds on it (an'
+                + N' open enqueue, a claim, a long query). Retry when that transaction has'
+                + N' ended.';
+            throw 51012, @message, 1;
+        end;
         if @@trancount > 0 rollback transaction;
         throw;
     end catch;

@@ -1,13 +1,32 @@
 -- Regenerates the procedures of one claim-style outbox from the current templates
--- (the template outbox's procedures, copied by changefeed.copy_template). The table and its rows are untouched.
--- (Replaces V35's.) What changed: an outbox whose indexes are not what the generated code
--- names in its hints (changefeed.outbox_index_problem: the clustered index on (id) that
--- the claim's update and the acknowledgements seek, head_of_aggregate that the claim's
--- probe reads) is refused (51016) before anything is regenerated, with the statement that
--- fixes it: its code would fail on every call (Msg 308), or scan and wait where it must
--- seek, and a regeneration that
--- failed here would doom the caller's transaction under XACT_ABORT. A table that does not
--- exist is not checked here (upgrade_all_feeds reports it).
+-- (the template outbox's procedures, copied by changefeed.copy_template). The table's rows
+-- are untouched.
+-- (Replaces V35's.) What changed:
+--   * an outbox that changefeed.outbox_problem finds broken (a column its procedures name
+--     missing, or an index they name in hints missing or reshaped) is refused (51016) before
+--     anything is regenerated, with the statement that fixes it: its code would fail to be
+--     created (Msg 207) or fail on every call (Msg 308), or scan and wait where it must
+--     seek, and a regeneration that failed here would doom the caller's transaction under
+--     XACT_ABORT. A table that does not exist is not checked here (upgrade_all_feeds
+--     reports it);
+--   * what the code needs and the table may lack, the upgrade adds: claim_expires_at, which
+--     the migration that introduced it gave only the outboxes it did not skip as broken. An
+--     outbox repaired since is given it here by create_outbox_storage, as that migration
+--     gave it every other one (the column, nullable without a default: metadata only; and
+--     open_messages re-created to include it). create_outbox_storage bounds its lock waits
+--     (60 s, then 51012), so an upgrade never waits without end for a transaction that
+--     holds the table;
+--   * a registered outbox is found by the registry's spelling of its name and regenerated
+--     under it, without changefeed.check_table_name: the names were checked when the outbox
+--     was set up, and the rule has since changed only how a length is counted. Since V71
+--     parse_feed_name counts UTF-16 code units, and an outbox set up before it under a
+--     supplementary-character (_SC) collation may have a name of up to 111 units (len()
+--     counted an emoji once). 111 is the outboxes' own limit: the longest name generated for
+--     one, '[changefeed].[held_aggregates:<schema>.<table>]', has 16 + 1 units around the
+--     two names and fits in 128. (Feeds keep 108: their role names are longer.) Refusing
+--     it would fail every regenerating migration. A name that is not registered is checked
+--     as before (51000), then refused as not an outbox (51006);
+--   * a successful regeneration clears the outbox's recorded problem.
 create or alter procedure [changefeed].[upgrade_outbox]
     @table_name nvarchar(4000)
 as
@@ -24,38 +43,66 @@ begin
     declare @message nvarchar(2048);
     declare @native_json bit;
     declare @table_id int;
-    declare @index_problem nvarchar(1000);
+    declare @problem nvarchar(1000);
 
-    exec changefeed.check_table_name
-        @table_name = @table_name,
-        @schema_name = @schema_name output,
-        @object_name = @object_name output;
-
+    -- parsename takes a sysname: a longer argument would be cut, so it is not looked up.
+    -- Each part is compared with the registry's column (its collation decides, as for
+    -- every other lookup of the registry).
     select
-        @outbox_id = outbox_id,
-        @native_json = native_json
-    from changefeed.outboxes
-    where schema_name = @schema_name and table_name = @object_name;
+        @outbox_id = o.outbox_id,
+        @schema_name = o.schema_name,
+        @object_name = o.table_name,
+        @native_json = o.native_json
+    from changefeed.outboxes as o
+    where
+        datalength(@table_name) / 2 <= 128
+        and parsename(@table_name, 3) is null
+        and o.schema_name = parsename(@table_name, 2)
+        and o.table_name = parsename(@table_name, 1);
     if @outbox_id is null
     begin
+        -- A name the rules refuse gets their message (51000).
+        exec changefeed.check_table_name
+            @table_name = @table_name,
+            @schema_name = @schema_name output,
+            @object_name = @object_name output;
         set @message = N'''' + @table_name
             + N''' is not a claim outbox. Set it up first: exec changefeed.setup_outbox'
-            + N' @table_name = N''' + @table_name + N'''.';
+            + N' @table_name = N''' + replace(@table_name, N'''', N'''''') + N'''.';
         throw 51006, @message, 1;
     end;
 
     set @table_id = object_id(quotename(@schema_name) + N'.' + quotename(@object_name), N'U');
     if @table_id is not null
     begin
-        select @index_problem = problem
-        from changefeed.outbox_index_problem(@table_id, @schema_name, @object_name, @native_json);
-        if @index_problem is not null
-            throw 51016, @index_problem, 1;
+        select @problem = problem
+        from changefeed.outbox_problem(@table_id, @schema_name, @object_name, @native_json);
+        if @problem is not null
+            throw 51016, @problem, 1;
     end;
 
     begin try
         begin transaction;
         exec changefeed.lock_generators;
+
+        -- A column of the template outbox the table lacks is one outbox_problem leaves to
+        -- the upgrade (claim_expires_at, see the top): create_outbox_storage adds it.
+        if @table_id is not null
+            and exists (
+                select 1
+                from sys.columns as t
+                where
+                    t.object_id = object_id(N'[changefeed].[__template_outbox__]', N'U')
+                    and not exists (
+                        select 1
+                        from sys.columns as c
+                        where c.object_id = @table_id and c.name = t.name
+                    )
+            )
+            exec changefeed.create_outbox_storage
+                @schema_name = @schema_name,
+                @table_name = @object_name,
+                @native_json = @native_json;
 
         declare templates cursor local fast_forward for
         select t.quoted_name
@@ -79,7 +126,8 @@ begin
         update changefeed.outboxes
         set
             generator_version = changefeed.generator_version(),
-            upgraded_at = sysutcdatetime()
+            upgraded_at = sysutcdatetime(),
+            problem = null
         where outbox_id = @outbox_id;
 
         commit transaction;

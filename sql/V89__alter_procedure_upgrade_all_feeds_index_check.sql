@@ -1,7 +1,11 @@
--- (Replaces V54's.) What changed: an outbox whose indexes are not what its generated code
--- names in hints is skipped and reported like one with a missing column (see below), before
--- anything is regenerated: regenerating it would leave code that fails on every call (Msg
--- 308), or scans where it must seek, or fail here and roll the whole upgrade back.
+-- (Replaces V54's.) What changed: an outbox that changefeed.outbox_problem finds broken (a
+-- column its code names missing, every one of them named; an index its code names in hints
+-- missing or reshaped) is skipped and reported, before anything is regenerated:
+-- regenerating it would leave code that fails on every call (Msg 308), or scans where it
+-- must seek, or fail here and roll the whole upgrade back. An outbox that lacks only
+-- claim_expires_at is not broken: upgrade_outbox adds that column. upgrade_outbox finds an
+-- outbox by its registered name, so a name of 109 to 111 UTF-16 units from before V71
+-- (which V54's version had to skip) is regenerated too.
 -- Regenerates the code of every registered feed and claim outbox from the current
 -- templates, in one transaction. A migration that changes a template ends with
 -- exec changefeed.upgrade_all_feeds.
@@ -15,10 +19,10 @@
 -- object is skipped: its old code stays as it is, and its problem is recorded.
 --   * a feed: changefeed.refresh_feed_status records feeds.problem (the event table dropped
 --     or re-created, its shard or ULID column gone, its primary key changed since setup);
---   * a claim outbox: its table is missing, or a column the template outbox has (and its
---     procedures name) is missing from it, renamed or dropped, or an index its procedures
---     name in hints is missing or not as they need it (changefeed.outbox_index_problem: the
---     clustered index on (id), head_of_aggregate); recorded in outboxes.problem.
+--   * a claim outbox: its table is missing, or changefeed.outbox_problem finds it broken (a
+--     column the template outbox has and its procedures name is missing from it, renamed
+--     or dropped; an index its procedures name in hints is missing or not as they need
+--     it: the clustered index on (id), head_of_aggregate); recorded in outboxes.problem.
 -- A defect of another kind still fails the whole upgrade, which then changes nothing.
 --
 -- Returns one row per feed and outbox: kind ('feed' or 'outbox'), name ('schema.table'),
@@ -90,21 +94,8 @@ begin
                 object_id(quotename(o.schema_name) + N'.' + quotename(o.table_name), N'U')
                     as table_id
         ) as h
-        outer apply (
-            select top (1) t.name as column_name
-            from sys.columns as t
-            where
-                t.object_id = @template_outbox
-                and not exists (
-                    select 1
-                    from sys.columns as c
-                    where c.object_id = h.table_id and c.name = t.name
-                )
-            order by t.column_id
-        ) as m
-        -- Used only where the table and every column are there (the case below tries
-        -- those first).
-        cross apply changefeed.outbox_index_problem(
+        -- Used only where the table exists (the case below tries that first).
+        cross apply changefeed.outbox_problem(
             h.table_id, o.schema_name, o.table_name, o.native_json
         ) as x
         cross apply (
@@ -117,15 +108,6 @@ begin
                             N'The claim outbox table ''' + o.schema_name + N'.' + o.table_name
                             + N''' was dropped or renamed. Create it again (or rename it back):'
                             + N' exec changefeed.setup_outbox @table_name = N'''
-                            + replace(o.schema_name + N'.' + o.table_name, N'''', N'''''')
-                            + N''';'
-                    when m.column_name is not null
-                        then
-                            N'The column ' + quotename(m.column_name) + N' of the claim outbox '''
-                            + o.schema_name + N'.' + o.table_name + N''', which its procedures'
-                            + N' use, was renamed or dropped. Rename it back (exec sp_rename)'
-                            + N' or add it again as setup_outbox creates it, then run exec'
-                            + N' changefeed.upgrade_outbox @table_name = N'''
                             + replace(o.schema_name + N'.' + o.table_name, N'''', N'''''')
                             + N''';'
                     else x.problem

@@ -2,7 +2,8 @@
 //! items 2, 3 and 9): a consumer belongs to the database user of its first save; two logins
 //! in the same readers role cannot move, read or remove each other's consumers; `db_owner`
 //! can, and sees the owners in `consumer_lag`; a first save holds no key-range lock and
-//! makes `teardown_feed` wait for its transaction, and a save that comes after a teardown
+//! makes `teardown_feed` wait for its transaction (30 s at most, so that other generator
+//! calls do not time out behind it; issue 29 item 6), and a save that comes after a teardown
 //! is refused and leaves nothing behind; consumer names too long for the column or with
 //! trailing spaces are refused when `save_cursor` (or `remove_consumer`) is called from SQL.
 //!
@@ -12,7 +13,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use changefeed::{Client, Cursor, CursorStore, Feed};
 use common::events::create_feed;
@@ -374,6 +375,90 @@ async fn teardown_scenario(db: &TestDb) {
         cursor_rows(&mut admin, &feed).await,
         0,
         "the refused save left no cursor"
+    );
+}
+
+common::live_test!(teardown_feed_behind_an_open_save_gives_up_before_other_generators_time_out: "teardown_bounded" => bounded_teardown_scenario);
+
+/// Issue 29 item 6 (c): `teardown_feed` behind a consumer's open save holds the generators
+/// lock while it waits, so it waits at most 30 s and then gives up (51012, nothing dropped).
+/// A `setup_feed` queued behind it for the generators lock meanwhile then gets that lock
+/// within its own 60 s and succeeds (it failed with 51012 while the teardown waited on). Once
+/// the consumer commits, the teardown goes through.
+async fn bounded_teardown_scenario(db: &TestDb) {
+    let mut admin = db.client().await;
+    let mut consumer = db.client().await;
+    let feed = create_feed(&mut admin, "held_events").await;
+    exec(&mut consumer, "set xact_abort on; begin transaction;")
+        .await
+        .unwrap();
+    save_sql(&mut consumer, "holder", &feed, 0, 1)
+        .await
+        .expect("the save left open");
+
+    let mut tearer = db.client().await;
+    let tearer_session = session_id(&mut tearer).await;
+    let teardown_sql = format!("exec changefeed.teardown_feed @table_name = N'{feed}';");
+    let started = Instant::now();
+    let sql = teardown_sql.clone();
+    let teardown = spawn_bounded("teardown_feed".to_owned(), TASK_LIMIT, async move {
+        Ok(exec(&mut tearer, &sql).await)
+    });
+    await_lock_wait(
+        &mut admin,
+        tearer_session,
+        "teardown_feed behind the open save",
+    )
+    .await;
+    let mut setter = db.client().await;
+    exec(
+        &mut setter,
+        "create table dbo.queued_events (id bigint not null primary key, payload nvarchar(50) null);",
+    )
+    .await
+    .unwrap();
+    let setup = spawn_bounded("setup_feed".to_owned(), TASK_LIMIT, async move {
+        Ok(exec(&mut setter, &common::setup_outbox_feed("dbo.queued_events")).await)
+    });
+
+    let refused = server_error(
+        join(teardown).await,
+        51012,
+        "teardown_feed behind the open save",
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(29) && waited < Duration::from_secs(59),
+        "teardown_feed gave up after its 30 s, before a queued generator's 60 s: {waited:?}"
+    );
+    assert!(refused.contains("Nothing was dropped"), "{refused}");
+    join(setup)
+        .await
+        .expect("setup_feed queued behind the teardown that gave up");
+
+    exec(&mut consumer, "commit transaction;").await.unwrap();
+    assert_eq!(
+        cursor_rows(&mut admin, &feed).await,
+        1,
+        "the teardown that gave up dropped nothing: the saved cursor is there"
+    );
+    assert_eq!(
+        scalar_i64(
+            &mut admin,
+            "select count_big(*) from changefeed.feeds \
+             where table_name in (N'held_events', N'queued_events');",
+        )
+        .await,
+        2,
+        "both feeds are registered"
+    );
+    exec(&mut admin, &teardown_sql)
+        .await
+        .expect("teardown_feed once the save committed");
+    assert_eq!(
+        cursor_rows(&mut admin, &feed).await,
+        0,
+        "the cursor went with it"
     );
 }
 

@@ -7,11 +7,17 @@
 //! before the upgrade can still be acknowledged and `claim` goes on in order, and
 //! `feed_status` and `consumer_lag` show the feeds.
 //!
-//! It also carries three broken objects over the upgrade (issue 19, item 5; issue 29, item
-//! 2): a feed whose key column was renamed, a claim outbox one of whose columns was renamed,
-//! and a claim outbox whose clustered primary key was dropped by hand (the claim and the
-//! acknowledgements now seek it by a hint). The migration that regenerates every feed must
-//! skip and report them, regenerate the others, and commit. The regenerated objects are checked by what they must now contain (the serial
+//! It also carries four broken objects over the upgrade (issue 19, item 5; issue 29, items
+//! 2 and 6): a feed whose key column was renamed, a claim outbox one of whose columns was
+//! renamed, a claim outbox whose clustered primary key was dropped by hand (the claim and the
+//! acknowledgements now seek it by a hint), and a claim outbox two of whose columns were
+//! renamed, which is then repaired as its problem says and upgraded alone (from before V61 it
+//! also lacks `claim_expires_at`, which its new code needs). The migration that regenerates
+//! every feed must skip and report them, regenerate the others, and commit.
+//!
+//! A second test upgrades, in a database with a supplementary-character collation, a claim
+//! outbox whose name takes 111 UTF-16 units (possible before V71 counted units): every
+//! regenerating migration must upgrade it instead of rolling back. The regenerated objects are checked by what they must now contain (the serial
 //! feed insert, the `#read` check), never by a version number.
 //!
 //! It needs a SQL Server (`CHANGEFEED_TEST_MSSQL`, or Docker for testcontainers) and is
@@ -47,7 +53,7 @@ use changefeed::writer::lock_feed;
 use changefeed::{Client, Cursor, CursorStore, Feed, ReadOptions, read_page};
 use common::events::{exec_ok, hex, required, rows_ok};
 use common::load::ulid_of;
-use common::{TestDb, scalar_i64};
+use common::{Isolation, TestDb, scalar_i64};
 use ulid::Ulid;
 
 /// The first released version of the bundle: every from-version is at least this.
@@ -56,13 +62,17 @@ const BASELINE: i32 = 49;
 /// The versions the upgrade starts from, ascending. Add `m - 1` for each later migration
 /// `V<m>` that changes a template (see the module's documentation).
 const FROM_VERSIONS: &[i32] = &[
-    BASELINE, 51, 52, 53, 55, 56, 58, 59, 61, 62, 70, 76, 78, 82, 83, 84, 85, 87, 88,
+    BASELINE, 51, 52, 53, 55, 56, 58, 59, 61, 62, 70, 76, 78, 82, 83, 84, 85, 86, 87, 88,
 ];
 
 /// The first migration whose generated code names the clustered index in a hint (the
 /// claim's update, V83): an outbox without one set up before it keeps working code when the
 /// upgrade skips it.
 const FIRST_SEEK_HINT: i32 = 83;
+
+/// The first version whose `setup_outbox` creates `claim_expires_at` (V61's
+/// `create_outbox_storage`): an outbox set up before it and broken before V62 lacks it.
+const FIRST_CLAIM_EXPIRY: i32 = 61;
 
 /// The consumer whose cursors the test saves before the upgrade.
 const CONSUMER: &str = "upgrade-test";
@@ -78,6 +88,109 @@ async fn an_older_release_upgrades_with_every_row_cursor_and_object_intact() {
         })
         .await;
     }
+}
+
+/// A supplementary-character collation: there `len()` counts an emoji once (SQL Server 2019
+/// and later).
+const SC_COLLATION: &str = "Latin1_General_100_CI_AS_SC_UTF8";
+
+/// Issue 29 item 6 (b). Before V71 the name rule counted characters with `len()`, so under
+/// an `_SC` collation a claim outbox could be set up with a name of 109 to 111 UTF-16 units
+/// (the longest name generated for it, `held_aggregates:<schema>.<table>`, then has 128).
+/// V71 counts units and allows feeds 108; the upgrade must neither roll back on such an
+/// outbox (V73 and every later regenerating migration did, when upgrade_outbox checked the
+/// registered name as a feed's) nor leave it behind: it ends upgraded, and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SQL Server 2019 or later: set CHANGEFEED_TEST_MSSQL or run Docker"]
+async fn an_outbox_named_in_111_utf16_units_before_v71_is_upgraded() {
+    let db = TestDb::create_collated_at(
+        "upgrade_long_outbox",
+        Isolation::LockingReadCommitted,
+        BASELINE,
+        SC_COLLATION,
+    )
+    .await;
+    let mut admin = db.client().await;
+    // 102 letters and 3 emoji: 105 characters to len(), 108 UTF-16 units; 111 with `dbo`.
+    let table = format!("dbo.{}{}", "o".repeat(102), "\u{1F600}".repeat(3));
+    assert_eq!(
+        table.encode_utf16().count() - 1,
+        111,
+        "schema and table in units"
+    );
+    rows_ok(
+        &mut admin,
+        &format!(
+            "exec changefeed.setup_outbox @table_name = N'{table}'; \
+             set xact_abort on; begin transaction; \
+             exec [changefeed].[enqueue:{table}] @topic = N'long', \
+                 @payload = N'{{\"n\": \"l1\"}}', @message_id = N'l1'; \
+             commit transaction;"
+        ),
+    )
+    .await;
+
+    changefeed::migrations::migrate(&mut admin)
+        .await
+        .unwrap_or_else(|error| panic!("migrating from V{BASELINE} with {table}: {error}"));
+
+    assert_eq!(
+        scalar_i64(
+            &mut admin,
+            &format!(
+                "select count_big(*) from changefeed.outboxes \
+                 where schema_name + N'.' + table_name = N'{table}' and problem is null \
+                     and generator_version = changefeed.generator_version();"
+            ),
+        )
+        .await,
+        1,
+        "{table} was upgraded by the newest generator, with no problem recorded"
+    );
+    // backlog did not exist before V79: only a regeneration created it.
+    assert_eq!(
+        scalar_i64(
+            &mut admin,
+            &format!(
+                "select count_big(*) \
+                 where object_id(N'[changefeed].[backlog:{table}]', N'P') is not null;"
+            ),
+        )
+        .await,
+        1,
+        "{table} has the procedures of the newest templates"
+    );
+    let claimed = rows_ok(
+        &mut admin,
+        &format!("exec [changefeed].[claim:{table}] @batch_size = 10, @claim_timeout_ms = 60000;"),
+    )
+    .await;
+    let ids: Vec<&str> = claimed
+        .iter()
+        .map(|row| required::<&str>(row, "message_id"))
+        .collect();
+    assert_eq!(ids, ["l1"], "the message enqueued before the upgrade");
+    let id: i64 = required(&claimed[0], "id");
+    let token: tiberius::Uuid = required(&claimed[0], "claim_token");
+    let done = rows_ok(
+        &mut admin,
+        &format!(
+            "exec [changefeed].[mark_done:{table}] @ids = N'[{id}]', @claim_token = '{token}';"
+        ),
+    )
+    .await;
+    assert_eq!(required::<i32>(&done[0], "updated"), 1, "l1 acknowledged");
+
+    // And the next template change upgrades it again, by itself.
+    let report = rows_ok(&mut admin, "exec changefeed.upgrade_all_feeds;").await;
+    let upgraded: Vec<bool> = report
+        .iter()
+        .filter(|row| required::<&str>(row, "name") == table)
+        .map(|row| required::<bool>(row, "upgraded"))
+        .collect();
+    assert_eq!(upgraded, [true], "upgrade_all_feeds upgrades {table}");
+    drop(admin);
+    db.drop_database().await;
 }
 
 /// What the test wrote and read before the upgrade, to compare with after it.
@@ -634,7 +747,13 @@ async fn check_claim_outbox_objects_regenerated(admin: &mut Client, messages: &O
 
     // The outbox table got the claim's expiry column, and open_messages includes it
     // (create_outbox_storage, run on every registered outbox by the migration).
-    let quoted = messages.table().quoted();
+    assert_claim_expiry_in_open_messages(admin, messages).await;
+}
+
+/// `outbox` has `claim_expires_at`, included in its `open_messages` index, as
+/// `create_outbox_storage` makes them.
+async fn assert_claim_expiry_in_open_messages(admin: &mut Client, outbox: &OutboxStore) {
+    let quoted = outbox.table().quoted();
     assert_eq!(
         scalar_i64(
             admin,
@@ -785,6 +904,7 @@ fn assert_ulids_increase(rows: &[(Ulid, i64)], what: &str) {
 
 /// A feed whose key column `id` is then renamed `order_id`, and a claim outbox whose
 /// `payload` column is then renamed `body`: regenerating either fails to compile (Msg 207).
+/// Another claim outbox whose `trace_id` and `last_error` are then renamed (Msg 207 too).
 /// And a claim outbox whose clustered primary key is then dropped (a heap): the code of
 /// V83 on reads it by hint (`INDEX(1)`), which a heap cannot satisfy; it holds one pending
 /// message.
@@ -799,6 +919,20 @@ async fn set_up_broken_objects(admin: &mut Client) {
          exec changefeed.setup_outbox @table_name = N'dbo.up_heap_messages'; \
          alter table dbo.up_heap_messages drop constraint [up_heap_messages:pk]; \
          insert into dbo.up_heap_messages (topic, payload) values (N'heap', N'{\"n\": 1}');",
+    )
+    .await;
+    // Issue 29 item 6: an outbox with one pending message, two of whose columns are then
+    // renamed; repaired only after the upgrade (check_repaired_outbox_upgrades).
+    exec_ok(
+        admin,
+        "exec changefeed.setup_outbox @table_name = N'dbo.up_repaired_messages'; \
+         set xact_abort on; begin transaction; \
+         exec [changefeed].[enqueue:dbo.up_repaired_messages] @topic = N'repaired', \
+             @payload = N'{\"n\": \"r1\"}', @aggregate_type = N'order', \
+             @aggregate_id = N'r-1', @message_id = N'r1'; \
+         commit transaction; \
+         exec sp_rename N'dbo.up_repaired_messages.trace_id', N'trace', N'COLUMN'; \
+         exec sp_rename N'dbo.up_repaired_messages.last_error', N'error_text', N'COLUMN';",
     )
     .await;
 }
@@ -847,7 +981,8 @@ async fn check_broken_objects_were_skipped(admin: &mut Client, from: i32) {
             [
                 ("feed".to_owned(), "dbo.up_broken".to_owned()),
                 ("outbox".to_owned(), "dbo.up_broken_messages".to_owned()),
-                ("outbox".to_owned(), "dbo.up_heap_messages".to_owned())
+                ("outbox".to_owned(), "dbo.up_heap_messages".to_owned()),
+                ("outbox".to_owned(), "dbo.up_repaired_messages".to_owned())
             ],
             "upgrade_all_feeds skips exactly the broken feed and outboxes"
         );
@@ -882,9 +1017,10 @@ async fn check_broken_objects_were_skipped(admin: &mut Client, from: i32) {
         )
         .await;
     assert_eq!(
-        with_problems, 3,
-        "only the three broken objects have a problem"
+        with_problems, 4,
+        "only the four broken objects have a problem"
     );
+    check_repaired_outbox_upgrades(admin, from).await;
     // Asked for directly, upgrade_feed refuses the broken feed before regenerating anything.
     let refused = common::exec(
         admin,
@@ -987,21 +1123,95 @@ async fn check_skipped_heap_outbox_still_works(admin: &mut Client, from: i32) {
     if from >= FIRST_SEEK_HINT {
         return;
     }
-    let claimed: Vec<ClaimedMessage> = heap
-        .claim(admin, 10, Duration::from_secs(60))
-        .await
-        .expect("claim with the skipped outbox's old code")
-        .into_iter()
-        .map(|row| match row {
-            Claimed::Message(message) => message,
-            Claimed::Undecodable(row) => panic!("the heap outbox's message: {row:?}"),
-        })
-        .collect();
+    let claimed = claim_decoded(admin, &heap, "claim with the skipped outbox's old code").await;
     assert_eq!(claimed.len(), 1, "its one pending message: {claimed:?}");
     assert_eq!(
         heap.mark_done(admin, &[claimed[0].id], claimed[0].claim_token)
             .await
             .expect("mark_done with the skipped outbox's old code"),
+        1
+    );
+}
+
+/// One claim of up to ten messages from `outbox` (held for a minute), each of which must
+/// decode; `what` names the call in a failure.
+async fn claim_decoded(
+    admin: &mut Client,
+    outbox: &OutboxStore,
+    what: &str,
+) -> Vec<ClaimedMessage> {
+    outbox
+        .claim(admin, 10, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|error| panic!("{what}: {error}"))
+        .into_iter()
+        .map(|row| match row {
+            Claimed::Message(message) => message,
+            Claimed::Undecodable(row) => panic!("{what}: an undecodable row {row:?}"),
+        })
+        .collect()
+}
+
+/// Issue 29 item 6 (a): the outbox whose `trace_id` and `last_error` were renamed. Its
+/// problem names both (and, set up before V61, says that upgrade_outbox adds the
+/// `claim_expires_at` it lacks: the migration adding that column skipped it as broken);
+/// upgrade_outbox refuses it with that text until it is repaired. Repaired as the text
+/// says, `upgrade_outbox` alone brings it up to date: it gets `claim_expires_at` (in
+/// `open_messages` too), its problem is cleared, and its message written before the upgrade
+/// is claimed and acknowledged by the new code.
+async fn check_repaired_outbox_upgrades(admin: &mut Client, from: i32) {
+    let name = "dbo.up_repaired_messages";
+    let problem = problem_of(admin, "outboxes", "up_repaired_messages").await;
+    assert!(
+        problem.contains("lacks the columns [trace_id], [last_error],")
+            && problem.contains(&format!("upgrade_outbox @table_name = N'{name}'")),
+        "the problem names every missing column and the fix: {problem}"
+    );
+    assert_eq!(
+        problem.contains("claim_expires_at, which it lacks too, upgrade_outbox adds itself"),
+        from < FIRST_CLAIM_EXPIRY,
+        "the problem says claim_expires_at is missing exactly when it is: {problem}"
+    );
+    let upgrade = format!("exec changefeed.upgrade_outbox @table_name = N'{name}';");
+    let refused = common::exec(admin, &upgrade)
+        .await
+        .expect_err("upgrade_outbox of an outbox with renamed columns");
+    assert_eq!(refused.server_number(), Some(51016), "got {refused}");
+    assert!(
+        refused.to_string().contains("[trace_id], [last_error]"),
+        "the refusal is the problem: {refused}"
+    );
+
+    exec_ok(
+        admin,
+        &format!(
+            "exec sp_rename N'{name}.trace', N'trace_id', N'COLUMN'; \
+             exec sp_rename N'{name}.error_text', N'last_error', N'COLUMN'; {upgrade}"
+        ),
+    )
+    .await;
+
+    let repaired: OutboxStore = name.parse().expect("a valid outbox name");
+    assert_claim_expiry_in_open_messages(admin, &repaired).await;
+    assert_eq!(
+        scalar_i64(
+            admin,
+            "select count_big(*) from changefeed.outboxes \
+             where table_name = N'up_repaired_messages' and problem is null \
+                 and generator_version = changefeed.generator_version();",
+        )
+        .await,
+        1,
+        "upgrade_outbox cleared the problem and recorded the newest generator"
+    );
+    let claimed = claim_decoded(admin, &repaired, "claim from the repaired outbox").await;
+    let ids: Vec<&str> = claimed.iter().map(|m| m.message_id.as_str()).collect();
+    assert_eq!(ids, ["r1"], "the message written before the upgrade");
+    assert_eq!(
+        repaired
+            .mark_done(admin, &[claimed[0].id], claimed[0].claim_token)
+            .await
+            .expect("mark_done on the repaired outbox"),
         1
     );
 }

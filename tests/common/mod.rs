@@ -264,6 +264,17 @@ impl TestDb {
         Self::create_with(label, isolation, None, Some(collation)).await
     }
 
+    /// [`TestDb::create_collated`] with the bundle applied only up to `version` (an older
+    /// release's database in that collation, for the upgrade test).
+    pub async fn create_collated_at(
+        label: &str,
+        isolation: Isolation,
+        version: i32,
+        collation: &str,
+    ) -> TestDb {
+        Self::create_with(label, isolation, Some(version), Some(collation)).await
+    }
+
     async fn create_with(
         label: &str,
         isolation: Isolation,

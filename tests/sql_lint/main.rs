@@ -94,6 +94,11 @@
 //!   single-row read by key (`INDEX(1)` and `where <alias>.id = @variable`). Inserts,
 //!   the feed table, and procedures that may wait are out of scope (`never_wait.rs` says
 //!   which and why); the generated text is checked too (`generated.rs`).
+//! * R25 `outbox-columns` — every column `create_outbox_storage` creates is required of an
+//!   existing outbox table or added to one; one that is added is not reported missing by
+//!   `outbox_problem`, and `upgrade_outbox` calls `create_outbox_storage` to add it, so that
+//!   an outbox from before the column never gets code naming it without it (Msg 207;
+//!   `outbox_columns.rs`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -105,6 +110,7 @@ mod coverage;
 mod generated;
 mod lex;
 mod never_wait;
+mod outbox_columns;
 mod reserved_names;
 mod schema;
 mod typed;
@@ -145,6 +151,7 @@ enum Rule {
     PauseOutsideTransaction,
     NeverWaitGuard,
     ReservedNameCollation,
+    OutboxColumns,
 }
 
 impl Rule {
@@ -175,6 +182,7 @@ impl Rule {
             Rule::PauseOutsideTransaction => "R22 pause-outside-transaction",
             Rule::NeverWaitGuard => "R23 never-wait-guard",
             Rule::ReservedNameCollation => "R24 reserved-name-collation",
+            Rule::OutboxColumns => "R25 outbox-columns",
         }
     }
 }
@@ -1300,7 +1308,7 @@ fn length_units(code: &[&Token<'_>], sink: &mut Sink<'_>) {
     }
 }
 
-/// R1 over the names plus every per-file rule over the `.sql` files, R20 and R23.
+/// R1 over the names plus every per-file rule over the `.sql` files, R20, R23 and R25.
 fn lint_bundle(files: &[(String, String)]) -> Vec<Violation> {
     let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
     let mut out = lint_file_names(&names);
@@ -1310,6 +1318,7 @@ fn lint_bundle(files: &[(String, String)]) -> Vec<Violation> {
     }
     out.extend(lint_feed_inserts(files));
     out.extend(lint_never_wait(files));
+    out.extend(outbox_columns::lint(&current_files(files)));
     out
 }
 

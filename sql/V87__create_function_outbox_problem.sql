@@ -1,24 +1,31 @@
--- What is wrong with the indexes of a claim outbox that its generated code names in hints,
--- with the statement that fixes it; NULL when nothing is. One row, always.
--- The code pins its plans: the claim's head probe reads INDEX(head_of_aggregate), and the
--- claim's update and the acknowledgements read INDEX(1), the clustered index, by id. A
--- hint the table cannot satisfy fails every call instead of compiling to another plan (Msg
--- 308 for an index name that does not exist; INDEX(1) on a heap is refused too), and a
--- clustered index on another key would turn those reads by id into scans, which wait for
--- any open transaction's row. An index dropped, renamed or re-created otherwise by hand
--- therefore breaks the outbox. upgrade_outbox refuses such an outbox (51016) and upgrade_all_feeds skips and
--- reports it, both before generating anything: a regeneration that failed under XACT_ABORT
--- would roll back the whole upgrade (see upgrade_all_feeds).
--- What the code needs, in the order checked:
---   the clustered index: unique, rowstore, enabled, keyed on (id) alone (an equality on id
---     is then a single-row seek that reads no other row);
---   head_of_aggregate, by that name: a nonclustered rowstore index, enabled, unfiltered,
---     keyed on (aggregate_id, id) in that order, with status among its included columns
---     (the claim's committed probe relies on an update of status locking this index's key).
--- Internal: the inputs are a registered outbox's object id, names and native_json (for the
--- setup_outbox call in the fix); names come from the registry, so the text says them as
--- the owner wrote them.
-create or alter function [changefeed].[outbox_index_problem] (
+-- What is wrong with a claim outbox table that would make the code generated for it fail,
+-- with what fixes it; NULL when nothing is. One row, always. upgrade_outbox refuses such an
+-- outbox (51016) and upgrade_all_feeds skips and reports it, both before generating
+-- anything: a regeneration that failed under XACT_ABORT would roll back the whole upgrade
+-- (see upgrade_all_feeds). What the code needs, in the order checked:
+--   every column of the template outbox, which its procedures name (Msg 207 when they are
+--     created otherwise), but claim_expires_at: an outbox that the migration adding that
+--     column skipped as broken lacks it, and upgrade_outbox adds it itself (through
+--     create_outbox_storage: nullable, metadata only). Every missing column is named, so
+--     that one repair is enough;
+--   the clustered index: unique, rowstore, enabled, keyed on (id) alone. The code pins its
+--     plans: the claim's update and the acknowledgements read INDEX(1), the clustered
+--     index, by id (an equality on id is then a single-row seek that reads no other row). A
+--     hint the table cannot satisfy fails every call instead of compiling to another plan
+--     (INDEX(1) on a heap is refused), and a clustered index on another key would turn
+--     those reads into scans, which wait for any open transaction's row;
+--   head_of_aggregate, by that name, which the claim's head probe reads
+--     (INDEX(head_of_aggregate); Msg 308 when no index has that name): a nonclustered
+--     rowstore index, enabled, unfiltered, keyed on (aggregate_id, id) in that order, with
+--     status among its included columns (the claim's committed probe relies on an update
+--     of status locking this index's key).
+-- A column or an index dropped, renamed or re-created otherwise by hand therefore breaks
+-- the outbox.
+-- Internal: the inputs are an existing table's object id (the callers report a missing
+-- table themselves) and a registered outbox's names and native_json (for the setup_outbox
+-- call in the fixes); names come from the registry, so the text says them as the owner
+-- wrote them.
+create or alter function [changefeed].[outbox_problem] (
     @object_id int,
     @schema_name sysname,
     @table_name sysname,
@@ -32,6 +39,20 @@ select
     -- outboxes.problem's length explicitly, so that a long name cannot make the update of
     -- the registry fail on truncation (Msg 2628).
     convert(nvarchar(1000), case
+        when m.missing is not null
+            then concat(
+                N'The claim outbox ''', @schema_name, N'.', @table_name,
+                N''' lacks the columns ', m.missing,
+                N', which its procedures use (renamed or dropped since setup)',
+                case
+                    when m.lacks_claim_expiry = 1
+                        then N'; claim_expires_at, which it lacks too, upgrade_outbox adds itself'
+                end,
+                N'. Rename them back (exec sp_rename) or add them again as setup_outbox',
+                N' creates them, then run exec changefeed.upgrade_outbox @table_name = N''',
+                replace(concat(@schema_name, N'.', @table_name), N'''', N''''''),
+                N''';'
+            )
         when c.usable = 0
             then concat(
                 N'The claim outbox ''', @schema_name, N'.', @table_name,
@@ -70,6 +91,29 @@ select
             )
     end) as problem
 from (
+    -- The template's columns the table lacks, in the template's order. An aggregate without
+    -- GROUP BY gives one row even when nothing is missing (missing is NULL then, and
+    -- string_agg skips the NULL that stands for claim_expires_at). nvarchar(max) pieces:
+    -- string_agg of a shorter type fails past 8000 bytes instead of growing.
+    select
+        string_agg(
+            case
+                when t.name <> N'claim_expires_at'
+                    then convert(nvarchar(max), quotename(t.name) collate database_default)
+            end,
+            N', '
+        ) within group (order by t.column_id) as missing,
+        max(case when t.name = N'claim_expires_at' then 1 else 0 end) as lacks_claim_expiry
+    from sys.columns as t
+    where
+        t.object_id = object_id(N'[changefeed].[__template_outbox__]', N'U')
+        and not exists (
+            select 1
+            from sys.columns as col
+            where col.object_id = @object_id and col.name = t.name
+        )
+) as m
+cross join (
     select
         convert(bit, case
             when exists (
