@@ -116,7 +116,10 @@ begin
                             + N''';'
                     when m.column_name is not null
                         then
-                            N'The column ' + quotename(m.column_name) + N' of the claim outbox '''
+                            -- The catalog's name in the database's collation: in a partially
+                            -- contained database sys.columns has the catalog's (Msg 468/457).
+                            N'The column ' + quotename(m.column_name) collate database_default
+                            + N' of the claim outbox '''
                             + o.schema_name + N'.' + o.table_name + N''', which its procedures'
                             + N' use, was renamed or dropped. Rename it back (exec sp_rename)'
                             + N' or add it again as setup_outbox creates it, then run exec'

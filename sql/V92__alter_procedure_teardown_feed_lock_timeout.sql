@@ -1,5 +1,7 @@
--- (Replaces V24's.) What changed: teardown_feed waits at most 30 s for a lock, then gives up
--- with 51012 (transient: retry). It holds the generators lock (changefeed.lock_generators)
+-- (Replaces V24's.) What changed: teardown_feed waits at most 30 s for each lock, then gives
+-- up with 51012 (transient: retry). The bound is per lock wait (LOCK_TIMEOUT), not per call:
+-- two holders met one after the other (a consumer's open save, then an open writer of the
+-- feed's tables) can each cost up to 30 s. It holds the generators lock (changefeed.lock_generators)
 -- from the start, and its first statements wait for any transaction that holds the feed: a
 -- consumer's save_cursor keeps a shared lock on the feed's registry row until the
 -- consumer's transaction ends (so that no cursor of a dropped feed is left), and a reader
