@@ -141,6 +141,29 @@ fn relay_child(url: &str, outbox: &str, brokers: &str) -> Child {
         .expect("the changefeed binary runs")
 }
 
+/// A relay of `outbox` to standard output with the metrics endpoint, its backlog read every
+/// 300 ms: the process, the endpoint's address and the rest of its standard error (keep it:
+/// dropped, it would close the pipe the relay writes its progress lines to).
+fn stdout_relay(url: &str, outbox: &str) -> (Child, String, Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
+        .args(["relay", "--outbox", outbox, "--url", url])
+        .args([
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--backlog-interval",
+            "300ms",
+        ])
+        .env_remove("CHANGEFEED_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the changefeed binary runs");
+    let lines = stderr_lines(&mut child);
+    let address = metrics_address(&lines);
+    (child, address, lines)
+}
+
 /// A message held back as failed, due in an hour, enqueued 10 s ago: a backlog that stays
 /// put until the test makes it due.
 const HELD_ROW: &str = "insert into outbox_metrics (message_id, topic, payload, status, attempts, \
@@ -436,27 +459,7 @@ async fn sql_server_backlog_status_and_scraped_gauges() {
     assert!(outbox["held_aggregates"].is_array(), "{document}");
 
     // The relay to standard output, scraped: it publishes the two pending messages.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
-        .args([
-            "relay",
-            "--outbox",
-            "dbo.metrics_outbox",
-            "--url",
-            &db.ado(),
-        ])
-        .args([
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--backlog-interval",
-            "300ms",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = stderr_lines(&mut child);
-    let address = metrics_address(&lines);
+    let (child, address, _stderr) = stdout_relay(&db.ado(), "dbo.metrics_outbox");
     scrape_until(&address, Duration::from_secs(60), "2 published, none pending", |t| {
         sample(
             t,
@@ -489,28 +492,7 @@ async fn postgres_backlog_gauges_of_a_scraped_relay() {
          ('d1', 'orders', '{}', 4, null, now())",
     )
     .await;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_changefeed"))
-        .args([
-            "relay",
-            "--outbox",
-            "public.metrics_outbox",
-            "--url",
-            &db.url,
-        ])
-        .args([
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--backlog-interval",
-            "300ms",
-        ])
-        .env_remove("CHANGEFEED_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = stderr_lines(&mut child);
-    let address = metrics_address(&lines);
+    let (child, address, _stderr) = stdout_relay(&db.url, "public.metrics_outbox");
     let gauge = |text: &str, status: &str| {
         sample(
             text,
