@@ -20,14 +20,73 @@ pub async fn migrate(connect: &Connect, out: &mut Out) -> Result<(), Failure> {
         Store::SqlServer => {
             let mut client = connect.open(None).await?;
             let report = changefeed::migrations::migrate(&mut client).await?;
-            applied(
+            let mut text = applied(
                 "changefeed migration",
                 report.applied_migrations(),
                 changefeed::migrations::bundle().len(),
-            )
+            );
+            text.push_str(&skipped(&broken_objects(&mut client).await?));
+            text
         }
     };
     out.text(&text)
+}
+
+/// How long the read of the registry's problems may take after a migration.
+const PROBLEMS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The feeds and claim outboxes the registry records as broken, `(kind, name, problem)`:
+/// the upgrades skip them (they keep their older code) and report them in a result set that
+/// a migration runner discards, so `migrate` reads the registry afterwards and says so.
+async fn broken_objects(
+    client: &mut changefeed::Client,
+) -> Result<Vec<(&'static str, String, String)>, Failure> {
+    use changefeed::row::Column;
+
+    let read = async {
+        let mut broken = Vec::new();
+        for (kind, sql) in [
+            (
+                "feed",
+                "select schema_name, table_name, problem from changefeed.feeds \
+                 where problem is not null order by schema_name, table_name",
+            ),
+            (
+                "outbox",
+                "select schema_name, table_name, problem from changefeed.outboxes \
+                 where problem is not null order by schema_name, table_name",
+            ),
+        ] {
+            for row in crate::database::query_rows(client, sql, &[]).await? {
+                let name = format!("{}.{}", String::column(&row, 0)?, String::column(&row, 1)?);
+                broken.push((kind, name, String::column(&row, 2)?));
+            }
+        }
+        Ok::<_, changefeed::Error>(broken)
+    };
+    match tokio::time::timeout(PROBLEMS_TIMEOUT, read).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(Failure::run(format!(
+            "the migration was applied, but reading changefeed.feeds and changefeed.outboxes \
+             for skipped objects did not finish within {PROBLEMS_TIMEOUT:?}; run \
+             `changefeed status` to see them"
+        ))),
+    }
+}
+
+/// The lines naming what the upgrade skipped, each with its fix (empty when nothing was).
+fn skipped(broken: &[(&str, String, String)]) -> String {
+    if broken.is_empty() {
+        return String::new();
+    }
+    let mut text = format!(
+        "{} skipped as broken (still on older code; each line says the fix):\n",
+        plural(broken.len() as u64, "object was", "objects were")
+    );
+    for (kind, name, problem) in broken {
+        text.push_str(&format!("  {kind} {name}: {problem}\n"));
+    }
+    text
 }
 
 /// `applied 2 changefeed migrations (82 in the bundle)` and one line for each.
@@ -96,4 +155,32 @@ async fn mysql(connect: &Connect) -> Result<String, Failure> {
 #[cfg(not(feature = "mysql"))]
 async fn mysql(_connect: &Connect) -> Result<String, Failure> {
     Err(Failure::without_mysql())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skipped_objects_are_named_with_their_fix() {
+        assert_eq!(skipped(&[]), "");
+        let text = skipped(&[
+            (
+                "feed",
+                "dbo.Orders".to_owned(),
+                "The event table was dropped.".to_owned(),
+            ),
+            (
+                "outbox",
+                "dbo.Outbox".to_owned(),
+                "Run exec changefeed.upgrade_outbox.".to_owned(),
+            ),
+        ]);
+        assert_eq!(
+            text,
+            "2 objects were skipped as broken (still on older code; each line says the fix):\n  \
+             feed dbo.Orders: The event table was dropped.\n  \
+             outbox dbo.Outbox: Run exec changefeed.upgrade_outbox.\n"
+        );
+    }
 }
