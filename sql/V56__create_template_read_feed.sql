@@ -364,8 +364,9 @@ begin
                 N'read_feed: cursor expired: events after ', convert(nvarchar(34), @after, 1),
                 N' up to ', convert(nvarchar(34), @purged_through, 1),
                 N' in shard ', @shard_id, N' were purged. Resume from 0x00 (the oldest retained',
-                N' event) or from a later cursor, knowing those events are gone; register the',
-                N' consumer''s cursor (changefeed.save_cursor) so purge_feed keeps what it has not read.'
+                N' event) or from a later cursor, knowing those events are gone. Only a registered',
+                N' consumer''s saved cursor holds purge_feed back: save it (changefeed.save_cursor)',
+                N' and ask the feed''s owner to register the consumer (changefeed.register_consumer).'
             );
             throw 51104, @message, 1;
         end;

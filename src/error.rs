@@ -39,7 +39,8 @@ pub enum Error {
     /// `read_feed` refused the cursor because events after it were purged (server error
     /// 51104): the consumer has lost events. Not transient: resume from
     /// [`crate::Cursor::START`] (the oldest retained event) or a later cursor, knowing what is
-    /// gone, and register the consumer's cursor so purges wait for it (docs/sql-server.md,
+    /// gone; so that purges wait for the consumer, save its cursor and have whoever
+    /// administers the feed register it (`changefeed.register_consumer`; docs/sql-server.md,
     /// "Retention").
     #[error("cursor expired (error 51104, SQLSTATE CF104 on PostgreSQL): {message}")]
     CursorExpired {

@@ -235,6 +235,10 @@ impl FeedContractDb for MssqlFeeds {
         ended
     }
 
+    /// Saves as the admin, then registers the consumer (`changefeed.register_consumer`,
+    /// idempotent): on SQL Server a saved cursor holds `purge_feed` back only once whoever
+    /// administers the feed registered its consumer, and the contract's consumers are the
+    /// admin's own.
     async fn save_cursor(
         &self,
         consumer: &str,
@@ -242,7 +246,16 @@ impl FeedContractDb for MssqlFeeds {
         shard: i32,
         cursor: Cursor,
     ) -> changefeed::Result<()> {
-        CursorStore::save(&mut self.client().await, consumer, feed, shard, cursor).await
+        let mut admin = self.client().await;
+        CursorStore::save(&mut admin, consumer, feed, shard, cursor).await?;
+        exec(
+            &mut admin,
+            &format!(
+                "exec changefeed.register_consumer @consumer = N'{}', @feed = N'{feed}';",
+                consumer.replace('\'', "''")
+            ),
+        )
+        .await
     }
 
     async fn load_cursor(

@@ -1,6 +1,7 @@
 //! Live tests of feed retention: `[changefeed].[purge_feed:S.T]`, the per-shard low-water
 //! mark (`state.purged_through`), `read_feed`'s expired-cursor error 51104 (the Rust
-//! `Error::CursorExpired`) and the `changefeed.consumer_lag` view.
+//! `Error::CursorExpired`), the `changefeed.consumer_lag` view, and which consumers hold a
+//! purge back: only registered ones (`changefeed.register_consumer`, issue 29 item 3).
 //!
 //! They need a SQL Server (`CHANGEFEED_TEST_MSSQL`, or Docker for testcontainers) and are
 //! `#[ignore]`d: run them with `cargo test --test live_retention -- --ignored`. Every
@@ -20,13 +21,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use changefeed::reader::{FeedReader, FeedReaderOptions};
-use changefeed::{Client, Cursor, CursorStore, Error, Feed, FeedRow};
+use changefeed::{Client, Cursor, CursorStore, Error, Feed, FeedRow, ReadOptions, read_page};
 use common::events::{
     column_values, create_feed, exec_ok, feed_reader, hex, keys, pairs, read_to_end, required,
     rows_ok, server_now_ms, server_number, spawn_writers, state_row, ulids, write_all_ok,
     write_and_read_all, write_ok,
 };
-use common::tasks::{join, join_all, spawn_bounded};
+use common::logins::Login;
+use common::tasks::{expect_denied, join, join_all, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
 use tiberius::Row;
 use ulid::Ulid;
@@ -60,6 +62,8 @@ async fn lagging_consumer_scenario(db: &TestDb) {
 
     save(&mut admin, "A", &feed, 0, Cursor::from_ulid(u[7])).await;
     save(&mut admin, "B", &feed, 0, Cursor::from_ulid(u[14])).await;
+    register(&mut admin, "A", &feed).await;
+    register(&mut admin, "B", &feed).await;
     wait_until_older_than_now(&mut admin, u[19]).await;
 
     let report = purge(&mut admin, &feed, &Purge::older_than(0)).await;
@@ -74,6 +78,10 @@ async fn lagging_consumer_scenario(db: &TestDb) {
     );
     assert_eq!(shard.stopped_because, "held back by consumer A");
     assert!(!shard.dry_run);
+    assert_eq!(
+        shard.passed_consumers, None,
+        "a registered consumer is never passed"
+    );
     assert_eq!(
         feed_keys(&mut admin, &feed, 0).await,
         (9..=20).collect::<Vec<_>>()
@@ -114,6 +122,11 @@ async fn lagging_consumer_scenario(db: &TestDb) {
     assert_eq!(report[0].deleted, 12, "{report:?}");
     assert_eq!(report[0].purged_through, Some(u[19]));
     assert_eq!(report[0].stopped_because, "cutoff reached");
+    assert_eq!(
+        report[0].passed_consumers.as_deref(),
+        Some("A, B"),
+        "the forced purge names the registered consumers it passed"
+    );
     assert!(feed_keys(&mut admin, &feed, 0).await.is_empty());
 
     match reader.read_page::<i64>(0, Cursor::from_ulid(u[7])).await {
@@ -419,6 +432,7 @@ async fn dry_run_scenario(db: &TestDb) {
     assert_eq!(report[0].stopped_because, "max rows reached");
 
     save(&mut admin, "slow", &feed, 0, Cursor::from_ulid(u[4])).await;
+    register(&mut admin, "slow", &feed).await;
     let report = purge(
         &mut admin,
         &feed,
@@ -468,6 +482,7 @@ async fn concurrent_scenario(db: &TestDb) {
     let names: Vec<String> = (0..READERS).map(|r| format!("reader {r}")).collect();
     for name in &names {
         save(&mut admin, name, &feed, 0, Cursor::START).await;
+        register(&mut admin, name, &feed).await;
     }
 
     let stop_purging = Arc::new(AtomicBool::new(false));
@@ -635,6 +650,7 @@ async fn unregistered_scenario(db: &TestDb) {
     let rest = read_to_end(&reader, 0, in_memory).await;
     assert_eq!(keys(&rest), (4..=10).collect::<Vec<_>>());
     save(&mut admin, "elsewhere", &feed, 1, Cursor::START).await;
+    register(&mut admin, "elsewhere", &feed).await;
     wait_until_older_than_now(&mut admin, rest[6].ulid).await;
 
     let report = purge(&mut admin, &feed, &Purge::older_than(0)).await;
@@ -694,6 +710,144 @@ async fn refused_scenario(db: &TestDb) {
     }
     assert_eq!(feed_keys(&mut admin, &feed, 0).await, vec![1, 2, 3]);
     assert_eq!(purged_through(&mut admin, &feed, 0).await, None);
+}
+
+// ------------------------------------------------------------------------------------------
+// 8. A consumer only a reader created holds nothing back
+// ------------------------------------------------------------------------------------------
+
+common::live_test!(only_a_registered_consumer_holds_the_purge_back: "retention_registered" => with_logins("reader") registered_scenario);
+
+/// Issue 29 item 3. A login that is only in the feed's readers role saves a cursor of zeros
+/// under a new consumer name: `consumer_lag` shows it with `holds_retention = 0`, and a purge
+/// deletes every row past it and names it in `passed_consumers` (the old purge_feed stopped
+/// at that cursor for good: 'held back by consumer squatter', nothing deleted). A cursor of
+/// zeros reads on from the oldest row kept; the same reader's next, real cursor is passed
+/// too, and reading from it fails with 51104, whose message says to have the consumer
+/// registered. The reader cannot register it (or unregister anything): 229. Once the admin
+/// registers it (idempotently), its cursor holds the purge back; unregistered again, it does
+/// not. The reader removing its own consumer takes the registration with it, so the same
+/// name saved again holds nothing back.
+async fn registered_scenario(db: &TestDb, [reader_login]: &[Login; 1]) {
+    let (mut admin, feed, feed_reader) = start(db, "registered", 100).await;
+    reader_login
+        .create(&mut admin, &[feed.readers_role()], &[])
+        .await;
+    let mut reader = reader_login.connect(db).await;
+    let mut writer = db.client().await;
+    let u = ulids(&write_and_read_all(&mut writer, &feed, &feed_reader, 1..=10).await);
+
+    // A cursor of zeros under a new name: saved, but holding nothing back.
+    CursorStore::save(&mut reader, "squatter", &feed, 0, Cursor::START)
+        .await
+        .expect("a reader saves a cursor under a new consumer name");
+    let lag = consumer_lag(&mut admin, &feed).await;
+    assert!(!lag["squatter"].holds_retention, "{lag:?}");
+    wait_until_older_than_now(&mut admin, u[9]).await;
+    let report = purge(&mut admin, &feed, &Purge::older_than(0)).await;
+    assert_eq!(
+        report[0].deleted, 10,
+        "the reader's cursor held nothing back: {report:?}"
+    );
+    assert_eq!(report[0].stopped_because, "cutoff reached");
+    assert_eq!(report[0].passed_consumers.as_deref(), Some("squatter"));
+    assert!(feed_keys(&mut admin, &feed, 0).await.is_empty());
+
+    // The reader's real cursor (after event 12) is passed as well: its next read is refused.
+    let u = ulids(&write_and_read_all(&mut writer, &feed, &feed_reader, 11..=20).await);
+    CursorStore::save(&mut reader, "squatter", &feed, 0, Cursor::from_ulid(u[1]))
+        .await
+        .expect("the reader moves its consumer on");
+    wait_until_older_than_now(&mut admin, u[9]).await;
+    let report = purge(&mut admin, &feed, &Purge::older_than(0)).await;
+    assert_eq!(report[0].deleted, 10, "{report:?}");
+    assert_eq!(report[0].passed_consumers.as_deref(), Some("squatter"));
+    let saved = CursorStore::load(&mut reader, "squatter", &feed, 0)
+        .await
+        .expect("the reader loads its cursor")
+        .expect("saved");
+    match read_page::<i64>(&mut reader, &feed, 0, saved, ReadOptions::default()).await {
+        Err(Error::CursorExpired { message }) => {
+            assert!(
+                message.contains("changefeed.register_consumer"),
+                "{message}"
+            );
+        }
+        other => panic!("the purge passed the unregistered cursor: expected 51104, got {other:?}"),
+    }
+
+    // Registering is not a reader's to do.
+    for procedure in ["register_consumer", "unregister_consumer"] {
+        expect_denied(
+            &mut reader,
+            &format!("exec changefeed.{procedure} @consumer = N'squatter', @feed = N'{feed}';"),
+            &format!("the readers-only login calls {procedure}"),
+        )
+        .await;
+    }
+
+    // Registered by the admin (twice: the second call changes nothing), the consumer's
+    // cursor holds the purge back.
+    assert!(
+        register(&mut admin, "squatter", &feed).await,
+        "newly registered"
+    );
+    assert!(
+        !register(&mut admin, "squatter", &feed).await,
+        "already registered"
+    );
+    let u = ulids(&write_and_read_all(&mut writer, &feed, &feed_reader, 21..=25).await);
+    CursorStore::save(&mut reader, "squatter", &feed, 0, Cursor::from_ulid(u[1]))
+        .await
+        .expect("the reader starts again after the expiry");
+    let lag = consumer_lag(&mut admin, &feed).await;
+    assert!(lag["squatter"].holds_retention, "{lag:?}");
+    assert!(!lag["squatter"].expired, "{lag:?}");
+    wait_until_older_than_now(&mut admin, u[4]).await;
+    let report = purge(&mut admin, &feed, &Purge::older_than(0)).await;
+    assert_eq!(report[0].deleted, 2, "events 21 and 22 only: {report:?}");
+    assert_eq!(report[0].stopped_because, "held back by consumer squatter");
+    assert_eq!(report[0].passed_consumers, None);
+    let page = read_page::<i64>(
+        &mut reader,
+        &feed,
+        0,
+        Cursor::from_ulid(u[1]),
+        ReadOptions::default(),
+    )
+    .await
+    .expect("the registered consumer reads on from its cursor");
+    assert_eq!(keys(&page.rows), vec![23, 24, 25]);
+
+    // Unregistered, it holds nothing back again (a dry run says what would go).
+    assert_eq!(unregister(&mut admin, "squatter", &feed).await, 1);
+    assert_eq!(unregister(&mut admin, "squatter", &feed).await, 0);
+    let report = purge(
+        &mut admin,
+        &feed,
+        &Purge {
+            dry_run: true,
+            ..Purge::older_than(0)
+        },
+    )
+    .await;
+    assert_eq!(report[0].deleted, 3, "{report:?}");
+    assert_eq!(report[0].passed_consumers.as_deref(), Some("squatter"));
+
+    // Registered again, then removed by its owner: the registration goes with it, and the
+    // name saved again holds nothing back.
+    register(&mut admin, "squatter", &feed).await;
+    let removed = rows_ok(
+        &mut reader,
+        &format!("exec changefeed.remove_consumer @consumer = N'squatter', @feed = N'{feed}';"),
+    )
+    .await;
+    assert_eq!(required::<i32>(&removed[0], "removed"), 1);
+    CursorStore::save(&mut reader, "squatter", &feed, 0, Cursor::START)
+        .await
+        .expect("the freed name saved again");
+    let lag = consumer_lag(&mut admin, &feed).await;
+    assert!(!lag["squatter"].holds_retention, "{lag:?}");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -767,6 +921,8 @@ struct PurgeReport {
     purged_through: Option<Ulid>,
     stopped_because: String,
     dry_run: bool,
+    /// The consumers whose unread rows the call deleted (or would delete), `, `-separated.
+    passed_consumers: Option<String>,
 }
 
 async fn try_purge(
@@ -783,6 +939,10 @@ async fn try_purge(
             purged_through: optional_ulid(row, "purged_through"),
             stopped_because: required::<&str>(row, "stopped_because").to_owned(),
             dry_run: required::<bool>(row, "dry_run"),
+            passed_consumers: row
+                .try_get::<&str, &str>("passed_consumers")
+                .expect("passed_consumers is text")
+                .map(str::to_owned),
         })
         .collect())
 }
@@ -820,13 +980,14 @@ async fn purge(client: &mut Client, feed: &Feed, call: &Purge) -> Vec<PurgeRepor
 struct Lag {
     lag_ms: i64,
     expired: bool,
+    holds_retention: bool,
 }
 
 async fn consumer_lag(client: &mut Client, feed: &Feed) -> BTreeMap<String, Lag> {
     rows_ok(
         client,
         &format!(
-            "select consumer, lag_ms, expired from changefeed.consumer_lag \
+            "select consumer, lag_ms, expired, holds_retention from changefeed.consumer_lag \
              where feed = N'{feed}' and shard_id = 0;"
         ),
     )
@@ -841,6 +1002,7 @@ async fn consumer_lag(client: &mut Client, feed: &Feed) -> BTreeMap<String, Lag>
                     .expect("lag_ms is a bigint")
                     .unwrap_or(0),
                 expired: required::<bool>(row, "expired"),
+                holds_retention: required::<bool>(row, "holds_retention"),
             },
         )
     })
@@ -875,6 +1037,29 @@ async fn save(client: &mut Client, consumer: &str, feed: &Feed, shard: i32, curs
     CursorStore::save(client, consumer, feed, shard, cursor)
         .await
         .unwrap_or_else(|error| panic!("save {consumer}'s cursor: {error}"));
+}
+
+/// Registers `consumer` of `feed` (`changefeed.register_consumer`), so that its saved cursors
+/// hold the purge back; true when this call registered it, false when it already was.
+async fn register(client: &mut Client, consumer: &str, feed: &Feed) -> bool {
+    let found = rows_ok(
+        client,
+        &format!("exec changefeed.register_consumer @consumer = N'{consumer}', @feed = N'{feed}';"),
+    )
+    .await;
+    required::<bool>(&found[0], "newly_registered")
+}
+
+/// Undoes [`register`] (`changefeed.unregister_consumer`): how many registrations went.
+async fn unregister(client: &mut Client, consumer: &str, feed: &Feed) -> i32 {
+    let found = rows_ok(
+        client,
+        &format!(
+            "exec changefeed.unregister_consumer @consumer = N'{consumer}', @feed = N'{feed}';"
+        ),
+    )
+    .await;
+    required::<i32>(&found[0], "unregistered")
 }
 
 /// Waits until the server's clock is past `ulid`'s millisecond, so that `@older_than_ms = 0`

@@ -62,7 +62,7 @@ const BASELINE: i32 = 49;
 /// The versions the upgrade starts from, ascending. Add `m - 1` for each later migration
 /// `V<m>` that changes a template (see the module's documentation).
 const FROM_VERSIONS: &[i32] = &[
-    BASELINE, 51, 52, 53, 55, 56, 58, 59, 61, 62, 70, 76, 78, 82, 83, 84, 85, 86, 87, 88,
+    BASELINE, 51, 52, 53, 55, 56, 58, 59, 61, 62, 70, 76, 78, 82, 83, 84, 85, 86, 87, 88, 97,
 ];
 
 /// The first migration whose generated code names the clustered index in a hint (the
@@ -73,6 +73,12 @@ const FIRST_SEEK_HINT: i32 = 83;
 /// The first version whose `setup_outbox` creates `claim_expires_at` (V61's
 /// `create_outbox_storage`): an outbox set up before it and broken before V62 lacks it.
 const FIRST_CLAIM_EXPIRY: i32 = 61;
+
+/// The first version with `register_consumer` (V94; V93 created the registrations and
+/// registered every consumer that had a saved cursor). A consumer saved at an older version
+/// is registered by the upgrade; one saved at this version or later is registered by the
+/// setup, as that version requires of a consumer that holds retention back.
+const FIRST_REGISTER_CONSUMER: i32 = 94;
 
 /// The consumer whose cursors the test saves before the upgrade.
 const CONSUMER: &str = "upgrade-test";
@@ -213,7 +219,7 @@ async fn upgrade_scenario(db: &TestDb, from: i32) {
     let ledger = Feed::new("dbo", "up_ledger").expect("a valid feed name");
     let messages: OutboxStore = "dbo.up_messages".parse().expect("a valid outbox name");
 
-    let before = set_up_at_old_version(&mut admin, &orders, &ledger).await;
+    let before = set_up_at_old_version(&mut admin, &orders, &ledger, from).await;
 
     // The upgrade itself.
     let report = changefeed::migrations::migrate(&mut admin)
@@ -281,7 +287,12 @@ fn check_the_cli_names_what_was_skipped(db: &TestDb) {
 // Before: plain SQL against the old version
 // ------------------------------------------------------------------------------------------
 
-async fn set_up_at_old_version(admin: &mut Client, orders: &Feed, ledger: &Feed) -> Before {
+async fn set_up_at_old_version(
+    admin: &mut Client,
+    orders: &Feed,
+    ledger: &Feed,
+    from: i32,
+) -> Before {
     // An outbox-mode feed: events 1-6 on shard 0, 101-103 on shard 1.
     exec_ok(
         admin,
@@ -337,6 +348,17 @@ async fn set_up_at_old_version(admin: &mut Client, orders: &Feed, ledger: &Feed)
     );
     let ledger_cursor = ledger_events[1].0;
     save_cursor_sql(admin, ledger, 0, ledger_cursor).await;
+    if from >= FIRST_REGISTER_CONSUMER {
+        for feed in [orders, ledger] {
+            exec_ok(
+                admin,
+                &format!(
+                    "exec changefeed.register_consumer @consumer = N'{CONSUMER}', @feed = N'{feed}';"
+                ),
+            )
+            .await;
+        }
+    }
 
     // A claim outbox: m1, m2 of aggregate a-1, m3 of a-2, m4 of none. The claim gets the
     // heads m1, m3, m4; m1 and m4 are acknowledged, m3 stays claimed over the upgrade.
@@ -574,7 +596,9 @@ async fn check_outbox_feed(db: &TestDb, admin: &mut Client, orders: &Feed, befor
     assert_ulids_increase(&shard1, "shard 1 after the upgrade");
 
     // Retention works on the upgraded feed: a dry run stops at the consumer's saved cursor
-    // (events 5 and 6 were moved before the upgrade, so they are older than the cutoff).
+    // (events 5 and 6 were moved before the upgrade, so they are older than the cutoff). The
+    // consumer saved before the upgrade was registered by it (V93): it still holds the purge
+    // back, though no one registered it (issue 29 item 3).
     let purge = rows_ok(
         admin,
         &format!(
@@ -891,28 +915,30 @@ async fn check_status_views(admin: &mut Client, orders: &Feed, ledger: &Feed) {
     let lag = rows_ok(
         admin,
         &format!(
-            "select feed, shard_id, expired from changefeed.consumer_lag \
+            "select feed, shard_id, expired, holds_retention from changefeed.consumer_lag \
              where consumer = N'{CONSUMER}' order by feed, shard_id;"
         ),
     )
     .await;
-    let shown: Vec<(String, i32, bool)> = lag
+    let shown: Vec<(String, i32, bool, bool)> = lag
         .iter()
         .map(|row| {
             (
                 required::<&str>(row, "feed").to_owned(),
                 required(row, "shard_id"),
                 required(row, "expired"),
+                required(row, "holds_retention"),
             )
         })
         .collect();
     assert_eq!(
         shown,
         [
-            (ledger.to_string(), 0, false),
-            (orders.to_string(), 0, false)
+            (ledger.to_string(), 0, false, true),
+            (orders.to_string(), 0, false, true)
         ],
-        "consumer_lag shows both saved cursors, neither expired"
+        "consumer_lag shows both saved cursors, neither expired, both holding retention back \
+         (registered by the upgrade, or by the setup at a version with registrations)"
     );
 }
 

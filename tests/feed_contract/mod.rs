@@ -61,7 +61,8 @@ pub trait FeedContractDb: Sync {
     /// operator or a failover would; returns how many.
     fn end_reader_sessions(&self, feed: &Feed) -> impl Future<Output = usize>;
 
-    /// Saves `consumer`'s cursor of `shard` with the backend's cursor store.
+    /// Saves `consumer`'s cursor of `shard` with the backend's cursor store, as a consumer
+    /// whose cursor holds the purge back (on SQL Server, registered by the admin).
     fn save_cursor(
         &self,
         consumer: &str,
