@@ -329,12 +329,12 @@ fn case_end(code: &[&Token<'_>], at: usize) -> Option<usize> {
 fn item_name(code: &[&Token<'_>], a: usize, b: usize) -> Option<(String, usize, usize)> {
     let mut depth = 0i32;
     let mut last_as = None;
-    for i in a..b {
-        if code[i].is_punct(b'(') {
+    for (i, t) in code.iter().enumerate().take(b).skip(a) {
+        if t.is_punct(b'(') {
             depth += 1;
-        } else if code[i].is_punct(b')') {
+        } else if t.is_punct(b')') {
             depth -= 1;
-        } else if depth == 0 && code[i].is("as") {
+        } else if depth == 0 && t.is("as") {
             last_as = Some(i);
         }
     }
