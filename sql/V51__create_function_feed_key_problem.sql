@@ -99,5 +99,10 @@ select
         + N' regenerated. Restore the key (for a rename: exec sp_rename), or tear the feed'
         + N' down and set it up again: exec changefeed.teardown_feed @table_name = N'''
         + replace(@schema_name + N'.' + @table_name, N'''', N'''''') + N''';'
-    ) as problem
+    -- In the database's collation, as the registry's problem columns it is stored in and
+    -- compared with (refresh_feed_status): in a partially contained database the catalog's
+    -- names above carry the catalog collation, and mixed with the registry's names they
+    -- would leave the text without one (Msg 468/457). Elsewhere the catalog already has the
+    -- database's collation, so nothing else changes.
+    ) collate database_default as problem
 from first_difference as d;

@@ -99,11 +99,21 @@
 //!   `outbox_problem`, and `upgrade_outbox` calls `create_outbox_storage` to add it, so that
 //!   an outbox from before the column never gets code naming it without it (Msg 207;
 //!   `outbox_columns.rs`).
+//! * R26 `catalog-collation` — outside released migrations, a name read from the catalog
+//!   (a character column of `sys.*` / `information_schema.*`, or a column a CTE, derived
+//!   table, inline function or view of the bundle builds from one) never meets a registry,
+//!   `#temp` or table-variable column in a comparison, `like`, `in`, `case`/`coalesce`/
+//!   `isnull` result, union column or `+`/`concat` chain without `collate`: in a partially
+//!   contained database the catalog has its own collation (Msg 468/451/457;
+//!   `catalog_collation.rs`).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
+mod catalog_collation;
+#[cfg(test)]
+mod catalog_collation_tests;
 #[cfg(test)]
 mod coverage;
 #[cfg(test)]
@@ -152,6 +162,7 @@ enum Rule {
     NeverWaitGuard,
     ReservedNameCollation,
     OutboxColumns,
+    CatalogCollation,
 }
 
 impl Rule {
@@ -183,6 +194,7 @@ impl Rule {
             Rule::NeverWaitGuard => "R23 never-wait-guard",
             Rule::ReservedNameCollation => "R24 reserved-name-collation",
             Rule::OutboxColumns => "R25 outbox-columns",
+            Rule::CatalogCollation => "R26 catalog-collation",
         }
     }
 }
@@ -1308,7 +1320,7 @@ fn length_units(code: &[&Token<'_>], sink: &mut Sink<'_>) {
     }
 }
 
-/// R1 over the names plus every per-file rule over the `.sql` files, R20, R23 and R25.
+/// R1 over the names plus every per-file rule over the `.sql` files, R20, R23, R25 and R26.
 fn lint_bundle(files: &[(String, String)]) -> Vec<Violation> {
     let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
     let mut out = lint_file_names(&names);
@@ -1319,6 +1331,7 @@ fn lint_bundle(files: &[(String, String)]) -> Vec<Violation> {
     out.extend(lint_feed_inserts(files));
     out.extend(lint_never_wait(files));
     out.extend(outbox_columns::lint(&current_files(files)));
+    out.extend(catalog_collation::lint(files, &schema));
     out
 }
 

@@ -40,7 +40,7 @@ fn open_paren(code: &[&Token<'_>], close: usize) -> Option<usize> {
 }
 
 /// The top-level comma-separated arguments between `open` and its `)`, as index ranges.
-fn arguments(code: &[&Token<'_>], open: usize) -> Vec<(usize, usize)> {
+pub fn arguments(code: &[&Token<'_>], open: usize) -> Vec<(usize, usize)> {
     let Some(close) = close_paren(code, open) else {
         return Vec::new();
     };
@@ -61,7 +61,7 @@ fn arguments(code: &[&Token<'_>], open: usize) -> Vec<(usize, usize)> {
     out
 }
 
-fn text(src: &str, code: &[&Token<'_>], from: usize, to: usize) -> String {
+pub fn text(src: &str, code: &[&Token<'_>], from: usize, to: usize) -> String {
     if from >= to {
         return String::new();
     }
@@ -291,7 +291,7 @@ fn bitwise_operands(src: &str, code: &[&Token<'_>], sink: &mut Sink<'_>) {
 
 /// The collation label of one column reference.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Label {
+pub enum Label {
     /// A column the bundle declares `collate X` (X, where it is declared).
     Collated(String, String),
     /// A character column with the database's default collation (where it is declared).
@@ -300,9 +300,9 @@ enum Label {
     Temp,
 }
 
-struct Ref {
-    text: String,
-    label: Label,
+pub struct Ref {
+    pub text: String,
+    pub label: Label,
 }
 
 const NOT_A_COLUMN: &[&str] = &[
@@ -376,7 +376,7 @@ fn aliases(code: &[&Token<'_>]) -> (Vec<String>, Vec<(String, String)>) {
     (temp, variables)
 }
 
-struct Context<'s> {
+pub struct Context<'s> {
     schema: &'s Schema,
     temp_aliases: Vec<String>,
     /// (alias, table variable)
@@ -384,7 +384,18 @@ struct Context<'s> {
     table_variables: Vec<(String, Schema)>,
 }
 
-impl Context<'_> {
+impl<'s> Context<'s> {
+    /// The aliases and table variables of `code`, and the bundle's declarations.
+    pub fn new(code: &[&Token<'_>], schema: &'s Schema) -> Self {
+        let (temp_aliases, variable_aliases) = aliases(code);
+        Context {
+            schema,
+            temp_aliases,
+            variable_aliases,
+            table_variables: table_variables(code),
+        }
+    }
+
     /// The columns of the table variable behind `alias`, when it is declared in this file
     /// as `table (…)`.
     fn table_variable(&self, alias: &str) -> Option<&Schema> {
@@ -398,60 +409,62 @@ impl Context<'_> {
 
 /// The column references in `code[from..to]` that carry a collation label.
 fn references(code: &[&Token<'_>], from: usize, to: usize, cx: &Context<'_>) -> Vec<Ref> {
-    let mut out = Vec::new();
-    for i in from..to {
-        let t = code[i];
-        if !matches!(t.kind, Kind::Word | Kind::Ident) || t.text.starts_with('@') {
-            continue;
-        }
-        let followed_by_call_or_dot = code
-            .get(i + 1)
-            .is_some_and(|n| n.is_punct(b'(') || n.is_punct(b'.'));
-        if followed_by_call_or_dot || t.is_any(NOT_A_COLUMN) {
-            continue;
-        }
-        let qualifier = (i >= from + 2 && code[i - 1].is_punct(b'.'))
-            .then(|| code[i - 2].ident_value().to_ascii_lowercase());
-        if qualifier.is_none() && i > from && code[i - 1].is_punct(b'.') {
-            continue;
-        }
-        let name = t.ident_value();
-        let shown = match &qualifier {
-            Some(q) => format!("{q}.{name}"),
-            None => name.clone(),
-        };
-        let label = if qualifier
-            .as_ref()
-            .is_some_and(|q| q.starts_with('#') || cx.temp_aliases.contains(q))
-        {
-            Some(Label::Temp)
-        } else if let Some(columns) = qualifier.as_ref().and_then(|q| cx.table_variable(q)) {
-            // Table-variable columns: their own declaration, else the database default.
-            match columns.collated(&name) {
-                Some(c) => Some(Label::Collated(
-                    c.ty.collation.clone().unwrap_or_default(),
-                    format!("{} (a table variable)", c.at),
-                )),
-                None => columns
-                    .string_column(&name)
-                    .or_else(|| cx.schema.string_column(&name))
-                    .map(|_| Label::Default("a table variable".to_owned())),
-            }
-        } else if let Some(c) = cx.schema.collated(&name) {
-            Some(Label::Collated(
-                c.ty.collation.clone().unwrap_or_default(),
-                c.at.clone(),
-            ))
-        } else {
-            cx.schema
-                .string_column(&name)
-                .map(|c| Label::Default(c.at.clone()))
-        };
-        if let Some(label) = label {
-            out.push(Ref { text: shown, label });
-        }
+    (from..to)
+        .filter_map(|i| reference_at(code, i, from, cx))
+        .collect()
+}
+
+/// The column reference whose name is the token at `i` (its qualifier, if any, at `i - 2`,
+/// never before `from`), when it carries a collation label.
+pub fn reference_at(code: &[&Token<'_>], i: usize, from: usize, cx: &Context<'_>) -> Option<Ref> {
+    let t = code[i];
+    if !matches!(t.kind, Kind::Word | Kind::Ident) || t.text.starts_with('@') {
+        return None;
     }
-    out
+    let followed_by_call_or_dot = code
+        .get(i + 1)
+        .is_some_and(|n| n.is_punct(b'(') || n.is_punct(b'.'));
+    if followed_by_call_or_dot || t.is_any(NOT_A_COLUMN) {
+        return None;
+    }
+    let qualifier = (i >= from + 2 && code[i - 1].is_punct(b'.'))
+        .then(|| code[i - 2].ident_value().to_ascii_lowercase());
+    if qualifier.is_none() && i > from && code[i - 1].is_punct(b'.') {
+        return None;
+    }
+    let name = t.ident_value();
+    let shown = match &qualifier {
+        Some(q) => format!("{q}.{name}"),
+        None => name.clone(),
+    };
+    let label = if qualifier
+        .as_ref()
+        .is_some_and(|q| q.starts_with('#') || cx.temp_aliases.contains(q))
+    {
+        Some(Label::Temp)
+    } else if let Some(columns) = qualifier.as_ref().and_then(|q| cx.table_variable(q)) {
+        // Table-variable columns: their own declaration, else the database default.
+        match columns.collated(&name) {
+            Some(c) => Some(Label::Collated(
+                c.ty.collation.clone().unwrap_or_default(),
+                format!("{} (a table variable)", c.at),
+            )),
+            None => columns
+                .string_column(&name)
+                .or_else(|| cx.schema.string_column(&name))
+                .map(|_| Label::Default("a table variable".to_owned())),
+        }
+    } else if let Some(c) = cx.schema.collated(&name) {
+        Some(Label::Collated(
+            c.ty.collation.clone().unwrap_or_default(),
+            c.at.clone(),
+        ))
+    } else {
+        cx.schema
+            .string_column(&name)
+            .map(|c| Label::Default(c.at.clone()))
+    };
+    label.map(|label| Ref { text: shown, label })
 }
 
 /// The conflict between two labels in one expression, described, if any.
@@ -477,12 +490,12 @@ fn conflict(refs: &[Ref]) -> Option<String> {
     ))
 }
 
-fn has_collate(code: &[&Token<'_>], from: usize, to: usize) -> bool {
+pub fn has_collate(code: &[&Token<'_>], from: usize, to: usize) -> bool {
     code[from..to].iter().any(|t| t.is("collate"))
 }
 
 /// The token ranges of the result branches (`then …`, `else …`) of the `case` at `at`.
-fn case_branches(code: &[&Token<'_>], at: usize) -> Vec<(usize, usize)> {
+pub fn case_branches(code: &[&Token<'_>], at: usize) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut depth = 0i32; // nested case … end and parentheses
     let mut open: Option<usize> = None;
@@ -507,7 +520,7 @@ fn case_branches(code: &[&Token<'_>], at: usize) -> Vec<(usize, usize)> {
 }
 
 /// Comparison operators: (index of the first token, index after the operator).
-fn comparison_at(code: &[&Token<'_>], i: usize) -> Option<usize> {
+pub fn comparison_at(code: &[&Token<'_>], i: usize) -> Option<usize> {
     let t = code[i];
     let prev = i.checked_sub(1).map(|p| code[p]);
     let next = code.get(i + 1);
@@ -544,14 +557,14 @@ const BOUNDARY_WORDS: &[&str] = &[
     "set", "return", "having", "from", "join", "by", "case", "begin", "values", "exists",
 ];
 
-fn is_boundary(t: &Token<'_>) -> bool {
+pub fn is_boundary(t: &Token<'_>) -> bool {
     t.is_punct(b',') || t.is_punct(b';') || t.is_any(BOUNDARY_WORDS)
 }
 
 /// Walks `indices` of `code` away from an operator (`backwards` towards the start), over
 /// bracketed groups, to the first token at the operator's own depth that `stops` accepts, or
 /// to the bracket that closes the group the operator stands in; `None` at the end.
-fn first_at_depth(
+pub fn first_at_depth(
     code: &[&Token<'_>],
     indices: impl Iterator<Item = usize>,
     backwards: bool,
@@ -580,20 +593,20 @@ fn first_at_depth(
 }
 
 /// The operand left of the operator at `op`: (first index, the clause word before it).
-fn left_span(code: &[&Token<'_>], op: usize) -> (usize, Option<usize>) {
+pub fn left_span(code: &[&Token<'_>], op: usize) -> (usize, Option<usize>) {
     match first_at_depth(code, (0..op).rev(), true, is_boundary) {
         Some(before) => (before + 1, Some(before)),
         None => (0, None),
     }
 }
 
-fn right_span(code: &[&Token<'_>], from: usize) -> usize {
+pub fn right_span(code: &[&Token<'_>], from: usize) -> usize {
     first_at_depth(code, from..code.len(), false, is_boundary).unwrap_or(code.len())
 }
 
 /// The clause an `=` stands in: `set`/`select` (an assignment or alias, not a comparison)
 /// or anything else.
-fn is_assignment(code: &[&Token<'_>], op: usize) -> bool {
+pub fn is_assignment(code: &[&Token<'_>], op: usize) -> bool {
     const ASSIGNING: &[&str] = &["set", "select"];
     const COMPARING: &[&str] = &[
         "where", "on", "when", "if", "while", "and", "or", "having", "then", "else", "case",
@@ -604,13 +617,7 @@ fn is_assignment(code: &[&Token<'_>], op: usize) -> bool {
 }
 
 fn collation_mixes(src: &str, code: &[&Token<'_>], schema: &Schema, sink: &mut Sink<'_>) {
-    let (temp_aliases, variable_aliases) = aliases(code);
-    let cx = Context {
-        schema,
-        temp_aliases,
-        variable_aliases,
-        table_variables: table_variables(code),
-    };
+    let cx = Context::new(code, schema);
     let fix = "Say the collation in the expression (`<column> collate <the declared \
                collation>` on the other side, or `collate database_default` for a #temp \
                column), or declare both columns with the same collation (ARCHITECTURE.md)";
@@ -730,7 +737,7 @@ fn union_arms(src: &str, code: &[&Token<'_>], cx: &Context<'_>, sink: &mut Sink<
 }
 
 /// The select-list items of the arm before (`backward`) or after the `union` at `at`.
-fn select_items(code: &[&Token<'_>], at: usize, backward: bool) -> Option<Vec<(usize, usize)>> {
+pub fn select_items(code: &[&Token<'_>], at: usize, backward: bool) -> Option<Vec<(usize, usize)>> {
     let select = if backward {
         let mut depth = 0i32;
         let mut found = None;
