@@ -20,6 +20,7 @@
 
 mod connection;
 mod migrations;
+mod prepared;
 mod store;
 mod table;
 mod waker;
