@@ -133,10 +133,9 @@ pub async fn enqueue(
 
 /// The claim outbox `table` over PostgreSQL, for a [`Relay`](crate::relay::Relay): it owns
 /// one connection, opened on first use and again after a connection-level failure, and
-/// prepares each of its statements once on it. Every
-/// call is bounded: the server ends a statement after
-/// [`STATEMENT_TIMEOUT`](super::STATEMENT_TIMEOUT), the store gives up on an answer after
-/// [`CALL_TIMEOUT`](super::CALL_TIMEOUT) and then opens a new connection.
+/// prepares each of its statements once on it. Every call is bounded: the server ends a
+/// statement after [`STATEMENT_TIMEOUT`](super::STATEMENT_TIMEOUT), the store gives up on an
+/// answer after [`CALL_TIMEOUT`](super::CALL_TIMEOUT) and then opens a new connection.
 ///
 /// ```no_run
 /// # async fn run() -> changefeed::Result<()> {
