@@ -314,6 +314,53 @@ async fn a_column_that_does_not_decode_makes_the_row_undecodable_and_the_relay_g
     assert_eq!(db.count("public.outbox", "status = 2").await, 3);
 }
 
+/// The store prepares each statement once per connection. A migration that changes a
+/// column the claim returns makes PostgreSQL refuse the prepared claim ("cached plan must
+/// not change result type", 0A000), every time it runs, and a lost connection takes every
+/// prepared statement with it: after each, the relay prepares again and goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn a_relay_prepares_again_after_its_statements_are_invalidated() {
+    let db = outbox("prepared").await;
+    let recorder = Arc::new(Recorder::default());
+    let mut relay = Relay::new(db.store(), Arc::clone(&recorder), RelayConfig::default()).unwrap();
+    // Enqueues message `n` and has the relay publish it, retrying a transient failure as
+    // `Relay::run` does (a connection found dead only when a call uses it).
+    let mut publish = async |n: usize| {
+        let id = db.enqueue_committed(&[message_of("p", n)]).await[0].id;
+        let mut tries = 0;
+        let report = loop {
+            match relay.run_once().await {
+                Ok(report) => break report,
+                Err(error) if error.is_transient() && tries < 2 => tries += 1,
+                Err(error) => panic!("message {n}: {error}"),
+            }
+        };
+        assert_eq!(report.published, 1, "message {n}: {report:?}");
+        assert!(recorder.ids().contains(&id), "message {n}");
+    };
+    publish(0).await;
+
+    db.db
+        .sql("alter table public.outbox alter column trace_id type varchar(200)")
+        .await;
+    publish(1).await;
+
+    // The relay's session, by its last statement (the acknowledgement): the test's own
+    // closed sessions may still be on their way out.
+    let ended = db
+        .db
+        .scalar(
+            "select count(pg_terminate_backend(pid)) from pg_stat_activity \
+             where datname = current_database() and pid <> pg_backend_pid() \
+             and query like 'update % set status = 2,%'",
+        )
+        .await;
+    assert_eq!(ended, 1, "the relay's connection");
+    publish(2).await;
+    assert_eq!(db.count("status = 2").await, 3);
+}
+
 // ------------------------------------------------------------------------------------------
 // 3. Per-aggregate order: ids follow commit order
 // ------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 //! The outbox's backlog on PostgreSQL: what `changefeed status` and the relay's
 //! `changefeed_outbox_*` gauges show, as on the other stores.
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row};
 
 use super::table::OutboxTable;
 use crate::error::{Result, decode_error};
@@ -48,8 +48,12 @@ pub fn backlog_query(table: &str) -> String {
 }
 
 /// Runs [`backlog_query`] on `client`.
-pub(super) async fn read(client: &Client, table: &str) -> Result<OutboxBacklog> {
-    let row = client.query_one(&backlog_query(table), &[]).await?;
+async fn read(client: &Client, table: &str) -> Result<OutboxBacklog> {
+    decode(&client.query_one(&backlog_query(table), &[]).await?)
+}
+
+/// The backlog in the row [`backlog_query`] returns.
+pub(super) fn decode(row: &Row) -> Result<OutboxBacklog> {
     let count = |at: usize| -> Result<u64> {
         let n: i64 = row
             .try_get(at)

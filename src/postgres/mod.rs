@@ -21,6 +21,7 @@
 mod backlog;
 mod connection;
 mod migrations;
+mod prepared;
 mod store;
 mod table;
 mod waker;

@@ -11,9 +11,10 @@
 use std::time::Duration;
 
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Config, GenericClient, Row};
+use tokio_postgres::{Config, GenericClient, Row};
 
 use super::connection::{CALL_TIMEOUT, SERVER, connect};
+use super::prepared::{Answer, Session};
 use super::table::OutboxTable;
 use crate::claim_limits::{
     MAX_CLAIM_TIMEOUT, MAX_RETRY, check_claim, check_purge, failure_retry_us, micros,
@@ -131,10 +132,10 @@ pub async fn enqueue(
 }
 
 /// The claim outbox `table` over PostgreSQL, for a [`Relay`](crate::relay::Relay): it owns
-/// one connection, opened on first use and again after a connection-level failure. Every
-/// call is bounded: the server ends a statement after
-/// [`STATEMENT_TIMEOUT`](super::STATEMENT_TIMEOUT), the store gives up on an answer after
-/// [`CALL_TIMEOUT`](super::CALL_TIMEOUT) and then opens a new connection.
+/// one connection, opened on first use and again after a connection-level failure, and
+/// prepares each of its statements once on it. Every call is bounded: the server ends a
+/// statement after [`STATEMENT_TIMEOUT`](super::STATEMENT_TIMEOUT), the store gives up on an
+/// answer after [`CALL_TIMEOUT`](super::CALL_TIMEOUT) and then opens a new connection.
 ///
 /// ```no_run
 /// # async fn run() -> changefeed::Result<()> {
@@ -152,20 +153,92 @@ pub async fn enqueue(
 /// ```
 pub struct PostgresOutboxStore {
     table: OutboxTable,
+    /// The table's name as the statements write it.
+    quoted: String,
     config: Config,
-    client: Option<Client>,
+    /// The connection and the statements prepared on it (see [`Call`]).
+    session: Option<Session<Call>>,
     /// Whether the database is `SQL_ASCII`, so a claim reads text as bytes (see
     /// [`claimed_columns`]); learned by the first claim.
     sql_ascii: Option<bool>,
+}
+
+/// The store's statements. Each is prepared on its first use on a connection and kept
+/// with it ([`Session`]): a call is then one round trip with a cached plan. The text of
+/// each is [`Call::sql`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Call {
+    Encoding,
+    Claim,
+    MarkDone,
+    MarkFailed,
+    Requeue,
+    Redrive,
+    PurgeCutoff,
+    PurgeBatch,
+    Backlog,
+}
+
+impl Call {
+    /// The statement over the quoted outbox table `t`; `raw`: the claim reads its text
+    /// columns as bytes (see [`claimed_columns`]).
+    fn sql(self, t: &str, raw: bool) -> String {
+        match self {
+            Call::Encoding => "select getdatabaseencoding()".to_owned(),
+            Call::Claim => format!(
+                "with due as ( \
+                 select t.id from {t} as t \
+                 where t.status in (0, 1, 3) \
+                 and (t.status = 0 \
+                 or (t.status = 3 and t.next_retry_at <= now()) \
+                 or (t.status = 1 and coalesce(t.claim_expires_at, \
+                 t.claimed_at + $2::bigint * interval '1 microsecond') < now())) \
+                 and not exists (select 1 from {t} as e \
+                 where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id) \
+                 order by t.id limit $1 \
+                 for update skip locked) \
+                 update {t} as t set attempts = t.attempts + (t.status = 1)::int, status = 1, \
+                 claimed_at = now(), \
+                 claim_expires_at = now() + $2::bigint * interval '1 microsecond', \
+                 claim_token = $3 \
+                 from due where t.id = due.id \
+                 returning {}",
+                claimed_columns(raw)
+            ),
+            Call::MarkDone => format!(
+                "update {t} set status = 2, processed_at = now(), last_error = null \
+                 where id = any($1) and status = 1 and claim_token = $2"
+            ),
+            Call::MarkFailed => format!(
+                "update {t} set status = case when $1 then 4 else 3 end, \
+                 attempts = attempts + 1, \
+                 next_retry_at = case when $1 then null \
+                 else now() + $2::bigint * interval '1 microsecond' end, \
+                 processed_at = case when $1 then now() end, last_error = $3 \
+                 where id = $4 and status = 1 and claim_token = $5"
+            ),
+            Call::Requeue => hand_back(t, "status = 1 and claim_token = $3"),
+            Call::Redrive => hand_back(t, "status in (3, 4)"),
+            Call::PurgeCutoff => {
+                "select (now() - $1::bigint * interval '1 microsecond')::text".to_owned()
+            }
+            Call::PurgeBatch => format!(
+                "delete from {t} where id in (select id from {t} \
+                 where status = 2 and processed_at < $1::text::timestamptz limit $2)"
+            ),
+            Call::Backlog => super::backlog::backlog_query(t),
+        }
+    }
 }
 
 impl PostgresOutboxStore {
     /// A store for `table` that connects with `config` (see [`super::config`]).
     pub fn new(table: OutboxTable, config: Config) -> Self {
         PostgresOutboxStore {
+            quoted: table.quoted(),
             table,
             config,
-            client: None,
+            session: None,
             sql_ascii: None,
         }
     }
@@ -181,37 +254,46 @@ impl PostgresOutboxStore {
         &self.table
     }
 
-    /// Runs `call` on the store's connection, opening it first if needed, within
-    /// [`CALL_TIMEOUT`]; a connection-level failure (or no answer in time) drops the
-    /// connection so that the next call opens a fresh one.
-    async fn with_client<T>(
+    /// Runs the statement `key` with `params` (see [`Session::run`]) on the store's
+    /// connection, opening it first if needed, within [`CALL_TIMEOUT`]; a connection-level
+    /// failure (or no answer in time) drops the connection, and its statements, so that
+    /// the next call opens a fresh one and prepares them again.
+    async fn run(
         &mut self,
         what: &str,
-        call: impl AsyncFnOnce(&str, &Client) -> Result<T>,
-    ) -> Result<T> {
-        if self.client.as_ref().is_none_or(Client::is_closed) {
-            self.client = Some(connect(&self.config).await?);
+        key: Call,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Answer> {
+        if self.session.as_ref().is_none_or(Session::is_closed) {
+            self.session = Some(Session::new(connect(&self.config).await?));
             crate::metrics::store_connected(self.table.name(), "postgres");
         }
-        let client = self.client.as_ref().expect("connected above");
-        let table = self.table.quoted();
-        let result = bounded(SERVER, CALL_TIMEOUT, what, call(&table, client)).await;
-        forget_if_broken(&mut self.client, &result);
+        let session = self.session.as_mut().expect("connected above");
+        let (table, raw) = (&self.quoted, self.sql_ascii == Some(true));
+        let sql = || key.sql(table, raw);
+        let result = bounded(SERVER, CALL_TIMEOUT, what, session.run(key, sql, params)).await;
+        forget_if_broken(&mut self.session, &result);
         result
     }
 
-    /// Runs the statement `sql` makes of the quoted table name, with `params`, through
-    /// [`Self::with_client`]; returns how many rows it changed.
+    /// The one row statement `key` returns with `params` (see [`Self::run`]).
+    async fn row(&mut self, what: &str, key: Call, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
+        let answer = self.run(what, key, params).await?;
+        answer
+            .rows
+            .into_iter()
+            .next()
+            .ok_or_else(|| decode_error(what, "no row"))
+    }
+
+    /// How many rows statement `key` changed with `params` (see [`Self::run`]).
     async fn execute(
         &mut self,
         what: &str,
-        sql: impl FnOnce(&str) -> String,
+        key: Call,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64> {
-        self.with_client(what, async |t, client| {
-            Ok(client.execute(&sql(t), params).await?)
-        })
-        .await
+        Ok(self.run(what, key, params).await?.changed)
     }
 
     /// Claims up to `batch_size` due messages (1..=10000) for `claim_timeout`
@@ -253,43 +335,15 @@ impl PostgresOutboxStore {
         let timeout_us = micros("claim_timeout", claim_timeout, MAX_CLAIM_TIMEOUT)?;
         let limit = i64::from(batch_size);
         let token = ClaimToken::new(uuid::Uuid::new_v4());
-        let known = self.sql_ascii;
-        let (rows, sql_ascii) = self
-            .with_client("the claim", async |t, client| {
-                let sql_ascii = match known {
-                    Some(known) => known,
-                    None => {
-                        let row = client.query_one("select getdatabaseencoding()", &[]).await?;
-                        column::<String>(&row, 0, "getdatabaseencoding()")? == "SQL_ASCII"
-                    }
-                };
-                let columns = claimed_columns(sql_ascii);
-                let sql = format!(
-                    "with due as ( \
-                     select t.id from {t} as t \
-                     where t.status in (0, 1, 3) \
-                     and (t.status = 0 \
-                     or (t.status = 3 and t.next_retry_at <= now()) \
-                     or (t.status = 1 and coalesce(t.claim_expires_at, \
-                     t.claimed_at + $2::bigint * interval '1 microsecond') < now())) \
-                     and not exists (select 1 from {t} as e \
-                     where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id) \
-                     order by t.id limit $1 \
-                     for update skip locked) \
-                     update {t} as t set attempts = t.attempts + (t.status = 1)::int, status = 1, \
-                     claimed_at = now(), \
-                     claim_expires_at = now() + $2::bigint * interval '1 microsecond', \
-                     claim_token = $3 \
-                     from due where t.id = due.id \
-                     returning {columns}"
-                );
-                let rows = client
-                    .query(&sql, &[&limit, &timeout_us, token.as_uuid()])
-                    .await?;
-                Ok((rows, sql_ascii))
-            })
-            .await?;
-        self.sql_ascii = Some(sql_ascii);
+        if self.sql_ascii.is_none() {
+            let row = self
+                .row("the database's encoding", Call::Encoding, &[])
+                .await?;
+            self.sql_ascii =
+                Some(column::<String>(&row, 0, "getdatabaseencoding()")? == "SQL_ASCII");
+        }
+        let params: [&(dyn ToSql + Sync); 3] = [&limit, &timeout_us, token.as_uuid()];
+        let rows = self.run("the claim", Call::Claim, &params).await?.rows;
         // A row that does not decode is handed over undecodable, never an error: the rows
         // are committed as claimed, so an error would leave them to expire, and the next
         // claim would take the same batch and fail again.
@@ -307,8 +361,8 @@ impl PostgresOutboxStore {
     /// message was dead or failed, else 0.
     pub async fn redrive(&mut self, id: i64, after: Duration) -> Result<u64> {
         let after_us = micros("after", after, MAX_RETRY)?;
-        let sql = |t: &str| hand_back(t, "status in (3, 4)");
-        self.execute("redrive", sql, &[&after_us, &id]).await
+        self.execute("redrive", Call::Redrive, &[&after_us, &id])
+            .await
     }
 
     /// The outbox's backlog: pending, processing, failed and dead counts (each stopping at
@@ -316,10 +370,8 @@ impl PostgresOutboxStore {
     /// oldest open message, by the server's clock, in one statement
     /// ([`backlog_query`](super::backlog_query), which says what it reads).
     pub async fn backlog(&mut self) -> Result<OutboxBacklog> {
-        self.with_client("backlog", async |t, client| {
-            super::backlog::read(client, t).await
-        })
-        .await
+        let row = self.row("backlog", Call::Backlog, &[]).await?;
+        super::backlog::decode(&row)
     }
 
     /// Deletes done messages processed more than `older_than` ago (cutoff on the server's
@@ -336,26 +388,14 @@ impl PostgresOutboxStore {
         let older_than_us = check_purge(older_than, batch_size, max_rows)?;
         // One cutoff for every batch, so rows done while the purge runs are not chased. It
         // travels as text, which PostgreSQL reads back to the same microsecond.
-        let cutoff: String = self
-            .with_client("the purge cutoff", async |_, client| {
-                let row = client
-                    .query_one(
-                        "select (now() - $1::bigint * interval '1 microsecond')::text",
-                        &[&older_than_us],
-                    )
-                    .await?;
-                row.try_get(0).map_err(|e| decode_error("cutoff", e))
-            })
+        let row = self
+            .row("the purge cutoff", Call::PurgeCutoff, &[&older_than_us])
             .await?;
+        let cutoff: String = column(&row, 0, "cutoff")?;
         purge_in_batches(batch_size, max_rows, async |take| {
             let limit = i64::try_from(take).unwrap_or(i64::MAX);
-            let sql = |t: &str| {
-                format!(
-                    "delete from {t} where id in (select id from {t} \
-                     where status = 2 and processed_at < $1::text::timestamptz limit $2)"
-                )
-            };
-            self.execute("a purge batch", sql, &[&cutoff, &limit]).await
+            self.execute("a purge batch", Call::PurgeBatch, &[&cutoff, &limit])
+                .await
         })
         .await
     }
@@ -370,17 +410,8 @@ impl ClaimStore for PostgresOutboxStore {
         if ids.is_empty() {
             return Ok(0);
         }
-        self.execute(
-            "mark_done",
-            |t| {
-                format!(
-                    "update {t} set status = 2, processed_at = now(), last_error = null \
-                     where id = any($1) and status = 1 and claim_token = $2"
-                )
-            },
-            &[&ids, token.as_uuid()],
-        )
-        .await
+        self.execute("mark_done", Call::MarkDone, &[&ids, token.as_uuid()])
+            .await
     }
 
     async fn mark_failed(&mut self, failed: Failed<'_>) -> Result<u64> {
@@ -395,16 +426,7 @@ impl ClaimStore for PostgresOutboxStore {
             .collect();
         self.execute(
             "mark_failed",
-            |t| {
-                format!(
-                    "update {t} set status = case when $1 then 4 else 3 end, \
-                     attempts = attempts + 1, \
-                     next_retry_at = case when $1 then null \
-                     else now() + $2::bigint * interval '1 microsecond' end, \
-                     processed_at = case when $1 then now() end, last_error = $3 \
-                     where id = $4 and status = 1 and claim_token = $5"
-                )
-            },
+            Call::MarkFailed,
             &[&dead, &retry_us, &error, &id, token.as_uuid()],
         )
         .await
@@ -412,8 +434,7 @@ impl ClaimStore for PostgresOutboxStore {
 
     async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
         let after_us = micros("requeue after", after, MAX_RETRY)?;
-        let sql = |t: &str| hand_back(t, "status = 1 and claim_token = $3");
-        self.execute("requeue", sql, &[&after_us, &id, token.as_uuid()])
+        self.execute("requeue", Call::Requeue, &[&after_us, &id, token.as_uuid()])
             .await
     }
 
