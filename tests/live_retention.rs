@@ -728,7 +728,9 @@ common::live_test!(only_a_registered_consumer_holds_the_purge_back: "retention_r
 /// registered. The reader cannot register it (or unregister anything): 229. Once the admin
 /// registers it (idempotently), its cursor holds the purge back; unregistered again, it does
 /// not. The reader removing its own consumer takes the registration with it, so the same
-/// name saved again holds nothing back.
+/// name saved again holds nothing back. A consumer registered before its first save is no
+/// reader's to remove (51114; the registration stays), and its first save makes it the
+/// reader's, holding the purge back.
 async fn registered_scenario(db: &TestDb, [reader_login]: &[Login; 1]) {
     let (mut admin, feed, feed_reader) = start(db, "registered", 100).await;
     reader_login
@@ -849,6 +851,33 @@ async fn registered_scenario(db: &TestDb, [reader_login]: &[Login; 1]) {
         .expect("the freed name saved again");
     let lag = consumer_lag(&mut admin, &feed).await;
     assert!(!lag["squatter"].holds_retention, "{lag:?}");
+
+    // A consumer the admin registered before its first save has no owner yet: the reader
+    // cannot remove it (51114), and its registration stays. A name with neither cursors nor
+    // a registration is still "removed: 0" for the reader.
+    assert!(register(&mut admin, "reserved", &feed).await);
+    let refused = exec(
+        &mut reader,
+        &format!("exec changefeed.remove_consumer @consumer = N'reserved', @feed = N'{feed}';"),
+    )
+    .await;
+    assert_eq!(
+        server_number("the reader removes a registered consumer with no cursor", refused),
+        51114
+    );
+    assert_eq!(registrations(&mut admin, "reserved", &feed).await, 1);
+    let removed = rows_ok(
+        &mut reader,
+        &format!("exec changefeed.remove_consumer @consumer = N'nobody', @feed = N'{feed}';"),
+    )
+    .await;
+    assert_eq!(required::<i32>(&removed[0], "removed"), 0);
+    // Its first save makes it the reader's, registered: it holds the purge back.
+    CursorStore::save(&mut reader, "reserved", &feed, 0, Cursor::START)
+        .await
+        .expect("the reader saves the registered consumer's first cursor");
+    let lag = consumer_lag(&mut admin, &feed).await;
+    assert!(lag["reserved"].holds_retention, "{lag:?}");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1168,6 +1197,19 @@ async fn unregister(client: &mut Client, consumer: &str, feed: &Feed) -> i32 {
     )
     .await;
     required::<i32>(&found[0], "unregistered")
+}
+
+/// How many registrations `consumer` of `feed` has (0 or 1).
+async fn registrations(client: &mut Client, consumer: &str, feed: &Feed) -> i64 {
+    scalar_i64(
+        client,
+        &format!(
+            "select count_big(*) from changefeed.registered_consumers as r \
+             inner join changefeed.feeds as f on f.feed_id = r.feed_id \
+             where r.consumer = N'{consumer}' and f.schema_name + N'.' + f.table_name = N'{feed}';"
+        ),
+    )
+    .await
 }
 
 /// Waits until the server's clock is past `ulid`'s millisecond, so that `@older_than_ms = 0`
