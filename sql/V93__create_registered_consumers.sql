@@ -42,5 +42,5 @@ inner join [changefeed].[feeds] as f
 where not exists (
     select 1
     from [changefeed].[registered_consumers] as r
-    where r.feed_id = f.feed_id and r.consumer = c.consumer
+    where r.feed_id = f.feed_id and r.consumer = c.consumer collate database_default
 );

@@ -171,8 +171,11 @@ begin
                 -- next batch reads them. The lower of this read and the ones before it is
                 -- kept: a cursor that moved forward, or a consumer unregistered, during this
                 -- call still holds the rest of it back where it stood (never deletes more).
-                -- Both consumer columns are declared without a collation (the database's), as
-                -- save_cursor and register_consumer compare the names.
+                -- Both consumer columns are declared without a collation, so each has the
+                -- database's as of its table's creation (V38, V93): collate database_default
+                -- is that same collation unless the database's was changed in between, where
+                -- comparing the two columns as they are fails (Msg 468). On the registration's
+                -- side, so that the cursor key is still sought.
                 if isnull(@force, 0) = 0
                 begin
                     set @batch_hold = null;
@@ -183,7 +186,7 @@ begin
                     from changefeed.registered_consumers as r with (holdlock)
                     inner join changefeed.consumer_cursor as c with (holdlock)
                         on
-                            c.consumer = r.consumer
+                            c.consumer = r.consumer collate database_default
                             and c.feed = N'changefeed.__template__'
                             and c.shard_id = @shard
                     where r.feed_id = @feed_id
