@@ -72,12 +72,15 @@ begin
     -- The feed's registry id, read before the transaction, so that the transaction below
     -- never locks the feeds row (see the deletes). NULL for a feed no longer registered (a
     -- db_owner's call): its registrations went with its registry row. A teardown after this
-    -- read leaves nothing for the registration's delete to find.
+    -- read leaves nothing for the registration's delete to find. Names never contain a dot
+    -- (parse_feed_name), so parsename splits the registry's spelling exactly; a db_owner's
+    -- unregistered name of three parts names no feed.
     select @feed_id = feed_id
     from changefeed.feeds
     where
         schema_name = parsename(@registered_feed, 2)
-        and table_name = parsename(@registered_feed, 1);
+        and table_name = parsename(@registered_feed, 1)
+        and parsename(@registered_feed, 3) is null;
 
     begin try
         begin transaction;

@@ -57,11 +57,12 @@ begin
     -- CURSOR_CLOSE_ON_COMMIT on). Both revert on return.
     set transaction isolation level read committed;
     set cursor_close_on_commit off;
-    -- Each batch share-locks the registered consumers' cursor rows of the shard (see there):
-    -- a consumer whose own transaction wrote its cursor and then reads rows the batch
-    -- deletes would deadlock with it. The purge is then the victim, not the consumer's
-    -- transaction: 1205 is transient, the batches before it stay committed, and a retry
-    -- goes on from there. Reverts on return.
+    -- Each batch share-locks the feed's registrations and its registered consumers' cursor
+    -- keys of the shard (see there), one after the other: a transaction that holds one of
+    -- them (a saved cursor) and then writes another (a second consumer's cursor of the
+    -- shard, a registration of the feed) can deadlock with it. The purge is then the victim,
+    -- not that transaction: 1205 is transient, the batches before it stay committed, and a
+    -- retry goes on from there. Reverts on return.
     set deadlock_priority low;
 
     -- 100 years in milliseconds, the largest @older_than_ms; typed (a literal above the int
