@@ -862,7 +862,10 @@ async fn registered_scenario(db: &TestDb, [reader_login]: &[Login; 1]) {
     )
     .await;
     assert_eq!(
-        server_number("the reader removes a registered consumer with no cursor", refused),
+        server_number(
+            "the reader removes a registered consumer with no cursor",
+            refused
+        ),
         51114
     );
     assert_eq!(registrations(&mut admin, "reserved", &feed).await, 1);
