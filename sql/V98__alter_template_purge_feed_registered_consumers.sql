@@ -191,7 +191,12 @@ begin
                             and c.feed = N'changefeed.__template__'
                             and c.shard_id = @shard
                     where r.feed_id = @feed_id
-                    order by c.[cursor], c.consumer;
+                    order by c.[cursor], c.consumer
+                    -- The registrations drive the join, one seek of the cursor key per
+                    -- registered consumer: the locks are the ones said above and no more (a
+                    -- scan of consumer_cursor under HOLDLOCK would lock every consumer's
+                    -- cursors, and could deadlock with a registration being made).
+                    option (force order, loop join);
                     if @batch_hold is not null and (@hold is null or @batch_hold < @hold)
                     begin
                         set @hold = @batch_hold;
