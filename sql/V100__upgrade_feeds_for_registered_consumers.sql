@@ -3,3 +3,22 @@
 -- that had saved cursors before the upgrade were registered by V93), and records generator
 -- version 5 (V99). A broken feed or outbox is skipped and reported, as before (V89).
 exec changefeed.upgrade_all_feeds;
+
+-- The consumers first saved since V93 registered the existing ones (while every feed still
+-- had the old purge_feed, which any saved cursor holds back) are registered too, as V93 does
+-- and by the same statement: they were created under the old rule. This runs in the
+-- migration's transaction with the regeneration, so no purge runs the new code before they
+-- are registered. READCOMMITTEDLOCK: under READ_COMMITTED_SNAPSHOT a plain read would skip a
+-- first save being committed; a locking read waits for it.
+insert into [changefeed].[registered_consumers] (feed_id, consumer)
+select distinct
+    f.feed_id,
+    c.consumer
+from [changefeed].[consumer_cursor] as c with (readcommittedlock)
+inner join [changefeed].[feeds] as f
+    on c.feed = f.schema_name + N'.' + f.table_name
+where not exists (
+    select 1
+    from [changefeed].[registered_consumers] as r
+    where r.feed_id = f.feed_id and r.consumer = c.consumer collate database_default
+);

@@ -27,11 +27,20 @@ create table [changefeed].[registered_consumers] (
 -- lets a purge delete what an existing consumer has not read. consumer_cursor.feed holds
 -- the registry's spelling 'schema.table' (save_cursor writes it); both sides are columns
 -- declared without a collation, so they compare in the database's. A cursor of a feed no
--- longer registered holds no purge back and is not registered.
+-- longer registered holds no purge back and is not registered. READCOMMITTEDLOCK: under
+-- READ_COMMITTED_SNAPSHOT a plain read would skip a first save being committed (its row
+-- version is not yet there); a locking read waits for it and registers it. A consumer first
+-- saved after this read, before the feeds' purge_feed is regenerated, is registered by the
+-- same statement at the end of V100.
 insert into [changefeed].[registered_consumers] (feed_id, consumer)
 select distinct
     f.feed_id,
     c.consumer
-from [changefeed].[consumer_cursor] as c
+from [changefeed].[consumer_cursor] as c with (readcommittedlock)
 inner join [changefeed].[feeds] as f
-    on c.feed = f.schema_name + N'.' + f.table_name;
+    on c.feed = f.schema_name + N'.' + f.table_name
+where not exists (
+    select 1
+    from [changefeed].[registered_consumers] as r
+    where r.feed_id = f.feed_id and r.consumer = c.consumer collate database_default
+);

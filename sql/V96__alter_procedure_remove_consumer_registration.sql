@@ -10,7 +10,10 @@
 -- Who may: the consumer's owner (the principal of its first save, save_cursor) while a
 -- member of the feed's readers role, and db_owner for any consumer. A db_owner may also
 -- remove the cursors of a feed that is no longer registered (no readers role to check; its
--- registrations went with its registry row).
+-- registrations went with its registry row). A consumer registered before its first save
+-- has no owner yet: only a db_owner removes it; anyone else gets 51114 and the registration
+-- stays (an administrator's decision; a reader must not undo it). Anyone else asking to
+-- remove a consumer with neither cursors nor a registration gets removed = 0, as before.
 -- changefeed.consumer_lag shows every consumer with its owner, whether it holds retention
 -- back and how far behind it is.
 -- It takes the same applock as save_cursor's first save, so a removal and a concurrent
@@ -29,6 +32,7 @@ begin
     set implicit_transactions off;
 
     declare @registered_feed nvarchar(257);
+    declare @feed_id int;
     declare @is_db_owner bit = convert(bit, isnull(is_rolemember(N'db_owner'), 0));
     declare @lock_result int;
     declare @resource nvarchar(255);
@@ -65,6 +69,19 @@ begin
             @registered_feed = @registered_feed output;
     end;
 
+    -- The feed's registry id, read before the transaction, so that the transaction below
+    -- never locks the feeds row (see the deletes). NULL for a feed no longer registered (a
+    -- db_owner's call): its registrations went with its registry row. A teardown after this
+    -- read leaves nothing for the registration's delete to find. Names never contain a dot
+    -- (parse_feed_name), so parsename splits the registry's spelling exactly; a db_owner's
+    -- unregistered name of three parts names no feed.
+    select @feed_id = feed_id
+    from changefeed.feeds
+    where
+        schema_name = parsename(@registered_feed, 2)
+        and table_name = parsename(@registered_feed, 1)
+        and parsename(@registered_feed, 3) is null;
+
     begin try
         begin transaction;
 
@@ -99,20 +116,50 @@ begin
             end;
         end;
 
-        delete from changefeed.consumer_cursor
-        where consumer = @consumer and feed = @registered_feed;
-        set @removed = @@rowcount;
+        -- Not db_owner, and no cursor row (the owner check above passed with none): the
+        -- consumer has no owner, so it is not the caller's to remove. A registration (made by
+        -- an administrator before the consumer's first save) stays: 51114. Without one there
+        -- is nothing to remove: removed = 0, and nothing is deleted, so a registration
+        -- committed after this read is not taken with it. The applock makes this read exact
+        -- about the cursor rows (save_cursor's first save holds it).
+        if @is_db_owner = 0 and not exists (
+            select 1
+            from changefeed.consumer_cursor
+            where consumer = @consumer and feed = @registered_feed
+        )
+        begin
+            if exists (
+                select 1
+                from changefeed.registered_consumers with (readcommittedlock)
+                where feed_id = @feed_id and consumer = @consumer
+            )
+            begin
+                set @message = N'remove_consumer: the consumer ''' + @consumer
+                    + N''' of the feed ''' + @registered_feed + N''' has no saved cursor, so'
+                    + N' it belongs to no one yet, and it is registered (it will hold'
+                    + N' purge_feed back once it saves one). Only a db_owner removes it, or'
+                    + N' unregisters it: exec changefeed.unregister_consumer @consumer = N'''
+                    + replace(@consumer, N'''', N'''''') + N''', @feed = N'''
+                    + replace(@registered_feed, N'''', N'''''') + N''';';
+                throw 51114, @message, 1;
+            end;
+            set @removed = 0;
+        end
+        else
+        begin
+            -- The registration first, then the cursor rows: teardown_feed's order (its delete
+            -- of the feeds row cascades to the registrations, then it deletes the cursor
+            -- rows). Taken the other way round, this transaction would hold the cursor rows
+            -- and wait for a registration a teardown holds, which waits for those cursor
+            -- rows: a deadlock (1205). By feed_id, not through feeds, so no lock is taken on
+            -- the feeds row that teardown deletes first.
+            delete from changefeed.registered_consumers
+            where feed_id = @feed_id and consumer = @consumer;
 
-        -- Names never contain a dot (parse_feed_name), so parsename splits the registry's
-        -- spelling exactly; a feed no longer registered has no registrations to delete.
-        delete r
-        from changefeed.registered_consumers as r
-        inner join changefeed.feeds as f
-            on f.feed_id = r.feed_id
-        where
-            r.consumer = @consumer
-            and f.schema_name = parsename(@registered_feed, 2)
-            and f.table_name = parsename(@registered_feed, 1);
+            delete from changefeed.consumer_cursor
+            where consumer = @consumer and feed = @registered_feed;
+            set @removed = @@rowcount;
+        end;
 
         commit transaction;
     end try

@@ -49,7 +49,11 @@ select
     s.problem,
     user_name(c.owner_principal_id) as owner,
     -- consumer_cursor.feed is the registry's spelling 'schema.table' (save_cursor writes
-    -- it); every column compared here is declared without a collation (the database's).
+    -- it); every column compared here is declared without a collation (the database's as of
+    -- its table's creation). The consumer columns' tables were created by different
+    -- migrations (V38, V93): collate database_default is their collation unless the
+    -- database's was changed in between, where comparing them as they are fails (Msg 468).
+    -- On the cursor's side, so that the registration's key is still sought.
     convert(
         bit,
         case
@@ -59,7 +63,7 @@ select
                 inner join changefeed.feeds as f
                     on f.feed_id = r.feed_id
                 where
-                    r.consumer = c.consumer
+                    r.consumer = c.consumer collate database_default
                     and f.schema_name + N'.' + f.table_name = c.feed
             )
                 then 1

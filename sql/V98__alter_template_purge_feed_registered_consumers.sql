@@ -19,8 +19,12 @@
 -- registered consumer that is behind holds the purge back. A consumer that never saved a
 -- cursor, or is not registered, is not protected: the purge deletes past its cursor, and its
 -- next read from that cursor gets 51104 (a cursor of zeros reads on from the oldest row
--- kept). The lowest cursor is read once per shard when the purge reaches it: a consumer
--- that registers or rewinds while a purge runs is protected from the next purge on.
+-- kept). The lowest such cursor is read again inside every batch's transaction, with
+-- key-range locks held to its commit, and the batch deletes only up to the lowest one seen
+-- in this call: a registration, a registered consumer's first save of the shard or its
+-- rewind that commits while the purge runs waits for at most one batch, and every later
+-- batch holds back for it (V46's purge read the cursors once per shard, and deleted rows
+-- a consumer registered meanwhile had not read).
 -- Each batch moves the shard's low-water mark (state.purged_through) to the largest ULID it
 -- deleted, in the same transaction; read_feed refuses a cursor below it (51104).
 -- @dry_run = 1 deletes nothing and reports what would go.
@@ -53,6 +57,13 @@ begin
     -- CURSOR_CLOSE_ON_COMMIT on). Both revert on return.
     set transaction isolation level read committed;
     set cursor_close_on_commit off;
+    -- Each batch share-locks the feed's registrations and its registered consumers' cursor
+    -- keys of the shard (see there), one after the other: a transaction that holds one of
+    -- them (a saved cursor) and then writes another (a second consumer's cursor of the
+    -- shard, a registration of the feed) can deadlock with it. The purge is then the victim,
+    -- not that transaction: 1205 is transient, the batches before it stay committed, and a
+    -- retry goes on from there. Reverts on return.
+    set deadlock_priority low;
 
     -- 100 years in milliseconds, the largest @older_than_ms; typed (a literal above the int
     -- range is numeric).
@@ -104,6 +115,8 @@ begin
     declare @shard int;
     declare @hold binary(16);
     declare @holder nvarchar(200);
+    declare @batch_hold binary(16);
+    declare @batch_holder nvarchar(200);
     declare @deleted bigint;
     declare @take int;
     declare @count int;
@@ -122,20 +135,10 @@ begin
     fetch next from shards into @shard;
     while @@fetch_status = 0
     begin
+        -- The lowest registered cursor of the shard seen so far (each batch reads it again).
         set @hold = null;
         set @holder = null;
         set @passed_upto = null;
-        -- Both consumer columns are declared without a collation (the database's), as
-        -- save_cursor and register_consumer compare the names.
-        if isnull(@force, 0) = 0
-            select top (1)
-                @hold = c.[cursor],
-                @holder = c.consumer
-            from changefeed.consumer_cursor as c
-            inner join changefeed.registered_consumers as r
-                on r.feed_id = @feed_id and r.consumer = c.consumer
-            where c.feed = N'changefeed.__template__' and c.shard_id = @shard
-            order by c.[cursor], c.consumer;
 
         set @deleted = 0;
         set @reason = N'cutoff reached';
@@ -155,6 +158,51 @@ begin
             delete from @batch;
             begin try
                 begin transaction;
+
+                -- Who holds this batch back, read in its transaction before its rows are
+                -- chosen. HOLDLOCK (SERIALIZABLE for these two references; it locks under
+                -- READ_COMMITTED_SNAPSHOT too, which versions READ COMMITTED reads only, and
+                -- a second isolation hint beside it would conflict) keeps to this batch's
+                -- commit a key-range lock on the feed's registrations (feed_id leads
+                -- registered_consumers_pk) and, per registered consumer, on its cursor key
+                -- (consumer, feed, shard_id: consumer_cursor_pk's whole key, present or
+                -- absent). So a registration of this feed, a registered consumer's first
+                -- save of the shard and its rewind (an update of its key) either committed
+                -- before this read, and count here, or wait for this batch's commit, and the
+                -- next batch reads them. The lower of this read and the ones before it is
+                -- kept: a cursor that moved forward, or a consumer unregistered, during this
+                -- call still holds the rest of it back where it stood (never deletes more).
+                -- Both consumer columns are declared without a collation, so each has the
+                -- database's as of its table's creation (V38, V93): collate database_default
+                -- is that same collation unless the database's was changed in between, where
+                -- comparing the two columns as they are fails (Msg 468). On the registration's
+                -- side, so that the cursor key is still sought.
+                if isnull(@force, 0) = 0
+                begin
+                    set @batch_hold = null;
+                    set @batch_holder = null;
+                    select top (1)
+                        @batch_hold = c.[cursor],
+                        @batch_holder = c.consumer
+                    from changefeed.registered_consumers as r with (holdlock)
+                    inner join changefeed.consumer_cursor as c with (holdlock)
+                        on
+                            c.consumer = r.consumer collate database_default
+                            and c.feed = N'changefeed.__template__'
+                            and c.shard_id = @shard
+                    where r.feed_id = @feed_id
+                    order by c.[cursor], c.consumer
+                    -- The registrations drive the join, one seek of the cursor key per
+                    -- registered consumer: the locks are the ones said above and no more (a
+                    -- scan of consumer_cursor under HOLDLOCK would lock every consumer's
+                    -- cursors, and could deadlock with a registration being made).
+                    option (force order, loop join);
+                    if @batch_hold is not null and (@hold is null or @batch_hold < @hold)
+                    begin
+                        set @hold = @batch_hold;
+                        set @holder = @batch_holder;
+                    end;
+                end;
 
                 -- A consumer has processed the rows up to and including its cursor.
                 insert into @batch (ulid)

@@ -28,6 +28,7 @@ use common::events::{
     write_and_read_all, write_ok,
 };
 use common::logins::Login;
+use common::sessions::{await_lock_wait, session_id};
 use common::tasks::{expect_denied, join, join_all, spawn_bounded};
 use common::{TestDb, exec, rows, scalar_i64};
 use tiberius::Row;
@@ -727,7 +728,9 @@ common::live_test!(only_a_registered_consumer_holds_the_purge_back: "retention_r
 /// registered. The reader cannot register it (or unregister anything): 229. Once the admin
 /// registers it (idempotently), its cursor holds the purge back; unregistered again, it does
 /// not. The reader removing its own consumer takes the registration with it, so the same
-/// name saved again holds nothing back.
+/// name saved again holds nothing back. A consumer registered before its first save is no
+/// reader's to remove (51114; the registration stays), and its first save makes it the
+/// reader's, holding the purge back.
 async fn registered_scenario(db: &TestDb, [reader_login]: &[Login; 1]) {
     let (mut admin, feed, feed_reader) = start(db, "registered", 100).await;
     reader_login
@@ -848,6 +851,143 @@ async fn registered_scenario(db: &TestDb, [reader_login]: &[Login; 1]) {
         .expect("the freed name saved again");
     let lag = consumer_lag(&mut admin, &feed).await;
     assert!(!lag["squatter"].holds_retention, "{lag:?}");
+
+    // A consumer the admin registered before its first save has no owner yet: the reader
+    // cannot remove it (51114), and its registration stays. A name with neither cursors nor
+    // a registration is still "removed: 0" for the reader.
+    assert!(register(&mut admin, "reserved", &feed).await);
+    let refused = exec(
+        &mut reader,
+        &format!("exec changefeed.remove_consumer @consumer = N'reserved', @feed = N'{feed}';"),
+    )
+    .await;
+    assert_eq!(
+        server_number(
+            "the reader removes a registered consumer with no cursor",
+            refused
+        ),
+        51114
+    );
+    assert_eq!(registrations(&mut admin, "reserved", &feed).await, 1);
+    let removed = rows_ok(
+        &mut reader,
+        &format!("exec changefeed.remove_consumer @consumer = N'nobody', @feed = N'{feed}';"),
+    )
+    .await;
+    assert_eq!(required::<i32>(&removed[0], "removed"), 0);
+    // Its first save makes it the reader's, registered: it holds the purge back.
+    CursorStore::save(&mut reader, "reserved", &feed, 0, Cursor::START)
+        .await
+        .expect("the reader saves the registered consumer's first cursor");
+    let lag = consumer_lag(&mut admin, &feed).await;
+    assert!(lag["reserved"].holds_retention, "{lag:?}");
+}
+
+// ------------------------------------------------------------------------------------------
+// 9. A consumer registered while a purge runs
+// ------------------------------------------------------------------------------------------
+
+common::live_test!(consumer_registered_during_a_purge_holds_its_later_batches_back: "retention_late_registration" => late_registration_scenario);
+
+/// `purge_feed` reads who holds it back inside each batch's transaction (sql/V98). Ten
+/// events, a purge of everything in batches of one row. A blocker holds event 2's feed row
+/// exclusively, so the purge waits there (its batch's hold already read: nobody).
+/// Meanwhile another session registers the consumer "late" and saves its cursor at event 4,
+/// in one transaction. The purge's key-range locks make that transaction wait for the second
+/// batch (or, had it come first, the batch would have seen it); once the blocker commits, the
+/// next batch reads the new hold and the purge stops after event 4: 'held back by consumer
+/// late', events 5-10 kept. The old purge_feed read the hold once per shard, before the
+/// registration, and deleted all ten.
+async fn late_registration_scenario(db: &TestDb) {
+    const WAIT_LIMIT: Duration = Duration::from_secs(30);
+    let (mut admin, feed, reader) = start(db, "late_registration", 100).await;
+    let mut writer = db.client().await;
+    let u = ulids(&write_and_read_all(&mut writer, &feed, &reader, 1..=10).await);
+    wait_until_older_than_now(&mut admin, u[9]).await;
+
+    let mut blocker = db.client().await;
+    exec_ok(
+        &mut blocker,
+        &format!(
+            "set xact_abort on; begin transaction; \
+             select id from {} with (xlock, rowlock) where shard_id = 0 and ulid = {};",
+            feed.object("feed"),
+            hex(&u[1].to_bytes())
+        ),
+    )
+    .await;
+
+    let mut purger = db.client().await;
+    let purge_session = session_id(&mut purger).await;
+    let call = Purge {
+        batch_size: Some(1),
+        ..Purge::older_than(0)
+    };
+    let purge_task = {
+        let feed = feed.clone();
+        spawn_bounded("the purge".to_owned(), TASK_LIMIT, async move {
+            try_purge(&mut purger, &feed, &call)
+                .await
+                .map_err(|error| format!("purge_feed failed: {error}"))
+        })
+    };
+    await_lock_wait(
+        &mut admin,
+        purge_session,
+        "LCK[_]M[_]",
+        WAIT_LIMIT,
+        "the purge waits for the blocker's row",
+    )
+    .await;
+
+    let mut late = db.client().await;
+    let late_session = session_id(&mut late).await;
+    let late_task = {
+        let sql = format!(
+            "set xact_abort on; begin transaction; \
+             exec changefeed.register_consumer @consumer = N'late', @feed = N'{feed}'; \
+             exec changefeed.save_cursor @consumer = N'late', @feed = N'{feed}', \
+             @shard_id = 0, @cursor = {}; \
+             commit transaction;",
+            hex(&u[3].to_bytes())
+        );
+        spawn_bounded("the late registration".to_owned(), TASK_LIMIT, async move {
+            exec(&mut late, &sql)
+                .await
+                .map_err(|error| format!("register and save: {error}"))
+        })
+    };
+    // The registration either waits for the purge's batch (sql/V98) or, with no lock
+    // in its way, commits at once; release the blocker only then.
+    let deadline = Instant::now() + WAIT_LIMIT;
+    let waiting = format!(
+        "select count_big(*) from sys.dm_exec_requests \
+         where session_id = {late_session} and wait_type like N'LCK[_]M[_]%';"
+    );
+    while !late_task.is_finished() && scalar_i64(&mut admin, &waiting).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the late registration neither finished nor waited for a lock"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    exec_ok(&mut blocker, "commit transaction;").await;
+
+    let report = join(purge_task).await;
+    join(late_task).await;
+    assert_eq!(
+        report[0].deleted, 4,
+        "events 1-4: the batches after the registration held back at its cursor: {report:?}"
+    );
+    assert_eq!(report[0].stopped_because, "held back by consumer late");
+    assert_eq!(report[0].passed_consumers, None, "{report:?}");
+    assert_eq!(
+        feed_keys(&mut admin, &feed, 0).await,
+        (5..=10).collect::<Vec<_>>()
+    );
+    let lag = consumer_lag(&mut admin, &feed).await;
+    assert!(lag["late"].holds_retention, "{lag:?}");
+    assert!(!lag["late"].expired, "{lag:?}");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1060,6 +1200,19 @@ async fn unregister(client: &mut Client, consumer: &str, feed: &Feed) -> i32 {
     )
     .await;
     required::<i32>(&found[0], "unregistered")
+}
+
+/// How many registrations `consumer` of `feed` has (0 or 1).
+async fn registrations(client: &mut Client, consumer: &str, feed: &Feed) -> i64 {
+    scalar_i64(
+        client,
+        &format!(
+            "select count_big(*) from changefeed.registered_consumers as r \
+             inner join changefeed.feeds as f on f.feed_id = r.feed_id \
+             where r.consumer = N'{consumer}' and f.schema_name + N'.' + f.table_name = N'{feed}';"
+        ),
+    )
+    .await
 }
 
 /// Waits until the server's clock is past `ulid`'s millisecond, so that `@older_than_ms = 0`
