@@ -2,14 +2,16 @@
 -- outbox-mode feed's purge_feed holds back only for registered consumers (V98; the consumers
 -- that had saved cursors before the upgrade were registered by V93), and records generator
 -- version 5 (V99). A broken feed or outbox is skipped and reported, as before (V89).
-exec changefeed.upgrade_all_feeds;
-
 -- The consumers first saved since V93 registered the existing ones (while every feed still
 -- had the old purge_feed, which any saved cursor holds back) are registered too, as V93 does
 -- and by the same statement: they were created under the old rule. This runs in the
 -- migration's transaction with the regeneration, so no purge runs the new code before they
--- are registered. READCOMMITTEDLOCK: under READ_COMMITTED_SNAPSHOT a plain read would skip a
--- first save being committed; a locking read waits for it.
+-- are registered; and before it, so that this locking read, which may wait for a consumer's
+-- open transaction, never waits while the migration holds the regenerated procedures (a
+-- consumer calling one of them would deadlock with it). READCOMMITTEDLOCK: under
+-- READ_COMMITTED_SNAPSHOT a plain read would skip a first save being committed; a locking
+-- read waits for it. Consumers an administrator unregistered between V95 and this migration
+-- (possible only when the migrations ran in separate runs) are registered again.
 insert into [changefeed].[registered_consumers] (feed_id, consumer)
 select distinct
     f.feed_id,
@@ -22,3 +24,5 @@ where not exists (
     from [changefeed].[registered_consumers] as r
     where r.feed_id = f.feed_id and r.consumer = c.consumer collate database_default
 );
+
+exec changefeed.upgrade_all_feeds;

@@ -64,6 +64,12 @@ begin
     -- not that transaction: 1205 is transient, the batches before it stay committed, and a
     -- retry goes on from there. Reverts on return.
     set deadlock_priority low;
+    -- Every lock wait of the purge is bounded. The hold read share-locks registered
+    -- consumers' cursor keys and waits for a consumer's open transaction holding one; waiting
+    -- on, it would keep the feed's registrations range-locked and stall the other consumers'
+    -- saves and registrations behind it. 1222 is transient: the batches before it stay
+    -- committed, and a retry goes on from there. Reverts on return.
+    set lock_timeout 5000;
 
     -- 100 years in milliseconds, the largest @older_than_ms; typed (a literal above the int
     -- range is numeric).
