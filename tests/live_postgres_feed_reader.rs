@@ -449,3 +449,32 @@ async fn cursors_and_serialized_writers_from_rust() {
     let FeedRow { ulid, key } = &keys.rows[0];
     assert_eq!((key.0, &key.1[..]), (0, &ulid.to_bytes()[..]));
 }
+
+/// A column added to the event table while a stream of whole events runs (an ordinary
+/// schema migration of the application) comes through on the stream's next page: its
+/// prepared read, whose result type changed, is prepared again instead of failing.
+#[tokio::test]
+#[ignore = "needs PostgreSQL (CHANGEFEED_TEST_POSTGRES, or the installed binaries)"]
+async fn a_column_added_to_the_event_table_comes_through_to_a_running_stream() {
+    let db = database("reader_added_column").await;
+    let feed = orders_feed(&db).await;
+    write_orders(&db, 0..2).await;
+    let reader = FeedReader::postgres(db.config.clone(), feed, options(10)).unwrap();
+    let mut events =
+        std::pin::pin!(reader.event_stream::<Serde<serde_json::Value>>(0, Cursor::START));
+    let first = events.next().await.unwrap().unwrap();
+    assert_eq!(first.rows.len(), 2);
+    assert!(first.rows[0].event.0.get("channel").is_none());
+
+    db.sql("alter table app.orders add column channel text not null default 'web'")
+        .await;
+    write_orders(&db, 2..3).await;
+    let next = tokio::time::timeout(Duration::from_secs(30), events.next())
+        .await
+        .expect("the stream goes on")
+        .unwrap()
+        .expect("the stream prepares its read again for the new row type");
+    assert_eq!(next.rows.len(), 1);
+    assert_eq!(next.rows[0].event.0["order_no"], "o02");
+    assert_eq!(next.rows[0].event.0["channel"], "web");
+}

@@ -24,10 +24,13 @@ use super::stream::PageSource;
 /// On its first read it connects (READ COMMITTED, keepalives and the connect timeout of
 /// the [`Config`]; a `statement_timeout` just under the margin), asks
 /// `changefeed.feed_info` for the feed's read function and NOTIFY channel, `LISTEN`s on
-/// the channel and prepares the read: `select r.ulid, (r.key).* from
-/// changefeed.read_feed_<id>($1, $2, $3) as r` (`(r.event).*` from `read_events_<id>` for
-/// [`FeedEvent`](super::FeedEvent)s). Each read is one statement in autocommit, bounded by
-/// the margin.
+/// the channel and prepares the read of keys: `select r.ulid, (r.key).* from
+/// changefeed.read_feed_<id>($1, $2, $3) as r` (a feed's key never changes). A read of
+/// [`FeedEvent`](super::FeedEvent)s, `(r.event).*` from `read_events_<id>`, is not
+/// prepared: `.*` is expanded when a statement is prepared, and a prepared statement does
+/// not depend on the event table (the reader has no right on it), so a column added to the
+/// table later would never come through on that connection. Each read is one statement in
+/// autocommit, bounded by the margin.
 ///
 /// Long-poll: when a page comes back empty and the stream may wait, the source waits for a
 /// notification on the channel (sent when a transaction that wrote events commits) or the
@@ -69,13 +72,20 @@ pub struct PostgresSource<T> {
 /// One connection of a [`PostgresSource`], ready to read.
 struct Session {
     client: Client,
-    /// The prepared read of the feed's read function (keys or events).
-    read: Statement,
+    /// The read of the feed's read function: prepared for keys, text for events (see
+    /// [`PostgresSource`]).
+    read: Read,
     /// The read function's name, for errors.
     function: String,
     /// The feed's NOTIFY channel, listened on.
     channel: String,
     notifications: Notifications,
+}
+
+/// How a [`Session`] reads a page.
+enum Read {
+    Prepared(Statement),
+    Text(String),
 }
 
 impl Drop for Session {
@@ -176,7 +186,12 @@ impl<T: FeedItem> PostgresSource<T> {
             client
                 .batch_execute(&format!("listen {}", quote_identifier(&channel)))
                 .await?;
-            let read = client.prepare(&read_sql(&function, T::WITH_EVENT)).await?;
+            let sql = read_sql(&function, T::WITH_EVENT);
+            let read = if T::WITH_EVENT {
+                Read::Text(sql)
+            } else {
+                Read::Prepared(client.prepare(&sql).await?)
+            };
             Ok(Session {
                 client,
                 read,
@@ -203,11 +218,13 @@ impl<T: FeedItem> PostgresSource<T> {
         let bytes = cursor.to_bytes();
         let page_size = i32::try_from(self.page_size).unwrap_or(i32::MAX);
         let what = format!("{} of {} shard {shard}", session.function, self.feed);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&shard, &&bytes[..], &page_size];
         let rows = bounded(SERVER, self.margin, &what, async {
-            Ok(session
-                .client
-                .query(&session.read, &[&shard, &&bytes[..], &page_size])
-                .await?)
+            Ok(match &session.read {
+                Read::Prepared(statement) => session.client.query(statement, &params).await?,
+                Read::Text(sql) => session.client.query(sql.as_str(), &params).await?,
+            })
         })
         .await?;
         decode_pg_page(&rows, cursor, self.page_size)
