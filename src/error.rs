@@ -126,12 +126,15 @@ pub enum Error {
 const TRANSIENT_MYSQL_ERRORS: &[u16] = &[1205, 1213, 3572, 1040, 1053, 1927, 4031, 1317];
 
 /// PostgreSQL SQLSTATEs a client may retry: serialization failure, deadlock, lock not
-/// available, statement timeout or cancel, too many connections, out of memory, and the
-/// feed bundle's "lock not granted in time" errors (a read function's mover waiting for
-/// another mover of the shard CF103, `lock_feed_<id>` CF202: 51103 and 51202 on SQL
-/// Server). The session-ending states (class 08, 57P01-57P03) are [`Error::Connection`].
+/// available, statement timeout or cancel, too many connections, out of memory, a prepared
+/// statement the server no longer has (26000: `DISCARD ALL`, or a pooler that handed the
+/// session to another server connection; a caller drops its connection on a failed call,
+/// and the next one prepares again), and the feed bundle's "lock not granted in time"
+/// errors (a read function's mover waiting for another mover of the shard CF103,
+/// `lock_feed_<id>` CF202: 51103 and 51202 on SQL Server). The session-ending states
+/// (class 08, 57P01-57P03) are [`Error::Connection`].
 const TRANSIENT_POSTGRES_STATES: &[&str] = &[
-    "40001", "40P01", "55P03", "57014", "53300", "53200", "CF103", "CF202",
+    "40001", "40P01", "55P03", "57014", "53300", "53200", "26000", "CF103", "CF202",
 ];
 
 /// read_feed's "cursor expired" error.
@@ -581,7 +584,9 @@ mod tests {
             state: state.to_owned(),
             message: String::new(),
         };
-        for transient in ["40001", "40P01", "55P03", "57014", "CF103", "CF202"] {
+        for transient in [
+            "40001", "40P01", "55P03", "57014", "26000", "CF103", "CF202",
+        ] {
             assert!(postgres(transient).is_transient(), "{transient}");
         }
         for permanent in ["CF101", "CF104", "CF006", "CF100", "42883", "42501"] {
