@@ -9,7 +9,8 @@
 -- within a feed, a consumer belongs to the database principal of its first save
 -- (consumer_cursor.owner_principal_id): another principal gets 51114, db_owner may save any
 -- consumer's cursor (it stays its owner's). A consumer saved before owners existed (NULL)
--- is bound to the principal of its next save. A db_owner removes a stale consumer with
+-- is bound to the principal of its next save, unless that is a db_owner's (it stays
+-- unbound: the consumer's own login keeps it). A db_owner removes a stale consumer with
 -- changefeed.remove_consumer; consumer_lag shows each consumer's owner.
 --
 -- What it holds, and for how long (issue 19 item 3). The check that the feed exists and
@@ -170,8 +171,12 @@ begin
                 throw 51114, @message, 1;
             end;
 
-            -- Rows saved before owners existed become the caller's.
-            if @owners = 0 and @consumer_rows > 0
+            -- Rows saved before owners existed become the caller's, unless the caller is a
+            -- db_owner: a db_owner may save any consumer's cursor (an operator moving it)
+            -- and must not take it over, or the consumer's own login would get 51114 on
+            -- every later save and load. They stay without an owner until the consumer's
+            -- own next save binds them.
+            if @owners = 0 and @consumer_rows > 0 and @is_db_owner = 0
                 update changefeed.consumer_cursor
                 set owner_principal_id = @me
                 where consumer = @consumer and feed = @registered_feed;
@@ -183,13 +188,17 @@ begin
             where consumer = @consumer and feed = @registered_feed and shard_id = @shard_id;
 
             -- The first save of this shard: the consumer's owner, or the caller for a new
-            -- consumer. No hint: the applock excludes another save_cursor of this key.
+            -- consumer; none for a db_owner's save of a consumer that has none yet (above).
+            -- No hint: the applock excludes another save_cursor of this key.
             if @@rowcount = 0
                 insert into changefeed.consumer_cursor
                     (consumer, feed, shard_id, [cursor], owner_principal_id)
                 values (
                     @consumer, @registered_feed, @shard_id, convert(binary(16), @cursor),
-                    isnull(@owner, @me)
+                    case
+                        when @owners = 0 and @consumer_rows > 0 and @is_db_owner = 1 then null
+                        else isnull(@owner, @me)
+                    end
                 );
         end;
 

@@ -253,12 +253,25 @@ async fn owner_scenario(db: &TestDb, alice_login: &Login, bob_login: &Login) {
         owners(&mut admin, "legacy", &feed).await,
         vec![(0, None), (1, None)]
     );
+    // A db_owner saving it (an operator moving its cursor) does not take it over: it stays
+    // without an owner, and its own login binds it below.
+    CursorStore::save(&mut admin, "legacy", &feed, 0, cursor(10))
+        .await
+        .expect("a db_owner saves the legacy consumer");
+    CursorStore::save(&mut admin, "legacy", &feed, 2, cursor(10))
+        .await
+        .expect("a db_owner saves a shard the legacy consumer had not saved");
+    assert_eq!(
+        owners(&mut admin, "legacy", &feed).await,
+        vec![(0, None), (1, None), (2, None)],
+        "a db_owner's save binds nothing, and its new row has no owner either"
+    );
     CursorStore::save(&mut alice, "legacy", &feed, 0, cursor(9))
         .await
         .expect("alice saves the legacy consumer");
     assert_eq!(
         owners(&mut admin, "legacy", &feed).await,
-        shards_of(alice_login, 2),
+        shards_of(alice_login, 3),
         "the save binds every shard of the consumer"
     );
     server_error(
