@@ -20,8 +20,8 @@
 -- reports what would go. One row per shard: deleted (or would delete), purged_through, why it
 -- stopped ('cutoff reached', 'held back by consumer <name>', 'max rows reached'), and
 -- passed_consumers: the consumers with a saved cursor of the shard below the last row this
--- call deleted (or would delete), that is whose unread rows it deleted, ', '-separated in name
--- order, NULL for none. Without p_force only unregistered consumers can be passed.
+-- call deleted (or would delete), that is whose unread rows it deleted, in name order, NULL
+-- for none. Without p_force only unregistered consumers can be passed.
 create function changefeed.purge_feed(
     p_feed text,
     p_older_than_ms bigint default null,
@@ -32,7 +32,7 @@ create function changefeed.purge_feed(
     p_dry_run boolean default false
 )
 returns table (shard_id integer, deleted bigint, purged_through bytea, stopped text,
-    passed_consumers text)
+    passed_consumers text[])
 language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
@@ -152,7 +152,7 @@ begin
             else 'cutoff reached'
         end;
         -- A consumer whose cursor is below the last row deleted had not read that row.
-        select string_agg(c.consumer, ', ' order by c.consumer) into passed_consumers
+        select array_agg(c.consumer order by c.consumer) into passed_consumers
         from changefeed.consumer_cursor as c
         where c.feed_id = v_feed.feed_id and c.shard_id = v_shard and c.cursor < v_last;
         return next;

@@ -62,7 +62,7 @@ pub trait FeedContractDb: Sync {
     fn end_reader_sessions(&self, feed: &Feed) -> impl Future<Output = usize>;
 
     /// Saves `consumer`'s cursor of `shard` with the backend's cursor store, as a consumer
-    /// whose cursor holds the purge back (on SQL Server, registered by the admin).
+    /// whose cursor holds the purge back (registered by whoever administers the feed).
     fn save_cursor(
         &self,
         consumer: &str,
