@@ -125,8 +125,10 @@ begin
             end if;
         end if;
         if p_dry_run then
-            execute format('select count(*), max(d.ulid) from (select f.ulid from changefeed.feed_%s as f '
-                || 'where f.shard_id = $1 and f.ulid < $2 order by f.ulid limit $3) as d', v_feed.feed_id)
+            execute format('with d as (select f.ulid from changefeed.feed_%s as f where f.shard_id = $1 '
+                || 'and f.ulid < $2 order by f.ulid limit $3) '
+                || 'select count(*), (select d2.ulid from d as d2 order by d2.ulid desc limit 1) from d',
+                v_feed.feed_id)
             into v_count, v_last using v_shard, v_limit, p_max_rows;
         else
             execute format('with d as (delete from changefeed.feed_%1$s as f where f.shard_id = $1 '

@@ -2,7 +2,9 @@
 //! allocator against its Rust model bit for bit, the race a naive `id > $last` reader loses
 //! and the feed does not, the mover's rules (a writer that has not committed is skipped, never
 //! waited for; a reader that lost the race returns the winner's rows), serialized writers'
-//! reservations and savepoints, names, roles, retention and upgrades. The reader API's
+//! reservations and savepoints, names, roles, retention (only consumers the feed's owner
+//! registered hold it back, also against a save or registration committing meanwhile) and
+//! upgrades. The reader API's
 //! behaviour over the same bundle is the feed contract (tests/feed_contract), run here too.
 //!
 //! `#[ignore]`d like every live test; `.ci/run` runs them with `--ignored`.
@@ -781,7 +783,7 @@ async fn retention_keeps_what_a_lagging_reader_has_not_read() {
 
 /// One purge of `app.events` older than 0 ms by `client`: (deleted, stopped, passed_consumers)
 /// of shard 0.
-async fn purge_all(client: &Client, dry_run: bool) -> (i64, String, Option<String>) {
+async fn purge_all(client: &Client, dry_run: bool) -> (i64, String, Option<Vec<String>>) {
     let row = client
         .query_one(
             "select deleted, stopped, passed_consumers \
@@ -846,10 +848,16 @@ async fn only_a_consumer_the_feeds_owner_registered_holds_the_purge_back() {
         .await
         .unwrap();
     assert!(!holds_retention(&client, "squatter").await);
-    let squatter = Some("squatter".to_owned());
+    let squatter = Some(vec!["squatter".to_owned()]);
     let cutoff = "cutoff reached".to_owned();
-    assert_eq!(purge_all(&client, true).await, (5, cutoff.clone(), squatter.clone()));
-    assert_eq!(purge_all(&client, false).await, (5, cutoff.clone(), squatter.clone()));
+    assert_eq!(
+        purge_all(&client, true).await,
+        (5, cutoff.clone(), squatter.clone())
+    );
+    assert_eq!(
+        purge_all(&client, false).await,
+        (5, cutoff.clone(), squatter.clone())
+    );
 
     // The reader can neither register it nor write the registrations itself.
     for statement in [
@@ -910,10 +918,7 @@ async fn only_a_consumer_the_feeds_owner_registered_holds_the_purge_back() {
         .unwrap()
         .get(0);
     assert_eq!(removed, 1);
-    assert_eq!(
-        db.count("changefeed.registered_consumers", "true").await,
-        0
-    );
+    assert_eq!(db.count("changefeed.registered_consumers", "true").await, 0);
     reader
         .execute(
             "select changefeed.save_cursor('squatter', 'app.events', 0, $1)",
@@ -929,8 +934,20 @@ async fn only_a_consumer_the_feeds_owner_registered_holds_the_purge_back() {
         .batch_execute("select changefeed.register_consumer('squatter', 'app.events')")
         .await
         .unwrap();
-    assert!(client.query_one(unregister, &[]).await.unwrap().get::<_, bool>(0));
-    assert!(!client.query_one(unregister, &[]).await.unwrap().get::<_, bool>(0));
+    assert!(
+        client
+            .query_one(unregister, &[])
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+    );
+    assert!(
+        !client
+            .query_one(unregister, &[])
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+    );
     assert!(!holds_retention(&client, "squatter").await);
     client
         .batch_execute("select changefeed.register_consumer('before_first_save', 'app.events')")
@@ -941,10 +958,7 @@ async fn only_a_consumer_the_feeds_owner_registered_holds_the_purge_back() {
         .batch_execute("select changefeed.teardown_feed('app.events')")
         .await
         .unwrap();
-    assert_eq!(
-        db.count("changefeed.registered_consumers", "true").await,
-        0
-    );
+    assert_eq!(db.count("changefeed.registered_consumers", "true").await, 0);
     db.sql(&format!(r#"drop role "{role}""#)).await;
 }
 
@@ -1013,7 +1027,11 @@ async fn a_purge_waits_for_a_save_or_registration_that_commits_meanwhile() {
         .unwrap();
     assert_eq!(
         purge_all(&client, false).await,
-        (5, "cutoff reached".to_owned(), Some("late".to_owned()))
+        (
+            5,
+            "cutoff reached".to_owned(),
+            Some(vec!["late".to_owned()])
+        )
     );
     drop(reader);
     client

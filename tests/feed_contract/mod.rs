@@ -79,8 +79,8 @@ pub trait FeedContractDb: Sync {
         shard: i32,
     ) -> impl Future<Output = changefeed::Result<Option<Cursor>>>;
 
-    /// Purges every row of `feed` that every saved cursor has passed (no time cutoff: all
-    /// rows are old enough); returns how many rows went.
+    /// Purges every row of `feed` that every registered consumer's saved cursor has passed
+    /// (no time cutoff: all rows are old enough); returns how many rows went.
     fn purge(&self, feed: &Feed) -> impl Future<Output = u64>;
 }
 

@@ -86,7 +86,10 @@ pub fn purge_report(
     let rows = plural(total.max(0) as u64, "row", "rows");
     let in_shards = plural(shards.len() as u64, "shard", "shards");
     let mut text = table.render("(no shards)");
-    for shard in shards.iter().filter(|shard| !shard.passed_consumers.is_empty()) {
+    for shard in shards
+        .iter()
+        .filter(|shard| !shard.passed_consumers.is_empty())
+    {
         text.push_str(&format!(
             "shard {}: {} rows not yet read by {}\n",
             shard.shard,
