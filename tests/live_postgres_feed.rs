@@ -962,6 +962,18 @@ async fn only_a_consumer_the_feeds_owner_registered_holds_the_purge_back() {
     db.sql(&format!(r#"drop role "{role}""#)).await;
 }
 
+/// Starts a purge of `app.events` on a connection of its own, and checks that it is still
+/// waiting after a while.
+async fn start_waiting_purge(
+    db: &TestDb,
+) -> tokio::task::JoinHandle<(i64, String, Option<Vec<String>>)> {
+    let purger = db.client().await;
+    let purge = tokio::spawn(async move { purge_all(&purger, false).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!purge.is_finished(), "the purge did not wait");
+    purge
+}
+
 #[tokio::test]
 #[ignore = "needs PostgreSQL (CHANGEFEED_TEST_POSTGRES, or the installed binaries)"]
 async fn a_purge_waits_for_a_save_or_registration_that_commits_meanwhile() {
@@ -972,14 +984,6 @@ async fn a_purge_waits_for_a_save_or_registration_that_commits_meanwhile() {
     db.sql("insert into app.events (id) select g from generate_series(1, 5) as g")
         .await;
     assert_eq!(read(&client, feed_id, 0, &START, 100).await.len(), 5);
-    // Starts a purge on a connection of its own; it must still be waiting after a while.
-    let start_purge = async || {
-        let purger = db.client().await;
-        let purge = tokio::spawn(async move { purge_all(&purger, false).await });
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(!purge.is_finished(), "the purge did not wait");
-        purge
-    };
 
     // A registered consumer's first save, committing while the purge runs.
     client
@@ -993,7 +997,7 @@ async fn a_purge_waits_for_a_save_or_registration_that_commits_meanwhile() {
     )
     .await
     .unwrap();
-    let purge = start_purge().await;
+    let purge = start_waiting_purge(&db).await;
     save.commit().await.unwrap();
     let purged = tokio::time::timeout(Duration::from_secs(10), purge)
         .await
@@ -1012,7 +1016,7 @@ async fn a_purge_waits_for_a_save_or_registration_that_commits_meanwhile() {
         .batch_execute("select changefeed.register_consumer('late', 'app.events')")
         .await
         .unwrap();
-    let purge = start_purge().await;
+    let purge = start_waiting_purge(&db).await;
     register.commit().await.unwrap();
     let purged = tokio::time::timeout(Duration::from_secs(10), purge)
         .await
