@@ -1024,6 +1024,24 @@ async fn a_purge_waits_for_a_save_or_registration_that_commits_meanwhile() {
         .unwrap();
     assert_eq!(purged, (0, "held back by consumer late".to_owned(), None));
 
+    // A purge that could not see every save or registration is refused: under REPEATABLE
+    // READ (one snapshot for the whole transaction), or as a role that row-level security
+    // binds (the reader sees its own cursors only).
+    let error = client
+        .batch_execute(
+            "begin isolation level repeatable read; \
+             select * from changefeed.purge_feed('app.events', 0)",
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(state(&error), "CF404", "{error:?}");
+    client.batch_execute("rollback").await.unwrap();
+    let error = reader
+        .batch_execute("select * from changefeed.purge_feed('app.events', 0)")
+        .await
+        .unwrap_err();
+    assert_eq!(state(&error), "CF404", "{error:?}");
+
     // Without the lock it would be the purge's to pass; it still is, outside a race.
     client
         .batch_execute("select changefeed.unregister_consumer('late', 'app.events')")
