@@ -182,8 +182,9 @@ begin
             message = format('changefeed: read_feed: cursor expired: events after %%s in shard '
                 || '%%s were purged', p_cursor, p_shard),
             hint = 'Those events are gone: resume from 16 zero bytes (the oldest retained event) '
-                || 'or a later cursor, and save the consumer''s cursor (changefeed.save_cursor) '
-                || 'so that purge_feed keeps what it has not read.';
+                || 'or a later cursor. So that purge_feed keeps what the consumer has not read, save '
+                || 'its cursor (changefeed.save_cursor) and ask the feed''s owner to register it '
+                || '(changefeed.register_consumer): an unregistered consumer''s cursor holds nothing back.';
     end if;
 end
 $body$

@@ -179,6 +179,9 @@ begin
     end loop;
     execute format('grant select on changefeed.feeds to %I', v_readers);
     execute format('grant select, insert, update, delete on changefeed.consumer_cursor to %I', v_readers);
+    -- Only to delete the registrations of their own consumers (remove_consumer): the table's
+    -- row-level security shows a reader nothing else, and registering is the feed owner's.
+    execute format('grant select, delete on changefeed.registered_consumers to %I', v_readers);
 
     -- The key's columns with their types and collations.
     select string_agg(format('%I %s%s', a.attname, format_type(a.atttypid, a.atttypmod),

@@ -1,5 +1,6 @@
 -- Drops the feed p_feed: its triggers on the event table, its functions, tables and type, its
--- consumers' cursors, its registry row and its two roles. The event table and its rows stay.
+-- consumers' cursors and registrations (both cascade from its registry row), its registry row
+-- and its two roles. The event table and its rows stay.
 -- Safe to run on a feed whose event table was dropped. A role that was granted rights on other
 -- objects since (outside changefeed) is left in place with a notice rather than failing the
 -- teardown; drop it by hand.
@@ -35,7 +36,8 @@ begin
     delete from changefeed.feeds where feed_id = v_id;
     foreach v_role in array array[v_feed.readers_role, v_feed.writers_role] loop
         begin
-            execute format('revoke all on changefeed.feeds, changefeed.consumer_cursor from %I', v_role);
+            execute format('revoke all on changefeed.feeds, changefeed.consumer_cursor, '
+                || 'changefeed.registered_consumers from %I', v_role);
             execute format('revoke usage on schema changefeed from %I', v_role);
             execute format('drop role if exists %I', v_role);
         exception when dependent_objects_still_exist or insufficient_privilege then

@@ -3,7 +3,8 @@
 -- effect is applied exactly once). Any cursor may be saved, an earlier one too: that is how a
 -- consumer rewinds to replay.
 -- Who may save: members of the feed's readers role (row-level security on consumer_cursor);
--- a consumer belongs to the role of its first save (CF114 for another role). The consumer name
+-- a consumer belongs to the role of its first save (CF114 for another role). Its cursors hold
+-- purge_feed back only once the feed's owner registered it (changefeed.register_consumer). The consumer name
 -- is 1 to 200 characters without a leading or trailing space (CF110); the cursor exactly 16
 -- bytes (CF111).
 create function changefeed.save_cursor(p_consumer text, p_feed text, p_shard integer, p_cursor bytea)
@@ -43,6 +44,10 @@ begin
             hint = format('Use a consumer name of your own, or have the feed''s owner remove it: '
                 || 'select changefeed.remove_consumer(%L, %L);', p_consumer, p_feed);
     end if;
+    -- Shared retention lock until the caller's transaction ends: a purge of the feed that is
+    -- running finishes before this cursor commits, and one that starts later sees it
+    -- (purge_feed has the argument). Saves never wait for each other.
+    perform changefeed.lock_retention(v_feed.feed_id, false);
     insert into changefeed.consumer_cursor as c (consumer, feed_id, shard_id, cursor, owner, updated_at)
     values (p_consumer, v_feed.feed_id, p_shard, p_cursor, current_user, now())
     on conflict (consumer, feed_id, shard_id) do update

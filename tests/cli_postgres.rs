@@ -167,8 +167,11 @@ async fn setup_feed_status_and_purge_an_outbox_feed() {
     assert!(table.contains(&head.to_string()), "{table}");
     assert!(table.contains("(no outboxes)"), "{table}");
 
-    // A consumer at the start holds the purge back; status shows it.
-    db.sql("select changefeed.save_cursor('billing', 'app.Order', 0, '\\x00000000000000000000000000000000'::bytea)")
+    // A registered consumer at the start holds the purge back; status shows it. An
+    // unregistered one holds nothing back.
+    db.sql("select changefeed.save_cursor('billing', 'app.Order', 0, '\\x00000000000000000000000000000000'::bytea); \
+            select changefeed.register_consumer('billing', 'app.Order'); \
+            select changefeed.save_cursor('idle', 'app.Order', 0, '\\x00000000000000000000000000000000'::bytea)")
         .await;
     let status = status_json(url, true);
     let billing = &status["consumers"][0];
@@ -182,6 +185,7 @@ async fn setup_feed_status_and_purge_an_outbox_feed() {
     std::thread::sleep(std::time::Duration::from_millis(20));
     let held = ok(url, &["purge", "app.Order", "--older-than", "0s"]);
     assert!(held.contains("held back by consumer billing"), "{held}");
+    assert!(!held.contains("not yet read by"), "{held}");
     assert!(
         held.ends_with("deleted 0 rows older than 0s from app.Order in 1 shard\n"),
         "{held}"
@@ -199,6 +203,10 @@ async fn setup_feed_status_and_purge_an_outbox_feed() {
         ],
     );
     assert!(dry.contains("would delete 5 rows"), "{dry}");
+    assert!(
+        dry.contains("shard 0: would delete rows not yet read by billing, idle\n"),
+        "{dry}"
+    );
     assert_eq!(db.count(r#"app."Order""#, "true").await, 5);
 
     // --max-rows 3 in batches of 2: two calls, three rows, and the reason says why.
@@ -217,6 +225,10 @@ async fn setup_feed_status_and_purge_an_outbox_feed() {
         ],
     );
     assert!(some.contains("max rows reached"), "{some}");
+    assert!(
+        some.contains("shard 0: deleted rows not yet read by billing, idle\n"),
+        "{some}"
+    );
     assert!(
         some.ends_with("deleted 3 rows older than 0s from app.Order in 1 shard\n"),
         "{some}"

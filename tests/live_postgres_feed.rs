@@ -2,7 +2,9 @@
 //! allocator against its Rust model bit for bit, the race a naive `id > $last` reader loses
 //! and the feed does not, the mover's rules (a writer that has not committed is skipped, never
 //! waited for; a reader that lost the race returns the winner's rows), serialized writers'
-//! reservations and savepoints, names, roles, retention and upgrades. The reader API's
+//! reservations and savepoints, names, roles, retention (only consumers the feed's owner
+//! registered hold it back, also against a save or registration committing meanwhile) and
+//! upgrades. The reader API's
 //! behaviour over the same bundle is the feed contract (tests/feed_contract), run here too.
 //!
 //! `#[ignore]`d like every live test; `.ci/run` runs them with `--ignored`.
@@ -736,7 +738,11 @@ async fn retention_keeps_what_a_lagging_reader_has_not_read() {
     let client = db.client().await;
     let page = read(&client, feed_id, 0, &START, 100).await;
     assert_eq!(page.len(), 10);
-    // A consumer that has read 4 events holds the purge back at its cursor.
+    // A registered consumer that has read 4 events holds the purge back at its cursor.
+    client
+        .batch_execute("select changefeed.register_consumer('slow', 'app.events')")
+        .await
+        .unwrap();
     client
         .execute(
             "select changefeed.save_cursor('slow', 'app.events', 0, $1)",
@@ -773,6 +779,288 @@ async fn retention_keeps_what_a_lagging_reader_has_not_read() {
         .await
         .unwrap();
     assert_eq!(lag.get::<_, i64>(0), 1);
+}
+
+/// One purge of `app.events` older than 0 ms by `client`: (deleted, stopped, passed_consumers)
+/// of shard 0.
+async fn purge_all(client: &Client, dry_run: bool) -> (i64, String, Option<Vec<String>>) {
+    let row = client
+        .query_one(
+            "select deleted, stopped, passed_consumers \
+             from changefeed.purge_feed('app.events', 0, p_dry_run => $1)",
+            &[&dry_run],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+/// `holds_retention` of `consumer` in `changefeed.consumer_lag`.
+async fn holds_retention(client: &Client, consumer: &str) -> bool {
+    client
+        .query_one(
+            "select holds_retention from changefeed.consumer_lag where consumer = $1",
+            &[&consumer],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A login role in the readers role of `app.events` (named after the test's database), and a
+/// connection as it.
+async fn reader_login(db: &TestDb, client: &Client) -> (String, Client) {
+    let readers: String = client
+        .query_one(
+            "select readers_role from changefeed.feed_info('app.events')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let role = format!("r_{}", db.name);
+    db.sql(&format!(
+        r#"drop role if exists "{role}"; create role "{role}" login; grant "{readers}" to "{role}""#
+    ))
+    .await;
+    let mut config = db.config.clone();
+    config.user(&role);
+    (role, changefeed::postgres::connect(&config).await.unwrap())
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL (CHANGEFEED_TEST_POSTGRES, or the installed binaries)"]
+async fn only_a_consumer_the_feeds_owner_registered_holds_the_purge_back() {
+    let db = database("feed_registered").await;
+    let feed_id = events_feed(&db, 1).await;
+    let client = db.client().await;
+    let (role, reader) = reader_login(&db, &client).await;
+    db.sql("insert into app.events (id) select g from generate_series(1, 5) as g")
+        .await;
+    assert_eq!(read(&client, feed_id, 0, &START, 100).await.len(), 5);
+
+    // A reader's new consumer at zero holds nothing back: the purge passes it and says so.
+    reader
+        .execute(
+            "select changefeed.save_cursor('squatter', 'app.events', 0, $1)",
+            &[&START.to_vec()],
+        )
+        .await
+        .unwrap();
+    assert!(!holds_retention(&client, "squatter").await);
+    let squatter = Some(vec!["squatter".to_owned()]);
+    let cutoff = "cutoff reached".to_owned();
+    assert_eq!(
+        purge_all(&client, true).await,
+        (5, cutoff.clone(), squatter.clone())
+    );
+    assert_eq!(
+        purge_all(&client, false).await,
+        (5, cutoff.clone(), squatter.clone())
+    );
+
+    // The reader can neither register it nor write the registrations itself.
+    for statement in [
+        "select changefeed.register_consumer('squatter', 'app.events')",
+        "select changefeed.unregister_consumer('squatter', 'app.events')",
+    ] {
+        let error = reader.batch_execute(statement).await.unwrap_err();
+        assert_eq!(state(&error), "CF116", "{statement}: {error:?}");
+    }
+    let error = reader
+        .batch_execute(&format!(
+            "insert into changefeed.registered_consumers (feed_id, consumer) values ({feed_id}, 'squatter')"
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(state(&error), "42501", "{error:?}");
+
+    // Registered by the feed's owner (idempotent), it holds the purge back at its cursor.
+    for expected in [true, false] {
+        let registered: bool = client
+            .query_one(
+                "select changefeed.register_consumer('squatter', 'app.events')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(registered, expected);
+    }
+    assert!(holds_retention(&client, "squatter").await);
+    db.sql("insert into app.events (id) select g from generate_series(6, 10) as g")
+        .await;
+    let page = read(&client, feed_id, 0, &START, 100).await;
+    assert_eq!(page.len(), 5);
+    assert_eq!(
+        purge_all(&client, false).await,
+        (0, "held back by consumer squatter".to_owned(), None)
+    );
+    reader
+        .execute(
+            "select changefeed.save_cursor('squatter', 'app.events', 0, $1)",
+            &[&page[2].0],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        purge_all(&client, false).await,
+        (3, "held back by consumer squatter".to_owned(), None)
+    );
+
+    // Its owner removes it: the registration goes too, and the name saved again holds nothing.
+    let removed: i64 = reader
+        .query_one(
+            "select changefeed.remove_consumer('squatter', 'app.events')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(removed, 1);
+    assert_eq!(db.count("changefeed.registered_consumers", "true").await, 0);
+    reader
+        .execute(
+            "select changefeed.save_cursor('squatter', 'app.events', 0, $1)",
+            &[&START.to_vec()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(purge_all(&client, false).await, (2, cutoff, squatter));
+
+    // unregister_consumer undoes a registration; teardown_feed takes the rest with the feed.
+    let unregister = "select changefeed.unregister_consumer('squatter', 'app.events')";
+    client
+        .batch_execute("select changefeed.register_consumer('squatter', 'app.events')")
+        .await
+        .unwrap();
+    assert!(
+        client
+            .query_one(unregister, &[])
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+    );
+    assert!(
+        !client
+            .query_one(unregister, &[])
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+    );
+    assert!(!holds_retention(&client, "squatter").await);
+    client
+        .batch_execute("select changefeed.register_consumer('before_first_save', 'app.events')")
+        .await
+        .unwrap();
+    drop(reader);
+    client
+        .batch_execute("select changefeed.teardown_feed('app.events')")
+        .await
+        .unwrap();
+    assert_eq!(db.count("changefeed.registered_consumers", "true").await, 0);
+    db.sql(&format!(r#"drop role "{role}""#)).await;
+}
+
+/// Starts a purge of `app.events` on a connection of its own, and checks that it is still
+/// waiting after a while.
+async fn start_waiting_purge(
+    db: &TestDb,
+) -> tokio::task::JoinHandle<(i64, String, Option<Vec<String>>)> {
+    let purger = db.client().await;
+    let purge = tokio::spawn(async move { purge_all(&purger, false).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!purge.is_finished(), "the purge did not wait");
+    purge
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL (CHANGEFEED_TEST_POSTGRES, or the installed binaries)"]
+async fn a_purge_waits_for_a_save_or_registration_that_commits_meanwhile() {
+    let db = database("feed_retention_race").await;
+    let feed_id = events_feed(&db, 1).await;
+    let client = db.client().await;
+    let (role, mut reader) = reader_login(&db, &client).await;
+    db.sql("insert into app.events (id) select g from generate_series(1, 5) as g")
+        .await;
+    assert_eq!(read(&client, feed_id, 0, &START, 100).await.len(), 5);
+
+    // A registered consumer's first save, committing while the purge runs.
+    client
+        .batch_execute("select changefeed.register_consumer('late', 'app.events')")
+        .await
+        .unwrap();
+    let save = reader.transaction().await.unwrap();
+    save.execute(
+        "select changefeed.save_cursor('late', 'app.events', 0, $1)",
+        &[&START.to_vec()],
+    )
+    .await
+    .unwrap();
+    let purge = start_waiting_purge(&db).await;
+    save.commit().await.unwrap();
+    let purged = tokio::time::timeout(Duration::from_secs(10), purge)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(purged, (0, "held back by consumer late".to_owned(), None));
+
+    // A registration committing while the purge runs.
+    client
+        .batch_execute("select changefeed.unregister_consumer('late', 'app.events')")
+        .await
+        .unwrap();
+    let mut owner = db.client().await;
+    let register = owner.transaction().await.unwrap();
+    register
+        .batch_execute("select changefeed.register_consumer('late', 'app.events')")
+        .await
+        .unwrap();
+    let purge = start_waiting_purge(&db).await;
+    register.commit().await.unwrap();
+    let purged = tokio::time::timeout(Duration::from_secs(10), purge)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(purged, (0, "held back by consumer late".to_owned(), None));
+
+    // A purge that could not see every save or registration is refused: under REPEATABLE
+    // READ (one snapshot for the whole transaction), or as a role that row-level security
+    // binds (the reader sees its own cursors only).
+    let error = client
+        .batch_execute(
+            "begin isolation level repeatable read; \
+             select * from changefeed.purge_feed('app.events', 0)",
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(state(&error), "CF404", "{error:?}");
+    client.batch_execute("rollback").await.unwrap();
+    let error = reader
+        .batch_execute("select * from changefeed.purge_feed('app.events', 0)")
+        .await
+        .unwrap_err();
+    assert_eq!(state(&error), "CF404", "{error:?}");
+
+    // Without the lock it would be the purge's to pass; it still is, outside a race.
+    client
+        .batch_execute("select changefeed.unregister_consumer('late', 'app.events')")
+        .await
+        .unwrap();
+    assert_eq!(
+        purge_all(&client, false).await,
+        (
+            5,
+            "cutoff reached".to_owned(),
+            Some(vec!["late".to_owned()])
+        )
+    );
+    drop(reader);
+    client
+        .batch_execute("select changefeed.teardown_feed('app.events')")
+        .await
+        .unwrap();
+    db.sql(&format!(r#"drop role "{role}""#)).await;
 }
 
 #[tokio::test]
@@ -951,6 +1239,9 @@ impl FeedContractDb for PgFeeds {
         ended as usize
     }
 
+    /// Saves, then registers the consumer (`changefeed.register_consumer`, idempotent): a
+    /// saved cursor holds `purge_feed` back only once the feed's owner registered its
+    /// consumer, and the contract's consumers are the owner's own.
     async fn save_cursor(
         &self,
         consumer: &str,
@@ -959,7 +1250,14 @@ impl FeedContractDb for PgFeeds {
         cursor: Cursor,
     ) -> changefeed::Result<()> {
         let client = self.db.client().await;
-        CursorStore::save_postgres(&client, consumer, feed, shard, cursor).await
+        CursorStore::save_postgres(&client, consumer, feed, shard, cursor).await?;
+        client
+            .execute(
+                "select changefeed.register_consumer($1, $2)",
+                &[&consumer, &feed.to_string()],
+            )
+            .await?;
+        Ok(())
     }
 
     async fn load_cursor(

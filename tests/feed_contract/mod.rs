@@ -62,7 +62,7 @@ pub trait FeedContractDb: Sync {
     fn end_reader_sessions(&self, feed: &Feed) -> impl Future<Output = usize>;
 
     /// Saves `consumer`'s cursor of `shard` with the backend's cursor store, as a consumer
-    /// whose cursor holds the purge back (on SQL Server, registered by the admin).
+    /// whose cursor holds the purge back (registered by whoever administers the feed).
     fn save_cursor(
         &self,
         consumer: &str,
@@ -79,8 +79,8 @@ pub trait FeedContractDb: Sync {
         shard: i32,
     ) -> impl Future<Output = changefeed::Result<Option<Cursor>>>;
 
-    /// Purges every row of `feed` that every saved cursor has passed (no time cutoff: all
-    /// rows are old enough); returns how many rows went.
+    /// Purges every row of `feed` that every registered consumer's saved cursor has passed
+    /// (no time cutoff: all rows are old enough); returns how many rows went.
     fn purge(&self, feed: &Feed) -> impl Future<Output = u64>;
 }
 

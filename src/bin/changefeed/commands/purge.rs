@@ -26,6 +26,9 @@ pub struct PurgedShard {
     pub purged_through: Option<Ulid>,
     /// Why it stopped: cutoff reached, held back by consumer X, max rows reached.
     pub stopped_because: String,
+    /// The consumers whose unread rows it deleted (or would delete), in name order: those not
+    /// registered (`changefeed.register_consumer`), and with `--force` any.
+    pub passed_consumers: Vec<String>,
 }
 
 /// Decodes the rows `purge_feed` returns.
@@ -37,12 +40,23 @@ pub fn purged_shards(rows: &[Row]) -> Result<Vec<PurgedShard>, Error> {
                 deleted: i64::column(row, position(row, "deleted")?)?,
                 purged_through: Option::<Ulid>::column(row, position(row, "purged_through")?)?,
                 stopped_because: String::column(row, position(row, "stopped_because")?)?,
+                // One ", "-joined list (names may hold commas: it is not split). A feed
+                // whose purge_feed predates registrations (skipped by an upgrade as broken)
+                // returns no such column.
+                passed_consumers: position(row, "passed_consumers")
+                    .ok()
+                    .map(|at| Option::<String>::column(row, at))
+                    .transpose()?
+                    .flatten()
+                    .into_iter()
+                    .collect(),
             })
         })
         .collect()
 }
 
-/// The `purge` report: a table of shards and the total line.
+/// The `purge` report: a table of shards, a line per shard that passed consumers, and the
+/// total line.
 pub fn purge_report(
     feed: &Feed,
     older_than: &str,
@@ -72,6 +86,17 @@ pub fn purge_report(
     let rows = plural(total.max(0) as u64, "row", "rows");
     let in_shards = plural(shards.len() as u64, "shard", "shards");
     let mut text = table.render("(no shards)");
+    for shard in shards
+        .iter()
+        .filter(|shard| !shard.passed_consumers.is_empty())
+    {
+        text.push_str(&format!(
+            "shard {}: {} rows not yet read by {}\n",
+            shard.shard,
+            if dry_run { "would delete" } else { "deleted" },
+            shard.passed_consumers.join(", ")
+        ));
+    }
     if dry_run {
         text.push_str(&format!(
             "would delete {rows} older than {older_than} from {feed} in {in_shards} (dry run: \
@@ -164,21 +189,24 @@ mod tests {
     #[test]
     fn purge_rows_become_a_report_with_a_total() {
         let through = Ulid::from_parts(1_714_564_800_123, 1);
-        let row = |shard: i32, deleted: i64, through: Option<Ulid>, why: &str| {
+        let row = |shard: i32, deleted: i64, through: Option<Ulid>, why: &str, passed| {
             row(vec![
                 ("shard_id", T::Int4, ColumnData::I32(Some(shard))),
                 ("deleted", T::Int8, ColumnData::I64(Some(deleted))),
                 ("purged_through", T::BigBinary, ulid(through)),
                 ("stopped_because", T::NVarchar, text(Some(why))),
                 ("dry_run", T::Bit, ColumnData::Bit(Some(false))),
+                ("passed_consumers", T::NVarchar, text(passed)),
             ])
         };
         let shards = purged_shards(&[
-            row(0, 1200, Some(through), "cutoff reached"),
-            row(1, 0, None, "held back by consumer billing"),
+            row(0, 1200, Some(through), "cutoff reached", Some("idle, x")),
+            row(1, 0, None, "held back by consumer billing", None),
         ])
         .unwrap();
         assert_eq!(shards[0].purged_through, Some(through));
+        assert_eq!(shards[0].passed_consumers, ["idle, x"]);
+        assert!(shards[1].passed_consumers.is_empty());
         let feed: Feed = "app.Order".parse().unwrap();
         let text = purge_report(&feed, "30d", false, &shards);
         assert_eq!(
@@ -187,11 +215,16 @@ mod tests {
                 "shard  deleted  purged_through              stopped_because\n    \
                  0     1200  {through}  cutoff reached\n    \
                  1        0  -                           held back by consumer billing\n\
+                 shard 0: deleted rows not yet read by idle, x\n\
                  deleted 1200 rows older than 30d from app.Order in 2 shards\n"
             )
         );
         let dry = purge_report(&feed, "30d", true, &shards);
         assert!(dry.starts_with("shard  would_delete"), "{dry}");
+        assert!(
+            dry.contains("shard 0: would delete rows not yet read by idle, x\n"),
+            "{dry}"
+        );
         assert!(dry.ends_with("would delete 1200 rows older than 30d from app.Order in 2 shards (dry run: nothing was deleted)\n"), "{dry}");
         let none = purge_report(&feed, "1d", false, &[]);
         assert_eq!(

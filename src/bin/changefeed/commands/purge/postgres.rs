@@ -46,6 +46,7 @@ pub async fn purge(connect: &Connect, purge: &PurgeArgs) -> Result<Vec<PurgedSha
             deleted: 0,
             purged_through: None,
             stopped_because: String::new(),
+            passed_consumers: Vec::new(),
         };
         loop {
             let left = purge
@@ -67,7 +68,8 @@ pub async fn purge(connect: &Connect, purge: &PurgeArgs) -> Result<Vec<PurgedSha
             let rows = call(
                 "purge_feed",
                 client.query(
-                    "select deleted, purged_through, stopped from changefeed.purge_feed($1, \
+                    "select deleted, purged_through, stopped, passed_consumers from \
+                     changefeed.purge_feed($1, \
                      p_older_than_ms => $2, p_shard => $3, p_max_rows => $4, p_force => $5, \
                      p_dry_run => $6)",
                     &[
@@ -93,6 +95,14 @@ pub async fn purge(connect: &Connect, purge: &PurgeArgs) -> Result<Vec<PurgedSha
                 outcome.purged_through = Some(Ulid::from_bytes(through));
             }
             outcome.stopped_because = stopped;
+            let passed: Option<Vec<String>> = row.try_get(3).map_err(decode)?;
+            // Each batch names the consumers below its own last row: keep every name once.
+            for consumer in passed.unwrap_or_default() {
+                if !outcome.passed_consumers.contains(&consumer) {
+                    outcome.passed_consumers.push(consumer);
+                }
+            }
+            outcome.passed_consumers.sort();
             let batch_full = !purge.dry_run
                 && outcome.stopped_because == MAX_ROWS_REACHED
                 && take.is_some_and(|take| u64::try_from(deleted).unwrap_or(0) >= take);
