@@ -10,8 +10,12 @@
 -- open transaction, never waits while the migration holds the regenerated procedures (a
 -- consumer calling one of them would deadlock with it). READCOMMITTEDLOCK: under
 -- READ_COMMITTED_SNAPSHOT a plain read would skip a first save being committed; a locking
--- read waits for it. Consumers an administrator unregistered between V95 and this migration
--- (possible only when the migrations ran in separate runs) are registered again.
+-- read waits for it, and releases each row once read: holding them to the commit would make
+-- every consumer's save wait for the whole regeneration. So a consumer whose FIRST save
+-- commits while this migration regenerates is not registered (consumer_lag shows
+-- holds_retention = 0; register it, docs/sql-server.md, Retention). Consumers an
+-- administrator unregistered between V95 and this migration (possible only when the
+-- migrations ran in separate runs) are registered again.
 insert into [changefeed].[registered_consumers] (feed_id, consumer)
 select distinct
     f.feed_id,

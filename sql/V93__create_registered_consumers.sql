@@ -31,7 +31,7 @@ create table [changefeed].[registered_consumers] (
 -- READ_COMMITTED_SNAPSHOT a plain read would skip a first save being committed (its row
 -- version is not yet there); a locking read waits for it and registers it. A consumer first
 -- saved after this read, before the feeds' purge_feed is regenerated, is registered by the
--- same statement at the end of V100.
+-- same statement at the start of V100.
 insert into [changefeed].[registered_consumers] (feed_id, consumer)
 select distinct
     f.feed_id,

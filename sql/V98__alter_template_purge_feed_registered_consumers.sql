@@ -308,9 +308,12 @@ begin
             purged_through,
             @reason,
             (
+                -- READUNCOMMITTED: the report only names who was passed, after the deletes
+                -- committed; a locking read here would wait (and end in 1222 after 5 s) for
+                -- any consumer's open save, registered or not, and lose the report.
                 select string_agg(convert(nvarchar(max), c.consumer), N', ')
                     within group (order by c.consumer)
-                from changefeed.consumer_cursor as c
+                from changefeed.consumer_cursor as c with (readuncommitted)
                 where
                     c.feed = N'changefeed.__template__'
                     and c.shard_id = @shard
