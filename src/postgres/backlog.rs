@@ -3,16 +3,25 @@
 
 use tokio_postgres::{Client, Row};
 
+use super::connection::{CALL_TIMEOUT, SERVER};
 use super::table::OutboxTable;
+use crate::call_bound::bounded;
 use crate::error::{Result, decode_error};
 use crate::outbox::{BACKLOG_COUNT_LIMIT, OutboxBacklog};
 
 /// The backlog of `table` read on `client`, a connection of your own (the store's
 /// [`PostgresOutboxStore::backlog`](super::PostgresOutboxStore::backlog) is the same on the
-/// store's connection). Bound it in time yourself, or use a connection from
-/// [`connect`](super::connect), whose statement timeout bounds it.
+/// store's connection), within [`CALL_TIMEOUT`]: past it, [`Error::Connection`] (the
+/// connection is then in an unknown state; drop it).
+///
+/// [`Error::Connection`]: crate::Error::Connection
 pub async fn backlog(client: &Client, table: &OutboxTable) -> Result<OutboxBacklog> {
-    read(client, &table.quoted()).await
+    let sql = backlog_query(&table.quoted());
+    let row = bounded(SERVER, CALL_TIMEOUT, "backlog", async {
+        Ok(client.query_one(&sql, &[]).await?)
+    })
+    .await?;
+    decode(&row)
 }
 
 /// The statement [`PostgresOutboxStore::backlog`](super::PostgresOutboxStore::backlog) runs
@@ -45,11 +54,6 @@ pub fn backlog_query(table: &str) -> String {
         count(3),
         count(4)
     )
-}
-
-/// Runs [`backlog_query`] on `client`.
-async fn read(client: &Client, table: &str) -> Result<OutboxBacklog> {
-    decode(&client.query_one(&backlog_query(table), &[]).await?)
 }
 
 /// The backlog in the row [`backlog_query`] returns.

@@ -215,9 +215,7 @@ async fn postgres_status(
     let decode = |e: tokio_postgres::Error| Failure::run(format!("status: {e}"));
     let rows = call("feed_status", client.query(postgres::FEED_STATUS, &[])).await?;
     let feeds = postgres::feed_shards(&rows).map_err(decode)?;
-    let outboxes = outboxes::postgres(&client)
-        .await
-        .map_err(|error| Failure::run(format!("status: {error}")))?;
+    let outboxes = outboxes::postgres(&client).await?;
     let consumers = if args.consumers {
         let rows = call("consumer_lag", client.query(postgres::CONSUMER_LAG, &[])).await?;
         Some(postgres::consumer_lags(&rows, &feeds).map_err(decode)?)

@@ -211,37 +211,29 @@ pub async fn mysql(
 /// permission missing, a column dropped) is shown with that problem; the others are still
 /// listed. A lost connection, or no answer within the call timeout, ends the command.
 #[cfg(feature = "postgres")]
-pub async fn postgres(client: &tokio_postgres::Client) -> Result<Vec<OutboxStatus>, Error> {
-    use changefeed::postgres::{CALL_TIMEOUT, OutboxTable, backlog};
+pub async fn postgres(
+    client: &tokio_postgres::Client,
+) -> Result<Vec<OutboxStatus>, crate::failure::Failure> {
+    use changefeed::postgres::{OutboxTable, backlog};
 
-    async fn bounded<T>(
-        what: &str,
-        work: impl Future<Output = Result<T, Error>>,
-    ) -> Result<T, Error> {
-        tokio::time::timeout(CALL_TIMEOUT, work)
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::Connection(format!(
-                    "{what}: PostgreSQL did not answer within {CALL_TIMEOUT:?}"
-                )))
-            })
-    }
-    let rows = bounded("listing the outboxes", async {
-        Ok(client
-            .query(
-                "select n.nspname::text, c.relname::text \
-                 from pg_trigger as t \
-                 join pg_proc as p on p.oid = t.tgfoid \
-                 join pg_namespace as pn on pn.oid = p.pronamespace \
-                 join pg_class as c on c.oid = t.tgrelid \
-                 join pg_namespace as n on n.oid = c.relnamespace \
-                 where t.tgname = 'changefeed_order' and pn.nspname = 'changefeed' \
-                 and p.proname = 'order_aggregate' \
-                 order by n.nspname, c.relname",
-                &[],
-            )
-            .await?)
-    })
+    use crate::database::postgres::call;
+    use crate::failure::Failure;
+
+    let rows = call(
+        "listing the outboxes",
+        client.query(
+            "select n.nspname::text, c.relname::text \
+             from pg_trigger as t \
+             join pg_proc as p on p.oid = t.tgfoid \
+             join pg_namespace as pn on pn.oid = p.pronamespace \
+             join pg_class as c on c.oid = t.tgrelid \
+             join pg_namespace as n on n.oid = c.relnamespace \
+             where t.tgname = 'changefeed_order' and pn.nspname = 'changefeed' \
+             and p.proname = 'order_aggregate' \
+             order by n.nspname, c.relname",
+            &[],
+        ),
+    )
     .await?;
     let mut outboxes = Vec::with_capacity(rows.len());
     for row in &rows {
@@ -256,12 +248,13 @@ pub async fn postgres(client: &tokio_postgres::Client) -> Result<Vec<OutboxStatu
         // A table changefeed would not have made (its name is not one setup_outbox takes):
         // shown, not read.
         match status.outbox.parse::<OutboxTable>() {
-            Ok(table) => match bounded("the backlog", backlog(client, &table)).await {
+            // Bounded in time by the library.
+            Ok(table) => match backlog(client, &table).await {
                 Ok(read) => status.backlog = Some(read),
                 Err(error) if !matches!(error, Error::Connection(_)) => {
                     status.problem = Some(format!("backlog of {table}: {error}"));
                 }
-                Err(error) => return Err(error),
+                Err(error) => return Err(Failure::run(format!("status: {error}"))),
             },
             Err(error) => status.problem = Some(error.to_string()),
         }
