@@ -17,9 +17,11 @@
 -- administrator unregistered between V95 and this migration (possible only when the
 -- migrations ran in separate runs) are registered again.
 insert into [changefeed].[registered_consumers] (feed_id, consumer)
+-- distinct in the key's collation (the database's now), so that two names the key holds
+-- equal are one row, not a duplicate key (2627), where the collation changed since V38.
 select distinct
     f.feed_id,
-    c.consumer
+    c.consumer collate database_default as consumer
 from [changefeed].[consumer_cursor] as c with (readcommittedlock)
 inner join [changefeed].[feeds] as f
     on c.feed = f.schema_name + N'.' + f.table_name

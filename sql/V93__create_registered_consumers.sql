@@ -33,9 +33,11 @@ create table [changefeed].[registered_consumers] (
 -- saved after this read, before the feeds' purge_feed is regenerated, is registered by the
 -- same statement at the start of V100.
 insert into [changefeed].[registered_consumers] (feed_id, consumer)
+-- distinct in the key's collation (the database's now), so that two names the key holds
+-- equal are one row, not a duplicate key (2627), where the collation changed since V38.
 select distinct
     f.feed_id,
-    c.consumer
+    c.consumer collate database_default as consumer
 from [changefeed].[consumer_cursor] as c with (readcommittedlock)
 inner join [changefeed].[feeds] as f
     on c.feed = f.schema_name + N'.' + f.table_name
