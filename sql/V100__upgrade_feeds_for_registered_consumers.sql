@@ -27,7 +27,10 @@ inner join [changefeed].[feeds] as f
     on c.feed = f.schema_name + N'.' + f.table_name
 where not exists (
     select 1
-    from [changefeed].[registered_consumers] as r
+    -- UPDLOCK, HOLDLOCK: a register_consumer of the same consumer committing between this
+    -- check and the insert would fail the migration with 2627; it waits instead (as
+    -- register_consumer's own check does).
+    from [changefeed].[registered_consumers] as r with (updlock, holdlock)
     where r.feed_id = f.feed_id and r.consumer = c.consumer collate database_default
 );
 

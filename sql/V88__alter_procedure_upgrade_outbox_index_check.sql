@@ -7,8 +7,9 @@
 --     anything is regenerated, with the statement that fixes it: its code would fail to be
 --     created (Msg 207) or fail on every call (Msg 308), or scan and wait where it must
 --     seek, and a regeneration that failed here would doom the caller's transaction under
---     XACT_ABORT. A table that does not exist is not checked here (upgrade_all_feeds
---     reports it);
+--     XACT_ABORT. A table that does not exist is refused too (51016, with the text
+--     upgrade_all_feeds records for it, which skips such an outbox): regenerated, it would
+--     get code for no table and lose the problem the registry records;
 --   * what the code needs and the table may lack, the upgrade adds: claim_expires_at, which
 --     the migration that introduced it gave only the outboxes it did not skip as broken. An
 --     outbox repaired since is given it here by create_outbox_storage, as that migration
@@ -73,7 +74,15 @@ begin
     end;
 
     set @table_id = object_id(quotename(@schema_name) + N'.' + quotename(@object_name), N'U');
-    if @table_id is not null
+    if @table_id is null
+    begin
+        set @message = N'The claim outbox table ''' + @schema_name + N'.' + @object_name
+            + N''' was dropped or renamed. Create it again (or rename it back):'
+            + N' exec changefeed.setup_outbox @table_name = N'''
+            + replace(@schema_name + N'.' + @object_name, N'''', N'''''') + N''';';
+        throw 51016, @message, 1;
+    end
+    else
     begin
         select @problem = problem
         from changefeed.outbox_problem(@table_id, @schema_name, @object_name, @native_json);
@@ -87,18 +96,17 @@ begin
 
         -- A column of the template outbox the table lacks is one outbox_problem leaves to
         -- the upgrade (claim_expires_at, see the top): create_outbox_storage adds it.
-        if @table_id is not null
-            and exists (
-                select 1
-                from sys.columns as t
-                where
-                    t.object_id = object_id(N'[changefeed].[__template_outbox__]', N'U')
-                    and not exists (
-                        select 1
-                        from sys.columns as c
-                        where c.object_id = @table_id and c.name = t.name
-                    )
-            )
+        if exists (
+            select 1
+            from sys.columns as t
+            where
+                t.object_id = object_id(N'[changefeed].[__template_outbox__]', N'U')
+                and not exists (
+                    select 1
+                    from sys.columns as c
+                    where c.object_id = @table_id and c.name = t.name
+                )
+        )
             exec changefeed.create_outbox_storage
                 @schema_name = @schema_name,
                 @table_name = @object_name,
