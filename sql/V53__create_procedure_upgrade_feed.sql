@@ -17,8 +17,31 @@
 -- A feed whose event table's primary key changed since setup is refused (51014) before any
 -- object is regenerated: its storage holds the old key, so the new code would not compile,
 -- and under XACT_ABORT the failure would doom the caller's transaction.
+--
+-- @refresh_status = 0 leaves changefeed.feed_status to the caller: upgrade_all_feeds
+-- rebuilds it once after every feed (one rebuild per feed would make an upgrade of N feeds
+-- cost O(N^2)). Regenerating a feed never changes its status view's columns (the templates
+-- have the same ones), so the view stays valid in between.
+--
+-- A feed raised from a generator version below 5 gets the purge_feed that holds back only
+-- for registered consumers (V98). Its consumers were created under the old rule, where any
+-- saved cursor held purge back, so those with a saved cursor and no registration are
+-- registered here, in the transaction that regenerates the feed: no purge runs the new code
+-- before they are (the migration that introduced registrations registered the consumers
+-- it found; this catches those first saved since then). A consumer unregistered by an
+-- administrator while the feed still had the old code is registered again: until this
+-- upgrade the old purge_feed held back for it all the same.
+--
+-- Order inside the transaction: every statement that may wait for an application's
+-- transaction (the locking read of saved cursors, waiting for a first save being committed;
+-- the update of the feed's registry row, on which save_cursor and load_cursor hold a shared
+-- lock until the consumer's transaction ends) runs BEFORE any of the feed's procedures is
+-- altered. A consumer that waits for this transaction's altered read_feed while holding what
+-- these statements wait for would otherwise deadlock with it. Each such wait is bounded by
+-- the session's LOCK_TIMEOUT (upgrade_all_feeds sets 2 s when the session has none).
 create or alter procedure [changefeed].[upgrade_feed]
-    @table_name nvarchar(4000)
+    @table_name nvarchar(4000),
+    @refresh_status bit = 1
 as
 begin
     set nocount, xact_abort on;
@@ -102,6 +125,40 @@ begin
         begin transaction;
         exec changefeed.lock_generators;
 
+        -- Read under the generators lock: no other upgrade changes it meanwhile.
+        if exists (
+            select 1
+            from changefeed.feeds
+            where feed_id = @feed_id and generator_version < 5
+        )
+            -- As the migration that introduced registrations did (V93, V100): distinct in
+            -- the key's collation (the database's), so that two names the key holds equal
+            -- are one row, not a duplicate key (2627). READCOMMITTEDLOCK: under
+            -- READ_COMMITTED_SNAPSHOT a plain read would miss a first save being committed;
+            -- a locking read waits for it (LOCK_TIMEOUT) and registers it. UPDLOCK, HOLDLOCK:
+            -- a register_consumer of the same consumer committing between the check and
+            -- the insert would fail this with 2627; it waits instead.
+            insert into [changefeed].[registered_consumers] (feed_id, consumer)
+            select distinct
+                @feed_id as feed_id,
+                c.consumer collate database_default as consumer
+            from [changefeed].[consumer_cursor] as c with (readcommittedlock)
+            where
+                c.feed = @schema_name + N'.' + @object_name
+                and not exists (
+                    select 1
+                    from [changefeed].[registered_consumers] as r with (updlock, holdlock)
+                    where
+                        r.feed_id = @feed_id
+                        and r.consumer = c.consumer collate database_default
+                );
+
+        update changefeed.feeds
+        set
+            generator_version = changefeed.generator_version(),
+            upgraded_at = sysutcdatetime()
+        where feed_id = @feed_id;
+
         declare code_objects cursor local fast_forward for
         select
             f.kind,
@@ -131,17 +188,12 @@ begin
         close code_objects;
         deallocate code_objects;
 
-        update changefeed.feeds
-        set
-            generator_version = changefeed.generator_version(),
-            upgraded_at = sysutcdatetime()
-        where feed_id = @feed_id;
-
         exec changefeed.grant_feed_roles
             @schema_name = @schema_name,
             @table_name = @object_name,
             @mode = @mode;
-        exec changefeed.refresh_feed_status;
+        if isnull(@refresh_status, 1) = 1
+            exec changefeed.refresh_feed_status;
 
         commit transaction;
     end try
