@@ -18,7 +18,8 @@
 -- (drop_existing): that index holds only open rows (pending, processing, failed), so this
 -- costs what those rows cost, under a schema lock on the table for that time.
 --
--- Lock waits are bounded (60 s, then 51012: transient, retry), see the first statements.
+-- Lock waits are bounded (the session's LOCK_TIMEOUT when it is shorter, else 60 s; then
+-- 51012: transient, retry), see the first statements.
 --
 -- status: 0 pending, 1 processing, 2 done, 3 failed (due again at next_retry_at), 4 dead.
 -- attempts counts failures: mark_failed and expired claims, never a plain claim.
@@ -54,9 +55,13 @@ begin
     -- constraint) needs a schema-modification lock on it, which waits for every
     -- transaction that uses the table: an open enqueue of a business transaction, a claim,
     -- a long query. Bounded, as the generators lock is (60 s, then 51012 below), so that
-    -- setup_outbox, upgrade_outbox and the migrations that call them never wait without
-    -- end. Reverts on return.
-    set lock_timeout 60000;
+    -- setup_outbox and upgrade_outbox never wait without end. A caller's shorter bound is
+    -- kept: upgrade_all_feeds runs with 2 s, and while this waits for the schema lock every
+    -- enqueue, claim and acknowledgement of the table queues behind it, so the shorter the
+    -- wait, the shorter theirs. Reverts on return.
+    if @@lock_timeout < 0 or @@lock_timeout > 60000
+        set lock_timeout 60000;
+    declare @lock_timeout_ms int = @@lock_timeout;
 
     declare @table nvarchar(300) = quotename(@schema_name) + N'.' + quotename(@table_name);
     declare @json_type nvarchar(20) = case
@@ -234,9 +239,9 @@ begin
         begin
             if @@trancount > 0 rollback transaction;
             set @message = N'Changing the claim outbox table ' + @table
-                + N' waited over 60 s for a lock that another transaction holds on it (an'
-                + N' open enqueue, a claim, a long query). Retry when that transaction has'
-                + N' ended.';
+                + N' waited over ' + convert(nvarchar(11), @lock_timeout_ms)
+                + N' ms for a lock that another transaction holds on it (an open enqueue, a'
+                + N' claim, a long query). Retry when that transaction has ended.';
             throw 51012, @message, 1;
         end;
         if @@trancount > 0 rollback transaction;

@@ -15,8 +15,10 @@
 --     outbox repaired since is given it here by create_outbox_storage, as that migration
 --     gave it every other one (the column, nullable without a default: metadata only; and
 --     open_messages re-created to include it). create_outbox_storage bounds its lock waits
---     (60 s, then 51012), so an upgrade never waits without end for a transaction that
---     holds the table;
+--     (the session's LOCK_TIMEOUT when shorter, as upgrade_all_feeds' 2 s, else 60 s; then
+--     51012), so an upgrade never waits without end for a transaction that holds the table.
+--     It runs before any procedure is regenerated, so it never waits while this transaction
+--     holds the outbox's altered procedures;
 --   * a registered outbox is found by the registry's spelling of its name and regenerated
 --     under it, without changefeed.check_table_name: the names were checked when the outbox
 --     was set up, and the rule has since changed only how a length is counted. Since V71
