@@ -1,157 +1,318 @@
--- (Replaces V54's.) What changed: an outbox that changefeed.outbox_problem finds broken (a
--- column its code names missing, every one of them named; an index its code names in hints
--- missing or reshaped) is skipped and reported, before anything is regenerated:
--- regenerating it would leave code that fails on every call (Msg 308), or scans where it
--- must seek, or fail here and roll the whole upgrade back. An outbox that lacks only
--- claim_expires_at is not broken: upgrade_outbox adds that column. upgrade_outbox finds an
--- outbox by its registered name, so a name of 109 to 111 UTF-16 units from before V71
--- (which V54's version had to skip) is regenerated too.
--- Regenerates the code of every registered feed and claim outbox from the current
--- templates, in one transaction. A migration that changes a template ends with
--- exec changefeed.upgrade_all_feeds.
+-- (Replaces V54's.) Regenerates the code of every registered feed and claim outbox from the
+-- current templates. No migration calls it: the code is regenerated AFTER the migrations,
+-- object by object (changefeed::migrations::migrate and `changefeed migrate` call
+-- exec changefeed.upgrade_all_feeds @only_outdated = 1; outside any transaction; a team that
+-- applies sql/ with another tool runs that itself, docs/sql-server.md).
 --
--- One broken feed or outbox must not stop the upgrade of every other one, nor the migration
--- that runs this. Catching the failure is not enough: under SET XACT_ABORT ON (which every
--- procedure of the bundle sets) an error inside TRY leaves the transaction uncommittable
--- (XACT_STATE() = -1), and such a transaction can neither commit nor roll back to a
--- savepoint, only roll back whole, taking the caller's migration with it. So every defect
--- that would make a regeneration fail is looked for BEFORE regenerating, and the broken
--- object is skipped: its old code stays as it is, and its problem is recorded.
+-- @only_outdated = 1 regenerates only the objects whose registry generator_version is below
+-- changefeed.generator_version(); the others are reported 'current'. 0 regenerates all.
+--
+-- Transactions. Called with no transaction open (@@trancount = 0), every object is checked
+-- and regenerated in a transaction of its own (take the generators lock, check, regenerate,
+-- commit), so an application call waits on the upgrade for at most one object's transaction,
+-- never for the whole database's. A session with no lock timeout (LOCK_TIMEOUT -1) gets
+-- 2000 ms here (reverts on return): every statement that waits for an application's locks
+-- gives up after that. An object whose transaction fails with 1222 (a lock not granted
+-- within LOCK_TIMEOUT), 1205 (chosen as a deadlock victim) or 51012 (the generators lock,
+-- or create_outbox_storage's bounded wait for the outbox table) is rolled back alone and
+-- tried again after waitfor delay '00:00:01', at most 3 times, then reported 'busy': its old
+-- code keeps running; run this again. Any other error rolls back that object alone and is
+-- reported 'failed' with its number and message; the others go on. The problems are
+-- recorded first (one transaction) and feed_status rebuilt once last (another); either one
+-- failing after its retries fails the call with its error (nothing is half-done: each object
+-- is committed or not).
+-- Called inside a caller's transaction (@@trancount > 0), everything runs in that
+-- transaction, as the caller chose: no retry (an error under XACT_ABORT dooms the
+-- transaction), the first error rolls it back and is raised, and locks are held to the
+-- caller's commit. The caller's LOCK_TIMEOUT is left as it is.
+--
+-- The work is linear in the number of feeds and outboxes: problems recorded in one pass,
+-- each object regenerated once (upgrade_feed @refresh_status = 0), feed_status rebuilt once.
+--
+-- One broken feed or outbox must not stop the upgrade of every other one. Under SET
+-- XACT_ABORT ON an error inside TRY leaves the transaction uncommittable, so in a caller's
+-- transaction every defect that would make a regeneration fail is looked for BEFORE
+-- regenerating, and the broken object is skipped: its old code stays as it is, and its
+-- problem is recorded.
 --   * a feed: changefeed.refresh_feed_status records feeds.problem (the event table dropped
 --     or re-created, its shard or ULID column gone, its primary key changed since setup);
 --   * a claim outbox: its table is missing, or changefeed.outbox_problem finds it broken (a
 --     column the template outbox has and its procedures name is missing from it, renamed
 --     or dropped; an index its procedures name in hints is missing or not as they need
 --     it: the clustered index on (id), head_of_aggregate); recorded in outboxes.problem.
--- A defect of another kind still fails the whole upgrade, which then changes nothing.
+--     Regenerated, such an outbox would get code that fails on every call (Msg 308) or
+--     scans where it must seek. An outbox that lacks only claim_expires_at is not broken:
+--     upgrade_outbox adds that column. upgrade_outbox finds an outbox by its registered
+--     name, so a name of 109 to 111 UTF-16 units from before V71 is regenerated too.
 --
--- Returns one row per feed and outbox: kind ('feed' or 'outbox'), name ('schema.table'),
--- upgraded (1, or 0 when skipped) and problem (why it was skipped and the statement that
--- fixes it; NULL when upgraded). feed_status shows a feed's problem; outboxes.problem keeps
--- an outbox's until the next upgrade finds it fixed.
+-- Returns, once everything is committed, one row per feed (by feed_id) then per outbox (by
+-- outbox_id), the contract changefeed::migrations reads:
+--   kind     varchar(10)     'feed' or 'outbox'
+--   name     nvarchar(257)   'schema.table', the registry's spelling
+--   upgraded bit             1 when regenerated by this call, else 0
+--   outcome  varchar(10)     'upgraded', 'current', 'broken', 'busy' or 'failed'
+--   problem  nvarchar(1000)  why it was not upgraded and what fixes it; NULL for upgraded
+--                            and current
+-- A feed or outbox torn down while this runs is left out. feed_status shows a feed's
+-- problem; outboxes.problem keeps an outbox's until an upgrade finds it fixed.
 create or alter procedure [changefeed].[upgrade_all_feeds]
+    @only_outdated bit = 0
 as
 begin
     set nocount, xact_abort on;
-    -- This procedure commits its own transaction: with IMPLICIT_TRANSACTIONS ON (JDBC with
-    -- autocommit off, pyodbc's default) its begin transaction would open two levels and its
-    -- commit leave one open, with every lock held. The setting reverts when it returns.
+    -- Each object's transaction is begun and committed here: with IMPLICIT_TRANSACTIONS ON
+    -- (JDBC with autocommit off, pyodbc's default) a begin transaction would open two levels
+    -- and its commit leave one open, with every lock held. The setting reverts on return.
     set implicit_transactions off;
 
-    declare @table_name nvarchar(300);
     declare @template_outbox int = object_id(N'[changefeed].[__template_outbox__]', N'U');
-    -- Returned once everything is committed.
-    declare @report table (
+    -- 1: a transaction per step, retried (see the top); 0: the caller's transaction.
+    declare @own bit = case when @@trancount = 0 then 1 else 0 end;
+    declare @current_version int = changefeed.generator_version();
+    declare @position int = 1;
+    declare @step_kind varchar(10);
+    declare @item_id int;
+    declare @table_name nvarchar(300);
+    declare @registered_problem nvarchar(1000);
+    declare @registered_version int;
+    declare @found bit;
+    declare @outcome varchar(10);
+    declare @attempt int;
+    declare @done bit;
+    declare @error_number int;
+    declare @error_message nvarchar(4000);
+    -- The work, in order: the problems, every feed, every outbox, feed_status. The feeds'
+    -- and outboxes' rows are the report. A table variable: its rows survive the rollback of
+    -- one object's transaction.
+    declare @steps table (
+        position int identity (1, 1) not null primary key,
         kind varchar(10) not null,
-        name nvarchar(257) not null,
-        upgraded bit not null,
-        problem nvarchar(1000) null,
-        position int identity (1, 1) not null primary key
+        item_id int null,
+        name nvarchar(257) null,
+        outcome varchar(10) null,
+        problem nvarchar(1000) null
     );
 
     if @template_outbox is null
         throw 51009, N'upgrade_all_feeds: the template outbox is missing. Re-apply the changefeed migrations.', 1;
 
-    begin try
-        begin transaction;
-        exec changefeed.lock_generators;
+    -- Every wait for another transaction's locks is bounded (see the top).
+    if @own = 1 and @@lock_timeout < 0
+        set lock_timeout 2000;
 
-        -- Records each feed's problem (and rebuilds feed_status around the broken ones, so
-        -- that upgrade_feed's own refresh below cannot fail on them).
-        exec changefeed.refresh_feed_status;
+    insert into @steps (kind) values ('problems');
 
-        declare feeds_to_upgrade cursor local fast_forward for
-        select schema_name + N'.' + table_name
-        from changefeed.feeds
-        where problem is null
-        order by feed_id;
-
-        open feeds_to_upgrade;
-        fetch next from feeds_to_upgrade into @table_name;
-        while @@fetch_status = 0
-        begin
-            exec changefeed.upgrade_feed @table_name = @table_name;
-            fetch next from feeds_to_upgrade into @table_name;
-        end;
-        close feeds_to_upgrade;
-        deallocate feeds_to_upgrade;
-
-        insert into @report (kind, name, upgraded, problem)
+    while exists (select 1 from @steps where position = @position)
+    begin
         select
-            'feed',
-            schema_name + N'.' + table_name,
-            convert(bit, case when problem is null then 1 else 0 end),
-            problem
-        from changefeed.feeds
-        order by feed_id;
+            @step_kind = kind,
+            @item_id = item_id
+        from @steps
+        where position = @position;
 
-        -- Each outbox's problem. Only rows whose problem changed are written.
-        update o
-        set problem = p.problem
-        from changefeed.outboxes as o
-        cross apply (
-            select
-                object_id(quotename(o.schema_name) + N'.' + quotename(o.table_name), N'U')
-                    as table_id
-        ) as h
-        -- Used only where the table exists (the case below tries that first).
-        cross apply changefeed.outbox_problem(
-            h.table_id, o.schema_name, o.table_name, o.native_json
-        ) as x
-        cross apply (
-            -- Explicitly cut to the column's length: long names must not make the update
-            -- fail on truncation (Msg 2628) and so fail the upgrade.
-            select
-                convert(nvarchar(1000), case
-                    when h.table_id is null
-                        then
-                            N'The claim outbox table ''' + o.schema_name + N'.' + o.table_name
-                            + N''' was dropped or renamed. Create it again (or rename it back):'
-                            + N' exec changefeed.setup_outbox @table_name = N'''
-                            + replace(o.schema_name + N'.' + o.table_name, N'''', N'''''')
-                            + N''';'
-                    else x.problem
-                end) as problem
-        ) as p
-        where isnull(o.problem, N'') <> isnull(p.problem, N'');
-
-        declare outboxes_to_upgrade cursor local fast_forward for
-        select schema_name + N'.' + table_name
-        from changefeed.outboxes
-        where problem is null
-        order by outbox_id;
-
-        open outboxes_to_upgrade;
-        fetch next from outboxes_to_upgrade into @table_name;
-        while @@fetch_status = 0
+        set @attempt = 0;
+        set @done = 0;
+        while @done = 0
         begin
-            exec changefeed.upgrade_outbox @table_name = @table_name;
-            fetch next from outboxes_to_upgrade into @table_name;
+            set @attempt = @attempt + 1;
+            set @outcome = null;
+            set @registered_problem = null;
+            begin try
+                if @own = 1
+                    begin transaction;
+                exec changefeed.lock_generators;
+
+                if @step_kind = 'problems'
+                begin
+                    -- Each feed's problem (feed_status is rebuilt by the last step).
+                    exec changefeed.refresh_feed_status @problems_only = 1;
+
+                    -- Each outbox's problem. Only rows whose problem changed are written.
+                    update o
+                    set problem = p.problem
+                    from changefeed.outboxes as o
+                    cross apply (
+                        select
+                            object_id(
+                                quotename(o.schema_name) + N'.' + quotename(o.table_name),
+                                N'U'
+                            ) as table_id
+                    ) as h
+                    -- Used only where the table exists (the case below tries that first).
+                    cross apply changefeed.outbox_problem(
+                        h.table_id, o.schema_name, o.table_name, o.native_json
+                    ) as x
+                    cross apply (
+                        -- Explicitly cut to the column's length: long names must not make
+                        -- the update fail on truncation (Msg 2628).
+                        select
+                            convert(nvarchar(1000), case
+                                when h.table_id is null
+                                    then
+                                        N'The claim outbox table ''' + o.schema_name + N'.'
+                                        + o.table_name + N''' was dropped or renamed. Create'
+                                        + N' it again (or rename it back): exec'
+                                        + N' changefeed.setup_outbox @table_name = N'''
+                                        + replace(
+                                            o.schema_name + N'.' + o.table_name,
+                                            N'''',
+                                            N''''''
+                                        )
+                                        + N''';'
+                                else x.problem
+                            end) as problem
+                    ) as p
+                    where isnull(o.problem, N'') <> isnull(p.problem, N'');
+                end
+                else if @step_kind = 'feed'
+                begin
+                    set @found = 0;
+                    select
+                        @found = 1,
+                        @table_name = schema_name + N'.' + table_name,
+                        @registered_problem = problem,
+                        @registered_version = generator_version
+                    from changefeed.feeds
+                    where feed_id = @item_id;
+
+                    if @found = 1
+                        set @outcome = case
+                            when @registered_problem is not null then 'broken'
+                            when
+                                isnull(@only_outdated, 0) = 1
+                                and @registered_version >= @current_version
+                                then 'current'
+                            else 'upgraded'
+                        end;
+                    if @outcome = 'upgraded'
+                        exec changefeed.upgrade_feed
+                            @table_name = @table_name,
+                            @refresh_status = 0;
+                end
+                else if @step_kind = 'outbox'
+                begin
+                    set @found = 0;
+                    select
+                        @found = 1,
+                        @table_name = schema_name + N'.' + table_name,
+                        @registered_problem = problem,
+                        @registered_version = generator_version
+                    from changefeed.outboxes
+                    where outbox_id = @item_id;
+
+                    if @found = 1
+                        set @outcome = case
+                            when @registered_problem is not null then 'broken'
+                            when
+                                isnull(@only_outdated, 0) = 1
+                                and @registered_version >= @current_version
+                                then 'current'
+                            else 'upgraded'
+                        end;
+                    if @outcome = 'upgraded'
+                        exec changefeed.upgrade_outbox @table_name = @table_name;
+                end
+                else
+                    -- 'status': once, after every feed.
+                    exec changefeed.refresh_feed_status;
+
+                if @own = 1
+                    commit transaction;
+                set @done = 1;
+
+                update @steps
+                set
+                    outcome = @outcome,
+                    problem = case when @outcome = 'broken' then @registered_problem end
+                where position = @position;
+
+                -- The objects to go through, read once the problems are recorded.
+                if @step_kind = 'problems'
+                begin
+                    insert into @steps (kind, item_id, name)
+                    select
+                        'feed',
+                        feed_id,
+                        schema_name + N'.' + table_name
+                    from changefeed.feeds
+                    order by feed_id;
+
+                    insert into @steps (kind, item_id, name)
+                    select
+                        'outbox',
+                        outbox_id,
+                        schema_name + N'.' + table_name
+                    from changefeed.outboxes
+                    order by outbox_id;
+
+                    insert into @steps (kind) values ('status');
+                end;
+            end try
+            begin catch
+                -- In the caller's transaction: it is doomed (XACT_ABORT); as before this
+                -- version, roll back and raise.
+                if @own = 0
+                begin
+                    if @@trancount > 0 rollback transaction;
+                    throw;
+                end;
+                -- This step's own transaction, and only it.
+                if @@trancount > 0 rollback transaction;
+                set @error_number = error_number();
+                set @error_message = error_message();
+
+                if @error_number in (1222, 1205, 51012) and @attempt < 4
+                    -- Outside any transaction: nothing is held while it waits.
+                    waitfor delay '00:00:01';
+                else if @step_kind in ('problems', 'status')
+                begin
+                    -- Not an object's: nothing to report it under. Regenerated objects
+                    -- stay committed; a run again finds them current.
+                    set @done = 1;
+                    throw;
+                end
+                else
+                begin
+                    set @done = 1;
+                    update @steps
+                    set
+                        outcome = case
+                            when @error_number in (1222, 1205, 51012) then 'busy'
+                            else 'failed'
+                        end,
+                        problem = convert(nvarchar(1000), case
+                            when @error_number in (1222, 1205, 51012)
+                                then
+                                    N'Not upgraded: another transaction held a lock it needs'
+                                    + N' (or it was chosen as a deadlock victim) in each of '
+                                    + convert(nvarchar(11), @attempt) + N' attempts; the'
+                                    + N' last gave error '
+                                    + convert(nvarchar(11), @error_number) + N': '
+                                    + @error_message + N' Its previous code keeps running.'
+                                    + N' Run exec changefeed.upgrade_all_feeds'
+                                    + N' @only_outdated = 1; again at a quieter moment.'
+                            else
+                                N'Not upgraded: error '
+                                + convert(nvarchar(11), @error_number) + N': '
+                                + @error_message + N' Its previous code keeps running.'
+                                + N' Fix the cause, then run exec'
+                                + N' changefeed.upgrade_all_feeds @only_outdated = 1;'
+                        end)
+                    where position = @position;
+                end;
+            end catch;
         end;
-        close outboxes_to_upgrade;
-        deallocate outboxes_to_upgrade;
 
-        insert into @report (kind, name, upgraded, problem)
-        select
-            'outbox',
-            schema_name + N'.' + table_name,
-            convert(bit, case when problem is null then 1 else 0 end),
-            problem
-        from changefeed.outboxes
-        order by outbox_id;
-
-        commit transaction;
-    end try
-    begin catch
-        if @@trancount > 0 rollback transaction;
-        throw;
-    end catch;
+        set @position = @position + 1;
+    end;
 
     select
         kind,
         name,
-        upgraded,
+        convert(bit, case when outcome = 'upgraded' then 1 else 0 end) as upgraded,
+        outcome,
         problem
-    from @report
+    from @steps
+    where kind in ('feed', 'outbox') and outcome is not null
     order by position;
 end
