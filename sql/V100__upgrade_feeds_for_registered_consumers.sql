@@ -1,19 +1,16 @@
--- Regenerates every feed's and claim outbox's code from the current templates, so every
--- outbox-mode feed's purge_feed holds back only for registered consumers (V98; the consumers
--- that had saved cursors before the upgrade were registered by V93), and records generator
--- version 5 (V99). A broken feed or outbox is skipped and reported, as before (V89).
--- The consumers first saved since V93 registered the existing ones (while every feed still
--- had the old purge_feed, which any saved cursor holds back) are registered too, as V93 does
--- and by the same statement: they were created under the old rule. This runs in the
--- migration's transaction with the regeneration, so no purge runs the new code before they
--- are registered; and before it, so that this locking read, which may wait for a consumer's
--- open transaction, never waits while the migration holds the regenerated procedures (a
--- consumer calling one of them would deadlock with it). READCOMMITTEDLOCK: under
--- READ_COMMITTED_SNAPSHOT a plain read would skip a first save being committed; a locking
--- read waits for it, and releases each row once read: holding them to the commit would make
--- every consumer's save wait for the whole regeneration. So a consumer whose FIRST save
--- commits while this migration regenerates is not registered (consumer_lag shows
--- holds_retention = 0; register it, docs/sql-server.md, Retention). Consumers an
+-- Registers the consumers first saved since V93 registered the existing ones, as V93 does and
+-- by the same statement: they were created under the old rule (any saved cursor held purge
+-- back), and every feed still has the old purge_feed. Every outbox-mode feed's purge_feed
+-- then holds back only for registered consumers (V98) once its code is regenerated, and the
+-- feed records generator version 5 (V99); regeneration runs after the migrations, object by
+-- object (exec changefeed.upgrade_all_feeds @only_outdated = 1; outside any transaction; V58
+-- says why no migration regenerates). upgrade_feed, raising a feed from a version below 5,
+-- registers in the same transaction the consumers saved since this migration, so none is
+-- lost in between, and no purge runs the new code before they are registered.
+-- READCOMMITTEDLOCK: under READ_COMMITTED_SNAPSHOT a plain read would skip a first save
+-- being committed; a locking read waits for it (bounded by the session's LOCK_TIMEOUT, 2 s
+-- under migrate, which retries the migration), and releases each row once read: holding
+-- them to the commit would make every consumer's save wait for the migration. Consumers an
 -- administrator unregistered between V95 and this migration (possible only when the
 -- migrations ran in separate runs) are registered again.
 insert into [changefeed].[registered_consumers] (feed_id, consumer)
@@ -33,5 +30,3 @@ where not exists (
     from [changefeed].[registered_consumers] as r with (updlock, holdlock)
     where r.feed_id = f.feed_id and r.consumer = c.consumer collate database_default
 );
-
-exec changefeed.upgrade_all_feeds;

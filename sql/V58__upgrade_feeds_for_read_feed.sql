@@ -1,5 +1,9 @@
--- Regenerates every feed's read_feed from the templates just changed (the serial,
--- ULID-ordered feed insert of outbox mode; the #read check of both modes), and every claim
--- outbox's procedures. A feed or outbox that cannot be regenerated is skipped and reported
--- (upgrade_all_feeds), so this migration commits all the same.
-exec changefeed.upgrade_all_feeds;
+-- The templates just changed (the serial, ULID-ordered feed insert of outbox mode; the #read
+-- check of both modes) reach every feed when its code is regenerated, which no migration
+-- does: regeneration runs after the migrations, object by object, each in its own short
+-- transaction (exec changefeed.upgrade_all_feeds @only_outdated = 1; outside any
+-- transaction, which changefeed::migrations::migrate and `changefeed migrate` run). Done
+-- here it would regenerate every feed and outbox in this migration's one transaction, and
+-- every call of a regenerated procedure would wait until the migration committed.
+-- This file is kept, with no statement (a batch of comments only), so that the numbering of
+-- the migrations after it stays as it is.

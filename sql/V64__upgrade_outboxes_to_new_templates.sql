@@ -1,3 +1,4 @@
--- Regenerates every feed's and claim outbox's code from the templates changed by the migrations
--- before this one (enqueue and claim of the claim outbox), in one transaction.
-exec changefeed.upgrade_all_feeds;
+-- The enqueue and claim templates changed before this file reach every claim outbox when its
+-- code is regenerated after the migrations, object by object (exec
+-- changefeed.upgrade_all_feeds @only_outdated = 1; outside any transaction; V58 says why no
+-- migration regenerates). Kept with no statement, so that the numbering stays as it is.

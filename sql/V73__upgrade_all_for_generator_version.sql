@@ -1,5 +1,6 @@
--- Records generator version 2 on every feed and claim outbox by regenerating their code from
--- the current templates (the code itself is what V58 and V64 already generated). A feed or
--- outbox that is skipped as broken keeps its older version, which is how an operator finds
--- it: select schema_name, table_name, generator_version, problem from changefeed.feeds.
-exec changefeed.upgrade_all_feeds;
+-- Generator version 2 (V72) is recorded on a feed or claim outbox when its code is
+-- regenerated after the migrations (exec changefeed.upgrade_all_feeds @only_outdated = 1;
+-- outside any transaction; V58 says why no migration regenerates). A feed or outbox skipped
+-- as broken, or reported busy, keeps its older version, which is how an operator finds it:
+-- select schema_name, table_name, generator_version, problem from changefeed.feeds.
+-- Kept with no statement, so that the numbering stays as it is.

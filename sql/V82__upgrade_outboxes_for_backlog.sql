@@ -1,5 +1,5 @@
--- Generates the backlog procedure (V79) of every registered claim outbox, and records
--- generator version 3 (V81) on every feed and outbox, by regenerating their code from the
--- current templates in one transaction. An outbox skipped as broken gets its backlog
--- procedure when it is repaired and upgraded (exec changefeed.upgrade_outbox).
-exec changefeed.upgrade_all_feeds;
+-- Every claim outbox gets its backlog procedure (V79) and records generator version 3 (V81)
+-- when its code is regenerated after the migrations (exec changefeed.upgrade_all_feeds
+-- @only_outdated = 1; outside any transaction; V58 says why no migration regenerates). An
+-- outbox skipped as broken gets it when it is repaired and upgraded (exec
+-- changefeed.upgrade_outbox). Kept with no statement, so that the numbering stays as it is.
