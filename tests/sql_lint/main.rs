@@ -78,6 +78,14 @@
 //!   claim's `@wait_ms`) pauses between its own transactions, or the pause would hold every
 //!   lock the transaction took (an enqueue, a claimer, an acknowledgement would wait for it).
 //!
+//! * R27 `no-regeneration-in-migration` — outside released migrations, no statement of a
+//!   migration (code before any module: a module's body is a procedure's, not the
+//!   migration's) executes `changefeed.upgrade_all_feeds`, `upgrade_feed` or
+//!   `upgrade_outbox`. Regenerating inside a migration does every object in the
+//!   migration's one transaction, and every call of a regenerated procedure waits until the
+//!   migration commits; regeneration is the step after the migrations, object by object
+//!   (`exec changefeed.upgrade_all_feeds @only_outdated = 1`, ARCHITECTURE.md).
+//!
 //! Over the whole bundle:
 //!
 //! * R20 `ordered-feed-insert` — a statement `insert into [changefeed].[feed:…]` in the
@@ -163,6 +171,7 @@ enum Rule {
     ReservedNameCollation,
     OutboxColumns,
     CatalogCollation,
+    NoRegenerationInMigration,
 }
 
 impl Rule {
@@ -195,6 +204,7 @@ impl Rule {
             Rule::ReservedNameCollation => "R24 reserved-name-collation",
             Rule::OutboxColumns => "R25 outbox-columns",
             Rule::CatalogCollation => "R26 catalog-collation",
+            Rule::NoRegenerationInMigration => "R27 no-regeneration-in-migration",
         }
     }
 }
@@ -1203,9 +1213,59 @@ fn lint_file_in(file: &str, src: &str, schema: &Schema) -> Vec<Violation> {
         }
     }
 
+    // R27
+    if !is_frozen(file) {
+        let migration_end = modules.first().map_or(code.len(), |m| m.statement);
+        for (line, name) in regenerations(&code[..migration_end]) {
+            sink.push(
+                line,
+                Rule::NoRegenerationInMigration,
+                format!(
+                    "this migration runs `changefeed.{name}`: it would regenerate every object \
+                     in the migration's one transaction, and every call of a regenerated \
+                     procedure would wait until the migration commits. Remove it: the code \
+                     is regenerated after the migrations, object by object, by `exec \
+                     changefeed.upgrade_all_feeds @only_outdated = 1` (migrate runs it; \
+                     ARCHITECTURE.md)."
+                ),
+            );
+        }
+    }
+
     let mut out = sink.out;
     out.sort_by_key(|v| (v.line, v.rule));
     out
+}
+
+/// R27: `exec[ute] [@status =] changefeed.upgrade_all_feeds | upgrade_feed | upgrade_outbox`
+/// (either part bracketed or not) → (line, procedure name).
+fn regenerations(code: &[&Token<'_>]) -> Vec<(usize, String)> {
+    const REGENERATORS: [&str; 3] = ["upgrade_all_feeds", "upgrade_feed", "upgrade_outbox"];
+    let mut found = Vec::new();
+    for i in 0..code.len() {
+        if !code[i].is_any(&["exec", "execute"]) {
+            continue;
+        }
+        let mut j = i + 1;
+        // `exec @status = changefeed.…`
+        if code.get(j).is_some_and(|t| t.text.starts_with('@'))
+            && code.get(j + 1).is_some_and(|t| t.is_punct(b'='))
+        {
+            j += 2;
+        }
+        let (Some(schema), Some(dot), Some(name)) = (code.get(j), code.get(j + 1), code.get(j + 2))
+        else {
+            continue;
+        };
+        let name = name.ident_value().to_ascii_lowercase();
+        if schema.ident_value().eq_ignore_ascii_case("changefeed")
+            && dot.is_punct(b'.')
+            && REGENERATORS.contains(&name.as_str())
+        {
+            found.push((code[i].line, name));
+        }
+    }
+    found
 }
 
 /// Whether `file` (`sql/V<n>__name.sql`, or an object `… (generated from sql/V<n>__name.sql)`)
@@ -2349,5 +2409,49 @@ fn a_pause_inside_a_transaction_fires() {
         &WAITING_PROCEDURE
             .replace("PAUSE_IN", "exec dbo.pause_wait;")
             .replace("PAUSE_OUT", ""),
+    );
+}
+
+// R27
+
+#[test]
+fn a_migration_that_regenerates_fires_unless_released() {
+    for call in [
+        "exec changefeed.upgrade_all_feeds;",
+        "EXECUTE [changefeed].[upgrade_feed] @table_name = N'dbo.t';",
+        "exec @status = changefeed.[Upgrade_Outbox] @table_name = N'dbo.o';",
+    ] {
+        let src = format!("-- a migration\ninsert into t (a) values (1);\n{call}\n");
+        assert_fires_saying(&src, Rule::NoRegenerationInMigration, 3, "@only_outdated = 1");
+        assert!(
+            lint_file("sql/V49__released.sql", &src).is_empty(),
+            "a released migration is exempt"
+        );
+        assert!(
+            lint_file("sql/V999__later.sql", &src)
+                .iter()
+                .any(|v| v.rule == Rule::NoRegenerationInMigration),
+            "a later migration is not"
+        );
+    }
+}
+
+#[test]
+fn a_regenerator_called_by_a_procedure_or_named_in_a_comment_does_not_fire() {
+    // A procedure's body is the procedure's: upgrade_all_feeds calls upgrade_feed.
+    assert_clean(
+        "create or alter procedure p as
+begin
+    set nocount, xact_abort on;
+    exec changefeed.upgrade_feed @table_name = N'dbo.t';
+end
+",
+    );
+    assert_clean(
+        "-- No migration runs exec changefeed.upgrade_all_feeds; it runs after them.
+select N'exec changefeed.upgrade_outbox' as hint;
+exec changefeed.upgrade_something_else;
+exec dbo.upgrade_all_feeds;
+",
     );
 }
