@@ -11,8 +11,9 @@
 //!
 //! A change to the bundle is a new migration file after the last frozen one; for generated
 //! per-feed or per-outbox code that is the template upgrade pattern: the new version of the
-//! template (`create or alter` of the template object) plus `exec
-//! changefeed.upgrade_all_feeds` (ARCHITECTURE.md).
+//! template (`create or alter` of the template object) and a new generator version; the code
+//! is regenerated after the migrations (`exec changefeed.upgrade_all_feeds @only_outdated =
+//! 1`, which `migrate` runs; ARCHITECTURE.md).
 //!
 //! To (re)generate the list after a release (it freezes every file now in `sql/`):
 //!
@@ -122,8 +123,9 @@ const FIX: &str = "Released migrations are frozen: refinery refuses to migrate a
     an applied migration changed (its history table keeps each file's name and checksum). \
     Restore the released file (`git checkout <release> -- sql/<file>`) and make the change in \
     a new migration after the last frozen version; for generated code, the template upgrade \
-    pattern: the new template (`create or alter` of the template object) plus `exec \
-    changefeed.upgrade_all_feeds` (ARCHITECTURE.md)";
+    pattern: the new template (`create or alter` of the template object) and a new generator \
+    version, regenerated after the migrations by `exec changefeed.upgrade_all_feeds \
+    @only_outdated = 1` (ARCHITECTURE.md)";
 
 /// Everything that breaks a database migrated with the frozen files.
 fn problems(frozen: &[Frozen], current: &[Current]) -> Vec<String> {

@@ -2422,7 +2422,12 @@ fn a_migration_that_regenerates_fires_unless_released() {
         "exec @status = changefeed.[Upgrade_Outbox] @table_name = N'dbo.o';",
     ] {
         let src = format!("-- a migration\ninsert into t (a) values (1);\n{call}\n");
-        assert_fires_saying(&src, Rule::NoRegenerationInMigration, 3, "@only_outdated = 1");
+        assert_fires_saying(
+            &src,
+            Rule::NoRegenerationInMigration,
+            3,
+            "@only_outdated = 1",
+        );
         assert!(
             lint_file("sql/V49__released.sql", &src).is_empty(),
             "a released migration is exempt"
