@@ -15,16 +15,19 @@
 -- feeds to skip. The check runs when the view is generated: setup_feed, upgrade_feed,
 -- teardown_feed and upgrade_all_feeds all call this procedure.
 --
--- @problems_only = 1 records the problems and leaves the view as it is: upgrade_all_feeds
--- records every feed's problem once before it regenerates feed after feed, and rebuilds the
--- view once after them (upgrade_feed @refresh_status = 0 skips its own rebuild), so that an
--- upgrade of N feeds does O(N) work here instead of one whole rebuild per feed (O(N^2)).
--- Both passes are linear in the number of feeds: one update and one string_agg over the
--- registry. A view is bound when queried,
+-- @only_if_changed = 1 records the problems and rebuilds the view only when one changed:
+-- upgrade_all_feeds calls it once before it regenerates feed after feed (upgrade_feed
+-- @refresh_status = 0 skips its own rebuild), so that an upgrade of N feeds does O(N) work
+-- here instead of one whole rebuild per feed (O(N^2)). Regenerating a feed that has no
+-- problem changes nothing this view reads: its status view keeps its name and the
+-- template's columns (no status template changed since the first release), and the union
+-- names it. So only a changed problem (a feed that broke or was repaired) needs a rebuild,
+-- and an upgrade with nothing to do does not take the view's schema lock at all. Both
+-- statements are linear in the number of feeds: one update, one string_agg. A view is bound when queried,
 -- so an event table dropped later breaks feed_status (error 208 naming the table) until this
 -- runs again: exec changefeed.refresh_feed_status; (README, "Status views").
 create or alter procedure [changefeed].[refresh_feed_status]
-    @problems_only bit = 0
+    @only_if_changed bit = 0
 as
 begin
     set nocount, xact_abort on;
@@ -36,6 +39,7 @@ begin
     declare @template_status nvarchar(300) = N'[changefeed].[status:changefeed.__template__]';
     declare @problem_columns nvarchar(max);
     declare @sql nvarchar(max);
+    declare @changed int;
 
     begin try
         begin transaction;
@@ -114,8 +118,9 @@ begin
                 end as problem
         ) as p
         where o.kind = N'status' and isnull(f.problem, N'') <> isnull(p.problem, N'');
+        set @changed = @@rowcount;
 
-        if isnull(@problems_only, 0) = 0
+        if isnull(@only_if_changed, 0) = 0 or @changed > 0
         begin
             select
                 @sql = N'create or alter view [changefeed].[feed_status] as select t.*,'

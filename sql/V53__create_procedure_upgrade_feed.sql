@@ -19,9 +19,10 @@
 -- and under XACT_ABORT the failure would doom the caller's transaction.
 --
 -- @refresh_status = 0 leaves changefeed.feed_status to the caller: upgrade_all_feeds
--- rebuilds it once after every feed (one rebuild per feed would make an upgrade of N feeds
--- cost O(N^2)). Regenerating a feed never changes its status view's columns (the templates
--- have the same ones), so the view stays valid in between.
+-- records every feed's problem once, before it regenerates any (one refresh per feed would
+-- make an upgrade of N feeds cost O(N^2)). Regenerating a feed never changes what
+-- feed_status reads (its status view keeps its name and the template's columns), so the
+-- view stays valid.
 --
 -- A feed raised from a generator version below 5 gets the purge_feed that holds back only
 -- for registered consumers (V98). Its consumers were created under the old rule, where any

@@ -18,16 +18,18 @@
 -- tried again after waitfor delay '00:00:01', at most 3 times, then reported 'busy': its old
 -- code keeps running; run this again. Any other error rolls back that object alone and is
 -- reported 'failed' with its number and message; the others go on. The problems are
--- recorded first (one transaction) and feed_status rebuilt once last (another); either one
--- failing after its retries fails the call with its error (nothing is half-done: each object
--- is committed or not).
+-- recorded first, in one transaction that also rebuilds feed_status when one changed
+-- (refresh_feed_status @only_if_changed = 1: regenerating a feed changes nothing that view
+-- reads); that step failing after its retries fails the call with its error, before any
+-- object is touched.
 -- Called inside a caller's transaction (@@trancount > 0), everything runs in that
 -- transaction, as the caller chose: no retry (an error under XACT_ABORT dooms the
 -- transaction), the first error rolls it back and is raised, and locks are held to the
 -- caller's commit. The caller's LOCK_TIMEOUT is left as it is.
 --
 -- The work is linear in the number of feeds and outboxes: problems recorded in one pass,
--- each object regenerated once (upgrade_feed @refresh_status = 0), feed_status rebuilt once.
+-- feed_status rebuilt at most once, each object regenerated once (upgrade_feed
+-- @refresh_status = 0).
 --
 -- One broken feed or outbox must not stop the upgrade of every other one. Under SET
 -- XACT_ABORT ON an error inside TRY leaves the transaction uncommittable, so in a caller's
@@ -81,8 +83,8 @@ begin
     declare @done bit;
     declare @error_number int;
     declare @error_message nvarchar(4000);
-    -- The work, in order: the problems, every feed, every outbox, feed_status. The feeds'
-    -- and outboxes' rows are the report. A table variable: its rows survive the rollback of
+    -- The work, in order: the problems, every feed, every outbox. The feeds' and outboxes'
+    -- rows are the report. A table variable: its rows survive the rollback of
     -- one object's transaction.
     declare @steps table (
         position int identity (1, 1) not null primary key,
@@ -124,8 +126,8 @@ begin
 
                 if @step_kind = 'problems'
                 begin
-                    -- Each feed's problem (feed_status is rebuilt by the last step).
-                    exec changefeed.refresh_feed_status @problems_only = 1;
+                    -- Each feed's problem, and feed_status rebuilt if one changed.
+                    exec changefeed.refresh_feed_status @only_if_changed = 1;
 
                     -- Each outbox's problem. Only rows whose problem changed are written.
                     update o
@@ -189,8 +191,9 @@ begin
                             @table_name = @table_name,
                             @refresh_status = 0;
                 end
-                else if @step_kind = 'outbox'
+                else
                 begin
+                    -- 'outbox'
                     set @found = 0;
                     select
                         @found = 1,
@@ -211,10 +214,7 @@ begin
                         end;
                     if @outcome = 'upgraded'
                         exec changefeed.upgrade_outbox @table_name = @table_name;
-                end
-                else
-                    -- 'status': once, after every feed.
-                    exec changefeed.refresh_feed_status;
+                end;
 
                 if @own = 1
                     commit transaction;
@@ -244,8 +244,6 @@ begin
                         schema_name + N'.' + table_name
                     from changefeed.outboxes
                     order by outbox_id;
-
-                    insert into @steps (kind) values ('status');
                 end;
             end try
             begin catch
@@ -264,10 +262,9 @@ begin
                 if @error_number in (1222, 1205, 51012) and @attempt < 4
                     -- Outside any transaction: nothing is held while it waits.
                     waitfor delay '00:00:01';
-                else if @step_kind in ('problems', 'status')
+                else if @step_kind = 'problems'
                 begin
-                    -- Not an object's: nothing to report it under. Regenerated objects
-                    -- stay committed; a run again finds them current.
+                    -- Not an object's: nothing to report it under, and nothing was changed.
                     set @done = 1;
                     throw;
                 end
