@@ -202,12 +202,14 @@ where
     };
     match tokio::time::timeout(REGENERATION_TIMEOUT, call).await {
         Ok(objects) => objects,
-        Err(_) => Err(Error::Migration(format!(
-            "the migrations were applied, but changefeed.upgrade_all_feeds did not finish \
-             within {REGENERATION_TIMEOUT:?}: the feeds and outboxes it regenerated so far \
-             have their new code, the others their older code, which works. Drop this \
-             connection (its answer was not read) and run migrate again: it regenerates only \
-             what is left"
+        // The answer was not read to its end, so the connection cannot serve another call:
+        // a connection error, which the caller drops (and `with_lock_timeout` leaves alone).
+        Err(_) => Err(Error::Connection(format!(
+            "the changefeed migrations were applied, but changefeed.upgrade_all_feeds did not \
+             finish within {REGENERATION_TIMEOUT:?}: the feeds and outboxes it regenerated so \
+             far have their new code, the others their older code, which works. Drop this \
+             connection (its answer was not read) and run migrate again on a new one: it \
+             regenerates only what is left"
         ))),
     }
 }

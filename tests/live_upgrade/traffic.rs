@@ -136,7 +136,7 @@ impl Waits {
 struct TimedStore {
     inner: SqlClaimStore,
     waits: Arc<Waits>,
-    acknowledged: Arc<Mutex<Vec<(Vec<i64>, Instant)>>>,
+    acknowledged: Arc<Mutex<Acknowledgements>>,
 }
 
 impl ClaimStore for TimedStore {
@@ -198,6 +198,9 @@ impl ClaimStore for TimedStore {
         self.inner.outbox_name()
     }
 }
+
+/// Each acknowledgement that a relay's batch was still held: its ids, and when it returned.
+type Acknowledgements = Vec<(Vec<i64>, Instant)>;
 
 /// The objects of the scenario.
 #[derive(Clone)]
@@ -613,7 +616,7 @@ struct Relays {
     handles: Vec<JoinHandle<changefeed::Result<()>>>,
     stop: watch::Sender<bool>,
     recorder: Arc<Recorder>,
-    acknowledged: Arc<Mutex<Vec<(Vec<i64>, Instant)>>>,
+    acknowledged: Arc<Mutex<Acknowledgements>>,
 }
 
 impl Relays {
@@ -648,7 +651,7 @@ impl Relays {
 
     /// Stops both relays (they finish their batches in flight) and returns what was
     /// published and acknowledged.
-    async fn stop(self) -> (Arc<Recorder>, Vec<(Vec<i64>, Instant)>) {
+    async fn stop(self) -> (Arc<Recorder>, Acknowledgements) {
         let _ = self.stop.send(true);
         for (relay, handle) in self.handles.into_iter().enumerate() {
             bounded(
@@ -804,7 +807,7 @@ async fn check_messages(
     messages: &TableName,
     events: usize,
     recorder: &Recorder,
-    acknowledged: &[(Vec<i64>, Instant)],
+    acknowledged: &Acknowledgements,
 ) {
     let stored: BTreeMap<String, i64> = rows(
         admin,
