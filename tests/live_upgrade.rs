@@ -12,13 +12,18 @@
 //! renamed, a claim outbox whose clustered primary key was dropped by hand (the claim and the
 //! acknowledgements now seek it by a hint), and a claim outbox two of whose columns were
 //! renamed, which is then repaired as its problem says and upgraded alone (from before V61 it
-//! also lacks `claim_expires_at`, which its new code needs). The migration that regenerates
-//! every feed must skip and report them, regenerate the others, and commit.
+//! also lacks `claim_expires_at`, which its new code needs). The regeneration `migrate` runs
+//! after the migrations must skip them, report them broken with their problem, and
+//! regenerate the others.
 //!
 //! A second test upgrades, in a database with a supplementary-character collation, a claim
-//! outbox whose name takes 111 UTF-16 units (possible before V71 counted units): every
-//! regenerating migration must upgrade it instead of rolling back. The regenerated objects are checked by what they must now contain (the serial
-//! feed insert, the `#read` check), never by a version number.
+//! outbox whose name takes 111 UTF-16 units (possible before V71 counted units): the
+//! regeneration must upgrade it instead of failing. The regenerated objects are checked by
+//! what they must now contain (the serial feed insert, the `#read` check), never by a
+//! version number.
+//!
+//! A third (`traffic.rs`, issue 29 item 1) upgrades from the baseline while writers,
+//! readers and relays run, and bounds how long any of their calls waits.
 //!
 //! It needs a SQL Server (`CHANGEFEED_TEST_MSSQL`, or Docker for testcontainers) and is
 //! `#[ignore]`d: `cargo test --test live_upgrade -- --ignored`. It runs once per version in
@@ -27,8 +32,8 @@
 //! # Which versions it starts from, and how to extend it
 //!
 //! Before an upgrade, the database holds objects generated from an older release's
-//! templates; the migration that changes a template must regenerate them
-//! (`upgrade_all_feeds`) without touching their data. So for every migration `V<m>` that
+//! templates; `migrate` regenerates them after the migrations (`upgrade_all_feeds
+//! @only_outdated = 1`) without touching their data. So for every migration `V<m>` that
 //! changes a template or a generator (its text mentions a `__template…__` object), add
 //! `m - 1` — the database as it stood just before that change — to [`FROM_VERSIONS`]. The
 //! test `from_versions_cover_every_template_change` below (no server needed, part of
@@ -43,10 +48,15 @@
 //! only objects the baseline has, through plain SQL with the baseline's parameters; the
 //! checks after the upgrade use the Rust client, which speaks the newest bundle.
 
+mod claim_contract;
 mod common;
+#[path = "live_upgrade/traffic.rs"]
+mod traffic;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
+use changefeed::migrations::{MigrationReport, Outcome};
 use changefeed::outbox::{ClaimToken, Claimed, ClaimedMessage, NewMessage};
 use changefeed::outbox_store::OutboxStore;
 use changefeed::writer::lock_feed;
@@ -136,9 +146,20 @@ async fn an_outbox_named_in_111_utf16_units_before_v71_is_upgraded() {
     )
     .await;
 
-    changefeed::migrations::migrate(&mut admin)
+    let report = changefeed::migrations::migrate(&mut admin)
         .await
         .unwrap_or_else(|error| panic!("migrating from V{BASELINE} with {table}: {error}"));
+    let outcomes: Vec<Outcome> = report
+        .objects()
+        .iter()
+        .filter(|object| object.name == table)
+        .map(|object| object.outcome)
+        .collect();
+    assert_eq!(
+        outcomes,
+        [Outcome::Upgraded],
+        "migrate reports {table} upgraded"
+    );
 
     assert_eq!(
         scalar_i64(
@@ -253,11 +274,12 @@ async fn upgrade_scenario(db: &TestDb, from: i32) {
     check_status_views(&mut admin, &orders, &ledger).await;
     #[cfg(feature = "cli")]
     check_the_cli_names_what_was_skipped(db);
-    check_broken_objects_were_skipped(&mut admin, from).await;
+    check_broken_objects_were_skipped(&mut admin, &report, from).await;
 }
 
-/// `changefeed migrate` (nothing left to apply) names each object the upgrade skipped, with
-/// its fix: the upgrades' own report is a result set that a migration runner discards.
+/// `changefeed migrate` (nothing left to apply, nothing left outdated but the broken
+/// objects) names each object the upgrade skipped, with its fix, and succeeds: a broken
+/// object waits for a repair, not for a retry.
 #[cfg(feature = "cli")]
 fn check_the_cli_names_what_was_skipped(db: &TestDb) {
     let run = std::process::Command::new(env!("CARGO_BIN_EXE_changefeed"))
@@ -992,56 +1014,51 @@ async fn set_up_broken_objects(admin: &mut Client) {
     .await;
 }
 
-/// The newest migration that runs `exec changefeed.upgrade_all_feeds` as a statement (not
-/// in a comment), found by its text.
-fn last_upgrading_migration() -> i32 {
-    let directory = concat!(env!("CARGO_MANIFEST_DIR"), "/sql");
-    changefeed::migrations::bundle()
-        .into_iter()
-        .filter(|(version, name)| {
-            let path = format!("{directory}/V{version}__{name}.sql");
-            std::fs::read_to_string(&path)
-                .unwrap_or_else(|error| panic!("read {path}: {error}"))
-                .lines()
-                .any(|line| {
-                    line.trim_start()
-                        .to_lowercase()
-                        .starts_with("exec changefeed.upgrade_all_feeds")
-                })
-        })
-        .map(|(version, _)| version)
-        .max()
-        .unwrap_or(0)
-}
-
-/// The migration that regenerated every feed skipped the broken feed and outbox and recorded
-/// why (the others were regenerated, and the migration committed: the checks above and the
-/// history count). Starting from a version after that migration, no migration regenerates,
-/// so the test runs the upgrade itself, as the next template change would.
-async fn check_broken_objects_were_skipped(admin: &mut Client, from: i32) {
-    if from >= last_upgrading_migration() {
-        let report = rows_ok(admin, "exec changefeed.upgrade_all_feeds;").await;
-        let skipped: Vec<(String, String)> = report
-            .iter()
-            .filter(|row| !required::<bool>(row, "upgraded"))
-            .map(|row| {
-                (
-                    required::<&str>(row, "kind").to_owned(),
-                    required::<&str>(row, "name").to_owned(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            skipped,
-            [
-                ("feed".to_owned(), "dbo.up_broken".to_owned()),
-                ("outbox".to_owned(), "dbo.up_broken_messages".to_owned()),
-                ("outbox".to_owned(), "dbo.up_heap_messages".to_owned()),
-                ("outbox".to_owned(), "dbo.up_repaired_messages".to_owned())
-            ],
-            "upgrade_all_feeds skips exactly the broken feed and outboxes"
-        );
-    }
+/// The regeneration after the migrations skipped the broken feed and outboxes, reported
+/// them in `migrate`'s report and recorded why; it regenerated every other object (the
+/// checks above, and the report).
+async fn check_broken_objects_were_skipped(
+    admin: &mut Client,
+    report: &MigrationReport,
+    from: i32,
+) {
+    let reported = |outcome| -> BTreeSet<String> {
+        report
+            .with_outcome(outcome)
+            .map(|object| format!("{} {}", object.kind, object.name))
+            .collect()
+    };
+    let named = |names: &[&str]| -> BTreeSet<String> {
+        names.iter().map(|name| (*name).to_owned()).collect()
+    };
+    assert_eq!(
+        reported(Outcome::Broken),
+        named(&[
+            "feed dbo.up_broken",
+            "outbox dbo.up_broken_messages",
+            "outbox dbo.up_heap_messages",
+            "outbox dbo.up_repaired_messages"
+        ]),
+        "migrate reports exactly the broken feed and outboxes as broken"
+    );
+    assert_eq!(
+        reported(Outcome::Upgraded),
+        named(&[
+            "feed dbo.up_orders",
+            "feed dbo.up_ledger",
+            "outbox dbo.up_messages"
+        ]),
+        "and every other object as upgraded: {:?}",
+        report.objects()
+    );
+    assert_eq!(report.objects().len(), 7, "{:?}", report.objects());
+    assert!(
+        report
+            .with_outcome(Outcome::Broken)
+            .all(|object| object.problem.as_deref().is_some_and(|p| !p.is_empty())),
+        "every broken object comes with its problem: {:?}",
+        report.objects()
+    );
     let feed_problem = problem_of(admin, "feeds", "up_broken").await;
     assert!(
         feed_problem.contains("[id] is now [order_id]")

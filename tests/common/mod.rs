@@ -310,15 +310,19 @@ impl TestDb {
         let db = TestDb { name, isolation };
         let mut client = db.client().await;
         match version {
-            None => changefeed::migrations::migrate(&mut client)
-                .await
-                .expect("apply the changefeed bundle"),
-            Some(version) => changefeed::migrations::migrate_to(&mut client, version)
-                .await
-                .unwrap_or_else(|error| {
-                    panic!("apply the changefeed bundle up to V{version}: {error}")
-                }),
-        };
+            None => {
+                changefeed::migrations::migrate(&mut client)
+                    .await
+                    .expect("apply the changefeed bundle");
+            }
+            Some(version) => {
+                changefeed::migrations::migrate_to(&mut client, version)
+                    .await
+                    .unwrap_or_else(|error| {
+                        panic!("apply the changefeed bundle up to V{version}: {error}")
+                    });
+            }
+        }
         db
     }
 

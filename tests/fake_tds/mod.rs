@@ -4,8 +4,8 @@
 //! with DONE, an ERROR token, silence, or a closed socket. It records what arrived, so a
 //! test can see which batches a connection ran and when the client closed it.
 //!
-//! Used by the tests of the pool, the transaction guard and the claim store, where the
-//! point is what the client does with a connection, not what the server computes.
+//! Used by the tests of the pool, the transaction guard, the claim store and `migrate`,
+//! where the point is what the client does with a connection, not what the server computes.
 
 #![allow(dead_code)] // each test file uses part of it
 
@@ -108,6 +108,8 @@ pub enum Value {
     Text(Option<String>),
     /// `varbinary(8000)` (a ULID is 16 bytes of it).
     Binary(Vec<u8>),
+    /// `bit` (not null).
+    Bit(bool),
 }
 
 type Script = dyn Fn(usize, &Request) -> Reply + Send + Sync;
@@ -425,7 +427,7 @@ fn result_set(out: &mut Vec<u8>, columns: &[&str], rows: &[Vec<Value>]) {
 }
 
 /// COLMETADATA, each column typed by its value in `first`: BIGINT (0x7F), INT (0x38), GUID
-/// (0x24), NVARCHAR (0xE7, Latin1_General collation), BIGVARBINARY (0xA5).
+/// (0x24), NVARCHAR (0xE7, Latin1_General collation), BIGVARBINARY (0xA5), BIT (0x32).
 fn column_metadata(out: &mut Vec<u8>, columns: &[&str], first: &[Value]) {
     out.push(0x81);
     out.extend_from_slice(&(columns.len() as u16).to_le_bytes());
@@ -445,6 +447,7 @@ fn column_metadata(out: &mut Vec<u8>, columns: &[&str], first: &[Value]) {
                 out.push(0xA5);
                 out.extend_from_slice(&8000u16.to_le_bytes());
             }
+            Value::Bit(_) => out.push(0x32),
         }
         let units: Vec<u16> = name.encode_utf16().collect();
         out.push(units.len() as u8);
@@ -477,6 +480,7 @@ fn row(out: &mut Vec<u8>, values: &[Value]) {
                 out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
                 out.extend_from_slice(bytes);
             }
+            Value::Bit(bit) => out.push(u8::from(*bit)),
         }
     }
 }
