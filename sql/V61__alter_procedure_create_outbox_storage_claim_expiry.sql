@@ -3,8 +3,8 @@
 -- by hand) missing indexes and constraints are added, and missing columns are reported,
 -- since adding them to a table with rows is the owner's decision. Nothing is ever dropped.
 -- Internal: setup_outbox calls it after checking the name; the template outbox is built with
--- it too, and the migration that introduced claim_expires_at ran it on every registered
--- outbox.
+-- it too (V62 runs it on the template outbox for claim_expires_at), and upgrade_outbox (V88)
+-- on a registered outbox that lacks a column the template has.
 --
 -- Replaces the first version, for the claim's own expiry (issue 18): claim_expires_at is
 -- when the claim of a processing row runs out, as the claiming relay's timeout set it, so

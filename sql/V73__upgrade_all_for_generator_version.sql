@@ -2,5 +2,6 @@
 -- regenerated after the migrations (exec changefeed.upgrade_all_feeds @only_outdated = 1;
 -- outside any transaction; V58 says why no migration regenerates). A feed or outbox skipped
 -- as broken, or reported busy, keeps its older version, which is how an operator finds it:
--- select schema_name, table_name, generator_version, problem from changefeed.feeds.
+-- select schema_name, table_name, generator_version, problem from changefeed.feeds (and the
+-- same columns from changefeed.outboxes).
 -- Kept with no statement, so that the numbering stays as it is.

@@ -101,6 +101,11 @@ begin
     -- Every wait for another transaction's locks is bounded (see the top).
     if @own = 1 and @@lock_timeout < 0
         set lock_timeout 2000;
+    -- Its own transactions read committed whatever the caller's level: under SNAPSHOT the
+    -- DDL of create_outbox_storage is refused (3964) and registry updates could conflict
+    -- (3960). A SET in a procedure reverts when it returns.
+    if @own = 1
+        set transaction isolation level read committed;
 
     insert into @steps (kind) values ('problems');
 
@@ -165,6 +170,34 @@ begin
                             end) as problem
                     ) as p
                     where isnull(o.problem, N'') <> isnull(p.problem, N'');
+
+                    -- The objects to go through, read in this step's transaction, under the
+                    -- generators lock, once the problems are recorded, and by one statement.
+                    -- A table variable keeps its rows through a rollback, so a failed
+                    -- attempt's rows are deleted first; the loop moves to the next position
+                    -- present, not position + 1 (identity values are not reused).
+                    delete from @steps where position > @position;
+                    insert into @steps (kind, item_id, name)
+                    select
+                        x.kind,
+                        x.item_id,
+                        x.name
+                    from (
+                        select
+                            'feed' as kind,
+                            1 as kind_order,
+                            feed_id as item_id,
+                            schema_name + N'.' + table_name as name
+                        from changefeed.feeds
+                        union all
+                        select
+                            'outbox',
+                            2,
+                            outbox_id,
+                            schema_name + N'.' + table_name
+                        from changefeed.outboxes
+                    ) as x
+                    order by x.kind_order, x.item_id;
                 end
                 else if @step_kind = 'feed'
                 begin
@@ -226,25 +259,6 @@ begin
                     problem = case when @outcome = 'broken' then @registered_problem end
                 where position = @position;
 
-                -- The objects to go through, read once the problems are recorded.
-                if @step_kind = 'problems'
-                begin
-                    insert into @steps (kind, item_id, name)
-                    select
-                        'feed',
-                        feed_id,
-                        schema_name + N'.' + table_name
-                    from changefeed.feeds
-                    order by feed_id;
-
-                    insert into @steps (kind, item_id, name)
-                    select
-                        'outbox',
-                        outbox_id,
-                        schema_name + N'.' + table_name
-                    from changefeed.outboxes
-                    order by outbox_id;
-                end;
             end try
             begin catch
                 -- In the caller's transaction: it is doomed (XACT_ABORT); as before this
@@ -300,7 +314,7 @@ begin
             end catch;
         end;
 
-        set @position = @position + 1;
+        set @position = (select min(position) from @steps where position > @position);
     end;
 
     select

@@ -147,11 +147,11 @@ pub(crate) fn assert_released(
 /// milliseconds one migration's or one object's transaction takes once it has its locks:
 ///
 /// * each migration runs in a transaction of its own. One that does not get a lock in time
-///   (1222), or is chosen as a deadlock victim (1205), is rolled back and the run tried
-///   again from it: each migration gets [`MIGRATION_ATTEMPTS`] attempts, 1, 2, 4 and 8 s
-///   apart; then the error keeps the server's number, names the migration and says to
-///   retry at a quieter moment. Any other failure is
-///   returned at once, with the server's number; the failed migration is rolled back.
+///   (1222, or the bundle's 51012), or is chosen as a deadlock victim (1205), is rolled back
+///   and the run tried again from it: each migration gets [`MIGRATION_ATTEMPTS`] attempts,
+///   1, 2, 4 and 8 s apart; then the error keeps the server's number, names the migration
+///   and says to retry at a quieter moment. Any other failure is returned at once, with the
+///   server's number; the failed migration is rolled back.
 /// * then `exec changefeed.upgrade_all_feeds @only_outdated = 1` regenerates each feed and
 ///   outbox not yet made by the current generator, one object per transaction, within
 ///   [`REGENERATION_TIMEOUT`]. No migration regenerates: that would hold every object's

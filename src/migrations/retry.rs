@@ -26,10 +26,10 @@ use crate::error::Error;
 pub const LOCK_TIMEOUT: Duration = Duration::from_millis(2000);
 
 /// How many times [`migrate`](super::migrate) tries one migration that fails for a lock
-/// (1222, lock not granted within [`LOCK_TIMEOUT`]) or as a deadlock victim (1205),
-/// pausing 1, 2, 4 and 8 s between the attempts (refinery resumes at the failed migration;
-/// the next migration to fail gets as many); then it gives up with the server's error
-/// number, naming the migration.
+/// (1222, lock not granted within [`LOCK_TIMEOUT`], or the bundle's 51012) or as a deadlock
+/// victim (1205), pausing 1, 2, 4 and 8 s between the attempts (refinery resumes at the
+/// failed migration; the next migration to fail gets as many); then it gives up with the
+/// server's error number, naming the migration.
 pub const MIGRATION_ATTEMPTS: u32 = 5;
 
 /// How long [`migrate`](super::migrate) lets the regeneration after the migrations
@@ -44,15 +44,20 @@ pub const REGENERATION_TIMEOUT: Duration = Duration::from_secs(600);
 const LOCK_NOT_GRANTED: u32 = 1222;
 /// Chosen as deadlock victim (the server rolled the transaction back).
 const DEADLOCK_VICTIM: u32 = 1205;
+/// The bundle's own "a lock was not granted in time": the generators' lock (another setup or
+/// upgrade holds it), or the table lock `create_outbox_storage` turns 1222 into.
+const GENERATORS_BUSY: u32 = 51012;
 
 /// Whether a migration that failed with `error` may succeed if run again later: SQL Server
-/// did not grant it a lock in time (1222) or chose it as a deadlock victim (1205). Either
-/// way its transaction is rolled back whole. Any other failure (a statement the server
-/// refuses, a permission, a lost connection) would fail again or is not ours to repeat.
+/// did not grant it a lock in time (1222, or the bundle's 51012) or chose it as a deadlock
+/// victim (1205). Either way its transaction is rolled back whole. Any other failure (a
+/// statement the server refuses, a permission, a lost connection) would fail again or is
+/// not ours to repeat.
 pub(super) fn is_lock_conflict(error: &Error) -> bool {
     matches!(
         error,
-        Error::Server { number, .. } if matches!(*number, LOCK_NOT_GRANTED | DEADLOCK_VICTIM)
+        Error::Server { number, .. }
+            if matches!(*number, LOCK_NOT_GRANTED | DEADLOCK_VICTIM | GENERATORS_BUSY)
     )
 }
 
@@ -122,7 +127,8 @@ mod tests {
     fn a_lock_timeout_or_a_deadlock_is_retried_and_nothing_else() {
         assert!(is_lock_conflict(&server(1222)));
         assert!(is_lock_conflict(&server(1205)));
-        for number in [2801, 51012, 208, 207, 229, 3960] {
+        assert!(is_lock_conflict(&server(51012)));
+        for number in [2801, 51013, 208, 207, 229, 3960] {
             assert!(!is_lock_conflict(&server(number)), "{number}");
         }
         // MariaDB's 1205 is its own lock wait timeout, not a SQL Server migration's.
