@@ -56,8 +56,8 @@ select
                 N' permissions granted or denied on the table itself (select * from',
                 N' sys.database_permissions where class = 1 and major_id = object_id(N''',
                 replace(quotename(@schema_name) + N'.' + quotename(@table_name), N'''', N''''''),
-                N''') lists them): grant them again after it. The schema and its other objects',
-                N' keep their owners and permissions',
+                N''') lists them): grant or deny them again after it. The schema and its',
+                N' other objects keep their owners and permissions',
                 case
                     when o.principal_id is null
                         then concat(

@@ -62,7 +62,7 @@ begin
     -- A NULL name would make the statements below NULL, which sp_executesql runs as nothing.
     if @relay is null or @enqueuers is null or @enqueue is null or @claim is null
         or @mark_done is null or @mark_failed is null or @requeue is null or @backlog is null
-        throw 51009, N'grant_outbox_roles: a per-outbox procedure or role name could not be built.', 1;
+        throw 51009, N'grant_outbox_roles: a per-outbox name could not be built.', 1;
 
     begin try
         begin transaction;
