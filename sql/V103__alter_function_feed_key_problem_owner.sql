@@ -18,8 +18,8 @@
 -- registered: every read_feed of a login that is only in its readers role fails with
 -- Msg 229 (with @with_event = 1 in outbox mode, always in serialized mode). Its code would
 -- compile; it is reported instead, with the statement that fixes it and what that statement
--- removes, and regenerated once the table has the right owner. Second: a changed key is
--- what makes regeneration fail, so it is named first.
+-- removes, and regenerated once the table has the right owner. A changed key is named
+-- first: it is what would make the regeneration fail.
 --
 -- The read type (one per feed, both modes) stands for the storage: its columns after ulid
 -- are the key as create_feed_storage copied it, in key order. Types are compared as
