@@ -272,7 +272,12 @@ async fn outbox_roles_scenario(db: &TestDb, logins: &[Login; 2]) {
             }
         }
         for (kind, sql) in outbox_calls("dbo.priv_other") {
-            expect_denied(client, &sql, &format!("{who} calls another outbox's {kind}")).await;
+            expect_denied(
+                client,
+                &sql,
+                &format!("{who} calls another outbox's {kind}"),
+            )
+            .await;
         }
         for statement in [
             "select * from [dbo].[priv_box];",
@@ -335,12 +340,8 @@ async fn feed_roles_scenario(db: &TestDb, logins: &[Login; 3]) {
     )
     .await;
     let serial = Feed::new("dbo", "priv_serial").expect("a valid feed name");
-    reader
-        .create(&mut admin, &[feed.readers_role()], &[])
-        .await;
-    writer
-        .create(&mut admin, &[feed.writers_role()], &[])
-        .await;
+    reader.create(&mut admin, &[feed.readers_role()], &[]).await;
+    writer.create(&mut admin, &[feed.writers_role()], &[]).await;
     serial_writer
         .create(
             &mut admin,
@@ -375,11 +376,18 @@ async fn feed_roles_scenario(db: &TestDb, logins: &[Login; 3]) {
     );
 
     // The writer inserts the outbox row (the event row is the application's own grant).
-    exec_ok(&mut admin, "insert into [dbo].[priv_feed] (id, payload) values (1, N'one');").await;
+    exec_ok(
+        &mut admin,
+        "insert into [dbo].[priv_feed] (id, payload) values (1, N'one');",
+    )
+    .await;
     let mut as_writer = writer.connect(db).await;
     exec_ok(
         &mut as_writer,
-        &format!("insert into {} (shard_id, id) values (0, 1);", feed.outbox_table()),
+        &format!(
+            "insert into {} (shard_id, id) values (0, 1);",
+            feed.outbox_table()
+        ),
     )
     .await;
 
@@ -401,7 +409,10 @@ async fn feed_roles_scenario(db: &TestDb, logins: &[Login; 3]) {
     let mut as_reader = reader.connect(db).await;
     let rows = rows_ok(
         &mut as_reader,
-        &format!("exec {} @shard_id = 0, @with_event = 1;", feed.read_feed_procedure()),
+        &format!(
+            "exec {} @shard_id = 0, @with_event = 1;",
+            feed.read_feed_procedure()
+        ),
     )
     .await;
     assert_eq!(rows.len(), 1, "the reader reads the event");
@@ -426,7 +437,10 @@ async fn feed_roles_scenario(db: &TestDb, logins: &[Login; 3]) {
             f.table()
         )
     };
-    let insert_outbox = format!("insert into {} (shard_id, id) values (0, 2);", feed.outbox_table());
+    let insert_outbox = format!(
+        "insert into {} (shard_id, id) values (0, 2);",
+        feed.outbox_table()
+    );
     let lock = format!("exec {} @shard_id = 0;", serial.object("lock_feed"));
     let mut denied: Vec<(&mut Client, Vec<(String, String)>)> = vec![
         (
@@ -447,7 +461,10 @@ async fn feed_roles_scenario(db: &TestDb, logins: &[Login; 3]) {
             vec![
                 (read(&feed), "the writer reads".to_owned()),
                 (save(&feed), "the writer saves a cursor".to_owned()),
-                (lock.clone(), "the writer locks another feed's shard".to_owned()),
+                (
+                    lock.clone(),
+                    "the writer locks another feed's shard".to_owned(),
+                ),
                 selects_from(&feed, "the writer", "outbox"),
                 deletes_from(&feed, "the writer", "outbox"),
                 selects_from(&feed, "the writer", "feed"),
@@ -457,8 +474,14 @@ async fn feed_roles_scenario(db: &TestDb, logins: &[Login; 3]) {
             &mut as_serial,
             vec![
                 (read(&serial), "the serialized writer reads".to_owned()),
-                (save(&serial), "the serialized writer saves a cursor".to_owned()),
-                (insert_outbox.clone(), "the serialized writer writes another feed".to_owned()),
+                (
+                    save(&serial),
+                    "the serialized writer saves a cursor".to_owned(),
+                ),
+                (
+                    insert_outbox.clone(),
+                    "the serialized writer writes another feed".to_owned(),
+                ),
                 selects_from(&serial, "the serialized writer", "state"),
             ],
         ),
@@ -602,20 +625,34 @@ async fn outbox_owner_scenario(db: &TestDb, logins: &[Login; 1]) {
     )
     .await;
     assert_eq!(number, 51016, "{message}");
-    assert!(message.contains("alter authorization on object::[pold].[box]"), "{message}");
+    assert!(
+        message.contains("alter authorization on object::[pold].[box]"),
+        "{message}"
+    );
     let (number, message) = exec_failure(
         &mut admin,
         "exec changefeed.setup_outbox @table_name = N'pold.box';",
     )
     .await;
     assert_eq!(number, 51013, "{message}");
-    assert!(message.contains("alter authorization on object::[pold].[box]"), "{message}");
+    assert!(
+        message.contains("alter authorization on object::[pold].[box]"),
+        "{message}"
+    );
 
     // The fix drops the one permission on the table, as the text said.
     assert_eq!(table_permissions(&mut admin, "pold", "box").await, 1);
-    exec_ok(&mut admin, "alter authorization on object::[pold].[box] to [dbo];").await;
+    exec_ok(
+        &mut admin,
+        "alter authorization on object::[pold].[box] to [dbo];",
+    )
+    .await;
     assert_eq!(table_permissions(&mut admin, "pold", "box").await, 0);
-    exec_ok(&mut admin, "exec changefeed.upgrade_outbox @table_name = N'pold.box';").await;
+    exec_ok(
+        &mut admin,
+        "exec changefeed.upgrade_outbox @table_name = N'pold.box';",
+    )
+    .await;
     assert_eq!(
         scalar_i64(
             &mut admin,
@@ -678,9 +715,7 @@ async fn feed_owner_scenario(db: &TestDb, logins: &[Login; 1]) {
     )
     .await;
     let feed = Feed::new("fold", "ev").expect("a valid feed name");
-    reader
-        .create(&mut admin, &[feed.readers_role()], &[])
-        .await;
+    reader.create(&mut admin, &[feed.readers_role()], &[]).await;
     let mut as_reader = reader.connect(db).await;
     let read = format!(
         "exec {} @shard_id = 0, @with_event = 1;",
@@ -694,7 +729,9 @@ async fn feed_owner_scenario(db: &TestDb, logins: &[Login; 1]) {
         "select problem from changefeed.feeds where schema_name = N'fold' and table_name = N'ev';",
         "select top (1) problem from changefeed.feed_status where feed = N'fold.ev';",
     ] {
-        let rows = rows(&mut admin, sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let rows = rows(&mut admin, sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
         let problem = rows
             .first()
             .and_then(|row| row.get::<&str, _>("problem"))
@@ -712,7 +749,10 @@ async fn feed_owner_scenario(db: &TestDb, logins: &[Login; 1]) {
     )
     .await;
     assert_eq!(number, 51014, "{message}");
-    assert!(message.contains("alter authorization on object::[fold].[ev]"), "{message}");
+    assert!(
+        message.contains("alter authorization on object::[fold].[ev]"),
+        "{message}"
+    );
 
     exec_ok(
         &mut admin,

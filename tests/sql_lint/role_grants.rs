@@ -80,16 +80,17 @@ fn module_name(current: &Current<'_>) -> Option<String> {
 fn listed_kinds(code: &[&Token<'_>]) -> Vec<(String, usize)> {
     // The rows follow `values`; a string in parentheses before it (`quotename(N'…')`) is
     // not a kind.
-    let start = code.iter().position(|t| t.is("values")).unwrap_or(code.len());
+    let start = code
+        .iter()
+        .position(|t| t.is("values"))
+        .unwrap_or(code.len());
     let code = &code[start..];
     let mut out = Vec::new();
     for w in code.windows(3) {
         if !(w[0].is_punct(b'(') && w[1].kind == Kind::Str) {
             continue;
         }
-        if w[2].is_punct(b')') {
-            out.push((w[1].string_value(), w[1].line));
-        } else if w[2].is_punct(b',') {
+        if w[2].is_punct(b')') || w[2].is_punct(b',') {
             out.push((w[1].string_value(), w[1].line));
         }
     }
@@ -136,10 +137,12 @@ fn granted_kinds(code: &[&Token<'_>]) -> BTreeSet<String> {
             piece.contains("grant ")
                 && (piece.ends_with("on object::") || piece.ends_with("on type::"))
         };
-        if grants && w[1].is_punct(b'+') && w[2].kind == Kind::Word {
-            if let Some(kind) = kind_of.get(&w[2].text.to_lowercase()) {
-                out.insert(kind.clone());
-            }
+        if grants
+            && w[1].is_punct(b'+')
+            && w[2].kind == Kind::Word
+            && let Some(kind) = kind_of.get(&w[2].text.to_lowercase())
+        {
+            out.insert(kind.clone());
         }
     }
     out
@@ -148,7 +151,10 @@ fn granted_kinds(code: &[&Token<'_>]) -> BTreeSet<String> {
 /// The statements of `text` (split at `;`) that start a grant or deny, lowercased, with
 /// `::` written without spaces.
 fn grant_statements(text: &str) -> Vec<String> {
-    let text = text.to_lowercase().replace(": :", "::").replace(" ::", "::");
+    let text = text
+        .to_lowercase()
+        .replace(": :", "::")
+        .replace(" ::", "::");
     let mut out = Vec::new();
     for statement in text.split(';') {
         let words: Vec<&str> = statement.split_whitespace().collect();
@@ -327,9 +333,16 @@ mod tests {
         };
         assert_eq!(
             granted("grant_outbox_roles"),
-            ["backlog", "claim", "enqueue", "mark_done", "mark_failed", "requeue"]
-                .map(str::to_owned)
-                .into(),
+            [
+                "backlog",
+                "claim",
+                "enqueue",
+                "mark_done",
+                "mark_failed",
+                "requeue"
+            ]
+            .map(str::to_owned)
+            .into(),
         );
         assert_eq!(
             granted("grant_feed_roles"),
@@ -344,7 +357,10 @@ mod tests {
         let violations = lint_edited("outbox_objects", |text| {
             text.replace("(N'backlog')", "(N'backlog'),\n    (N'redrive')")
         });
-        assert_fires_saying(&violations, "`redrive` is granted to no role by grant_outbox_roles");
+        assert_fires_saying(
+            &violations,
+            "`redrive` is granted to no role by grant_outbox_roles",
+        );
     }
 
     #[test]
@@ -374,9 +390,12 @@ mod tests {
 
     #[test]
     fn a_grant_to_public_fires_unless_the_object_checks_its_caller() {
-        assert!(grant_problem("grant execute on object::[changefeed].[remove_consumer] to public")
-            .is_none());
-        let problem = grant_problem("grant execute on object::[changefeed].[save_cursor] to public");
+        assert!(
+            grant_problem("grant execute on object::[changefeed].[remove_consumer] to public")
+                .is_none()
+        );
+        let problem =
+            grant_problem("grant execute on object::[changefeed].[save_cursor] to public");
         assert!(problem.is_some_and(|p| p.contains("grants to public")));
     }
 }
