@@ -29,7 +29,8 @@
 --     two names and fits in 128. (Feeds keep 108: their role names are longer.) Refusing
 --     it would fail every regenerating migration. A name that is not registered is checked
 --     as before (51000), then refused as not an outbox (51006);
---   * a successful regeneration clears the outbox's recorded problem.
+--   * a successful regeneration clears the outbox's recorded problem;
+--   * it creates the outbox's roles and grants them their procedures (grant_outbox_roles).
 create or alter procedure [changefeed].[upgrade_outbox]
     @table_name nvarchar(4000)
 as
@@ -132,6 +133,15 @@ begin
         end;
         close templates;
         deallocate templates;
+
+        -- The outbox's roles and their grants (V105). In a database migrated only part of
+        -- the way (below V105), setup_outbox runs this before that procedure exists; the
+        -- upgrade after the migrations that generator version 6 (V107) calls for then
+        -- reaches every outbox again.
+        if object_id(N'[changefeed].[grant_outbox_roles]', N'P') is not null
+            exec changefeed.grant_outbox_roles
+                @schema_name = @schema_name,
+                @table_name = @object_name;
 
         update changefeed.outboxes
         set

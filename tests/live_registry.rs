@@ -818,10 +818,10 @@ async fn views_scenario(db: &TestDb) {
 common::live_test!(a_table_outside_the_bundle_owners_chain_is_refused_and_reads_once_given_to_dbo: "reg_owner" => owner_scenario);
 
 /// Schema `ext` is created with `authorization` a user other than dbo. `setup_feed` refuses
-/// its tables in both modes with 51013 naming `alter authorization on schema::[ext] to
-/// [dbo]`, and registers nothing (before the fix it set them up, and a readers-only login
-/// then got Msg 229 on every read with events: rows moved, cursor stuck). After that
-/// statement both feeds are set up, and a login that is only in their readers roles reads
+/// its tables in both modes with 51013 naming `alter authorization on object::[ext].[…] to
+/// [dbo]` and what it drops, and registers nothing (before the fix it set them up, and a
+/// readers-only login then got Msg 229 on every read with events: rows moved, cursor
+/// stuck). Once the schema is given to dbo (the wider fix) both feeds are set up, and a login that is only in their readers roles reads
 /// every event with `@with_event = 1`, in both modes.
 async fn owner_scenario(db: &TestDb) {
     let mut admin = db.client().await;
@@ -843,10 +843,13 @@ async fn owner_scenario(db: &TestDb) {
     for setup in setups {
         let (number, message) = exec_failure(&mut admin, setup).await;
         assert_eq!(number, 51013, "{setup}: {message}");
+        // The narrowest fix: the table alone, with what it drops (issue 29 item 4).
         assert!(
-            message.contains("alter authorization on schema::[ext] to [dbo]")
-                && message.contains("ext_owner"),
-            "51013 names the owner and the statement that fixes it: {message}"
+            message.contains("alter authorization on object::[ext].[ev_")
+                && message.contains(" to [dbo]")
+                && message.contains("ext_owner")
+                && message.contains("drops the 0 permissions"),
+            "51013 names the owner, the statement that fixes it and what it drops: {message}"
         );
     }
     assert_eq!(

@@ -114,6 +114,11 @@
 //!   `isnull` result, union column or `+`/`concat` chain without `collate`: in a partially
 //!   contained database the catalog has its own collation (Msg 468/451/457;
 //!   `catalog_collation.rs`).
+//! * R28 `role-grants` — every kind of per-feed and per-outbox object is granted by
+//!   `grant_feed_roles` / `grant_outbox_roles` to a role of its table, or listed as granted
+//!   to no one with the reason; nothing is granted on a schema (EXECUTE on the schema
+//!   `changefeed` would reach every feed and outbox); only objects that check their caller
+//!   are granted to `public` (`role_grants.rs`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -130,6 +135,7 @@ mod lex;
 mod never_wait;
 mod outbox_columns;
 mod reserved_names;
+mod role_grants;
 mod schema;
 mod typed;
 #[cfg(test)]
@@ -172,6 +178,7 @@ enum Rule {
     OutboxColumns,
     CatalogCollation,
     NoRegenerationInMigration,
+    RoleGrants,
 }
 
 impl Rule {
@@ -205,6 +212,7 @@ impl Rule {
             Rule::OutboxColumns => "R25 outbox-columns",
             Rule::CatalogCollation => "R26 catalog-collation",
             Rule::NoRegenerationInMigration => "R27 no-regeneration-in-migration",
+            Rule::RoleGrants => "R28 role-grants",
         }
     }
 }
@@ -1380,7 +1388,8 @@ fn length_units(code: &[&Token<'_>], sink: &mut Sink<'_>) {
     }
 }
 
-/// R1 over the names plus every per-file rule over the `.sql` files, R20, R23, R25 and R26.
+/// R1 over the names plus every per-file rule over the `.sql` files, R20, R23, R25, R26 and
+/// R27.
 fn lint_bundle(files: &[(String, String)]) -> Vec<Violation> {
     let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
     let mut out = lint_file_names(&names);
@@ -1392,6 +1401,7 @@ fn lint_bundle(files: &[(String, String)]) -> Vec<Violation> {
     out.extend(lint_never_wait(files));
     out.extend(outbox_columns::lint(&current_files(files)));
     out.extend(catalog_collation::lint(files, &schema));
+    out.extend(role_grants::lint(&current_files(files)));
     out
 }
 

@@ -53,8 +53,11 @@ async fn sql_server(connect: &Connect, args: &SetupOutboxArgs) -> Result<String,
         )
         .await
         .map_err(|error| with_migrate_hint(Error::from(error)))?;
+    // The roles grant_outbox_roles creates (docs/sql-server.md, "Roles").
     Ok(format!(
-        "outbox {table} is ready (enqueue with exec {})\n",
+        "outbox {table} is ready\n  writers: exec {} in the business transaction (role \
+         [changefeed.enqueue:{table}])\n  relay: changefeed relay --outbox {table} (role \
+         [changefeed.relay:{table}])\n",
         table.object("enqueue")
     ))
 }
