@@ -26,8 +26,10 @@
 -- of its own, which is why it is offered only where no table exists yet (setup_outbox
 -- creates one: a new table would get the schema's owner).
 -- @schema_name and @table_name are parts checked by parse_feed_name (the registry's or the
--- caller's spelling); the text is cut to the registry's problem columns (nvarchar(1000)),
--- statement first, so that a long name cuts the explanation, not the fix.
+-- caller's spelling); the text is cut to the registry's problem columns (nvarchar(1000)).
+-- The fix statement ends within its first 900 characters even with 128-character names, so
+-- a cut takes the explanation after it; callers that append a statement of their own keep
+-- room for it (V103, V104).
 create or alter function [changefeed].[owner_chain_problem] (
     @schema_name sysname,
     @table_name sysname

@@ -122,13 +122,20 @@ from (
 
     union all
 
-    -- Cut to the registry's problem column (Msg 2628 on a longer text).
+    -- Cut to the registry's problem column (Msg 2628 on a longer text): the explanation
+    -- is cut, not the statement that follows it (owner_chain_problem's text alone may take
+    -- 1000).
     select
         2 as ordinal,
-        convert(nvarchar(1000), concat(
-            o.problem, N' Then run exec changefeed.upgrade_feed @table_name = N''',
-            replace(@schema_name + N'.' + @table_name, N'''', N''''''), N''';'
-        )) as problem
+        convert(nvarchar(1000), concat(left(o.problem, 1000 - len(r.rerun)), r.rerun))
+            as problem
     from changefeed.owner_chain_problem(@schema_name, @table_name) as o
+    cross apply (
+        select
+            concat(
+                N' Then run exec changefeed.upgrade_feed @table_name = N''',
+                replace(@schema_name + N'.' + @table_name, N'''', N''''''), N''';'
+            ) as rerun
+    ) as r
 ) as x
 order by x.ordinal;

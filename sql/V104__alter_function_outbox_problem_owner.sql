@@ -97,11 +97,10 @@ select
                 replace(concat(@schema_name, N'.', @table_name), N'''', N''''''),
                 N'''', case when @native_json = 1 then N', @native_json = 1' end, N';'
             )
+        -- The explanation is cut, not the statement that follows it: the whole is cut to
+        -- 1000 below, and owner_chain_problem's text alone may take 1000.
         when w.problem is not null
-            then concat(
-                w.problem, N' Then run exec changefeed.upgrade_outbox @table_name = N''',
-                replace(concat(@schema_name, N'.', @table_name), N'''', N''''''), N''';'
-            )
+            then concat(left(w.problem, 1000 - len(r.rerun)), r.rerun)
     end) as problem
 from (
     -- The template's columns the table lacks, in the template's order. An aggregate without
@@ -233,4 +232,11 @@ cross apply (
             ) then 1 else 0
         end) as usable
 ) as h
-outer apply changefeed.owner_chain_problem(@schema_name, @table_name) as w;
+outer apply changefeed.owner_chain_problem(@schema_name, @table_name) as w
+cross apply (
+    select
+        concat(
+            N' Then run exec changefeed.upgrade_outbox @table_name = N''',
+            replace(concat(@schema_name, N'.', @table_name), N'''', N''''''), N''';'
+        ) as rerun
+) as r;

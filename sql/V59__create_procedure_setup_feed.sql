@@ -14,8 +14,7 @@
 -- unbroken ownership chain. A table in a schema owned by another user would make every such
 -- read of a readers-only login fail (Msg 229): rows moved, cursor stuck. Granting the readers
 -- SELECT on the table instead would give them the whole table, beyond their feed, so such a
--- table is refused (51013) with the statement that gives the table to that owner and what
--- that statement removes (changefeed.check_owner_chain).
+-- table is refused (51013) with the statement that gives the schema to that owner.
 -- A view is refused with its own message (51001): a feed needs a table.
 create or alter procedure [changefeed].[setup_feed]
     @table_name nvarchar(4000),
@@ -48,6 +47,9 @@ begin
     declare @registered_shard sysname;
     declare @registered_ulid sysname;
     declare @registered_name nvarchar(257);
+    declare @table_owner int;
+    declare @bundle_owner int;
+    declare @object_owner int;
 
     exec changefeed.check_table_name
         @table_name = @table_name,
@@ -88,13 +90,37 @@ begin
     set @object_name = object_name(@object_id);
     set @qualified_name = @schema_name + N'.' + @object_name;
 
-    -- The ownership chain (see the header): refused with 51013, the statement that fixes it
-    -- and what that statement removes (changefeed.owner_chain_problem, V101; a procedure
-    -- of a later migration, which this one reaches when it runs, never while migrating).
-    exec changefeed.check_owner_chain
-        @schema_name = @schema_name,
-        @table_name = @object_name,
-        @caller = N'setup_feed';
+    -- The ownership chain (see the header): the table's owner is its own principal_id, or
+    -- when that is NULL its schema's owner; changefeed's procedures have the owner of the
+    -- changefeed schema.
+    select
+        @object_owner = o.principal_id,
+        @table_owner = coalesce(o.principal_id, s.principal_id)
+    from sys.objects as o
+    inner join sys.schemas as s
+        on o.schema_id = s.schema_id
+    where o.object_id = @object_id;
+    select @bundle_owner = principal_id
+    from sys.schemas
+    where name = N'changefeed';
+    if @table_owner <> @bundle_owner
+    begin
+        set @message = N'setup_feed: the table ''' + @qualified_name + N''' belongs to '''
+            + isnull(user_name(@table_owner), N'?') + N''', changefeed''s procedures to '''
+            + isnull(user_name(@bundle_owner), N'?') + N''': the ownership chain between them'
+            + N' is broken, and a login that is only in the feed''s readers role would get'
+            + N' Msg 229 on every read of the event table. Give the '
+            + case
+                when @object_owner is null
+                    then N'schema to the same owner: alter authorization on schema::'
+                        + quotename(@schema_name)
+                else N'table to the same owner: alter authorization on object::'
+                    + quotename(@schema_name) + N'.' + quotename(@object_name)
+            end
+            + N' to ' + isnull(quotename(user_name(@bundle_owner)), N'[dbo]')
+            + N'; then run setup_feed again.';
+        throw 51013, @message, 1;
+    end;
 
     if not exists (
         select 1

@@ -73,6 +73,7 @@ const BASELINE: i32 = 49;
 /// `V<m>` that changes a template (see the module's documentation).
 const FROM_VERSIONS: &[i32] = &[
     BASELINE, 51, 52, 53, 55, 56, 58, 59, 61, 62, 70, 76, 78, 82, 83, 84, 85, 86, 87, 88, 97, 103,
+    107,
 ];
 
 /// The first migration whose generated code names the clustered index in a hint (the
