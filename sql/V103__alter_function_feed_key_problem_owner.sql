@@ -127,8 +127,14 @@ from (
     -- 1000).
     select
         2 as ordinal,
-        convert(nvarchar(1000), concat(left(o.problem, 1000 - len(r.rerun)), r.rerun))
-            as problem
+        -- Cut in UTF-16 units, as nvarchar(1000) counts: under an _SC collation left()
+        -- counts a surrogate pair as one character, and the final cut would take the
+        -- statement. A binary collation counts units; the text returns to the database's.
+        convert(nvarchar(1000), concat(
+            left(o.problem collate Latin1_General_100_BIN2, 1000 - datalength(r.rerun) / 2)
+                collate database_default,
+            r.rerun
+        )) as problem
     from changefeed.owner_chain_problem(@schema_name, @table_name) as o
     cross apply (
         select

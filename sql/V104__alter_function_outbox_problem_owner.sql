@@ -98,9 +98,16 @@ select
                 N'''', case when @native_json = 1 then N', @native_json = 1' end, N';'
             )
         -- The explanation is cut, not the statement that follows it: the whole is cut to
-        -- 1000 below, and owner_chain_problem's text alone may take 1000.
+        -- 1000 below, and owner_chain_problem's text alone may take 1000. Cut in UTF-16
+        -- units, as nvarchar(1000) counts: under an _SC collation left() counts a surrogate
+        -- pair as one character. A binary collation counts units; the text returns to the
+        -- database's.
         when w.problem is not null
-            then concat(left(w.problem, 1000 - len(r.rerun)), r.rerun)
+            then concat(
+                left(w.problem collate Latin1_General_100_BIN2, 1000 - datalength(r.rerun) / 2)
+                    collate database_default,
+                r.rerun
+            )
     end) as problem
 from (
     -- The template's columns the table lacks, in the template's order. An aggregate without
