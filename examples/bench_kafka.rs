@@ -32,17 +32,23 @@
 //! cargo run --release --features kafka --example bench_kafka
 //! cargo run --release --features kafka --example bench_kafka -- --messages 100000 --batch-size 2000
 //! cargo run --release --features kafka --example bench_kafka -- --figure exporter --shards 8
+//! cargo run --release --features kafka --example bench_kafka -- --quick   # seconds
 //! cargo run --release --features kafka --example bench_kafka -- --help
 //! ```
 //!
 //! Timing is printed, never asserted.
 
+#[path = "support/figures.rs"]
+mod figures;
 #[path = "support/kafka_bench.rs"]
 mod kafka_bench;
 #[path = "support/memory_feed.rs"]
 mod memory_feed;
 #[path = "support/memory_store.rs"]
 mod memory_store;
+#[path = "bench/stats.rs"]
+#[allow(dead_code)]
+mod stats;
 
 use std::collections::VecDeque;
 use std::process::ExitCode;
@@ -69,7 +75,10 @@ bench_kafka: the relay (in-memory store + KafkaPublisher) and the feed exporter
 same messages, all into librdkafka's mock cluster, in alternating rounds.
 
 Options:
-  --figure F         relay, exporter, latency or all (default all)
+  --quick            a smoke run of seconds: 20000 messages, 3 rounds, the relay and
+                     exporter figures (options after it still apply)
+  --figure F         relay, exporter, latency, throughput (relay and exporter) or
+                     all (default all)
   --messages N       messages per round (default 50000)
   --batch-size N     the relay's claim batch size and the exporter's page size,
                      1..=10000 (default 1000)
@@ -89,16 +98,18 @@ enum Figure {
     Relay,
     Exporter,
     Latency,
+    /// The relay's and the exporter's.
+    Throughput,
     All,
 }
 
 impl Figure {
     fn relay(self) -> bool {
-        matches!(self, Figure::Relay | Figure::All)
+        matches!(self, Figure::Relay | Figure::Throughput | Figure::All)
     }
 
     fn exporter(self) -> bool {
-        matches!(self, Figure::Exporter | Figure::All)
+        matches!(self, Figure::Exporter | Figure::Throughput | Figure::All)
     }
 
     fn latency(self) -> bool {
@@ -142,6 +153,12 @@ fn parse_args() -> Result<Option<Args>, String> {
         if flag == "-h" || flag == "--help" {
             return Ok(None);
         }
+        if flag == "--quick" {
+            args.messages = 20_000;
+            args.rounds = 3;
+            args.figure = Figure::Throughput;
+            continue;
+        }
         let value = it
             .next()
             .ok_or_else(|| format!("{flag} needs a value (see --help)"))?;
@@ -157,10 +174,12 @@ fn parse_args() -> Result<Option<Args>, String> {
                     "relay" => Figure::Relay,
                     "exporter" => Figure::Exporter,
                     "latency" => Figure::Latency,
+                    "throughput" => Figure::Throughput,
                     "all" => Figure::All,
                     other => {
                         return Err(format!(
-                            "--figure takes relay, exporter, latency or all, not {other:?}"
+                            "--figure takes relay, exporter, latency, throughput or all, \
+                             not {other:?}"
                         ));
                     }
                 }
@@ -672,6 +691,12 @@ async fn main() -> ExitCode {
              batch {batched:.0} msg/s"
         );
         println!("ratio relay/raw: {:.2} (goal >= 0.90)", ours / raw);
+        figures::record(
+            "Kafka: relay (in-memory store) -> mock cluster",
+            &format!("{ours:.0} msg/s"),
+            &format!("{raw:.0} msg/s (bare producer)"),
+            stats::ratio(ours, raw),
+        );
         println!(
             "ratio relay/raw batch by batch: {:.2} (what the relay adds to the batch round trip)",
             ours / batched
@@ -686,6 +711,12 @@ async fn main() -> ExitCode {
         let (ours, raw, _) = exporter.medians();
         println!("median: exporter {ours:.0} msg/s, raw FutureProducer {raw:.0} msg/s");
         println!("ratio exporter/raw: {:.2} (goal >= 0.90)", ours / raw);
+        figures::record(
+            "Kafka: exporter (in-memory feed) -> mock cluster",
+            &format!("{ours:.0} msg/s"),
+            &format!("{raw:.0} msg/s (bare producer)"),
+            stats::ratio(ours, raw),
+        );
         if let Ok(feed) = feed {
             // The exporter's time per message less the fake feed's (cloning every row out of
             // memory), which a real feed replaces with its own reading and the bare
