@@ -168,7 +168,13 @@ fn main() -> ExitCode {
         println!("\n== {} {}", benchmark.example, benchmark.quick.join(" "));
         let load_before = machine::load();
         let _ = std::fs::remove_file(&figures_file);
+        let benchmark_started = Instant::now();
         let outcome = run(benchmark, full, &figures_file);
+        println!(
+            "== {}: {:.0} s, its build and server start included",
+            benchmark.example,
+            benchmark_started.elapsed().as_secs_f64()
+        );
         let machine = format!(
             "{} cores, load {load_before} -> {}, {}",
             machine::cores(),

@@ -134,6 +134,19 @@ async fn main() {
             );
             println!("| 1 loop of the store's calls, no relay | {rate} |");
             println!("| ratio store loop / bare, 1 | {ratio} |");
+            let run = postgres_bench::client_loop_throughput(&db, messages);
+            let stage = "1 loop of the bare statements from the client";
+            let client = relay_bench::bounded((Stage::Baseline, stage), run, async || {}).await;
+            let (rate, ratio) = (
+                relay_bench::rate_cell(client),
+                relay_bench::ratio_cell(client, bare),
+            );
+            println!("| {stage} (ids only) | {rate} |");
+            println!("| ratio client loop / bare, 1 (the round trips) | {ratio} |");
+            println!(
+                "| ratio store loop / client loop, 1 (the store's decoding) | {} |",
+                relay_bench::ratio_cell(store, client)
+            );
         }
     }
     let polling = format!("polling every {} ms (default)", POLL.as_millis());

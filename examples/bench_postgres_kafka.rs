@@ -22,6 +22,7 @@ mod figures;
 #[path = "support/kafka_bench.rs"]
 mod kafka_bench;
 #[path = "support/postgres_bench.rs"]
+#[allow(dead_code)]
 mod postgres_bench;
 #[path = "support/relay_bench.rs"]
 #[allow(dead_code)]

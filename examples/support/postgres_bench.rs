@@ -194,6 +194,63 @@ impl BenchDb {
     }
 }
 
+/// Messages per second through one loop, in the client, of the bare loop's two statements
+/// (prepared once; the claim returns only the ids): the bare loop with a round trip per
+/// statement added, and none of the store's decoding. Between it and the bare loop lie the
+/// round trips; between it and a loop of the store's calls, the store's decoding of every
+/// claimed column.
+pub async fn client_loop_throughput(db: &BenchDb, messages: usize) -> Result<f64, String> {
+    db.reset().await;
+    db.fill(messages).await;
+    let client = client(&db.config).await;
+    let why = |what: &'static str| move |e| format!("{what}: {}", changefeed::Error::from(e));
+    let claim = client.prepare(CLIENT_CLAIM).await.map_err(why("prepare"))?;
+    let ack = client.prepare(CLIENT_ACK).await.map_err(why("prepare"))?;
+    let started = std::time::Instant::now();
+    loop {
+        let token = uuid::Uuid::new_v4();
+        let rows = client
+            .query(&claim, &[&token])
+            .await
+            .map_err(why("claim"))?;
+        if rows.is_empty() {
+            if db.drained(&client).await {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        }
+        let ids: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
+        client
+            .execute(&ack, &[&ids, &token])
+            .await
+            .map_err(why("acknowledge"))?;
+    }
+    Ok(stats::throughput(messages as u64, started.elapsed()).unwrap_or(0.0))
+}
+
+/// [`BARE_LOOP`]'s claim, the token a parameter.
+const CLIENT_CLAIM: &str = "with due as (
+    select t.id from public.bench_outbox as t
+    where t.status in (0, 1, 3)
+        and (t.status = 0
+            or (t.status = 3 and t.next_retry_at <= now())
+            or (t.status = 1 and t.claim_expires_at < now()))
+        and not exists (select 1 from public.bench_outbox as e
+            where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id)
+    order by t.id limit 100
+    for update skip locked)
+update public.bench_outbox as t
+set attempts = t.attempts + (t.status = 1)::int, status = 1, claimed_at = now(),
+    claim_expires_at = now() + interval '1 minute', claim_token = $1
+from due where t.id = due.id
+returning t.id";
+
+/// [`BARE_LOOP`]'s acknowledgement.
+const CLIENT_ACK: &str = "update public.bench_outbox
+set status = 2, processed_at = now(), last_error = null
+where id = any($1) and status = 1 and claim_token = $2";
+
 /// The same claim (the store's statement, batch 100) and acknowledgement by id and token,
 /// in a procedure: no client, no relay, no round trips, each step its own transaction as
 /// the relay's are. When another loop holds the last heads it sleeps 5 ms, the relays'
