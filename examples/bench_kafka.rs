@@ -8,7 +8,8 @@
 //!   ratio is the relay's overhead (claim, build the records, await the delivery reports
 //!   batch by batch, acknowledge). Two diagnostics split that overhead: the bare producer
 //!   sending batch by batch (awaiting each batch's reports, the relay's rhythm without the
-//!   relay), and the in-memory store alone (claim and `mark_done` with no publishing).
+//!   relay), the in-memory store alone (claim and `mark_done` with no publishing), and
+//!   `KafkaPublisher` alone publishing pre-claimed batches one at a time (no relay, no store).
 //! * **exporter**: `FeedExporter` over an in-memory feed of several shards (the fake feed
 //!   and cursors of the exporter tests, `support/memory_feed.rs`), run until every shard's
 //!   last cursor is saved, against a plain `FutureProducer` sending the same records (the
@@ -63,7 +64,7 @@ use changefeed::kafka::{
 };
 use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, Failed, NewMessage};
 use changefeed::reader::PageSource;
-use changefeed::relay::{Relay, RelayConfig};
+use changefeed::relay::{Publisher, Relay, RelayConfig};
 use changefeed::{Cursor, Feed, Result};
 use kafka_bench::{check, send, warm_up};
 use memory_feed::{FakeCursors, FakeFeed, KEY_COLUMNS};
@@ -321,6 +322,47 @@ async fn relay_round(
         return Err(format!("the relay published {done} of {}", args.messages));
     }
     Ok(args.messages as f64 / elapsed.as_secs_f64())
+}
+
+/// `KafkaPublisher` alone: every message claimed beforehand (untimed), then each batch
+/// published in turn, one at a time, with no relay and no store (a diagnostic: next to the
+/// bare producer sending batch by batch, the publisher's own work per message, building
+/// each record and its headers and judging the outcomes).
+async fn publisher_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, String> {
+    let mut store = MemoryStore::new();
+    for message in messages(args, topic) {
+        store.enqueue(message);
+    }
+    let mut batches = Vec::new();
+    loop {
+        let batch = store
+            .claim(args.batch_size, Duration::from_secs(300))
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(first) = batch.first() else { break };
+        // Acknowledged at once: an aggregate's next message is claimed only after it.
+        let ids: Vec<i64> = batch.iter().map(|c| c.id()).collect();
+        store
+            .mark_done(&ids, first.claim_token())
+            .await
+            .map_err(|e| e.to_string())?;
+        batches.push(batch.iter().filter_map(|c| c.message().cloned()).collect::<Vec<_>>());
+    }
+    let claimed: usize = batches.iter().map(Vec::len).sum();
+    if claimed != args.messages {
+        return Err(format!("{claimed} of {} messages claimed", args.messages));
+    }
+    let publisher = KafkaPublisher::new(KafkaPublisherConfig::new(settings(args, bootstrap)))
+        .map_err(|e| e.to_string())?;
+    warm_up(publisher.producer(), topic).await?;
+    let started = Instant::now();
+    for batch in &batches {
+        let outcomes = publisher.publish(batch).await;
+        if let Some(Err(error)) = outcomes.iter().find(|o| o.is_err()) {
+            return Err(format!("the publisher failed a message: {error:?}"));
+        }
+    }
+    Ok(args.messages as f64 / started.elapsed().as_secs_f64())
 }
 
 /// The in-memory store alone: claim and acknowledge every message, batch by batch, with
@@ -684,6 +726,16 @@ async fn main() -> ExitCode {
         match store_round(&args, "store-only").await {
             Ok(rate) => println!("the in-memory store alone (claim + mark_done): {rate:.0} msg/s"),
             Err(error) => eprintln!("error: the store-only round: {error}"),
+        }
+        if let Err(error) = cluster.create_topic("publisher-only", 6, 1) {
+            eprintln!("error: creating mock topic publisher-only: {error}");
+            return ExitCode::FAILURE;
+        }
+        match publisher_round(&args, &bootstrap, "publisher-only").await {
+            Ok(rate) => println!(
+                "KafkaPublisher alone, batch by batch, no relay or store: {rate:.0} msg/s"
+            ),
+            Err(error) => eprintln!("error: the publisher-only round: {error}"),
         }
         let (ours, raw, batched) = relay.medians();
         println!(
