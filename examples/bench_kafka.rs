@@ -346,7 +346,12 @@ async fn publisher_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f6
             .mark_done(&ids, first.claim_token())
             .await
             .map_err(|e| e.to_string())?;
-        batches.push(batch.iter().filter_map(|c| c.message().cloned()).collect::<Vec<_>>());
+        batches.push(
+            batch
+                .iter()
+                .filter_map(|c| c.message().cloned())
+                .collect::<Vec<_>>(),
+        );
     }
     let claimed: usize = batches.iter().map(Vec::len).sum();
     if claimed != args.messages {
@@ -732,9 +737,9 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
         match publisher_round(&args, &bootstrap, "publisher-only").await {
-            Ok(rate) => println!(
-                "KafkaPublisher alone, batch by batch, no relay or store: {rate:.0} msg/s"
-            ),
+            Ok(rate) => {
+                println!("KafkaPublisher alone, batch by batch, no relay or store: {rate:.0} msg/s")
+            }
             Err(error) => eprintln!("error: the publisher-only round: {error}"),
         }
         let (ours, raw, batched) = relay.medians();
