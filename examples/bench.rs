@@ -20,6 +20,8 @@
 mod args;
 #[path = "support/container.rs"]
 mod container;
+#[path = "support/figures.rs"]
+mod figures;
 #[path = "bench/load.rs"]
 mod load;
 #[path = "bench/report.rs"]
@@ -256,6 +258,9 @@ async fn run_on(options: &Options, server: &Server) -> ExitCode {
 
     println!("{}", table(&results));
     print!("{}", legend(&results));
+    for row in &results {
+        record_figure(row);
+    }
     println!(
         "{} in {:.0} s{}",
         if interrupted {
@@ -302,6 +307,29 @@ async fn run_on(options: &Options, server: &Server) -> ExitCode {
         return ExitCode::from(130);
     }
     code
+}
+
+/// Hands `row` on to `bench_all`: figure and parameters, value and baseline with the unit.
+fn record_figure(row: &Row) {
+    let with_unit = |v: Option<f64>| match v {
+        Some(_) => format!("{} {}", report::format_number(v), row.unit),
+        None => "-".to_owned(),
+    };
+    let value = match &row.error {
+        Some(error) => format!("error: {}", one_line(error)),
+        None => with_unit(row.value),
+    };
+    figures::record(
+        &format!(
+            "SQL Server: {} {} ({})",
+            row.figure,
+            row.measurement,
+            row.parameter_text()
+        ),
+        &value,
+        &format!("{} ({})", with_unit(row.baseline), row.baseline_label),
+        row.ratio(),
+    );
 }
 
 fn settings_text(options: &Options) -> String {

@@ -8,7 +8,8 @@
 //!   ratio is the relay's overhead (claim, build the records, await the delivery reports
 //!   batch by batch, acknowledge). Two diagnostics split that overhead: the bare producer
 //!   sending batch by batch (awaiting each batch's reports, the relay's rhythm without the
-//!   relay), and the in-memory store alone (claim and `mark_done` with no publishing).
+//!   relay), the in-memory store alone (claim and `mark_done` with no publishing), and
+//!   `KafkaPublisher` alone publishing pre-claimed batches one at a time (no relay, no store).
 //! * **exporter**: `FeedExporter` over an in-memory feed of several shards (the fake feed
 //!   and cursors of the exporter tests, `support/memory_feed.rs`), run until every shard's
 //!   last cursor is saved, against a plain `FutureProducer` sending the same records (the
@@ -32,17 +33,23 @@
 //! cargo run --release --features kafka --example bench_kafka
 //! cargo run --release --features kafka --example bench_kafka -- --messages 100000 --batch-size 2000
 //! cargo run --release --features kafka --example bench_kafka -- --figure exporter --shards 8
+//! cargo run --release --features kafka --example bench_kafka -- --quick   # seconds
 //! cargo run --release --features kafka --example bench_kafka -- --help
 //! ```
 //!
 //! Timing is printed, never asserted.
 
+#[path = "support/figures.rs"]
+mod figures;
 #[path = "support/kafka_bench.rs"]
 mod kafka_bench;
 #[path = "support/memory_feed.rs"]
 mod memory_feed;
 #[path = "support/memory_store.rs"]
 mod memory_store;
+#[path = "bench/stats.rs"]
+#[allow(dead_code)]
+mod stats;
 
 use std::collections::VecDeque;
 use std::process::ExitCode;
@@ -57,7 +64,7 @@ use changefeed::kafka::{
 };
 use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, Failed, NewMessage};
 use changefeed::reader::PageSource;
-use changefeed::relay::{Relay, RelayConfig};
+use changefeed::relay::{Publisher, Relay, RelayConfig};
 use changefeed::{Cursor, Feed, Result};
 use kafka_bench::{check, send, warm_up};
 use memory_feed::{FakeCursors, FakeFeed, KEY_COLUMNS};
@@ -69,7 +76,10 @@ bench_kafka: the relay (in-memory store + KafkaPublisher) and the feed exporter
 same messages, all into librdkafka's mock cluster, in alternating rounds.
 
 Options:
-  --figure F         relay, exporter, latency or all (default all)
+  --quick            a smoke run of seconds: 20000 messages, 3 rounds, the relay and
+                     exporter figures (options after it still apply)
+  --figure F         relay, exporter, latency, throughput (relay and exporter) or
+                     all (default all)
   --messages N       messages per round (default 50000)
   --batch-size N     the relay's claim batch size and the exporter's page size,
                      1..=10000 (default 1000)
@@ -89,16 +99,18 @@ enum Figure {
     Relay,
     Exporter,
     Latency,
+    /// The relay's and the exporter's.
+    Throughput,
     All,
 }
 
 impl Figure {
     fn relay(self) -> bool {
-        matches!(self, Figure::Relay | Figure::All)
+        matches!(self, Figure::Relay | Figure::Throughput | Figure::All)
     }
 
     fn exporter(self) -> bool {
-        matches!(self, Figure::Exporter | Figure::All)
+        matches!(self, Figure::Exporter | Figure::Throughput | Figure::All)
     }
 
     fn latency(self) -> bool {
@@ -142,6 +154,12 @@ fn parse_args() -> Result<Option<Args>, String> {
         if flag == "-h" || flag == "--help" {
             return Ok(None);
         }
+        if flag == "--quick" {
+            args.messages = 20_000;
+            args.rounds = 3;
+            args.figure = Figure::Throughput;
+            continue;
+        }
         let value = it
             .next()
             .ok_or_else(|| format!("{flag} needs a value (see --help)"))?;
@@ -157,10 +175,12 @@ fn parse_args() -> Result<Option<Args>, String> {
                     "relay" => Figure::Relay,
                     "exporter" => Figure::Exporter,
                     "latency" => Figure::Latency,
+                    "throughput" => Figure::Throughput,
                     "all" => Figure::All,
                     other => {
                         return Err(format!(
-                            "--figure takes relay, exporter, latency or all, not {other:?}"
+                            "--figure takes relay, exporter, latency, throughput or all, \
+                             not {other:?}"
                         ));
                     }
                 }
@@ -302,6 +322,52 @@ async fn relay_round(
         return Err(format!("the relay published {done} of {}", args.messages));
     }
     Ok(args.messages as f64 / elapsed.as_secs_f64())
+}
+
+/// `KafkaPublisher` alone: every message claimed beforehand (untimed), then each batch
+/// published in turn, one at a time, with no relay and no store (a diagnostic: next to the
+/// bare producer sending batch by batch, the publisher's own work per message, building
+/// each record and its headers and judging the outcomes).
+async fn publisher_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, String> {
+    let mut store = MemoryStore::new();
+    for message in messages(args, topic) {
+        store.enqueue(message);
+    }
+    let mut batches = Vec::new();
+    loop {
+        let batch = store
+            .claim(args.batch_size, Duration::from_secs(300))
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(first) = batch.first() else { break };
+        // Acknowledged at once: an aggregate's next message is claimed only after it.
+        let ids: Vec<i64> = batch.iter().map(|c| c.id()).collect();
+        store
+            .mark_done(&ids, first.claim_token())
+            .await
+            .map_err(|e| e.to_string())?;
+        batches.push(
+            batch
+                .iter()
+                .filter_map(|c| c.message().cloned())
+                .collect::<Vec<_>>(),
+        );
+    }
+    let claimed: usize = batches.iter().map(Vec::len).sum();
+    if claimed != args.messages {
+        return Err(format!("{claimed} of {} messages claimed", args.messages));
+    }
+    let publisher = KafkaPublisher::new(KafkaPublisherConfig::new(settings(args, bootstrap)))
+        .map_err(|e| e.to_string())?;
+    warm_up(publisher.producer(), topic).await?;
+    let started = Instant::now();
+    for batch in &batches {
+        let outcomes = publisher.publish(batch).await;
+        if let Some(Err(error)) = outcomes.iter().find(|o| o.is_err()) {
+            return Err(format!("the publisher failed a message: {error:?}"));
+        }
+    }
+    Ok(args.messages as f64 / started.elapsed().as_secs_f64())
 }
 
 /// The in-memory store alone: claim and acknowledge every message, batch by batch, with
@@ -666,12 +732,28 @@ async fn main() -> ExitCode {
             Ok(rate) => println!("the in-memory store alone (claim + mark_done): {rate:.0} msg/s"),
             Err(error) => eprintln!("error: the store-only round: {error}"),
         }
+        if let Err(error) = cluster.create_topic("publisher-only", 6, 1) {
+            eprintln!("error: creating mock topic publisher-only: {error}");
+            return ExitCode::FAILURE;
+        }
+        match publisher_round(&args, &bootstrap, "publisher-only").await {
+            Ok(rate) => {
+                println!("KafkaPublisher alone, batch by batch, no relay or store: {rate:.0} msg/s")
+            }
+            Err(error) => eprintln!("error: the publisher-only round: {error}"),
+        }
         let (ours, raw, batched) = relay.medians();
         println!(
             "median: relay {ours:.0} msg/s, raw FutureProducer {raw:.0} msg/s, raw batch by \
              batch {batched:.0} msg/s"
         );
         println!("ratio relay/raw: {:.2} (goal >= 0.90)", ours / raw);
+        figures::record(
+            "Kafka: relay (in-memory store) -> mock cluster",
+            &format!("{ours:.0} msg/s"),
+            &format!("{raw:.0} msg/s (bare producer)"),
+            stats::ratio(ours, raw),
+        );
         println!(
             "ratio relay/raw batch by batch: {:.2} (what the relay adds to the batch round trip)",
             ours / batched
@@ -686,6 +768,12 @@ async fn main() -> ExitCode {
         let (ours, raw, _) = exporter.medians();
         println!("median: exporter {ours:.0} msg/s, raw FutureProducer {raw:.0} msg/s");
         println!("ratio exporter/raw: {:.2} (goal >= 0.90)", ours / raw);
+        figures::record(
+            "Kafka: exporter (in-memory feed) -> mock cluster",
+            &format!("{ours:.0} msg/s"),
+            &format!("{raw:.0} msg/s (bare producer)"),
+            stats::ratio(ours, raw),
+        );
         if let Ok(feed) = feed {
             // The exporter's time per message less the fake feed's (cloning every row out of
             // memory), which a real feed replaces with its own reading and the bare

@@ -14,6 +14,8 @@
 
 #[path = "../tests/common_server/mod.rs"]
 mod common_server;
+#[path = "support/figures.rs"]
+mod figures;
 #[path = "support/mysql_bench.rs"]
 #[allow(dead_code)]
 mod mysql_bench;
@@ -71,7 +73,7 @@ async fn latency(db: &BenchDb, binlog: bool) -> Option<Summary> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let messages = relay_bench::message_count_arg();
+    let messages = relay_bench::sizes_arg().messages;
     let server = server::server();
     let db = BenchDb::create(|database| server.url_for(database)).await;
     let version = &db.version;
@@ -84,7 +86,7 @@ async fn main() {
     for relays in [1, 4] {
         let relay = relay_throughput(&db, messages, relays).await;
         let bare = db.bare_throughput(messages, relays).await;
-        store_bench::print_relay_and_bare(relays, relay, bare);
+        store_bench::print_relay_and_bare("MariaDB", relays, relay, bare);
     }
     for (name, binlog) in [("binlog wake", true), ("polling every 100 ms", false)] {
         let stage = format!("commit to publish, {name}");
@@ -93,11 +95,7 @@ async fn main() {
             async { Ok(latency(&db, binlog).await) },
             async || {},
         );
-        let cell = summary.await.map_or_else(
-            || "error".to_owned(),
-            |summary| relay_bench::latency_cell(summary, "nothing published"),
-        );
-        println!("| {stage} | {cell} |");
+        store_bench::print_latency("MariaDB", &stage, summary.await);
     }
     db.drop_database().await;
     relay_bench::finish();

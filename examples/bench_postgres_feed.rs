@@ -30,6 +30,10 @@
 mod common_postgres;
 #[path = "../tests/common_server/mod.rs"]
 mod common_server;
+#[path = "support/figures.rs"]
+mod figures;
+#[path = "support/machine.rs"]
+mod machine;
 #[path = "support/relay_bench.rs"]
 #[allow(dead_code)]
 mod relay_bench;
@@ -171,11 +175,29 @@ impl Figure {
         }
     }
 
-    fn line(&self) -> String {
-        let with_unit = |v: Option<f64>| match v {
+    fn with_unit(&self, v: Option<f64>) -> String {
+        match v {
             Some(_) => format!("{} {}", format_number(v), self.unit),
             None => "-".to_owned(),
+        }
+    }
+
+    /// Hands the figure on to `bench_all` (value, baseline, ratio; the goal in the name).
+    fn record(&self) {
+        let value = match &self.error {
+            Some(error) => format!("error: {error}"),
+            None => self.with_unit(self.value),
         };
+        figures::record(
+            &format!("PostgreSQL feed: {} (goal {})", self.name, self.goal_text()),
+            &value,
+            &self.with_unit(self.baseline),
+            self.ratio(),
+        );
+    }
+
+    fn line(&self) -> String {
+        let with_unit = |v: Option<f64>| self.with_unit(v);
         match &self.error {
             Some(error) => format!(
                 "| {} | error: {error} | - | - | {} | error |",
@@ -635,24 +657,6 @@ async fn serialized(bench: &Bench) -> Result<[(f64, f64); 2], String> {
     Ok(rates)
 }
 
-/// The machine line: cores, load average, build profile.
-fn machine() -> String {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let profile = if cfg!(debug_assertions) {
-        "debug"
-    } else {
-        "release"
-    };
-    format!("{cores} cores, load average {}, {profile} build", load())
-}
-
-/// The first three fields of /proc/loadavg.
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".to_owned())
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let mut sizes = RELEASE;
@@ -667,7 +671,7 @@ async fn main() {
         }
     }
     let started = Instant::now();
-    let at_start = machine();
+    let at_start = machine::line();
     let db = common_postgres::database(&format!("bench_feed_{}", std::process::id())).await;
     let bench = Bench {
         config: db.config.clone(),
@@ -771,6 +775,7 @@ async fn main() {
     println!("|---|---|---|---|---|---|");
     for figure in &figures {
         println!("{}", figure.line());
+        figure.record();
     }
     println!();
     println!("baselines, in the same run, prepared statements on both sides:");
@@ -781,7 +786,7 @@ async fn main() {
         POLL.as_millis()
     );
     println!("  4  the same transactions into a twin table without lock_feed, ulid(i) or trigger");
-    println!("machine at end:   {}", machine());
+    println!("machine at end:   {}", machine::line());
     println!("{:.0} s", started.elapsed().as_secs_f64());
 
     let server = common_postgres::server::server();

@@ -98,12 +98,35 @@ pub fn fail(what: &str, error: impl std::fmt::Display) -> ! {
     std::process::exit(1)
 }
 
-/// The message count from the first argument, else 20,000.
-pub fn message_count_arg() -> usize {
-    std::env::args()
-        .nth(1)
-        .map(|n| n.parse().unwrap_or_else(|e| fail("the message count", e)))
-        .unwrap_or(20_000)
+/// A run's sizes: messages per throughput run and commits per latency run.
+#[derive(Clone, Copy)]
+pub struct Sizes {
+    pub messages: usize,
+    pub samples: usize,
+}
+
+/// The sizes of a quick run (`--quick`): a smoke run of seconds, noisy figures.
+pub const QUICK: Sizes = Sizes {
+    messages: 2_000,
+    samples: 40,
+};
+
+/// The sizes from the first argument: `--quick` ([`QUICK`]), a message count (with
+/// [`LATENCY_SAMPLES`] commits), or nothing (20,000 messages).
+pub fn sizes_arg() -> Sizes {
+    match std::env::args().nth(1).as_deref() {
+        Some("--quick") => QUICK,
+        Some(n) => Sizes {
+            messages: n
+                .parse()
+                .unwrap_or_else(|e| fail("the message count (or --quick)", e)),
+            samples: LATENCY_SAMPLES,
+        },
+        None => Sizes {
+            messages: 20_000,
+            samples: LATENCY_SAMPLES,
+        },
+    }
 }
 
 /// Counts messages and does nothing else.

@@ -1,6 +1,7 @@
 //! What the two store benchmarks (bench_mysql, bench_postgres) run alike around their own
 //! store, waker and commits: the commit-to-publish latency of a relay woken by the store's
-//! waker or polling, and the rows comparing a relay fleet with the bare SQL loop.
+//! waker or polling, and the rows (and `bench_all`'s figures) comparing a relay fleet with
+//! the bare SQL loop.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use changefeed::relay::{Relay, RelayConfig, RelayHandle};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::figures;
 use crate::relay_bench::{self, Clock, LATENCY_SAMPLES, fail};
 use crate::stats::Summary;
 
@@ -80,16 +82,33 @@ where
 }
 
 /// The table's rows for `relays` relays at `relay` msg/s next to as many bare SQL loops at
-/// `bare` msg/s, and their ratio (`error` for a stage that failed or stalled).
-pub fn print_relay_and_bare(relays: usize, relay: Option<f64>, bare: Option<f64>) {
+/// `bare` msg/s, and their ratio (`error` for a stage that failed or stalled); the ratio is
+/// also a figure of `store`'s for `bench_all`.
+pub fn print_relay_and_bare(store: &str, relays: usize, relay: Option<f64>, bare: Option<f64>) {
     let ratio = relay_bench::ratio_cell(relay, bare);
-    println!(
-        "| {relays} relay(s), no-op publisher | {} |",
-        relay_bench::rate_cell(relay)
-    );
-    println!(
-        "| {relays} bare SQL loop(s) | {} |",
-        relay_bench::rate_cell(bare)
-    );
+    let (relay, bare) = (relay_bench::rate_cell(relay), relay_bench::rate_cell(bare));
+    println!("| {relays} relay(s), no-op publisher | {relay} |");
+    println!("| {relays} bare SQL loop(s) | {bare} |");
     println!("| ratio relay / bare, {relays} | {ratio} |");
+    figures::record(
+        &format!("{store} outbox: {relays} relay(s), no-op publisher"),
+        &relay,
+        &format!("{bare} (bare SQL loop)"),
+        ratio.parse().ok(),
+    );
+}
+
+/// The table's row for the commit-to-publish latency `stage` (`None`: it failed or
+/// stalled), also a figure of `store`'s for `bench_all` (p99; p50 beside it).
+pub fn print_latency(store: &str, stage: &str, summary: Option<Option<Summary>>) {
+    let cell = summary.map_or_else(
+        || "error".to_owned(),
+        |summary| relay_bench::latency_cell(summary, "nothing published"),
+    );
+    println!("| {stage} | {cell} |");
+    let value = match summary.flatten() {
+        Some(s) => format!("p99 {:.2} ms (p50 {:.2} ms)", s.p99, s.p50),
+        None => cell,
+    };
+    figures::record(&format!("{store} outbox: {stage}"), &value, "", None);
 }
