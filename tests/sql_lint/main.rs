@@ -1675,6 +1675,46 @@ fn assert_clean(src: &str) {
     );
 }
 
+/// For a rule over the whole bundle: `lint` over the bundle with `edit` applied to the file
+/// that holds the newest definition of `module` (its last name part, in any case).
+fn lint_with_edit(
+    module: &str,
+    edit: impl Fn(&str) -> String,
+    lint: impl Fn(&[Current<'_>]) -> Vec<Violation>,
+) -> Vec<Violation> {
+    let (mut files, _) = read_bundle();
+    let newest = current_files(&files)
+        .iter()
+        .find(|c| {
+            c.module
+                .as_ref()
+                .and_then(|m| m.name_parts.last())
+                .is_some_and(|n| n.eq_ignore_ascii_case(module))
+        })
+        .map(|c| c.name.to_owned())
+        .unwrap_or_else(|| panic!("no definition of {module}"));
+    let file = files
+        .iter_mut()
+        .find(|(name, _)| *name == newest)
+        .expect("the file just found");
+    let edited = edit(&file.1);
+    assert_ne!(edited, file.1, "the edit of {newest} changed nothing");
+    file.1 = edited;
+    lint(&current_files(&files))
+}
+
+/// One of `violations` is `rule`'s and says `words`.
+#[track_caller]
+fn assert_rule_says(violations: &[Violation], rule: Rule, words: &str) {
+    assert!(
+        violations
+            .iter()
+            .any(|v| v.rule == rule && v.message.contains(words)),
+        "expected {} saying {words:?}, got {violations:?}",
+        rule.id()
+    );
+}
+
 /// [`assert_fires`] whose message also says `words` (the point of the rule, or its fix).
 #[track_caller]
 fn assert_fires_saying(src: &str, rule: Rule, line: usize, words: &str) {

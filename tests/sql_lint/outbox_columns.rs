@@ -225,37 +225,14 @@ mod tests {
     use super::*;
     use crate::{current_files, read_bundle};
 
-    /// R25 over the bundle with `edit` applied to the newest definition of `module`.
+    /// This rule over the bundle with `edit` applied to the newest definition of `module`.
     fn lint_edited(module: &str, edit: impl Fn(&str) -> String) -> Vec<Violation> {
-        let (mut files, _) = read_bundle();
-        let newest = current_files(&files)
-            .iter()
-            .find(|c| {
-                c.module
-                    .as_ref()
-                    .and_then(|m| m.name_parts.last())
-                    .is_some_and(|n| n == module)
-            })
-            .map(|c| c.name.to_owned())
-            .unwrap_or_else(|| panic!("no definition of {module}"));
-        let file = files
-            .iter_mut()
-            .find(|(name, _)| *name == newest)
-            .expect("the file just found");
-        let edited = edit(&file.1);
-        assert_ne!(edited, file.1, "the edit of {newest} changed nothing");
-        file.1 = edited;
-        lint(&current_files(&files))
+        crate::lint_with_edit(module, edit, lint)
     }
 
     #[track_caller]
     fn assert_fires_saying(violations: &[Violation], words: &str) {
-        assert!(
-            violations
-                .iter()
-                .any(|v| v.rule == Rule::OutboxColumns && v.message.contains(words)),
-            "expected R25 saying {words:?}, got {violations:?}"
-        );
+        crate::assert_rule_says(violations, Rule::OutboxColumns, words);
     }
 
     #[test]

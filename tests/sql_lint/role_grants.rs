@@ -291,32 +291,14 @@ mod tests {
     use super::*;
     use crate::{current_files, read_bundle};
 
-    /// R28 over the bundle with `edit` applied to the newest definition of `module`.
+    /// This rule over the bundle with `edit` applied to the newest definition of `module`.
     fn lint_edited(module: &str, edit: impl Fn(&str) -> String) -> Vec<Violation> {
-        let (mut files, _) = read_bundle();
-        let newest = current_files(&files)
-            .iter()
-            .find(|c| module_name(c).as_deref() == Some(module))
-            .map(|c| c.name.to_owned())
-            .unwrap_or_else(|| panic!("no definition of {module}"));
-        let file = files
-            .iter_mut()
-            .find(|(name, _)| *name == newest)
-            .expect("the file just found");
-        let edited = edit(&file.1);
-        assert_ne!(edited, file.1, "the edit of {newest} changed nothing");
-        file.1 = edited;
-        lint(&current_files(&files))
+        crate::lint_with_edit(module, edit, lint)
     }
 
     #[track_caller]
     fn assert_fires_saying(violations: &[Violation], words: &str) {
-        assert!(
-            violations
-                .iter()
-                .any(|v| v.rule == Rule::RoleGrants && v.message.contains(words)),
-            "expected R28 saying {words:?}, got {violations:?}"
-        );
+        crate::assert_rule_says(violations, Rule::RoleGrants, words);
     }
 
     #[test]
