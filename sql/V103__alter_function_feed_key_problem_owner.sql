@@ -138,10 +138,9 @@ from (
     from changefeed.owner_chain_problem(@schema_name, @table_name) as o
     cross apply (
         select
-            concat(
-                N' Then run exec changefeed.upgrade_feed @table_name = N''',
-                replace(@schema_name + N'.' + @table_name, N'''', N''''''), N''';'
-            ) as rerun
+            -- Without the name (the text begins with it): a fixed length, so that the cut
+            -- above never reaches the fix statement owner_chain_problem names (V101).
+            N' Then run changefeed.upgrade_feed for this table.' as rerun
     ) as r
 ) as x
 order by x.ordinal;

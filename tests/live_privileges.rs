@@ -616,7 +616,7 @@ async fn outbox_owner_scenario(db: &TestDb, logins: &[Login; 1]) {
         problem.contains("alter authorization on object::[pold].[box] to [dbo]")
             && problem.contains("priv_owner")
             && problem.contains("drops the 1 permissions")
-            && problem.contains("exec changefeed.upgrade_outbox"),
+            && problem.contains("Then run changefeed.upgrade_outbox for this table."),
         "the problem names the owner, the fix, what it drops and the upgrade: {problem}"
     );
     let (number, message) = exec_failure(
@@ -739,7 +739,7 @@ async fn feed_owner_scenario(db: &TestDb, logins: &[Login; 1]) {
         assert!(
             problem.contains("alter authorization on object::[fold].[ev] to [dbo]")
                 && problem.contains("priv_owner")
-                && problem.contains("exec changefeed.upgrade_feed"),
+                && problem.contains("Then run changefeed.upgrade_feed for this table."),
             "{sql}: {problem}"
         );
     }
