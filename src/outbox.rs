@@ -390,6 +390,22 @@ pub trait ClaimStore: Send {
         None
     }
 
+    /// Another handle onto this store whose calls may run while this handle's do, or
+    /// `None` (the default): one call at a time. A [`Relay`](crate::relay::Relay) claims
+    /// through the store and acknowledges through this handle, so an acknowledgement does
+    /// not wait for a claim to answer, nor a claim for an acknowledgement.
+    /// [`PostgresOutboxStore`](crate::postgres::PostgresOutboxStore)'s handle shares its
+    /// connection, on which tokio-postgres sends the second call while the first runs: the
+    /// server runs them back to back, each its own transaction, with no round trip between
+    /// them. Every call keeps its own guarantees (a claim never takes a claimed row, every
+    /// acknowledgement is fenced by its token), so their order does not matter.
+    fn concurrent_handle(&self) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
+
     /// The outbox's name as metrics and logs label it (`dbo.outbox`, `outbox`): the
     /// `outbox` label of every relay metric ([`crate::metrics`]). The default, for stores
     /// that do not say, is empty, which Prometheus treats as no label.

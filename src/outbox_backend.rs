@@ -11,22 +11,13 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::time::{Instant, sleep_until};
 
-use crate::error::{Error, Result, decode_error};
+use crate::error::{Result, decode_error};
 use crate::outbox::{Headers, NewMessage};
 use crate::relay::RelayHandle;
 
 // Lives in `call_bound`, which imports nothing of the relay, so that the feed reader's
 // PostgreSQL session can use it without an import loop.
 pub(crate) use crate::call_bound::bounded;
-
-/// Forgets the connection in `slot` when `result` failed at the connection level (or had
-/// no answer in time): the next call opens a fresh one instead of reusing a connection in
-/// an unknown state.
-pub(crate) fn forget_if_broken<C, T>(slot: &mut Option<C>, result: &Result<T>) {
-    if let Err(Error::Connection(_)) = result {
-        *slot = None;
-    }
-}
 
 /// A text column a claim read as bytes, as text; an error (naming the column) when it is
 /// not UTF-8. Text read as bytes cannot fail the whole claim: the row with it is handed

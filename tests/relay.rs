@@ -2778,3 +2778,69 @@ async fn metric_series_do_not_grow_with_messages() {
     );
     assert!(published_topics.contains(changefeed::metrics::OTHER_TOPIC));
 }
+
+/// A [`FakeStore`] with a concurrent handle (on the same rows), whose second claim pauses
+/// at its gate: what a store whose calls may overlap looks like to the relay.
+#[derive(Clone)]
+struct OverlappingStore {
+    store: FakeStore,
+    claims: Arc<AtomicUsize>,
+    second_claim: Arc<ClaimGate>,
+}
+
+impl ClaimStore for OverlappingStore {
+    async fn claim(&mut self, batch_size: u32, claim_timeout: Duration) -> Result<Vec<Claimed>> {
+        if self.claims.fetch_add(1, Ordering::SeqCst) == 1 {
+            self.store.state().claim_gate = Some(Arc::clone(&self.second_claim));
+        }
+        self.store.claim(batch_size, claim_timeout).await
+    }
+    async fn mark_done(&mut self, ids: &[i64], token: ClaimToken) -> Result<u64> {
+        self.store.mark_done(ids, token).await
+    }
+    async fn mark_failed(&mut self, failed: Failed<'_>) -> Result<u64> {
+        self.store.mark_failed(failed).await
+    }
+    async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
+        self.store.requeue(id, token, after).await
+    }
+    fn concurrent_handle(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
+/// With a store's concurrent handle, a batch is acknowledged while the next claim is still
+/// under way (with one connection and no such handle, the acknowledgement waits for the
+/// claim, and this fails).
+#[tokio::test(start_paused = true)]
+async fn an_acknowledgement_goes_beside_a_claim_through_the_concurrent_handle() {
+    let store = FakeStore::default();
+    for n in 0..10 {
+        store.enqueue(Some(&format!("a{n}")));
+    }
+    let gate = Arc::new(ClaimGate::default());
+    let overlapping = OverlappingStore {
+        store: store.clone(),
+        claims: Arc::default(),
+        second_claim: Arc::clone(&gate),
+    };
+    let config = config().batch_size(5).max_in_flight(2);
+    let relay = Relay::new(overlapping, Arc::new(FakePublisher::default()), config).unwrap();
+    let watched = store.clone();
+    let released = Arc::clone(&gate);
+    relay
+        .run(async move {
+            released.started.notified().await;
+            // The second claim holds its call open; the first batch is acknowledged anyway.
+            timeout(Duration::from_secs(5), async {
+                while !(1..=5).all(|id| watched.status(id) == Status::Done) {
+                    sleep(ms(1)).await;
+                }
+            })
+            .await
+            .expect("the first batch was not acknowledged while the second claim ran");
+            released.release.notify_one();
+        })
+        .await
+        .unwrap();
+}

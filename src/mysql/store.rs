@@ -22,7 +22,7 @@ use crate::claim_limits::{
 };
 use crate::error::{Error, Result};
 use crate::outbox::{BACKLOG_COUNT_LIMIT, ClaimStore, ClaimToken, Claimed, Failed, OutboxBacklog};
-use crate::outbox_backend::{bounded, forget_if_broken, purge_in_batches};
+use crate::outbox_backend::{bounded, purge_in_batches};
 
 /// The claim outbox `table` over MariaDB/MySQL, for a [`Relay`](crate::relay::Relay): it
 /// owns one connection, opened on first use and again after a connection-level failure.
@@ -95,7 +95,11 @@ impl MysqlOutboxStore {
         }
         let conn = self.conn.as_mut().expect("connected above");
         let result = bounded(connection::SERVER, limit, what, call(&self.table, conn)).await;
-        forget_if_broken(&mut self.conn, &result);
+        // A connection-level failure (or no answer in time) leaves the connection in an
+        // unknown state: the next call opens a fresh one.
+        if let Err(Error::Connection(_)) = &result {
+            self.conn = None;
+        }
         result
     }
 

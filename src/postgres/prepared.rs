@@ -2,10 +2,13 @@
 //! first use on a connection and kept with that connection, so a call is one round trip
 //! (bind and execute) with the plan PostgreSQL cached, instead of two (parse and describe,
 //! then bind and execute) and a parse and plan every time. A new connection starts with no
-//! statement, so a reconnect prepares again.
+//! statement, so a reconnect prepares again. A statement whose plan depends on a parameter's
+//! value gets a custom plan, planned again on every call: the store writes such values
+//! (the claim's batch size) into the statement's text instead.
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use futures::TryStreamExt;
 use tokio_postgres::types::ToSql;
@@ -39,10 +42,15 @@ pub(crate) struct Answer {
 }
 
 /// One connection of a store and the statements prepared on it, by the store's own name
-/// for each (`K`).
+/// for each (`K`). Calls take `&self`: several may be under way at once (a claim and an
+/// acknowledgement, from a store and its [concurrent
+/// handle](crate::outbox::ClaimStore::concurrent_handle)), and tokio-postgres then sends
+/// the second while the first runs (pipelining): the server runs them one after the other,
+/// each its own transaction, with no round trip in between.
 pub(crate) struct Session<K> {
     client: Client,
-    prepared: HashMap<K, Statement>,
+    /// Each statement with the text it was prepared from.
+    prepared: Mutex<HashMap<K, (String, Statement)>>,
 }
 
 impl<K: Copy + Eq + Hash> Session<K> {
@@ -50,7 +58,7 @@ impl<K: Copy + Eq + Hash> Session<K> {
     pub(crate) fn new(client: Client) -> Self {
         Session {
             client,
-            prepared: HashMap::new(),
+            prepared: Mutex::new(HashMap::new()),
         }
     }
 
@@ -59,21 +67,23 @@ impl<K: Copy + Eq + Hash> Session<K> {
         self.client.is_closed()
     }
 
-    /// Runs statement `key`, prepared from `sql` on its first use on this connection,
-    /// with `params`. When the server answers that the statement is stale
-    /// ([`statement_is_stale`]), it is prepared again and runs once more; a second failure
-    /// is the caller's. The caller bounds the whole in time.
+    /// Runs statement `key` with the text `sql` and `params`, prepared on its first use on
+    /// this connection, and again when `key` comes with another text than the one it was
+    /// prepared from (the claim's, whose batch size is part of its text): the new statement
+    /// replaces the old, so a key holds one statement. When the server answers that the
+    /// statement is stale ([`statement_is_stale`]), it is prepared again and runs once more;
+    /// a second failure is the caller's. The caller bounds the whole in time.
     pub(crate) async fn run(
-        &mut self,
+        &self,
         key: K,
-        sql: impl Fn() -> String,
+        sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Answer> {
-        match self.run_once(key, &sql, params).await {
+        match self.run_once(key, sql, params).await {
             Err(error) if statement_is_stale(&error) => {
                 tracing::debug!(%error, "prepared statement is stale: preparing it again");
-                self.prepared.remove(&key);
-                self.run_once(key, &sql, params).await
+                self.prepared().remove(&key);
+                self.run_once(key, sql, params).await
             }
             answer => answer,
         }
@@ -81,12 +91,7 @@ impl<K: Copy + Eq + Hash> Session<K> {
 
     /// One run of statement `key` (prepared first if need be): its rows and how many rows
     /// it changed, as `query` and `execute` would give them.
-    async fn run_once(
-        &mut self,
-        key: K,
-        sql: &impl Fn() -> String,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Answer> {
+    async fn run_once(&self, key: K, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Answer> {
         let statement = self.statement(key, sql).await?;
         let stream = self
             .client
@@ -101,14 +106,24 @@ impl<K: Copy + Eq + Hash> Session<K> {
         Ok(Answer { rows, changed })
     }
 
-    /// Statement `key`, prepared from `sql` unless this connection has it already.
-    async fn statement(&mut self, key: K, sql: &impl Fn() -> String) -> Result<Statement> {
-        if let Some(statement) = self.prepared.get(&key) {
+    /// Statement `key` with the text `sql`, prepared unless this connection has it already.
+    /// Two calls that find it missing at once both prepare it, and the later one is kept:
+    /// either serves.
+    async fn statement(&self, key: K, sql: &str) -> Result<Statement> {
+        if let Some((text, statement)) = self.prepared().get(&key)
+            && text == sql
+        {
             return Ok(statement.clone());
         }
-        let statement = self.client.prepare(&sql()).await?;
-        self.prepared.insert(key, statement.clone());
+        let statement = self.client.prepare(sql).await?;
+        self.prepared()
+            .insert(key, (sql.to_owned(), statement.clone()));
         Ok(statement)
+    }
+
+    /// The prepared statements, for one look-up or change (never held across an await).
+    fn prepared(&self) -> MutexGuard<'_, HashMap<K, (String, Statement)>> {
+        self.prepared.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -8,6 +8,7 @@
 //! [`PostgresOutboxStore::claim_batch`], and why an aggregate's messages cannot overtake
 //! each other in ARCHITECTURE.md ("The claim outbox on PostgreSQL").
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio_postgres::types::ToSql;
@@ -19,13 +20,13 @@ use super::table::OutboxTable;
 use crate::claim_limits::{
     MAX_CLAIM_TIMEOUT, MAX_RETRY, check_claim, check_purge, failure_retry_us, micros,
 };
-use crate::error::{Result, decode_error};
+use crate::error::{Error, Result, decode_error};
 use crate::outbox::{
     ClaimStore, ClaimToken, Claimed, ClaimedMessage, Enqueued, Failed, NewMessage, OutboxBacklog,
     UndecodableMessage,
 };
 use crate::outbox_backend::{
-    bounded, decode_body, forget_if_broken, headers_json, message_id, purge_in_batches, utf8_column,
+    bounded, decode_body, headers_json, message_id, purge_in_batches, utf8_column,
 };
 use crate::outbox_store::check_payload;
 
@@ -137,6 +138,10 @@ pub async fn enqueue(
 /// statement after [`STATEMENT_TIMEOUT`](super::STATEMENT_TIMEOUT), the store gives up on an
 /// answer after [`CALL_TIMEOUT`](super::CALL_TIMEOUT) and then opens a new connection.
 ///
+/// Its [concurrent handle](ClaimStore::concurrent_handle) shares that connection: a relay
+/// acknowledges through it while its next claim runs, and both go out on the connection
+/// without waiting for each other (pipelined), so the server runs them back to back.
+///
 /// ```no_run
 /// # async fn run() -> changefeed::Result<()> {
 /// use changefeed::postgres::PostgresOutboxStore;
@@ -156,11 +161,20 @@ pub struct PostgresOutboxStore {
     /// The table's name as the statements write it.
     quoted: String,
     config: Config,
-    /// The connection and the statements prepared on it (see [`Call`]).
-    session: Option<Session<Call>>,
+    /// What the store and its concurrent handles share.
+    shared: Arc<Shared>,
+}
+
+/// What a store and its [concurrent handles](ClaimStore::concurrent_handle) share.
+#[derive(Default)]
+struct Shared {
+    /// The connection and the statements prepared on it (see [`Call`]); the lock is held
+    /// only to look at it or open a new one (so that the handles open one, not one each),
+    /// never for a call.
+    session: tokio::sync::Mutex<Option<Arc<Session<Call>>>>,
     /// Whether the database is `SQL_ASCII`, so a claim reads text as bytes (see
     /// [`claimed_columns`]); learned by the first claim.
-    sql_ascii: Option<bool>,
+    sql_ascii: OnceLock<bool>,
 }
 
 /// The store's statements. Each is prepared on its first use on a connection and kept
@@ -169,7 +183,8 @@ pub struct PostgresOutboxStore {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum Call {
     Encoding,
-    Claim,
+    /// The claim of up to this many messages.
+    Claim(u32),
     MarkDone,
     MarkFailed,
     Requeue,
@@ -180,27 +195,43 @@ enum Call {
 }
 
 impl Call {
+    /// Where the connection keeps the statement: one place per kind, so the claims of
+    /// every batch size share one (a relay claims with one size; another size is prepared
+    /// and takes its place, see [`Session::run`]).
+    fn slot(self) -> Call {
+        match self {
+            Call::Claim(_) => Call::Claim(0),
+            other => other,
+        }
+    }
+
     /// The statement over the quoted outbox table `t`; `raw`: the claim reads its text
     /// columns as bytes (see [`claimed_columns`]).
+    ///
+    /// The claim's batch size is written into its text, not passed: with `limit $1` the
+    /// plan depends on the value (a generic plan expects a tenth of the table and reads it
+    /// all for a hash join), so PostgreSQL planned the claim afresh on every call, which
+    /// cost as much as a third of its run. With the number in the text, the plan is made
+    /// once per connection and batch size and kept.
     fn sql(self, t: &str, raw: bool) -> String {
         match self {
             Call::Encoding => "select getdatabaseencoding()".to_owned(),
-            Call::Claim => format!(
+            Call::Claim(limit) => format!(
                 "with due as ( \
                  select t.id from {t} as t \
                  where t.status in (0, 1, 3) \
                  and (t.status = 0 \
                  or (t.status = 3 and t.next_retry_at <= now()) \
                  or (t.status = 1 and coalesce(t.claim_expires_at, \
-                 t.claimed_at + $2::bigint * interval '1 microsecond') < now())) \
+                 t.claimed_at + $1::bigint * interval '1 microsecond') < now())) \
                  and not exists (select 1 from {t} as e \
                  where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id) \
-                 order by t.id limit $1 \
+                 order by t.id limit {limit} \
                  for update skip locked) \
                  update {t} as t set attempts = t.attempts + (t.status = 1)::int, status = 1, \
                  claimed_at = now(), \
-                 claim_expires_at = now() + $2::bigint * interval '1 microsecond', \
-                 claim_token = $3 \
+                 claim_expires_at = now() + $1::bigint * interval '1 microsecond', \
+                 claim_token = $2 \
                  from due where t.id = due.id \
                  returning {}",
                 claimed_columns(raw)
@@ -238,8 +269,7 @@ impl PostgresOutboxStore {
             quoted: table.quoted(),
             table,
             config,
-            session: None,
-            sql_ascii: None,
+            shared: Arc::default(),
         }
     }
 
@@ -258,26 +288,38 @@ impl PostgresOutboxStore {
     /// connection, opening it first if needed, within [`CALL_TIMEOUT`]; a connection-level
     /// failure (or no answer in time) drops the connection, and its statements, so that
     /// the next call opens a fresh one and prepares them again.
-    async fn run(
-        &mut self,
-        what: &str,
-        key: Call,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Answer> {
-        if self.session.as_ref().is_none_or(Session::is_closed) {
-            self.session = Some(Session::new(connect(&self.config).await?));
-            crate::metrics::store_connected(self.table.name(), "postgres");
+    async fn run(&self, what: &str, key: Call, params: &[&(dyn ToSql + Sync)]) -> Result<Answer> {
+        let session = self.session().await?;
+        let raw = self.shared.sql_ascii.get() == Some(&true);
+        let sql = key.sql(&self.quoted, raw);
+        let run = session.run(key.slot(), &sql, params);
+        let result = bounded(SERVER, CALL_TIMEOUT, what, run).await;
+        if let Err(Error::Connection(_)) = &result {
+            // Unless a concurrent handle has already put a new one in its place.
+            let mut slot = self.shared.session.lock().await;
+            if slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, &session)) {
+                *slot = None;
+            }
         }
-        let session = self.session.as_mut().expect("connected above");
-        let (table, raw) = (&self.quoted, self.sql_ascii == Some(true));
-        let sql = || key.sql(table, raw);
-        let result = bounded(SERVER, CALL_TIMEOUT, what, session.run(key, sql, params)).await;
-        forget_if_broken(&mut self.session, &result);
         result
     }
 
+    /// The store's connection, opened if there is none or it is closed.
+    async fn session(&self) -> Result<Arc<Session<Call>>> {
+        let mut slot = self.shared.session.lock().await;
+        match slot.as_ref() {
+            Some(session) if !session.is_closed() => Ok(Arc::clone(session)),
+            _ => {
+                let session = Arc::new(Session::new(connect(&self.config).await?));
+                crate::metrics::store_connected(self.table.name(), "postgres");
+                *slot = Some(Arc::clone(&session));
+                Ok(session)
+            }
+        }
+    }
+
     /// The one row statement `key` returns with `params` (see [`Self::run`]).
-    async fn row(&mut self, what: &str, key: Call, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
+    async fn row(&self, what: &str, key: Call, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
         let answer = self.run(what, key, params).await?;
         answer
             .rows
@@ -287,12 +329,7 @@ impl PostgresOutboxStore {
     }
 
     /// How many rows statement `key` changed with `params` (see [`Self::run`]).
-    async fn execute(
-        &mut self,
-        what: &str,
-        key: Call,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64> {
+    async fn execute(&self, what: &str, key: Call, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
         Ok(self.run(what, key, params).await?.changed)
     }
 
@@ -333,17 +370,19 @@ impl PostgresOutboxStore {
     ) -> Result<Vec<Claimed>> {
         check_claim(batch_size, claim_timeout)?;
         let timeout_us = micros("claim_timeout", claim_timeout, MAX_CLAIM_TIMEOUT)?;
-        let limit = i64::from(batch_size);
         let token = ClaimToken::new(uuid::Uuid::new_v4());
-        if self.sql_ascii.is_none() {
+        if self.shared.sql_ascii.get().is_none() {
             let row = self
                 .row("the database's encoding", Call::Encoding, &[])
                 .await?;
-            self.sql_ascii =
-                Some(column::<String>(&row, 0, "getdatabaseencoding()")? == "SQL_ASCII");
+            let encoding: String = column(&row, 0, "getdatabaseencoding()")?;
+            let _ = self.shared.sql_ascii.set(encoding == "SQL_ASCII");
         }
-        let params: [&(dyn ToSql + Sync); 3] = [&limit, &timeout_us, token.as_uuid()];
-        let rows = self.run("the claim", Call::Claim, &params).await?.rows;
+        let params: [&(dyn ToSql + Sync); 2] = [&timeout_us, token.as_uuid()];
+        let rows = self
+            .run("the claim", Call::Claim(batch_size), &params)
+            .await?
+            .rows;
         // A row that does not decode is handed over undecodable, never an error: the rows
         // are committed as claimed, so an error would leave them to expire, and the next
         // claim would take the same batch and fail again.
@@ -440,6 +479,15 @@ impl ClaimStore for PostgresOutboxStore {
 
     fn outbox_name(&self) -> String {
         self.table.name().to_owned()
+    }
+
+    fn concurrent_handle(&self) -> Option<Self> {
+        Some(PostgresOutboxStore {
+            table: self.table.clone(),
+            quoted: self.quoted.clone(),
+            config: self.config.clone(),
+            shared: Arc::clone(&self.shared),
+        })
     }
 }
 

@@ -30,6 +30,15 @@ impl Ack<'_> {
         }
     }
 
+    /// The store call, on `store`.
+    async fn send(&self, store: &mut impl ClaimStore) -> crate::error::Result<u64> {
+        match self {
+            Ack::Done(ids, token) => store.mark_done(ids, *token).await,
+            Ack::Failed(failed) => store.mark_failed(*failed).await,
+            Ack::Requeue { id, token, after } => store.requeue(*id, *token, *after).await,
+        }
+    }
+
     /// How many rows the acknowledgement should change.
     fn expected(&self) -> u64 {
         match self {
@@ -51,16 +60,14 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
         let _acknowledging = self.metrics.ack_timer(ack.name());
         let mut failures = 0u32;
         loop {
-            // One store call at a time, the lock held only for the call: a claim or another
-            // batch's acknowledgement may go between two of this batch's calls, and a
-            // back-off below sleeps without holding up the others.
-            let mut store = self.store().await;
-            let result = match &ack {
-                Ack::Done(ids, token) => store.mark_done(ids, *token).await,
-                Ack::Failed(failed) => store.mark_failed(*failed).await,
-                Ack::Requeue { id, token, after } => store.requeue(*id, *token, *after).await,
+            // One acknowledgement at a time, through the store's concurrent handle when it
+            // has one (beside a claim), else on the store; the lock held only for the call:
+            // a claim or another batch's acknowledgement may go between two of this batch's
+            // calls, and a back-off below sleeps without holding up the others.
+            let result = match self.acknowledger().await {
+                Some(mut handle) => ack.send(&mut *handle).await,
+                None => ack.send(&mut **self.store().await).await,
             };
-            drop(store);
             match result {
                 Ok(changed) => {
                     let lost = ack.expected().saturating_sub(changed);

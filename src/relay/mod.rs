@@ -91,7 +91,10 @@ pub const MAX_STORE_RETRY_DELAY: Duration = Duration::from_secs(2);
 /// * up to [`max_in_flight`](RelayConfig::max_in_flight) batches are between claim and
 ///   acknowledgement at once: each claimed batch is published at once, the next claim
 ///   starts while earlier batches are being delivered, and each batch is acknowledged as
-///   its outcomes arrive (store calls one at a time). Per-aggregate order holds because a
+///   its outcomes arrive (store calls one at a time; with the store's
+///   [concurrent handle](ClaimStore::concurrent_handle), the acknowledgements go through
+///   it, one at a time, and one may go out while a claim runs; a claim waits for the
+///   acknowledgements already going). Per-aggregate order holds because a
 ///   claimed message stays claimed until acknowledged, and no claim takes a message
 ///   while an earlier one of its aggregate is claimed (see ARCHITECTURE.md);
 /// * a claim that returned messages is followed at once by the next claim when there is
@@ -283,9 +286,18 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
             mut rng,
             metrics,
         } = self;
-        Shared::new(&mut store, &publisher, &hooks, &config, &metrics, &mut rng)
-            .run(&wake, shutdown)
-            .await
+        let acknowledger = store.concurrent_handle();
+        Shared::new(
+            &mut store,
+            acknowledger,
+            &publisher,
+            &hooks,
+            &config,
+            &metrics,
+            &mut rng,
+        )
+        .run(&wake, shutdown)
+        .await
     }
 
     /// Claims one batch and publishes and acknowledges it, for callers that drive their
@@ -294,8 +306,10 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Relay<S, P, H> {
     /// [fatal](ErrorKind::Fatal) publish error (the fatal messages are handed back and the
     /// rest of the batch acknowledged first).
     pub async fn run_once(&mut self) -> Result<BatchReport> {
+        // One batch: its acknowledgement follows its claim, nothing would overlap.
         let shared = Shared::new(
             &mut self.store,
+            None,
             &self.publisher,
             &self.hooks,
             &self.config,
