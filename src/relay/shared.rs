@@ -82,10 +82,11 @@ impl<'a, S: ClaimStore, P: Publisher, H: Hooks> Shared<'a, S, P, H> {
     }
 
     /// The store, for one acknowledgement (the lock is held only for the call), when it
-    /// has no concurrent handle. A claim that is waiting on the server for work holds the store's one connection for as long
-    /// as it waits (seconds), while this batch's acknowledgement is what would make its
-    /// aggregates' next messages due: so the waiting claim is told to stop and cancel
-    /// itself, and the acknowledgement goes first (the lock is fair). A claim that already
+    /// has no concurrent handle. A claim that is waiting on the server for work holds the
+    /// store's one connection for as long as it waits (seconds), while this batch's
+    /// acknowledgement is what would make its aggregates' next messages due: so the waiting
+    /// claim is told to stop and cancel itself, and the acknowledgement goes first (the lock
+    /// is fair). A claim that already
     /// answers is not stopped (its rows are claimed): the acknowledgement goes next.
     pub(super) async fn store(&self) -> MutexGuard<'_, &'a mut S> {
         if !self.claim_waits {
