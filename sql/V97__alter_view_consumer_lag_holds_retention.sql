@@ -1,6 +1,7 @@
 -- (Replaces V70's.) What changed: holds_retention, 1 when the row's consumer is registered for
 -- its feed (changefeed.registered_consumers, V93): only then does its cursor hold
--- purge_feed back. A consumer any reader created by saving a cursor shows 0 until someone
+-- purge_feed back (or when the feed still runs code generated before version 5, whose
+-- purge_feed every saved cursor holds back). A consumer any reader created by saving a cursor shows 0 until someone
 -- who administers the feed registers it (changefeed.register_consumer); purge_feed deletes
 -- past its cursor and names it in passed_consumers.
 --
@@ -65,6 +66,17 @@ select
                 where
                     r.consumer = c.consumer collate database_default
                     and f.schema_name + N'.' + f.table_name = c.feed
+            )
+                then 1
+            -- A feed still on code from before generator version 5 (not yet regenerated
+            -- after the migrations, or skipped as broken) has the older purge_feed, which
+            -- every saved cursor holds back, registered or not.
+            when exists (
+                select 1
+                from changefeed.feeds as g
+                where
+                    g.schema_name + N'.' + g.table_name = c.feed
+                    and g.generator_version < 5
             )
                 then 1
             else 0

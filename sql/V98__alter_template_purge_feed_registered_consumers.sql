@@ -3,7 +3,8 @@
 -- changefeed.register_consumer). A member of a feed's readers role may save a cursor under
 -- any new consumer name; counted, a cursor of zeros under an invented name stopped every
 -- purge of the feed for good. Such a consumer is passed now, and named: each shard's row
--- has passed_consumers. The migrations after this one regenerate every feed's purge_feed.
+-- has passed_consumers. Each feed gets it when its code is regenerated after the migrations
+-- (upgrade_all_feeds @only_outdated = 1, generator version 5 and later).
 --
 -- purge_feed for outbox-mode feeds, written as the template feed's procedure; copied
 -- for every outbox-mode feed by upgrade_feed. (In serialized-writer mode the feed is your
