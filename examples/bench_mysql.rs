@@ -6,6 +6,7 @@
 //! ```sh
 //! cargo run --release --features mysql --example bench_mysql            # private MariaDB
 //! cargo run --release --features mysql --example bench_mysql -- 20000   # messages per run
+//! cargo run --release --features mysql --example bench_mysql -- --rounds 5  # medians of 5 (default 3)
 //! ```
 //!
 //! It starts a private `mariadbd` (tests/common_mysql/server.rs; mariadb-server must be
@@ -73,7 +74,8 @@ async fn latency(db: &BenchDb, binlog: bool) -> Option<Summary> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let messages = relay_bench::sizes_arg().messages;
+    let sizes = relay_bench::sizes_arg();
+    let messages = sizes.messages;
     let server = server::server();
     let db = BenchDb::create(|database| server.url_for(database)).await;
     let version = &db.version;
@@ -84,9 +86,12 @@ async fn main() {
     println!("| figure | value |");
     println!("|---|---|");
     for relays in [1, 4] {
-        let relay = relay_throughput(&db, messages, relays).await;
-        let bare = db.bare_throughput(messages, relays).await;
-        store_bench::print_relay_and_bare("MariaDB", relays, relay, bare);
+        let rounds = relay_bench::alternate(sizes.rounds, async |stage| match stage {
+            0 => relay_throughput(&db, messages, relays).await,
+            _ => db.bare_throughput(messages, relays).await,
+        })
+        .await;
+        store_bench::print_relay_and_bare("MariaDB", relays, &rounds);
     }
     for (name, binlog) in [("binlog wake", true), ("polling every 100 ms", false)] {
         let stage = format!("commit to publish, {name}");

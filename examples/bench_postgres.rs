@@ -6,6 +6,7 @@
 //! ```sh
 //! cargo run --release --features postgres --example bench_postgres            # private server
 //! cargo run --release --features postgres --example bench_postgres -- 20000   # messages per run
+//! cargo run --release --features postgres --example bench_postgres -- --rounds 5  # medians of 5 (default 3)
 //! ```
 //!
 //! It starts a private PostgreSQL (tests/common_postgres/server.rs; postgresql must be
@@ -105,7 +106,8 @@ async fn latency(db: &BenchDb, notify: bool) -> Option<Summary> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let messages = relay_bench::sizes_arg().messages;
+    let sizes = relay_bench::sizes_arg();
+    let messages = sizes.messages;
     let server = server::server();
     let db = BenchDb::create(|database| server.url_for(database)).await;
     let version = &db.version;
@@ -117,10 +119,14 @@ async fn main() {
     println!("| figure | value |");
     println!("|---|---|");
     for relays in [1, 4] {
-        let relay = relay_throughput(&db, messages, relays).await;
-        let bare = db.bare_throughput(messages, relays).await;
-        store_bench::print_relay_and_bare("PostgreSQL", relays, relay, bare);
+        let rounds = relay_bench::alternate(sizes.rounds, async |stage| match stage {
+            0 => relay_throughput(&db, messages, relays).await,
+            _ => db.bare_throughput(messages, relays).await,
+        })
+        .await;
+        store_bench::print_relay_and_bare("PostgreSQL", relays, &rounds);
         if relays == 1 {
+            let bare = rounds.median(1);
             let run = async { Ok(store_throughput(&db, messages).await) };
             let store = relay_bench::bounded(
                 (Stage::Relay, "1 loop of the store's calls"),

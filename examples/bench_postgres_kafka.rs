@@ -7,6 +7,7 @@
 //! ```sh
 //! cargo run --release --features postgres,kafka --example bench_postgres_kafka            # 20000
 //! cargo run --release --features postgres,kafka --example bench_postgres_kafka -- 50000
+//! cargo run --release --features postgres,kafka --example bench_postgres_kafka -- --rounds 5  # medians of 5 (default 3)
 //! cargo run --release --features postgres,kafka --example bench_postgres_kafka -- --quick  # ~15 s
 //! ```
 //!

@@ -390,15 +390,19 @@ pub trait ClaimStore: Send {
         None
     }
 
-    /// Another handle onto this store whose calls may run while this handle's do, or
-    /// `None` (the default): one call at a time. A [`Relay`](crate::relay::Relay) claims
-    /// through the store and acknowledges through this handle, so an acknowledgement does
-    /// not wait for a claim to answer, nor a claim for an acknowledgement.
-    /// [`PostgresOutboxStore`](crate::postgres::PostgresOutboxStore)'s handle shares its
-    /// connection, on which tokio-postgres sends the second call while the first runs: the
-    /// server runs them back to back, each its own transaction, with no round trip between
-    /// them. Every call keeps its own guarantees (a claim never takes a claimed row, every
-    /// acknowledgement is fenced by its token), so their order does not matter.
+    /// Another handle onto this store whose calls may run while this handle's (and other
+    /// handles') do, or `None` (the default): one call at a time. A
+    /// [`Relay`](crate::relay::Relay) claims through the store and sends each
+    /// acknowledgement on a handle of its own as soon as it is ready, before its next claim,
+    /// so an acknowledgement does not wait for a claim to answer, nor a claim for an
+    /// acknowledgement. [`PostgresOutboxStore`](crate::postgres::PostgresOutboxStore)'s
+    /// handles share its connection, on which tokio-postgres sends a call while the ones
+    /// before it run, in the order they were first polled: the server runs them back to back,
+    /// each its own transaction, with no round trip between them, so an acknowledgement sent
+    /// before a claim has made its aggregates' next messages due for it. Every call keeps its
+    /// own guarantees (a claim never takes a claimed row, every acknowledgement is fenced by
+    /// its token), so correctness never rests on their order; only how many heads of
+    /// aggregates a relay keeps claimed does.
     fn concurrent_handle(&self) -> Option<Self>
     where
         Self: Sized,

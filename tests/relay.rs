@@ -2844,3 +2844,147 @@ async fn an_acknowledgement_goes_beside_a_claim_through_the_concurrent_handle() 
         .await
         .unwrap();
 }
+
+/// A [`FakeStore`] whose calls run as on one pipelined connection shared with its
+/// concurrent handles (PostgreSQL's): a call takes effect when it is sent (the server runs
+/// the calls in the order they were sent) and its answer arrives some time later. The log
+/// says what was sent, when, and when it was answered.
+#[derive(Clone)]
+struct PipelinedStore {
+    store: FakeStore,
+    log: Arc<Mutex<Vec<PipelinedCall>>>,
+    claim_answer: Duration,
+    ack_answer: Duration,
+}
+
+#[derive(Clone, Debug)]
+struct PipelinedCall {
+    /// "claim" (one that claimed rows), "empty claim" or "done".
+    what: &'static str,
+    sent: Instant,
+    answered: Option<Instant>,
+}
+
+impl PipelinedStore {
+    fn new(store: FakeStore, claim_answer: Duration, ack_answer: Duration) -> Self {
+        PipelinedStore {
+            store,
+            log: Arc::default(),
+            claim_answer,
+            ack_answer,
+        }
+    }
+
+    fn sent(&self, what: &'static str) -> usize {
+        let mut log = self.log.lock().unwrap();
+        log.push(PipelinedCall {
+            what,
+            sent: Instant::now(),
+            answered: None,
+        });
+        log.len() - 1
+    }
+
+    fn answered(&self, call: usize) {
+        self.log.lock().unwrap()[call].answered = Some(Instant::now());
+    }
+
+    fn log(&self) -> Vec<PipelinedCall> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl ClaimStore for PipelinedStore {
+    async fn claim(&mut self, batch_size: u32, claim_timeout: Duration) -> Result<Vec<Claimed>> {
+        let claimed = self.store.claim(batch_size, claim_timeout).await?;
+        let call = self.sent(if claimed.is_empty() {
+            "empty claim"
+        } else {
+            "claim"
+        });
+        sleep(self.claim_answer).await;
+        self.answered(call);
+        Ok(claimed)
+    }
+    async fn mark_done(&mut self, ids: &[i64], token: ClaimToken) -> Result<u64> {
+        let changed = self.store.mark_done(ids, token).await?;
+        let call = self.sent("done");
+        sleep(self.ack_answer).await;
+        self.answered(call);
+        Ok(changed)
+    }
+    async fn mark_failed(&mut self, failed: Failed<'_>) -> Result<u64> {
+        self.store.mark_failed(failed).await
+    }
+    async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
+        self.store.requeue(id, token, after).await
+    }
+    fn concurrent_handle(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
+/// Runs a relay (batch 5, 4 in flight, an instant publisher) over a [`PipelinedStore`]
+/// until its 20 messages on 20 aggregates are done, and returns the store's log.
+async fn pipelined_run(claim_answer: Duration, ack_answer: Duration) -> Vec<PipelinedCall> {
+    let store = FakeStore::default();
+    for n in 0..20 {
+        store.enqueue(Some(&format!("a{n}")));
+    }
+    let pipelined = PipelinedStore::new(store.clone(), claim_answer, ack_answer);
+    let config = config().batch_size(5).max_in_flight(4);
+    let relay = Relay::new(
+        pipelined.clone(),
+        Arc::new(FakePublisher::default()),
+        config,
+    )
+    .unwrap();
+    let watched = store.clone();
+    relay
+        .run(async move {
+            while !(1..=20).all(|id| watched.status(id) == Status::Done) {
+                sleep(ms(1)).await;
+            }
+        })
+        .await
+        .unwrap();
+    pipelined.log()
+}
+
+/// With a concurrent handle, a batch that is ready to acknowledge sends its
+/// acknowledgement before the next claim: the calls go out claim, done, claim, done, …, so
+/// the server runs each acknowledgement before the claim that follows it (claiming first,
+/// the relay kept its batches' aggregates claimed while it claimed again).
+#[tokio::test(start_paused = true)]
+async fn a_ready_acknowledgement_goes_out_before_the_next_claim() {
+    let log = pipelined_run(ms(1), ms(10)).await;
+    let order: Vec<&str> = log
+        .iter()
+        .map(|c| c.what)
+        .filter(|w| *w != "empty claim")
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "claim", "done", "claim", "done", "claim", "done", "claim", "done"
+        ],
+        "{log:?}"
+    );
+}
+
+/// With a concurrent handle, a claim does not wait for the answer of the acknowledgement
+/// sent before it: both go out together, so the acknowledgements' round trips (10 ms here,
+/// a claim's 1 ms) are not paid once per batch. All four batches are claimed before the
+/// first acknowledgement answers (before, the third claim waited for it).
+#[tokio::test(start_paused = true)]
+async fn a_claim_does_not_wait_for_the_answer_of_the_acknowledgement_before_it() {
+    let log = pipelined_run(ms(1), ms(10)).await;
+    let claims: Vec<&PipelinedCall> = log.iter().filter(|c| c.what == "claim").collect();
+    let first_done = log.iter().find(|c| c.what == "done").expect("a done");
+    let first_answer = first_done.answered.expect("every acknowledgement answered");
+    assert_eq!(claims.len(), 4, "{log:?}");
+    assert!(
+        claims.iter().all(|claim| claim.sent < first_answer),
+        "a claim waited for an acknowledgement's answer: {log:?}"
+    );
+}

@@ -29,7 +29,7 @@ use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig, RelayHand
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::relay_bench::{self, AGGREGATES, BATCH, Sizes, Stage, fail};
+use crate::relay_bench::{self, AGGREGATES, BATCH, Rounds, Sizes, Stage, fail};
 use crate::stats::{self, Summary};
 use crate::{figures, kafka_bench, store_bench};
 
@@ -252,13 +252,19 @@ struct Column {
     no_op: Option<f64>,
     bare: Option<f64>,
     latency: Option<Summary>,
+    /// Every round of the relay (0), the no-op relay (1) and the bare loop (2).
+    rounds: Rounds<3>,
 }
 
 /// Runs every stage against `db` (`store` names it, `wake` its waker, in the table and
 /// the figures) at `sizes`, and prints one table; the headline figures also go to
 /// `bench_all` ([`figures`]).
 pub async fn run(db: &impl Outbox, store: &str, wake: &str, sizes: Sizes) {
-    let Sizes { messages, samples } = sizes;
+    let Sizes {
+        messages,
+        samples,
+        rounds,
+    } = sizes;
     let cluster = MockCluster::new(3).unwrap_or_else(|e| fail("the mock cluster", e));
     for topic in [TOPIC, RAW_TOPIC] {
         cluster
@@ -277,23 +283,32 @@ pub async fn run(db: &impl Outbox, store: &str, wake: &str, sizes: Sizes) {
     );
     let mut columns = Vec::new();
     for relays in [1, 4] {
-        let stage = format!("{relays} relay(s) -> cluster");
-        let run = relay_throughput(db, &bootstrap, messages, relays);
-        let relay = relay_bench::bounded((Stage::Relay, &stage), run, async || {}).await;
-        let stage = format!("{relays} relay(s), no-op publisher");
-        let run = async { Ok(no_op_throughput(db, messages, relays).await) };
-        let no_op = relay_bench::bounded((Stage::Relay, &stage), run, async || {}).await;
-        let bare = db.bare_throughput(messages, relays).await;
+        let bootstrap = &bootstrap;
+        let throughputs = relay_bench::alternate(rounds, async |i| match i {
+            0 => {
+                let stage = format!("{relays} relay(s) -> cluster");
+                let run = relay_throughput(db, bootstrap, messages, relays);
+                relay_bench::bounded((Stage::Relay, &stage), run, async || {}).await
+            }
+            1 => {
+                let stage = format!("{relays} relay(s), no-op publisher");
+                let run = async { Ok(no_op_throughput(db, messages, relays).await) };
+                relay_bench::bounded((Stage::Relay, &stage), run, async || {}).await
+            }
+            _ => db.bare_throughput(messages, relays).await,
+        })
+        .await;
         let stage = format!("commit to delivery, {relays} relay(s)");
-        let run = async { Ok(latency(db, &bootstrap, relays, samples).await) };
+        let run = async { Ok(latency(db, bootstrap, relays, samples).await) };
         let latency = relay_bench::bounded((Stage::Relay, &stage), run, async || {})
             .await
             .flatten();
         columns.push(Column {
-            relay,
-            no_op,
-            bare,
+            relay: throughputs.median(0),
+            no_op: throughputs.median(1),
+            bare: throughputs.median(2),
             latency,
+            rounds: throughputs,
         });
     }
     let run = producer_throughput(&bootstrap, messages);
@@ -307,6 +322,10 @@ fn print_table(columns: &[Column], producer: Option<f64>, wake: &str) {
         let cells: Vec<String> = columns.iter().map(cell).collect();
         println!("| {name} | {} |", cells.join(" | "));
     };
+    let n = columns.first().map_or(1, |c| c.rounds.0[0].len());
+    if n > 1 {
+        println!("throughputs: medians of {n} rounds, alternating");
+    }
     println!("| figure | 1 relay | 4 relays |");
     println!("|---|---|---|");
     row("outbox -> relay -> cluster", &|c| {
@@ -325,9 +344,17 @@ fn print_table(columns: &[Column], producer: Option<f64>, wake: &str) {
     row("relay / bare loop", &|c| {
         relay_bench::ratio_cell(c.relay, c.bare)
     });
+    if n > 1 {
+        row("relay / bare loop, each round", &|c| c.rounds.ratios(0, 2));
+    }
     row("no-op relay / bare loop (client side)", &|c| {
         relay_bench::ratio_cell(c.no_op, c.bare)
     });
+    if n > 1 {
+        row("no-op relay / bare loop, each round", &|c| {
+            c.rounds.ratios(1, 2)
+        });
+    }
     row("relay / no-op relay (broker path)", &|c| {
         relay_bench::ratio_cell(c.relay, c.no_op)
     });

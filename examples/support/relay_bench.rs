@@ -98,34 +98,94 @@ pub fn fail(what: &str, error: impl std::fmt::Display) -> ! {
     std::process::exit(1)
 }
 
-/// A run's sizes: messages per throughput run and commits per latency run.
+/// A run's sizes: messages per throughput run, commits per latency run, and rounds of the
+/// throughput figures (each figure and its baseline run alternately, and the medians are
+/// compared: one round's ratio moved by a fifth from run to run on two shared cores).
 #[derive(Clone, Copy)]
 pub struct Sizes {
     pub messages: usize,
     pub samples: usize,
+    pub rounds: usize,
 }
 
 /// The sizes of a quick run (`--quick`): a smoke run of seconds, noisy figures.
 pub const QUICK: Sizes = Sizes {
     messages: 2_000,
     samples: 40,
+    rounds: 1,
 };
 
-/// The sizes from the first argument: `--quick` ([`QUICK`]), a message count (with
-/// [`LATENCY_SAMPLES`] commits), or nothing (20,000 messages).
+/// The sizes of a full run: 20,000 messages, [`LATENCY_SAMPLES`] commits, 3 rounds.
+pub const FULL: Sizes = Sizes {
+    messages: 20_000,
+    samples: LATENCY_SAMPLES,
+    rounds: 3,
+};
+
+/// The sizes from the arguments: `--quick` ([`QUICK`]) or a message count (else
+/// [`FULL`]'s), then optionally `--rounds N`.
 pub fn sizes_arg() -> Sizes {
-    match std::env::args().nth(1).as_deref() {
-        Some("--quick") => QUICK,
-        Some(n) => Sizes {
-            messages: n
-                .parse()
-                .unwrap_or_else(|e| fail("the message count (or --quick)", e)),
-            samples: LATENCY_SAMPLES,
-        },
-        None => Sizes {
-            messages: 20_000,
-            samples: LATENCY_SAMPLES,
-        },
+    let mut sizes = FULL;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => {
+                sizes.messages = QUICK.messages;
+                sizes.samples = QUICK.samples;
+                sizes.rounds = QUICK.rounds;
+            }
+            "--rounds" => {
+                sizes.rounds = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|&n| n > 0)
+                    .unwrap_or_else(|| fail("--rounds", "needs a positive whole number"));
+            }
+            n => {
+                sizes.messages = n
+                    .parse()
+                    .unwrap_or_else(|e| fail("the message count (or --quick, --rounds N)", e))
+            }
+        }
+    }
+    sizes
+}
+
+/// Each of `N` throughput stages run `rounds` times, alternately (stage 0, 1, …, then the
+/// next round), so that a drift of the machine's load falls on all of them alike;
+/// `stage(i)` runs stage `i` once.
+pub async fn alternate<const N: usize>(
+    rounds: usize,
+    mut stage: impl AsyncFnMut(usize) -> Option<f64>,
+) -> Rounds<N> {
+    let mut values: [Vec<Option<f64>>; N] = std::array::from_fn(|_| Vec::new());
+    for _ in 0..rounds {
+        for (i, values) in values.iter_mut().enumerate() {
+            values.push(stage(i).await);
+        }
+    }
+    Rounds(values)
+}
+
+/// What [`alternate`] measured: every round of every stage.
+pub struct Rounds<const N: usize>(pub [Vec<Option<f64>>; N]);
+
+impl<const N: usize> Rounds<N> {
+    /// Stage `i`'s median (`None` when a round of it failed).
+    pub fn median(&self, i: usize) -> Option<f64> {
+        let values: Option<Vec<f64>> = self.0[i].iter().copied().collect();
+        stats::percentile(&values?, 50.0)
+    }
+
+    /// Stage `i` over stage `baseline`, round by round ("0.95, 1.02, 0.88"), for the table
+    /// beside the ratio of the medians: how far the rounds spread.
+    pub fn ratios(&self, i: usize, baseline: usize) -> String {
+        let ratios: Vec<String> = self.0[i]
+            .iter()
+            .zip(&self.0[baseline])
+            .map(|(&value, &base)| ratio_cell(value, base))
+            .collect();
+        ratios.join(", ")
     }
 }
 

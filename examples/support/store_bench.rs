@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::figures;
-use crate::relay_bench::{self, Clock, LATENCY_SAMPLES, fail};
+use crate::relay_bench::{self, Clock, LATENCY_SAMPLES, Rounds, fail};
 use crate::stats::Summary;
 
 /// The relay's own poll when a waker wakes it: longer than a latency run.
@@ -81,15 +81,29 @@ where
     })
 }
 
-/// The table's rows for `relays` relays at `relay` msg/s next to as many bare SQL loops at
-/// `bare` msg/s, and their ratio (`error` for a stage that failed or stalled); the ratio is
-/// also a figure of `store`'s for `bench_all`.
-pub fn print_relay_and_bare(store: &str, relays: usize, relay: Option<f64>, bare: Option<f64>) {
+/// The table's rows for `relays` relays next to as many bare SQL loops, stage 0 and 1 of
+/// `rounds` (the medians and their ratio, and each round's ratio when there were several;
+/// `error` for a stage that failed or stalled); the ratio is also a figure of `store`'s for
+/// `bench_all`.
+pub fn print_relay_and_bare(store: &str, relays: usize, rounds: &Rounds<2>) {
+    let (relay, bare) = (rounds.median(0), rounds.median(1));
     let ratio = relay_bench::ratio_cell(relay, bare);
     let (relay, bare) = (relay_bench::rate_cell(relay), relay_bench::rate_cell(bare));
-    println!("| {relays} relay(s), no-op publisher | {relay} |");
-    println!("| {relays} bare SQL loop(s) | {bare} |");
+    let n = rounds.0[0].len();
+    let median = if n > 1 {
+        format!(", median of {n} rounds")
+    } else {
+        String::new()
+    };
+    println!("| {relays} relay(s), no-op publisher{median} | {relay} |");
+    println!("| {relays} bare SQL loop(s){median} | {bare} |");
     println!("| ratio relay / bare, {relays} | {ratio} |");
+    if n > 1 {
+        println!(
+            "| ratio relay / bare, {relays}, each round | {} |",
+            rounds.ratios(0, 1)
+        );
+    }
     figures::record(
         &format!("{store} outbox: {relays} relay(s), no-op publisher"),
         &relay,

@@ -138,9 +138,10 @@ pub async fn enqueue(
 /// statement after [`STATEMENT_TIMEOUT`](super::STATEMENT_TIMEOUT), the store gives up on an
 /// answer after [`CALL_TIMEOUT`](super::CALL_TIMEOUT) and then opens a new connection.
 ///
-/// Its [concurrent handle](ClaimStore::concurrent_handle) shares that connection: a relay
-/// acknowledges through it while its next claim runs, and both go out on the connection
-/// without waiting for each other (pipelined), so the server runs them back to back.
+/// Its [concurrent handles](ClaimStore::concurrent_handle) share that connection: a relay
+/// acknowledges through one while its next claim runs, and both go out on the connection
+/// without waiting for each other (pipelined, in the order they start), so the server runs
+/// them back to back.
 ///
 /// ```no_run
 /// # async fn run() -> changefeed::Result<()> {

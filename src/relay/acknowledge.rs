@@ -60,12 +60,12 @@ impl<S: ClaimStore, P: Publisher, H: Hooks> Shared<'_, S, P, H> {
         let _acknowledging = self.metrics.ack_timer(ack.name());
         let mut failures = 0u32;
         loop {
-            // One acknowledgement at a time, through the store's concurrent handle when it
-            // has one (beside a claim), else on the store; the lock held only for the call:
-            // a claim or another batch's acknowledgement may go between two of this batch's
-            // calls, and a back-off below sleeps without holding up the others.
-            let result = match self.acknowledger().await {
-                Some(mut handle) => ack.send(&mut *handle).await,
+            // On a concurrent handle of its own when the store has them (out at once, beside
+            // a claim), else on the store, one call at a time, the lock held only for the
+            // call: a claim or another batch's acknowledgement may go between two of this
+            // batch's calls, and a back-off below sleeps without holding up the others.
+            let result = match self.acknowledger() {
+                Some(mut handle) => ack.send(&mut handle).await,
                 None => ack.send(&mut **self.store().await).await,
             };
             match result {

@@ -92,9 +92,9 @@ pub const MAX_STORE_RETRY_DELAY: Duration = Duration::from_secs(2);
 ///   acknowledgement at once: each claimed batch is published at once, the next claim
 ///   starts while earlier batches are being delivered, and each batch is acknowledged as
 ///   its outcomes arrive (store calls one at a time; with the store's
-///   [concurrent handle](ClaimStore::concurrent_handle), the acknowledgements go through
-///   it, one at a time, and one may go out while a claim runs; a claim waits for the
-///   acknowledgements already going). Per-aggregate order holds because a
+///   [concurrent handles](ClaimStore::concurrent_handle), each acknowledgement goes out
+///   on a handle of its own as soon as it is ready, before the next claim, and neither
+///   waits for the other's answer). Per-aggregate order holds because a
 ///   claimed message stays claimed until acknowledged, and no claim takes a message
 ///   while an earlier one of its aggregate is claimed (see ARCHITECTURE.md);
 /// * a claim that returned messages is followed at once by the next claim when there is

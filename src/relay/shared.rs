@@ -14,14 +14,18 @@ use crate::metrics::RelayMetrics;
 use crate::outbox::{ClaimProgress, ClaimStore};
 
 /// What the claim loop and every batch in flight share: the store (one call at a time:
-/// it is one connection) and its concurrent handle if it has one (the acknowledgements'
-/// way to the store then, one at a time), the publisher (called for several batches at
-/// once), the hooks, the settings, the metrics and the random source of the back-offs.
+/// it is one connection) and its concurrent handle if it has one (each acknowledgement's
+/// way to the store then, on a handle of its own), the publisher (called for several
+/// batches at once), the hooks, the settings, the metrics and the random source of the
+/// back-offs.
 pub(super) struct Shared<'a, S, P, H> {
     store: Mutex<&'a mut S>,
     /// The store's [concurrent handle](ClaimStore::concurrent_handle), when it has one:
-    /// the acknowledgements go through it, so that one can go out while a claim runs.
-    acknowledger: Option<Mutex<S>>,
+    /// each acknowledgement takes a handle of its own from it, so that it goes out at once,
+    /// beside a claim under way or another batch's acknowledgement. (In a mutex only so that
+    /// `Shared` is `Sync` for a store that is only `Send`; held for the copy, never across
+    /// an await.)
+    handles: Option<std::sync::Mutex<S>>,
     pub(super) publisher: &'a P,
     pub(super) hooks: &'a H,
     pub(super) config: &'a RelayConfig,
@@ -45,7 +49,7 @@ pub(super) struct Shared<'a, S, P, H> {
 impl<'a, S: ClaimStore, P: Publisher, H: Hooks> Shared<'a, S, P, H> {
     pub(super) fn new(
         store: &'a mut S,
-        acknowledger: Option<S>,
+        handles: Option<S>,
         publisher: &'a P,
         hooks: &'a H,
         config: &'a RelayConfig,
@@ -56,7 +60,7 @@ impl<'a, S: ClaimStore, P: Publisher, H: Hooks> Shared<'a, S, P, H> {
             claim_waits: store.claim_waits(),
             claim_progress: store.claim_progress(),
             store: Mutex::new(store),
-            acknowledger: acknowledger.map(Mutex::new),
+            handles: handles.map(std::sync::Mutex::new),
             publisher,
             hooks,
             config,
@@ -75,10 +79,20 @@ impl<'a, S: ClaimStore, P: Publisher, H: Hooks> Shared<'a, S, P, H> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The store's concurrent handle, for one acknowledgement (the lock is held only for
-    /// the call), when it has one: a claim under way does not hold it up.
-    pub(super) async fn acknowledger(&self) -> Option<MutexGuard<'_, S>> {
-        Some(self.acknowledger.as_ref()?.lock().await)
+    /// A concurrent handle of the store's own, for one acknowledgement, when the store has
+    /// them ([`ClaimStore::concurrent_handle`]): it goes out at once, waiting for no other
+    /// call.
+    pub(super) fn acknowledger(&self) -> Option<S> {
+        self.handles
+            .as_ref()?
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .concurrent_handle()
+    }
+
+    /// Whether acknowledgements go out beside claims, each on a concurrent handle.
+    pub(super) fn acknowledges_beside_claims(&self) -> bool {
+        self.handles.is_some()
     }
 
     /// The store, for one acknowledgement (the lock is held only for the call), when it
@@ -98,18 +112,7 @@ impl<'a, S: ClaimStore, P: Publisher, H: Hooks> Shared<'a, S, P, H> {
     }
 
     /// The store, for the claim loop's own call (a claim waits in line like any other).
-    /// With a concurrent handle, the claim first waits for the acknowledgements that are
-    /// already going through it (the lock is fair, so those that asked before the claim):
-    /// a claim never overtakes an acknowledgement that is ready, as with one connection, and
-    /// is sent as soon as they have answered while the next acknowledgement goes out beside
-    /// it. Not waiting costs more than it saves: with an instant publisher, claims ran ahead
-    /// of the acknowledgements, every relay kept up to `max_in_flight` batches claimed, and
-    /// four relays over 1000 aggregates ran at half the speed of one connection
-    /// (BENCHMARKS.md).
     pub(super) async fn store_for_claim(&self) -> MutexGuard<'_, &'a mut S> {
-        if let Some(acknowledger) = &self.acknowledger {
-            drop(acknowledger.lock().await);
-        }
         self.store.lock().await
     }
 
