@@ -3,13 +3,15 @@
 //! mock cluster, in alternating rounds; it prints the median messages per second of each
 //! and their ratios.
 //!
-//! * **relay**: the relay (an in-memory claim store and `KafkaPublisher`) against a plain
-//!   `FutureProducer` sending the same messages (same payload sizes, keys and headers); the
-//!   ratio is the relay's overhead (claim, build the records, await the delivery reports
-//!   batch by batch, acknowledge). Two diagnostics split that overhead: the bare producer
-//!   sending batch by batch (awaiting each batch's reports, the relay's rhythm without the
-//!   relay), the in-memory store alone (claim and `mark_done` with no publishing), and
-//!   `KafkaPublisher` alone publishing pre-claimed batches one at a time (no relay, no store).
+//! * **relay**: the relay (`KafkaPublisher` over a claim store of messages built beforehand,
+//!   support/prebuilt_store.rs, whose claim hands them over without copying) against a
+//!   plain `FutureProducer` sending the same messages (same payload sizes, keys and
+//!   headers); the ratio is the relay's overhead (claim, build the records, await the
+//!   delivery reports batch by batch, acknowledge). Three diagnostics split it: the bare
+//!   producer sending batch by batch (awaiting each batch's reports, the relay's rhythm
+//!   without the relay), the store alone (claim and `mark_done` with no publishing), and
+//!   `KafkaPublisher` alone publishing pre-claimed batches one at a time (no relay, no
+//!   store).
 //! * **exporter**: `FeedExporter` over an in-memory feed of several shards (the fake feed
 //!   and cursors of the exporter tests, `support/memory_feed.rs`), run until every shard's
 //!   last cursor is saved, against a plain `FutureProducer` sending the same records (the
@@ -45,8 +47,8 @@ mod figures;
 mod kafka_bench;
 #[path = "support/memory_feed.rs"]
 mod memory_feed;
-#[path = "support/memory_store.rs"]
-mod memory_store;
+#[path = "support/prebuilt_store.rs"]
+mod prebuilt_store;
 #[path = "bench/stats.rs"]
 #[allow(dead_code)]
 mod stats;
@@ -68,10 +70,10 @@ use changefeed::relay::{Publisher, Relay, RelayConfig};
 use changefeed::{Cursor, Feed, Result};
 use kafka_bench::{check, send, warm_up};
 use memory_feed::{FakeCursors, FakeFeed, KEY_COLUMNS};
-use memory_store::MemoryStore;
+use prebuilt_store::PrebuiltStore;
 
 const HELP: &str = "\
-bench_kafka: the relay (in-memory store + KafkaPublisher) and the feed exporter
+bench_kafka: the relay (pre-built store + KafkaPublisher) and the feed exporter
 (FeedExporter over an in-memory feed), each against a bare FutureProducer sending the
 same messages, all into librdkafka's mock cluster, in alternating rounds.
 
@@ -244,7 +246,7 @@ fn settings(args: &Args, bootstrap: &str) -> ProducerSettings {
 
 /// A claim store whose every call takes `delay` more, as a database across a network.
 struct SlowStore {
-    store: MemoryStore,
+    store: PrebuiltStore,
     delay: Duration,
 }
 
@@ -284,10 +286,7 @@ async fn relay_round(
     max_in_flight: u32,
     store_delay: Duration,
 ) -> Result<f64, String> {
-    let store = MemoryStore::new();
-    for message in messages(args, topic) {
-        store.enqueue(message);
-    }
+    let store = PrebuiltStore::new(messages(args, topic));
     let publisher = KafkaPublisher::new(KafkaPublisherConfig::new(settings(args, bootstrap)))
         .map_err(|e| e.to_string())?;
     let config = RelayConfig::default()
@@ -317,9 +316,13 @@ async fn relay_round(
         .map_err(|e| e.to_string())?;
     let elapsed = started.elapsed();
     drop(producer);
-    let done = store.count(memory_store::Status::Done);
-    if done != args.messages {
-        return Err(format!("the relay published {done} of {}", args.messages));
+    let done = store.done();
+    if done != args.messages || store.unexpected() > 0 {
+        return Err(format!(
+            "the relay published {done} of {} ({} failed or requeued)",
+            args.messages,
+            store.unexpected()
+        ));
     }
     Ok(args.messages as f64 / elapsed.as_secs_f64())
 }
@@ -329,10 +332,7 @@ async fn relay_round(
 /// bare producer sending batch by batch, the publisher's own work per message, building
 /// each record and its headers and judging the outcomes).
 async fn publisher_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, String> {
-    let mut store = MemoryStore::new();
-    for message in messages(args, topic) {
-        store.enqueue(message);
-    }
+    let mut store = PrebuiltStore::new(messages(args, topic));
     let mut batches = Vec::new();
     loop {
         let batch = store
@@ -348,8 +348,11 @@ async fn publisher_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f6
             .map_err(|e| e.to_string())?;
         batches.push(
             batch
-                .iter()
-                .filter_map(|c| c.message().cloned())
+                .into_iter()
+                .filter_map(|c| match c {
+                    Claimed::Message(message) => Some(message),
+                    Claimed::Undecodable(_) => None,
+                })
                 .collect::<Vec<_>>(),
         );
     }
@@ -370,13 +373,10 @@ async fn publisher_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f6
     Ok(args.messages as f64 / started.elapsed().as_secs_f64())
 }
 
-/// The in-memory store alone: claim and acknowledge every message, batch by batch, with
+/// The store alone: claim and acknowledge every message, batch by batch, with
 /// no publishing (a diagnostic: the store's share of the relay's time).
 async fn store_round(args: &Args, topic: &str) -> Result<f64, String> {
-    let mut store = MemoryStore::new();
-    for message in messages(args, topic) {
-        store.enqueue(message);
-    }
+    let mut store = PrebuiltStore::new(messages(args, topic));
     let started = Instant::now();
     loop {
         let batch = store
@@ -729,7 +729,7 @@ async fn main() -> ExitCode {
     }
     if args.figure.relay() {
         match store_round(&args, "store-only").await {
-            Ok(rate) => println!("the in-memory store alone (claim + mark_done): {rate:.0} msg/s"),
+            Ok(rate) => println!("the store alone (claim + mark_done): {rate:.0} msg/s"),
             Err(error) => eprintln!("error: the store-only round: {error}"),
         }
         if let Err(error) = cluster.create_topic("publisher-only", 6, 1) {
@@ -749,7 +749,7 @@ async fn main() -> ExitCode {
         );
         println!("ratio relay/raw: {:.2} (goal >= 0.90)", ours / raw);
         figures::record(
-            "Kafka: relay (in-memory store) -> mock cluster",
+            "Kafka: relay (pre-built store) -> mock cluster",
             &format!("{ours:.0} msg/s"),
             &format!("{raw:.0} msg/s (bare producer)"),
             stats::ratio(ours, raw),

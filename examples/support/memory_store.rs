@@ -1,6 +1,7 @@
 //! An in-memory [`ClaimStore`]: a small model of the claim protocol of `src/outbox.rs` and
-//! the SQL procedures (ARCHITECTURE.md, "The claim protocol"), for the Kafka tests and the
-//! Kafka benchmark, which run without SQL Server.
+//! the SQL procedures (ARCHITECTURE.md, "The claim protocol"), for the Kafka tests, which
+//! run without SQL Server. (The Kafka benchmark uses `prebuilt_store.rs`, which does not
+//! copy each message at its claim.)
 //!
 //! What it keeps of the contract:
 //! * a claim takes due messages in id order, head of aggregate only: a message is claimed
@@ -17,7 +18,7 @@
 //! Not modelled: the uncommitted-transaction subtleties of the SQL claim (one process, no
 //! transactions), purging, and redrive.
 
-#![allow(dead_code)] // the tests and the benchmark each use part of it
+#![allow(dead_code)] // the tests each use part of it
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -61,10 +61,11 @@ pub(super) fn record_headers(
         });
     }
     if let Some(attempts) = attempts {
-        let text = attempts.to_string();
+        // Formatted on the stack: a `String` here was one allocation per published message.
+        let mut digits = [0u8; 11];
         headers = headers.insert(Header {
             key: HEADER_PUBLISH_ATTEMPTS,
-            value: Some(text.as_str()),
+            value: Some(decimal(attempts, &mut digits)),
         });
     }
     if let Some((name, id)) = trace {
@@ -74,6 +75,17 @@ pub(super) fn record_headers(
         });
     }
     headers
+}
+
+/// `n` in decimal, written into `buffer` (an `i32` takes at most 11 bytes: a sign and ten
+/// digits).
+fn decimal(n: i32, buffer: &mut [u8; 11]) -> &str {
+    use std::io::Write as _;
+    let mut rest = &mut buffer[..];
+    // Eleven bytes always hold an i32, so the write cannot fail.
+    let _ = write!(rest, "{n}");
+    let written = 11 - rest.len();
+    std::str::from_utf8(&buffer[..written]).unwrap_or_default()
 }
 
 /// Whether `value` is a W3C trace context `traceparent`: `version-trace_id-parent_id-flags`
@@ -113,6 +125,14 @@ mod tests {
     use rdkafka::message::Headers as _;
 
     use super::*;
+
+    #[test]
+    fn decimal_writes_every_i32_as_to_string_does() {
+        for n in [0, 1, 9, 10, 42, -1, -10, 1_000_000, i32::MAX, i32::MIN] {
+            let mut buffer = [0u8; 11];
+            assert_eq!(decimal(n, &mut buffer), n.to_string());
+        }
+    }
 
     fn header_map(headers: &OwnedHeaders) -> Vec<(String, String)> {
         headers
