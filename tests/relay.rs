@@ -681,6 +681,14 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// Resolves once messages 1 to `count` of `store` are all done (looked at every 5 ms): the
+/// shutdown of a relay run until it has delivered everything.
+async fn all_done(store: FakeStore, count: i64) {
+    while !(1..=count).all(|id| store.status(id) == Status::Done) {
+        sleep(ms(5)).await;
+    }
+}
+
 /// Quick polling, exact (jitter-free) 10 ms × 2^n retries, 5 attempts.
 fn config() -> RelayConfig {
     RelayConfig::default()
@@ -2174,15 +2182,7 @@ async fn batches_overlap_up_to_max_in_flight() {
     let relay = Relay::new(store.clone(), Arc::clone(&publisher), config)
         .unwrap()
         .with_hooks(Arc::clone(&hooks));
-    let watched = store.clone();
-    relay
-        .run(async move {
-            while !(1..=40).all(|id| watched.status(id) == Status::Done) {
-                sleep(ms(5)).await;
-            }
-        })
-        .await
-        .unwrap();
+    relay.run(all_done(store.clone(), 40)).await.unwrap();
     assert_eq!(publisher.most_calls.load(Ordering::SeqCst), 3);
 }
 
@@ -2510,15 +2510,10 @@ async fn an_acknowledgement_waits_for_a_claim_that_answers() {
     let publisher = Arc::new(DelayPublisher::new(&store, 30, publish, 0));
     let config = config().batch_size(BATCH).max_in_flight(IN_FLIGHT);
     let relay = Relay::new(store.clone(), Arc::clone(&publisher), config).unwrap();
-    let watched = store.clone();
     let started = Instant::now();
     timeout(
         Duration::from_secs(600),
-        relay.run(async move {
-            while !(1..=MESSAGES as i64).all(|id| watched.status(id) == Status::Done) {
-                sleep(ms(5)).await;
-            }
-        }),
+        relay.run(all_done(store.clone(), MESSAGES as i64)),
     )
     .await
     .expect("the relay did not deliver every message")
@@ -2939,15 +2934,7 @@ async fn pipelined_run(claim_answer: Duration, ack_answer: Duration) -> Vec<Pipe
         config,
     )
     .unwrap();
-    let watched = store.clone();
-    relay
-        .run(async move {
-            while !(1..=20).all(|id| watched.status(id) == Status::Done) {
-                sleep(ms(1)).await;
-            }
-        })
-        .await
-        .unwrap();
+    relay.run(all_done(store, 20)).await.unwrap();
     pipelined.log()
 }
 
