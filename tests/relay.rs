@@ -2774,72 +2774,6 @@ async fn metric_series_do_not_grow_with_messages() {
     assert!(published_topics.contains(changefeed::metrics::OTHER_TOPIC));
 }
 
-/// A [`FakeStore`] with a concurrent handle (on the same rows), whose second claim pauses
-/// at its gate: what a store whose calls may overlap looks like to the relay.
-#[derive(Clone)]
-struct OverlappingStore {
-    store: FakeStore,
-    claims: Arc<AtomicUsize>,
-    second_claim: Arc<ClaimGate>,
-}
-
-impl ClaimStore for OverlappingStore {
-    async fn claim(&mut self, batch_size: u32, claim_timeout: Duration) -> Result<Vec<Claimed>> {
-        if self.claims.fetch_add(1, Ordering::SeqCst) == 1 {
-            self.store.state().claim_gate = Some(Arc::clone(&self.second_claim));
-        }
-        self.store.claim(batch_size, claim_timeout).await
-    }
-    async fn mark_done(&mut self, ids: &[i64], token: ClaimToken) -> Result<u64> {
-        self.store.mark_done(ids, token).await
-    }
-    async fn mark_failed(&mut self, failed: Failed<'_>) -> Result<u64> {
-        self.store.mark_failed(failed).await
-    }
-    async fn requeue(&mut self, id: i64, token: ClaimToken, after: Duration) -> Result<u64> {
-        self.store.requeue(id, token, after).await
-    }
-    fn concurrent_handle(&self) -> Option<Self> {
-        Some(self.clone())
-    }
-}
-
-/// With a store's concurrent handle, a batch is acknowledged while the next claim is still
-/// under way (with one connection and no such handle, the acknowledgement waits for the
-/// claim, and this fails).
-#[tokio::test(start_paused = true)]
-async fn an_acknowledgement_goes_beside_a_claim_through_the_concurrent_handle() {
-    let store = FakeStore::default();
-    for n in 0..10 {
-        store.enqueue(Some(&format!("a{n}")));
-    }
-    let gate = Arc::new(ClaimGate::default());
-    let overlapping = OverlappingStore {
-        store: store.clone(),
-        claims: Arc::default(),
-        second_claim: Arc::clone(&gate),
-    };
-    let config = config().batch_size(5).max_in_flight(2);
-    let relay = Relay::new(overlapping, Arc::new(FakePublisher::default()), config).unwrap();
-    let watched = store.clone();
-    let released = Arc::clone(&gate);
-    relay
-        .run(async move {
-            released.started.notified().await;
-            // The second claim holds its call open; the first batch is acknowledged anyway.
-            timeout(Duration::from_secs(5), async {
-                while !(1..=5).all(|id| watched.status(id) == Status::Done) {
-                    sleep(ms(1)).await;
-                }
-            })
-            .await
-            .expect("the first batch was not acknowledged while the second claim ran");
-            released.release.notify_one();
-        })
-        .await
-        .unwrap();
-}
-
 /// A [`FakeStore`] whose calls run as on one pipelined connection shared with its
 /// concurrent handles (PostgreSQL's): a call takes effect when it is sent (the server runs
 /// the calls in the order they were sent) and its answer arrives some time later. The log
@@ -2850,6 +2784,9 @@ struct PipelinedStore {
     log: Arc<Mutex<Vec<PipelinedCall>>>,
     claim_answer: Duration,
     ack_answer: Duration,
+    claims: Arc<AtomicUsize>,
+    /// Pauses the second claim at this gate (after its snapshot) until released.
+    second_claim: Option<Arc<ClaimGate>>,
 }
 
 #[derive(Clone, Debug)]
@@ -2867,6 +2804,8 @@ impl PipelinedStore {
             log: Arc::default(),
             claim_answer,
             ack_answer,
+            claims: Arc::default(),
+            second_claim: None,
         }
     }
 
@@ -2891,6 +2830,11 @@ impl PipelinedStore {
 
 impl ClaimStore for PipelinedStore {
     async fn claim(&mut self, batch_size: u32, claim_timeout: Duration) -> Result<Vec<Claimed>> {
+        if self.claims.fetch_add(1, Ordering::SeqCst) == 1
+            && let Some(gate) = &self.second_claim
+        {
+            self.store.state().claim_gate = Some(Arc::clone(gate));
+        }
         let claimed = self.store.claim(batch_size, claim_timeout).await?;
         let call = self.sent(if claimed.is_empty() {
             "empty claim"
@@ -2974,4 +2918,37 @@ async fn a_claim_does_not_wait_for_the_answer_of_the_acknowledgement_before_it()
         claims.iter().all(|claim| claim.sent < first_answer),
         "a claim waited for an acknowledgement's answer: {log:?}"
     );
+}
+
+/// With a store's concurrent handle, a batch is acknowledged while the next claim is still
+/// under way (with one connection and no such handle, the acknowledgement waits for the
+/// claim, and this fails).
+#[tokio::test(start_paused = true)]
+async fn an_acknowledgement_goes_beside_a_claim_through_the_concurrent_handle() {
+    let store = FakeStore::default();
+    for n in 0..10 {
+        store.enqueue(Some(&format!("a{n}")));
+    }
+    let gate = Arc::new(ClaimGate::default());
+    let mut overlapping = PipelinedStore::new(store.clone(), Duration::ZERO, Duration::ZERO);
+    overlapping.second_claim = Some(Arc::clone(&gate));
+    let config = config().batch_size(5).max_in_flight(2);
+    let relay = Relay::new(overlapping, Arc::new(FakePublisher::default()), config).unwrap();
+    let watched = store.clone();
+    let released = Arc::clone(&gate);
+    relay
+        .run(async move {
+            released.started.notified().await;
+            // The second claim holds its call open; the first batch is acknowledged anyway.
+            timeout(Duration::from_secs(5), async {
+                while !(1..=5).all(|id| watched.status(id) == Status::Done) {
+                    sleep(ms(1)).await;
+                }
+            })
+            .await
+            .expect("the first batch was not acknowledged while the second claim ran");
+            released.release.notify_one();
+        })
+        .await
+        .unwrap();
 }
