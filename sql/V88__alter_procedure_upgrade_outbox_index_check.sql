@@ -39,6 +39,10 @@ begin
     -- It begins and commits its own transaction: under a caller's SET IMPLICIT_TRANSACTIONS
     -- ON that commit would leave a level open with every lock held. Reverts on return.
     set implicit_transactions off;
+    -- create_outbox_storage (an outbox without claim_expires_at) runs ALTER TABLE and CREATE
+    -- INDEX in this transaction, which SQL Server refuses at SNAPSHOT isolation after BEGIN
+    -- TRANSACTION (error 3961), as setup_outbox says. Reverts on return.
+    set transaction isolation level read committed;
 
     declare @schema_name sysname;
     declare @object_name sysname;
@@ -82,7 +86,9 @@ begin
         set @message = N'The claim outbox table ''' + @schema_name + N'.' + @object_name
             + N''' was dropped or renamed. Create it again (or rename it back):'
             + N' exec changefeed.setup_outbox @table_name = N'''
-            + replace(@schema_name + N'.' + @object_name, N'''', N'''''') + N''';';
+            + replace(@schema_name + N'.' + @object_name, N'''', N'''''') + N''''
+            -- The outbox's storage kind, or setup_outbox would register it as nvarchar JSON.
+            + case when @native_json = 1 then N', @native_json = 1' else N'' end + N';';
         throw 51016, @message, 1;
     end
     else

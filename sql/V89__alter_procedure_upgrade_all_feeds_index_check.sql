@@ -165,7 +165,15 @@ begin
                                             N'''',
                                             N''''''
                                         )
-                                        + N''';'
+                                        + N''''
+                                        -- Its storage kind, or setup_outbox would
+                                        -- register it as nvarchar JSON.
+                                        + case
+                                            when o.native_json = 1
+                                                then N', @native_json = 1'
+                                            else N''
+                                        end
+                                        + N';'
                                 else x.problem
                             end) as problem
                     ) as p

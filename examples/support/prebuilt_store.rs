@@ -22,10 +22,8 @@ use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, ClaimedMessage, Failed
 struct State {
     /// Message `id` at index `id - 1`, until a claim takes it.
     messages: Vec<Option<ClaimedMessage>>,
-    /// The token of each message's claim, once claimed.
+    /// The token of each message's claim, from its claim until it is done.
     tokens: Vec<Option<ClaimToken>>,
-    /// Whether each message is done.
-    done: Vec<bool>,
     /// The index of the next message of each message's aggregate.
     next: Vec<Option<usize>>,
     /// Indexes of messages that are due: heads of their aggregates, not claimed.
@@ -74,7 +72,6 @@ impl PrebuiltStore {
                 claim_token: ClaimToken::new(uuid::Uuid::nil()),
             }));
             state.tokens.push(None);
-            state.done.push(false);
         }
         PrebuiltStore {
             state: Arc::new(Mutex::new(state)),
@@ -129,10 +126,10 @@ impl ClaimStore for PrebuiltStore {
         let mut changed = 0;
         for &id in ids {
             let index = id as usize - 1;
-            if state.done[index] || state.tokens[index] != Some(token) {
+            if state.tokens[index] != Some(token) {
                 continue;
             }
-            state.done[index] = true;
+            state.tokens[index] = None;
             state.done_count += 1;
             if let Some(next) = state.next[index] {
                 state.due.insert(next);
