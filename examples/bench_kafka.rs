@@ -12,14 +12,17 @@
 //!   without the relay), the store alone (claim and `mark_done` with no publishing), and
 //!   `KafkaPublisher` alone publishing pre-claimed batches one at a time (no relay, no
 //!   store).
-//! * **exporter**: `FeedExporter` over an in-memory feed of several shards (the fake feed
-//!   and cursors of the exporter tests, `support/memory_feed.rs`), run until every shard's
-//!   last cursor is saved, against a plain `FutureProducer` sending the same records (the
-//!   same key, the event serialized to the same JSON inside the timed loop, the same
-//!   `ulid`, `shard` and `feed` headers). The ratio is the exporter's overhead (page
-//!   streaming, building the messages, awaiting each page's reports, saving cursors). A
-//!   diagnostic: the in-memory feed alone (reading every page, no producing), whose cost
-//!   the exporter's figure includes and the bare producer's does not.
+//! * **exporter**: `FeedExporter` over the pages of a feed of several shards, built
+//!   beforehand (support/prebuilt_feed.rs, whose read hands each page over without
+//!   copying; the cursors are the exporter tests' fake, `support/memory_feed.rs`), run until
+//!   every shard's last cursor is saved, against a plain `FutureProducer` sending the same
+//!   records (the same key, the event serialized to the same JSON inside the timed loop,
+//!   the same `ulid`, `shard` and `feed` headers). The ratio is the exporter's overhead
+//!   (page streaming, building the messages, awaiting each page's reports, saving cursors).
+//!
+//! Both sides start from their messages (or events) built in memory, untimed, and drop each
+//! inside the clock once it is sent: the relay and the exporter once a batch or page is
+//! acknowledged, the bare producer once a record is handed to librdkafka.
 //!
 //! * **latency**: the same relay and bare producer against a mock cluster whose every request
 //!   takes [`BROKER_ROUND_TRIP`] (20 ms) to answer, the relay's store taking
@@ -47,6 +50,8 @@ mod figures;
 mod kafka_bench;
 #[path = "support/memory_feed.rs"]
 mod memory_feed;
+#[path = "support/prebuilt_feed.rs"]
+mod prebuilt_feed;
 #[path = "support/prebuilt_store.rs"]
 mod prebuilt_store;
 #[path = "bench/stats.rs"]
@@ -65,16 +70,16 @@ use changefeed::kafka::{
     export_headers,
 };
 use changefeed::outbox::{ClaimStore, ClaimToken, Claimed, Failed, NewMessage};
-use changefeed::reader::PageSource;
 use changefeed::relay::{Publisher, Relay, RelayConfig};
 use changefeed::{Cursor, Feed, Result};
 use kafka_bench::{check, send, warm_up};
 use memory_feed::{FakeCursors, FakeFeed, KEY_COLUMNS};
+use prebuilt_feed::PrebuiltPages;
 use prebuilt_store::PrebuiltStore;
 
 const HELP: &str = "\
 bench_kafka: the relay (pre-built store + KafkaPublisher) and the feed exporter
-(FeedExporter over an in-memory feed), each against a bare FutureProducer sending the
+(FeedExporter over pre-built pages), each against a bare FutureProducer sending the
 same messages, all into librdkafka's mock cluster, in alternating rounds.
 
 Options:
@@ -408,7 +413,9 @@ async fn raw_round(
     let producer = kafka_bench::bare_producer(settings(args, bootstrap), topic).await?;
     let started = Instant::now();
     let mut pending = VecDeque::with_capacity(messages.len());
-    for (i, m) in messages.iter().enumerate() {
+    // Each message is dropped once it is sent, inside the clock, as the relay drops each
+    // claimed message once its batch is acknowledged.
+    for (i, m) in messages.into_iter().enumerate() {
         if batch.is_some_and(|b| i % b == 0) {
             for delivery in pending.drain(..) {
                 check(delivery.await)?;
@@ -466,7 +473,7 @@ fn event_feed(args: &Args) -> FakeFeed {
     feed
 }
 
-/// The exporter's round: `FeedExporter` over the in-memory feed, from the start of every
+/// The exporter's round: `FeedExporter` over the pre-built pages, from the start of every
 /// shard until every shard's last cursor is saved; then checks that the export is whole
 /// (every event exported, every shard's cursor at its last event).
 async fn exporter_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64, String> {
@@ -483,11 +490,12 @@ async fn exporter_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f64
         .map_err(|e| e.to_string())?;
     warm_up(&producer, topic).await?;
     let page_size = args.batch_size;
-    let source_feed = feed.clone();
+    let pages = PrebuiltPages::new(&feed, page_size);
+    drop(feed);
     let exporter = FeedExporter::from_parts(
         FEED.parse::<Feed>().map_err(|e| e.to_string())?,
         KEY_COLUMNS.iter().map(|c| (*c).to_owned()).collect(),
-        move |_shard| source_feed.source(page_size),
+        move |_shard| pages.clone(),
         cursors.clone(),
         // The exporter owns this clone and drops it when `run` returns, inside the timed
         // span; `producer` keeps librdkafka alive until after the clock, as in the relay's
@@ -534,7 +542,9 @@ async fn raw_events_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f
     let producer = kafka_bench::bare_producer(settings(args, bootstrap), topic).await?;
     let started = Instant::now();
     let mut pending = VecDeque::with_capacity(events.len());
-    for event in &events {
+    // Each event is dropped once it is sent, inside the clock, as the exporter drops each
+    // page once its cursor is saved.
+    for event in events {
         let (Some(columns), Some(key)) = (&event.columns, event.key()) else {
             return Err(format!("event {} of the bench feed has no row", event.ulid));
         };
@@ -554,36 +564,6 @@ async fn raw_events_round(args: &Args, bootstrap: &str, topic: &str) -> Result<f
     let elapsed = started.elapsed();
     drop(producer);
     Ok(args.messages as f64 / elapsed.as_secs_f64())
-}
-
-/// The in-memory feed alone: every page of every shard read through its page source, no
-/// producing (a diagnostic: the feed's share of the exporter's time).
-async fn feed_round(args: &Args) -> Result<f64, String> {
-    let feed = event_feed(args);
-    let started = Instant::now();
-    let mut read = 0;
-    for shard in 0..args.shards as i32 {
-        let mut source = feed.source(args.batch_size);
-        let mut cursor = Cursor::START;
-        loop {
-            let page = source
-                .read(shard, cursor, Duration::ZERO)
-                .await
-                .map_err(|e| e.to_string())?;
-            if page.rows.is_empty() {
-                break;
-            }
-            read += page.rows.len();
-            cursor = page.next_cursor;
-        }
-    }
-    if read != args.messages {
-        return Err(format!(
-            "the feed served {read} of {} events",
-            args.messages
-        ));
-    }
-    Ok(args.messages as f64 / started.elapsed().as_secs_f64())
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -760,30 +740,15 @@ async fn main() -> ExitCode {
         );
     }
     if args.figure.exporter() {
-        let feed = feed_round(&args).await;
-        match &feed {
-            Ok(rate) => println!("the in-memory feed alone (read every page): {rate:.0} msg/s"),
-            Err(error) => eprintln!("error: the feed-only round: {error}"),
-        }
         let (ours, raw, _) = exporter.medians();
         println!("median: exporter {ours:.0} msg/s, raw FutureProducer {raw:.0} msg/s");
         println!("ratio exporter/raw: {:.2} (goal >= 1.0)", ours / raw);
         figures::record(
-            "Kafka: exporter (in-memory feed) -> mock cluster",
+            "Kafka: exporter (pre-built pages) -> mock cluster",
             &format!("{ours:.0} msg/s"),
             &format!("{raw:.0} msg/s (bare producer)"),
             stats::ratio(ours, raw),
         );
-        if let Ok(feed) = feed {
-            // The exporter's time per message less the fake feed's (cloning every row out of
-            // memory), which a real feed replaces with its own reading and the bare
-            // producer does not pay: what the exporter itself adds.
-            let without_feed = 1.0 / (1.0 / ours - 1.0 / feed);
-            println!(
-                "ratio exporter/raw with the in-memory feed's time taken out: {:.2}",
-                without_feed / raw
-            );
-        }
     }
     if args.figure.latency()
         && let Err(error) = latency_figure(&args).await
