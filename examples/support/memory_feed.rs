@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 use ulid::Ulid;
 
 #[path = "fake_page.rs"]
-mod fake_page;
+pub mod fake_page;
 
 use fake_page::page_after;
 

@@ -17,12 +17,8 @@ use changefeed::json::JsonColumns;
 use changefeed::reader::PageSource;
 use changefeed::{Cursor, Error, FeedEvent, Page, Result};
 
-#[path = "fake_page.rs"]
-mod fake_page;
-
-use fake_page::page_after;
-
 use crate::memory_feed::FakeFeed;
+use crate::memory_feed::fake_page::page_after;
 
 /// One shard's pages not read yet, and the cursor the next read must ask for.
 struct Shard {
