@@ -140,6 +140,14 @@ claim_contract::contract_tests!(
     on_a_fresh_outbox
 );
 
+// PostgreSQL's store has concurrent handles (SQL Server's and MariaDB's have none): it
+// runs this scenario too.
+claim_contract::contract_tests!(
+    @each "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES",
+    on_a_fresh_outbox,
+    acknowledgements_on_concurrent_handles_beside_claims,
+);
+
 // ------------------------------------------------------------------------------------------
 // 2. The bundle and setup_outbox
 // ------------------------------------------------------------------------------------------

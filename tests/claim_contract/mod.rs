@@ -564,6 +564,95 @@ pub async fn six_claimers_share_thirty_aggregates<D: ContractDb>(db: &D) {
     assert_eq!(db.count("status = 2 and attempts = 0").await, 90);
 }
 
+/// For a store with [concurrent handles](ClaimStore::concurrent_handle), as a relay with two
+/// batches in flight uses them: each round acknowledges the older batch on a handle of its
+/// own while the store claims the next, over 20 aggregates of 4 messages. Every
+/// acknowledgement changes its whole batch (the handle's calls are fenced by the token as
+/// the store's are); no claim takes an aggregate of the batch still held; every message is
+/// claimed once, each aggregate in enqueue order, and all end done with no attempt.
+pub async fn acknowledgements_on_concurrent_handles_beside_claims<D: ContractDb>(db: &D) {
+    let messages: Vec<NewMessage> = (0..4)
+        .flat_map(|n| (0..20).map(move |a| message_of(&format!("agg-{a}"), n)))
+        .collect();
+    let all: BTreeSet<i64> = db
+        .enqueue_committed(&messages)
+        .await
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let mut store = db.store();
+    let handles = store
+        .concurrent_handle()
+        .expect("the store has concurrent handles");
+    let mut order = BTreeMap::<String, Vec<u64>>::new();
+    let mut seen = BTreeSet::<i64>::new();
+    let take = |seen: &mut BTreeSet<i64>,
+                order: &mut BTreeMap<String, Vec<u64>>,
+                batch: &[ClaimedMessage]| {
+        for m in batch {
+            assert!(seen.insert(m.id), "{} claimed twice", m.id);
+            order
+                .entry(m.aggregate_id.clone().unwrap())
+                .or_default()
+                .push(m.payload["n"].as_u64().unwrap());
+        }
+    };
+    let aggregates = |batch: &[ClaimedMessage]| -> BTreeSet<String> {
+        batch
+            .iter()
+            .map(|m| m.aggregate_id.clone().unwrap())
+            .collect()
+    };
+    // Two batches in flight: the older is acknowledged while the next claim runs.
+    let mut older = claim(&mut store, 8, HELD).await;
+    take(&mut seen, &mut order, &older);
+    let mut newer = claim(&mut store, 8, HELD).await;
+    take(&mut seen, &mut order, &newer);
+    let started = Instant::now();
+    while !older.is_empty() || !newer.is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(60), "no progress");
+        let mut handle = handles
+            .concurrent_handle()
+            .expect("a handle's own concurrent handle");
+        let (acked, next) = tokio::join!(
+            async {
+                if older.is_empty() {
+                    return 0;
+                }
+                handle
+                    .mark_done(&ids(&older), token_of(&older))
+                    .await
+                    .unwrap_or_else(|e| panic!("mark_done on a concurrent handle: {e}"))
+            },
+            claim(&mut store, 8, HELD),
+        );
+        assert_eq!(
+            acked,
+            older.len() as u64,
+            "the acknowledgement changed its batch"
+        );
+        let held = aggregates(&newer);
+        assert!(
+            aggregates(&next).is_disjoint(&held),
+            "a claim took an aggregate whose message is still held: {:?}",
+            aggregates(&next).intersection(&held).collect::<Vec<_>>()
+        );
+        take(&mut seen, &mut order, &next);
+        older = std::mem::replace(&mut newer, next);
+        if older.is_empty() && newer.is_empty() && seen.len() < all.len() {
+            // The last acknowledgement may have committed after the claim beside it
+            // looked: claim once more on its own.
+            newer = claim(&mut store, 8, HELD).await;
+            take(&mut seen, &mut order, &newer);
+        }
+    }
+    assert_eq!(seen, all, "every message claimed");
+    for (aggregate, ns) in &order {
+        assert_eq!(ns, &vec![0, 1, 2, 3], "{aggregate} out of order");
+    }
+    assert_eq!(db.count("status = 2 and attempts = 0").await, 80);
+}
+
 /// 50 claimers at once on one aggregate of 5 messages: one claim, of its first message;
 /// the others stay pending and unclaimed behind it.
 pub async fn fifty_claimers_on_one_aggregate<D: ContractDb>(db: &D) {
