@@ -584,19 +584,6 @@ pub async fn acknowledgements_on_concurrent_handles_beside_claims<D: ContractDb>
     let handles = store
         .concurrent_handle()
         .expect("the store has concurrent handles");
-    let mut order = BTreeMap::<String, Vec<u64>>::new();
-    let mut seen = BTreeSet::<i64>::new();
-    let take = |seen: &mut BTreeSet<i64>,
-                order: &mut BTreeMap<String, Vec<u64>>,
-                batch: &[ClaimedMessage]| {
-        for m in batch {
-            assert!(seen.insert(m.id), "{} claimed twice", m.id);
-            order
-                .entry(m.aggregate_id.clone().unwrap())
-                .or_default()
-                .push(m.payload["n"].as_u64().unwrap());
-        }
-    };
     let aggregates = |batch: &[ClaimedMessage]| -> BTreeSet<String> {
         batch
             .iter()
@@ -605,9 +592,9 @@ pub async fn acknowledgements_on_concurrent_handles_beside_claims<D: ContractDb>
     };
     // Two batches in flight: the older is acknowledged while the next claim runs.
     let mut older = claim(&mut store, 8, HELD).await;
-    take(&mut seen, &mut order, &older);
     let mut newer = claim(&mut store, 8, HELD).await;
-    take(&mut seen, &mut order, &newer);
+    // Every message claimed, in the order the claims returned them.
+    let mut claimed: Vec<ClaimedMessage> = older.iter().chain(&newer).cloned().collect();
     let started = Instant::now();
     while !older.is_empty() || !newer.is_empty() {
         assert!(started.elapsed() < Duration::from_secs(60), "no progress");
@@ -631,22 +618,36 @@ pub async fn acknowledgements_on_concurrent_handles_beside_claims<D: ContractDb>
             older.len() as u64,
             "the acknowledgement changed its batch"
         );
-        let held = aggregates(&newer);
+        let taken_while_held: Vec<_> = aggregates(&next)
+            .intersection(&aggregates(&newer))
+            .cloned()
+            .collect();
         assert!(
-            aggregates(&next).is_disjoint(&held),
-            "a claim took an aggregate whose message is still held: {:?}",
-            aggregates(&next).intersection(&held).collect::<Vec<_>>()
+            taken_while_held.is_empty(),
+            "a claim took an aggregate whose message is still held: {taken_while_held:?}"
         );
-        take(&mut seen, &mut order, &next);
+        claimed.extend_from_slice(&next);
         older = std::mem::replace(&mut newer, next);
-        if older.is_empty() && newer.is_empty() && seen.len() < all.len() {
+        if older.is_empty() && newer.is_empty() && claimed.len() < all.len() {
             // The last acknowledgement may have committed after the claim beside it
             // looked: claim once more on its own.
             newer = claim(&mut store, 8, HELD).await;
-            take(&mut seen, &mut order, &newer);
+            claimed.extend_from_slice(&newer);
         }
     }
-    assert_eq!(seen, all, "every message claimed");
+    assert_eq!(ids(&claimed).len(), all.len(), "a message claimed twice");
+    assert_eq!(
+        ids(&claimed).into_iter().collect::<BTreeSet<_>>(),
+        all,
+        "every message claimed"
+    );
+    let mut order = BTreeMap::<String, Vec<u64>>::new();
+    for m in &claimed {
+        order
+            .entry(m.aggregate_id.clone().unwrap())
+            .or_default()
+            .push(m.payload["n"].as_u64().unwrap());
+    }
     for (aggregate, ns) in &order {
         assert_eq!(ns, &vec![0, 1, 2, 3], "{aggregate} out of order");
     }
