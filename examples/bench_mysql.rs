@@ -15,6 +15,9 @@
 
 #[path = "../tests/common_server/mod.rs"]
 mod common_server;
+#[path = "support/cpu.rs"]
+#[allow(dead_code)]
+mod cpu;
 #[path = "support/figures.rs"]
 mod figures;
 #[path = "support/mysql_bench.rs"]
@@ -88,7 +91,7 @@ async fn main() {
     for relays in [1, 4] {
         let rounds = relay_bench::alternate(sizes.rounds, async |stage| match stage {
             0 => relay_throughput(&db, messages, relays).await,
-            _ => db.bare_throughput(messages, relays).await,
+            _ => db.bare_throughput(messages, relays, None).await,
         })
         .await;
         store_bench::print_relay_and_bare("MariaDB", relays, &rounds);

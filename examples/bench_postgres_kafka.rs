@@ -16,6 +16,8 @@
 
 #[path = "../tests/common_server/mod.rs"]
 mod common_server;
+#[path = "support/cpu.rs"]
+mod cpu;
 #[path = "support/e2e_bench.rs"]
 mod e2e_bench;
 #[path = "support/figures.rs"]
@@ -36,6 +38,8 @@ mod stats;
 #[path = "support/store_bench.rs"]
 #[allow(dead_code)]
 mod store_bench;
+
+use std::cell::RefCell;
 
 use changefeed::outbox::NewMessage;
 use changefeed::postgres::{PostgresOutboxStore, PostgresWaker, PostgresWakerConfig, WakerState};
@@ -72,8 +76,13 @@ impl e2e_bench::Outbox for BenchDb {
         BenchDb::until_drained(self).await;
     }
 
-    async fn bare_throughput(&self, messages: usize, loops: usize) -> Option<f64> {
-        BenchDb::bare_throughput(self, messages, loops).await
+    async fn bare_throughput(
+        &self,
+        messages: usize,
+        loops: usize,
+        split: &RefCell<cpu::Split>,
+    ) -> Option<f64> {
+        BenchDb::bare_throughput(self, messages, loops, Some(split)).await
     }
 
     async fn writer(&self) -> tokio_postgres::Client {

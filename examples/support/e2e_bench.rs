@@ -16,6 +16,7 @@
 //! the moment the publish that carried the message returned, all its delivery reports in.
 //! What is the store's own (its database, store, waker and commits) is an [`Outbox`].
 
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -31,7 +32,7 @@ use tokio::task::JoinHandle;
 
 use crate::relay_bench::{self, AGGREGATES, BATCH, Rounds, Sizes, Stage, fail};
 use crate::stats::{self, Summary};
-use crate::{figures, kafka_bench, store_bench};
+use crate::{cpu, figures, kafka_bench, store_bench};
 
 /// The topic every message goes to (the outbox rows name it).
 const TOPIC: &str = "bench";
@@ -62,9 +63,15 @@ pub trait Outbox {
     async fn fill(&self, messages: usize);
     /// Resolves once no message is open.
     async fn until_drained(&self);
-    /// Messages per second through `loops` bare SQL loops from a full outbox; `None` when
-    /// the stage failed or stalled.
-    async fn bare_throughput(&self, messages: usize, loops: usize) -> Option<f64>;
+    /// Messages per second through `loops` bare SQL loops from a full outbox (what the
+    /// machine's threads spent meanwhile added to `split`); `None` when the stage failed or
+    /// stalled.
+    async fn bare_throughput(
+        &self,
+        messages: usize,
+        loops: usize,
+        split: &RefCell<cpu::Split>,
+    ) -> Option<f64>;
     /// A connection of its own to commit on.
     async fn writer(&self) -> Self::Writer;
     /// Commits `message` alone on `writer`; returns its id.
@@ -176,18 +183,28 @@ impl Fleet {
 
 /// Messages per second from a full outbox of `messages` through `relays` relays into the
 /// cluster, from the relays' start (their producers warmed up, their wakers following) to
-/// the outbox drained.
+/// the outbox drained; what the machine's threads spent meanwhile is added to `split`.
 async fn relay_throughput(
     db: &impl Outbox,
     bootstrap: &str,
     messages: usize,
     relays: usize,
+    split: &RefCell<cpu::Split>,
 ) -> Result<f64, String> {
     db.reset().await;
     db.fill(messages).await;
     let (fleet, started) = Fleet::start(db, bootstrap, relays).await;
+    let before = cpu::Sample::take();
+    // Counted in the process until the last delivery, then the outbox is asked: a query
+    // every 2 ms all along took a server process a sixth of a core, beside relays that
+    // compete for the server's cores and loops that do not (no such query runs beside them).
+    while fleet.delivered.lock().unwrap().len() < messages {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     db.until_drained().await;
     let elapsed = started.elapsed();
+    // Before the fleet stops: its producers' threads end with it.
+    split.borrow_mut().add(&before, &cpu::Sample::take());
     let delivered = fleet.stop().await;
     if delivered.len() != messages {
         return Err(format!("{} of {messages} delivered", delivered.len()));
@@ -252,6 +269,10 @@ struct Column {
     no_op: Option<f64>,
     bare: Option<f64>,
     latency: Option<Summary>,
+    /// Cores each group of threads used while the relays sent to the cluster.
+    cpu: String,
+    /// And while the bare loops ran.
+    bare_cpu: String,
     /// Every round of the relay (0), the no-op relay (1) and the bare loop (2).
     rounds: Rounds<3>,
 }
@@ -284,10 +305,12 @@ pub async fn run(db: &impl Outbox, store: &str, wake: &str, sizes: Sizes) {
     let mut columns = Vec::new();
     for relays in [1, 4] {
         let bootstrap = &bootstrap;
+        let split = RefCell::new(cpu::Split::default());
+        let bare_split = RefCell::new(cpu::Split::default());
         let throughputs = relay_bench::alternate(rounds, async |i| match i {
             0 => {
                 let stage = format!("{relays} relay(s) -> cluster");
-                let run = relay_throughput(db, bootstrap, messages, relays);
+                let run = relay_throughput(db, bootstrap, messages, relays, &split);
                 relay_bench::bounded((Stage::Relay, &stage), run, async || {}).await
             }
             1 => {
@@ -295,7 +318,7 @@ pub async fn run(db: &impl Outbox, store: &str, wake: &str, sizes: Sizes) {
                 let run = async { Ok(no_op_throughput(db, messages, relays).await) };
                 relay_bench::bounded((Stage::Relay, &stage), run, async || {}).await
             }
-            _ => db.bare_throughput(messages, relays).await,
+            _ => db.bare_throughput(messages, relays, &bare_split).await,
         })
         .await;
         let stage = format!("commit to delivery, {relays} relay(s)");
@@ -308,6 +331,8 @@ pub async fn run(db: &impl Outbox, store: &str, wake: &str, sizes: Sizes) {
             no_op: throughputs.median(1),
             bare: throughputs.median(2),
             latency,
+            cpu: split.into_inner().cell(),
+            bare_cpu: bare_split.into_inner().cell(),
             rounds: throughputs,
         });
     }
@@ -363,6 +388,13 @@ fn print_table(columns: &[Column], producer: Option<f64>, wake: &str) {
     });
     row(&format!("commit to delivery, {wake}"), &|c| {
         relay_bench::latency_cell(c.latency, "error")
+    });
+    row(
+        "cores used while the relays sent (in brackets: waiting to run)",
+        &|c| c.cpu.clone(),
+    );
+    row("cores used while the bare loops ran", &|c| {
+        c.bare_cpu.clone()
     });
 }
 

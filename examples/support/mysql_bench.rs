@@ -2,6 +2,7 @@
 //! outbox (and the bare loop's procedure), filling and emptying the outbox, and the bare
 //! claim-and-ack loop in SQL that the relay is measured against.
 
+use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use changefeed::mysql::{OutboxTable, enqueue, migrate, setup_outbox};
@@ -9,6 +10,7 @@ use changefeed::outbox::NewMessage;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Opts, Pool};
 
+use crate::cpu;
 use crate::relay_bench::{self, AGGREGATES, Stage, fail};
 
 /// A benchmark's database: `cf_bench_<pid>` with the bundle, the outbox `bench_outbox` and
@@ -142,23 +144,37 @@ impl BenchDb {
     /// `messages`, within [`STAGE_LIMIT`](relay_bench::STAGE_LIMIT); `None` (said on
     /// standard error) when a loop failed or the stage stalled, and then no loop is left
     /// running on the server.
-    pub async fn bare_throughput(&self, messages: usize, loops: usize) -> Option<f64> {
+    /// With `split`, what the machine's threads spent while the loops ran is added to it.
+    pub async fn bare_throughput(
+        &self,
+        messages: usize,
+        loops: usize,
+        split: Option<&RefCell<cpu::Split>>,
+    ) -> Option<f64> {
         self.reset().await;
         self.fill(messages).await;
         let stage = format!("{loops} bare SQL loop(s)");
         relay_bench::bounded(
             (Stage::Baseline, &stage),
             async {
+                let before = split.map(|_| cpu::Sample::take());
                 let started = Instant::now();
                 let mut tasks = tokio::task::JoinSet::new();
                 for _ in 0..loops {
                     let opts = self.opts.clone();
                     tasks.spawn(async move { bare_loop(opts).await });
                 }
+                // Kept, not dropped, until the sample below: a connection's server thread
+                // may end with it.
+                let mut conns = Vec::with_capacity(loops);
                 while let Some(done) = tasks.join_next().await {
-                    done.map_err(|e| e.to_string())??;
+                    conns.push(done.map_err(|e| e.to_string())??);
                 }
                 let rate = messages as f64 / started.elapsed().as_secs_f64().max(1e-9);
+                if let (Some(split), Some(before)) = (split, before) {
+                    split.borrow_mut().add(&before, &cpu::Sample::take());
+                }
+                drop(conns);
                 self.report_expired_claims(&stage).await;
                 Ok(rate)
             },
@@ -207,7 +223,7 @@ impl BenchDb {
 
 /// One bare loop on a connection of its own (not the pool's: a stalled loop's connection is
 /// killed, and must not be handed to a later stage), until the outbox is drained.
-async fn bare_loop(opts: Opts) -> Result<(), String> {
+async fn bare_loop(opts: Opts) -> Result<mysql_async::Conn, String> {
     let mut conn = mysql_async::Conn::new(opts)
         .await
         .map_err(|e| e.to_string())?;
@@ -218,7 +234,7 @@ async fn bare_loop(opts: Opts) -> Result<(), String> {
     // temporary table's creation) claimed nothing, so the loop is called again.
     loop {
         match conn.query_drop("call bench_bare_loop()").await {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(conn),
             Err(mysql_async::Error::Server(e)) if e.code == 1213 => continue,
             Err(e) => return Err(format!("bare loop: {e}")),
         }

@@ -3,6 +3,7 @@
 //! single-message commits, and the bare claim-and-ack loop in SQL that the relay is
 //! measured against.
 
+use std::cell::RefCell;
 use std::time::Duration;
 
 use changefeed::outbox::NewMessage;
@@ -10,7 +11,7 @@ use changefeed::postgres::{OutboxTable, connect, enqueue, migrate, setup_outbox}
 use tokio_postgres::{Client, Config};
 
 use crate::relay_bench::{self, AGGREGATES, Stage, fail};
-use crate::stats;
+use crate::{cpu, stats};
 
 /// The outbox, in the benchmark's database.
 const TABLE: &str = "public.bench_outbox";
@@ -152,11 +153,18 @@ impl BenchDb {
     /// `messages`, within [`STAGE_LIMIT`](relay_bench::STAGE_LIMIT); `None` (said on
     /// standard error) when a loop failed or the stage stalled, and then no loop is left
     /// running on the server.
-    pub async fn bare_throughput(&self, messages: usize, loops: usize) -> Option<f64> {
+    /// With `split`, what the machine's threads spent while the loops ran is added to it.
+    pub async fn bare_throughput(
+        &self,
+        messages: usize,
+        loops: usize,
+        split: Option<&RefCell<cpu::Split>>,
+    ) -> Option<f64> {
         self.reset().await;
         self.fill(messages).await;
         let stage = format!("{loops} bare SQL loop(s)");
         let run = async {
+            let before = split.map(|_| cpu::Sample::take());
             let started = std::time::Instant::now();
             let mut tasks = tokio::task::JoinSet::new();
             for _ in 0..loops {
@@ -171,13 +179,21 @@ impl BenchDb {
                             .await
                             .map_err(|e| format!("bare loop: {}", changefeed::Error::from(e)))?;
                     }
-                    Ok::<(), String>(())
+                    // Returned, not dropped: its server process (and its CPU time) is
+                    // there until the sample below.
+                    Ok::<Client, String>(client)
                 });
             }
+            let mut clients = Vec::with_capacity(loops);
             while let Some(done) = tasks.join_next().await {
-                done.map_err(|e| e.to_string())??;
+                clients.push(done.map_err(|e| e.to_string())??);
             }
-            Ok(stats::throughput(messages as u64, started.elapsed()).unwrap_or(0.0))
+            let rate = stats::throughput(messages as u64, started.elapsed()).unwrap_or(0.0);
+            if let (Some(split), Some(before)) = (split, before) {
+                split.borrow_mut().add(&before, &cpu::Sample::take());
+            }
+            drop(clients);
+            Ok(rate)
         };
         // A stalled loop runs on in its server process until it is told to stop.
         let stop = async || {
