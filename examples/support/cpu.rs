@@ -7,6 +7,10 @@
 //!
 //! A thread that ended between two samples is missing from the later one and its time is
 //! not counted, so a sample is taken while the stage's threads still run.
+//!
+//! On a virtual machine the hypervisor may run other guests while this one's cores want to
+//! run: that time, the `steal` column of `/proc/stat`, is given too. A stage during which
+//! it was high ran on a slower machine than its neighbours.
 
 use std::collections::HashMap;
 use std::fs;
@@ -51,6 +55,8 @@ impl Group {
 /// Every thread's CPU and run-queue nanoseconds at one moment.
 pub struct Sample {
     at: Instant,
+    /// Nanoseconds stolen from all cores so far.
+    steal: u64,
     threads: HashMap<(u32, u32), (Group, u64, u64)>,
 }
 
@@ -83,6 +89,7 @@ impl Sample {
         }
         Sample {
             at: Instant::now(),
+            steal: steal(),
             threads,
         }
     }
@@ -93,6 +100,7 @@ impl Sample {
 #[derive(Default)]
 pub struct Split {
     wall: Duration,
+    steal: u64,
     on_cpu: HashMap<Group, u64>,
     waiting: HashMap<Group, u64>,
 }
@@ -101,6 +109,7 @@ impl Split {
     /// Adds what every thread spent from `before` to `after`.
     pub fn add(&mut self, before: &Sample, after: &Sample) {
         self.wall += after.at.saturating_duration_since(before.at);
+        self.steal += after.steal.saturating_sub(before.steal);
         for (key, &(group, on_cpu, waiting)) in &after.threads {
             let (was_cpu, was_waiting) = before
                 .threads
@@ -111,9 +120,9 @@ impl Split {
         }
     }
 
-    /// `server 1.62 (waiting 0.31), relays 0.20 (0.05), …`: cores used by each group over
-    /// the stages, and in brackets how many cores' worth of its threads waited to run; or
-    /// `not measured` when nothing was added.
+    /// `server 1.62 (0.31), relays 0.20 (0.05), …, steal 0.02`: cores used by each group
+    /// over the stages, in brackets how many cores' worth of its threads waited to run, and
+    /// the cores the hypervisor took; or `not measured` when nothing was added.
     pub fn cell(&self) -> String {
         let wall = self.wall.as_nanos() as f64;
         if wall == 0.0 {
@@ -131,6 +140,10 @@ impl Split {
                     cores(&self.waiting, group)
                 )
             })
+            .chain(std::iter::once(format!(
+                "steal {:.2}",
+                self.steal as f64 / wall
+            )))
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -152,4 +165,17 @@ fn schedstat(path: &str) -> Option<(u64, u64)> {
     let text = fs::read_to_string(path).ok()?;
     let mut fields = text.split_whitespace().map(str::parse::<u64>);
     Some((fields.next()?.ok()?, fields.next()?.ok()?))
+}
+
+/// Nanoseconds stolen from all cores since boot: the eighth value of `/proc/stat`'s `cpu`
+/// line, in USER_HZ ticks (100 a second on Linux); 0 when it cannot be read.
+fn steal() -> u64 {
+    let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks = stat
+        .lines()
+        .next()
+        .and_then(|cpu| cpu.split_whitespace().nth(8))
+        .and_then(|field| field.parse::<u64>().ok())
+        .unwrap_or(0);
+    ticks * 10_000_000
 }
