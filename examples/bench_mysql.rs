@@ -50,9 +50,8 @@ async fn relay_throughput(db: &BenchDb, messages: usize, relays: usize) -> Optio
     db.reset().await;
     db.fill(messages).await;
     let stage = format!("{relays} relay(s), no-op publisher");
-    let run = relay_bench::relay_throughput(messages, relays, || {
-        MysqlOutboxStore::new(db.table.clone(), db.opts.clone())
-    });
+    let store = || MysqlOutboxStore::new(db.table.clone(), db.opts.clone());
+    let run = relay_bench::relay_throughput(messages, relays, store, None);
     relay_bench::bounded((Stage::Relay, &stage), async { Ok(run.await) }, async || {}).await
 }
 

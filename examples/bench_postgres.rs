@@ -16,7 +16,6 @@
 #[path = "../tests/common_server/mod.rs"]
 mod common_server;
 #[path = "support/cpu.rs"]
-#[allow(dead_code)]
 mod cpu;
 #[path = "support/figures.rs"]
 mod figures;
@@ -34,6 +33,7 @@ mod stats;
 #[path = "support/store_bench.rs"]
 mod store_bench;
 
+use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use changefeed::postgres::{PostgresOutboxStore, PostgresWaker, PostgresWakerConfig, WakerState};
@@ -45,15 +45,19 @@ use stats::Summary;
 /// The polling relay's interval in the latency comparison: the relay's default.
 const POLL: Duration = RelayConfig::DEFAULT_POLL_INTERVAL;
 
-/// Messages per second through `relays` relays with a no-op publisher; `None` when the
-/// stage failed or stalled.
-async fn relay_throughput(db: &BenchDb, messages: usize, relays: usize) -> Option<f64> {
+/// Messages per second through `relays` relays with a no-op publisher (what the machine's
+/// threads spent meanwhile added to `split`); `None` when the stage failed or stalled.
+async fn relay_throughput(
+    db: &BenchDb,
+    messages: usize,
+    relays: usize,
+    split: &RefCell<cpu::Split>,
+) -> Option<f64> {
     db.reset().await;
     db.fill(messages).await;
     let stage = format!("{relays} relay(s), no-op publisher");
-    let run = relay_bench::relay_throughput(messages, relays, || {
-        PostgresOutboxStore::new(db.table.clone(), db.config.clone())
-    });
+    let store = || PostgresOutboxStore::new(db.table.clone(), db.config.clone());
+    let run = relay_bench::relay_throughput(messages, relays, store, Some(split));
     relay_bench::bounded((Stage::Relay, &stage), async { Ok(run.await) }, async || {}).await
 }
 
@@ -122,12 +126,26 @@ async fn main() {
     println!("| figure | value |");
     println!("|---|---|");
     for relays in [1, 4] {
+        let (relay_split, bare_split) = (RefCell::default(), RefCell::default());
         let rounds = relay_bench::alternate(sizes.rounds, async |stage| match stage {
-            0 => relay_throughput(&db, messages, relays).await,
-            _ => db.bare_throughput(messages, relays, None).await,
+            0 => relay_throughput(&db, messages, relays, &relay_split).await,
+            _ => {
+                db.bare_throughput(messages, relays, Some(&bare_split))
+                    .await
+            }
         })
         .await;
         store_bench::print_relay_and_bare("PostgreSQL", relays, &rounds);
+        // One server process a relay or loop: its cores beside the rate say what the server
+        // spent a message, and whether it idled while the relay's client took its turn.
+        println!(
+            "| cores used, {relays} relay(s) (waiting to run) | {} |",
+            relay_split.into_inner().cell()
+        );
+        println!(
+            "| cores used, {relays} bare loop(s) | {} |",
+            bare_split.into_inner().cell()
+        );
         if relays == 1 {
             let bare = rounds.median(1);
             let run = async { Ok(store_throughput(&db, messages).await) };

@@ -30,6 +30,9 @@
 mod common_postgres;
 #[path = "../tests/common_server/mod.rs"]
 mod common_server;
+#[path = "support/cpu.rs"]
+#[allow(dead_code)]
+mod cpu;
 #[path = "support/figures.rs"]
 mod figures;
 #[path = "support/machine.rs"]

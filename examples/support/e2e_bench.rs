@@ -217,7 +217,7 @@ async fn relay_throughput(
 async fn no_op_throughput(db: &impl Outbox, messages: usize, relays: usize) -> f64 {
     db.reset().await;
     db.fill(messages).await;
-    relay_bench::relay_throughput(messages, relays, || db.store()).await
+    relay_bench::relay_throughput(messages, relays, || db.store(), None).await
 }
 
 /// Commit-to-delivery latencies of `samples` single-message commits.

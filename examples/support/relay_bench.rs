@@ -3,6 +3,7 @@
 //! the end of a filled outbox, single-message commits spaced like real traffic, and the
 //! commit-to-publish summary. The store and the database are each benchmark's own.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,6 +13,7 @@ use changefeed::outbox::{ClaimStore, ClaimedMessage};
 use changefeed::relay::{PublishOutcome, Publisher, Relay, RelayConfig};
 use tokio::sync::Mutex;
 
+use crate::cpu;
 use crate::stats::{self, Summary};
 
 /// Aggregates the messages are spread over (each message waits for its aggregate's
@@ -217,13 +219,20 @@ impl Publisher for Clock {
 
 /// Messages per second through `relays` relays (batch [`BATCH`], poll 5 ms) with a no-op
 /// publisher, each on a store `store()` makes, until `messages` were published. The outbox
-/// must already hold them.
-pub async fn relay_throughput<S>(messages: usize, relays: usize, store: impl Fn() -> S) -> f64
+/// must already hold them. With `split`, what the machine's threads spent meanwhile is added
+/// to it.
+pub async fn relay_throughput<S>(
+    messages: usize,
+    relays: usize,
+    store: impl Fn() -> S,
+    split: Option<&RefCell<cpu::Split>>,
+) -> f64
 where
     S: ClaimStore + Send + Sync + 'static,
 {
     let published = Arc::new(NoOp::default());
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let before = split.map(|_| cpu::Sample::take());
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..relays {
@@ -241,6 +250,10 @@ where
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = started.elapsed();
+    // Before the relays stop: their connections' server processes end with them.
+    if let (Some(split), Some(before)) = (split, before) {
+        split.borrow_mut().add(&before, &cpu::Sample::take());
+    }
     let _ = stop.send(true);
     for task in tasks {
         let _ = task.await;
