@@ -12,12 +12,13 @@
 //! run: that time, the `steal` column of `/proc/stat`, is given too. A stage during which
 //! it was high ran on a slower machine than its neighbours.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs;
 use std::time::{Duration, Instant};
 
 /// Who a thread works for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Group {
     /// The database server's processes (`postgres`, `mariadbd`).
     Server,
@@ -53,7 +54,7 @@ impl Group {
 }
 
 /// Every thread's CPU and run-queue nanoseconds at one moment.
-pub struct Sample {
+struct Sample {
     at: Instant,
     /// Nanoseconds stolen from all cores so far.
     steal: u64,
@@ -62,7 +63,7 @@ pub struct Sample {
 
 impl Sample {
     /// Reads every thread of every process it may read (an unreadable one is skipped).
-    pub fn take() -> Sample {
+    fn take() -> Sample {
         let own = std::process::id();
         let mut threads = HashMap::new();
         for pid in numbered_entries("/proc") {
@@ -95,6 +96,29 @@ impl Sample {
     }
 }
 
+/// A stage being measured into a [`Split`] (or not, without one): a sample now, and one more
+/// at [`stop`](Self::stop).
+pub struct Meter<'a> {
+    into: Option<(&'a RefCell<Split>, Sample)>,
+}
+
+impl<'a> Meter<'a> {
+    /// Starts measuring into `split`, if any.
+    pub fn start(split: Option<&'a RefCell<Split>>) -> Meter<'a> {
+        Meter {
+            into: split.map(|split| (split, Sample::take())),
+        }
+    }
+
+    /// Adds what every thread spent since the start; call it while the stage's threads and
+    /// server processes still run.
+    pub fn stop(self) {
+        if let Some((split, before)) = self.into {
+            split.borrow_mut().add(&before, &Sample::take());
+        }
+    }
+}
+
 /// CPU and run-queue wait per group between two samples, summed over the stages measured
 /// (cores = nanoseconds over the stages' wall nanoseconds).
 #[derive(Default)]
@@ -107,7 +131,7 @@ pub struct Split {
 
 impl Split {
     /// Adds what every thread spent from `before` to `after`.
-    pub fn add(&mut self, before: &Sample, after: &Sample) {
+    fn add(&mut self, before: &Sample, after: &Sample) {
         self.wall += after.at.saturating_duration_since(before.at);
         self.steal += after.steal.saturating_sub(before.steal);
         for (key, &(group, on_cpu, waiting)) in &after.threads {

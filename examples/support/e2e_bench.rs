@@ -194,7 +194,7 @@ async fn relay_throughput(
     db.reset().await;
     db.fill(messages).await;
     let (fleet, started) = Fleet::start(db, bootstrap, relays).await;
-    let before = cpu::Sample::take();
+    let meter = cpu::Meter::start(Some(split));
     // Counted in the process until the last delivery, then the outbox is asked: a query
     // every 2 ms all along took a server process a sixth of a core, beside relays that
     // compete for the server's cores and loops that do not (no such query runs beside them).
@@ -204,7 +204,7 @@ async fn relay_throughput(
     db.until_drained().await;
     let elapsed = started.elapsed();
     // Before the fleet stops: its producers' threads end with it.
-    split.borrow_mut().add(&before, &cpu::Sample::take());
+    meter.stop();
     let delivered = fleet.stop().await;
     if delivered.len() != messages {
         return Err(format!("{} of {messages} delivered", delivered.len()));

@@ -157,7 +157,7 @@ impl BenchDb {
         relay_bench::bounded(
             (Stage::Baseline, &stage),
             async {
-                let before = split.map(|_| cpu::Sample::take());
+                let meter = cpu::Meter::start(split);
                 let started = Instant::now();
                 let mut tasks = tokio::task::JoinSet::new();
                 for _ in 0..loops {
@@ -171,9 +171,7 @@ impl BenchDb {
                     conns.push(done.map_err(|e| e.to_string())??);
                 }
                 let rate = messages as f64 / started.elapsed().as_secs_f64().max(1e-9);
-                if let (Some(split), Some(before)) = (split, before) {
-                    split.borrow_mut().add(&before, &cpu::Sample::take());
-                }
+                meter.stop();
                 drop(conns);
                 self.report_expired_claims(&stage).await;
                 Ok(rate)

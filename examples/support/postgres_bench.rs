@@ -164,7 +164,7 @@ impl BenchDb {
         self.fill(messages).await;
         let stage = format!("{loops} bare SQL loop(s)");
         let run = async {
-            let before = split.map(|_| cpu::Sample::take());
+            let meter = cpu::Meter::start(split);
             let started = std::time::Instant::now();
             let mut tasks = tokio::task::JoinSet::new();
             for _ in 0..loops {
@@ -189,9 +189,7 @@ impl BenchDb {
                 clients.push(done.map_err(|e| e.to_string())??);
             }
             let rate = stats::throughput(messages as u64, started.elapsed()).unwrap_or(0.0);
-            if let (Some(split), Some(before)) = (split, before) {
-                split.borrow_mut().add(&before, &cpu::Sample::take());
-            }
+            meter.stop();
             drop(clients);
             Ok(rate)
         };

@@ -232,7 +232,7 @@ where
 {
     let published = Arc::new(NoOp::default());
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let before = split.map(|_| cpu::Sample::take());
+    let meter = cpu::Meter::start(split);
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..relays {
@@ -251,9 +251,7 @@ where
     }
     let elapsed = started.elapsed();
     // Before the relays stop: their connections' server processes end with them.
-    if let (Some(split), Some(before)) = (split, before) {
-        split.borrow_mut().add(&before, &cpu::Sample::take());
-    }
+    meter.stop();
     let _ = stop.send(true);
     for task in tasks {
         let _ = task.await;
