@@ -92,6 +92,46 @@ async fn store_throughput(db: &BenchDb, messages: usize) -> f64 {
     stats::throughput(messages as u64, started.elapsed()).unwrap_or(0.0)
 }
 
+/// Aggregates of the deep backlog: fewer than a batch, so no claim fills one.
+const DEEP_AGGREGATES: usize = 10;
+
+/// Claims timed over the deep backlog, each way.
+const DEEP_CLAIMS: usize = 5;
+
+/// Claims of [`BATCH`] over a backlog of `backlog` messages on [`DEEP_AGGREGATES`]
+/// aggregates, each acknowledged, [`DEEP_CLAIMS`] of them: milliseconds a claim (median) and
+/// messages claimed in all, through the store and through the claim over every open message
+/// (the store's statement before it stopped at a reach), each on a fresh backlog.
+async fn deep_backlog(db: &BenchDb, backlog: usize) -> Result<[(f64, usize); 2], String> {
+    use changefeed::outbox::ClaimStore;
+    let median = |times: &[f64]| stats::percentile(times, 50.0).unwrap_or(f64::NAN);
+    db.reset().await;
+    db.fill_on_server(backlog, DEEP_AGGREGATES).await;
+    let mut store = PostgresOutboxStore::new(db.table.clone(), db.config.clone());
+    let (mut times, mut claimed) = (Vec::new(), 0);
+    for _ in 0..DEEP_CLAIMS {
+        let started = Instant::now();
+        let batch = store
+            .claim_batch(BATCH, Duration::from_secs(60))
+            .await
+            .map_err(|e| format!("claim: {e}"))?;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+        claimed += batch.len();
+        if let Some(first) = batch.first() {
+            let ids: Vec<i64> = batch.iter().map(changefeed::outbox::Claimed::id).collect();
+            store
+                .mark_done(&ids, first.claim_token())
+                .await
+                .map_err(|e| format!("mark_done: {e}"))?;
+        }
+    }
+    let through_store = (median(&times), claimed);
+    db.reset().await;
+    db.fill_on_server(backlog, DEEP_AGGREGATES).await;
+    let (times, claimed) = postgres_bench::client_claims(db, DEEP_CLAIMS).await?;
+    Ok([through_store, (median(&times), claimed)])
+}
+
 /// Commit-to-publish latencies of single-message commits, woken by NOTIFY (relay poll 60 s)
 /// or by polling every [`POLL`] (no waker).
 async fn latency(db: &BenchDb, notify: bool) -> Option<Summary> {
@@ -175,6 +215,25 @@ async fn main() {
                 relay_bench::ratio_cell(store, client)
             );
         }
+    }
+    let backlog = messages * 10;
+    let stage = format!("claims over {backlog} messages on {DEEP_AGGREGATES} aggregates");
+    let run = deep_backlog(&db, backlog);
+    if let Some([store, every]) =
+        relay_bench::bounded((Stage::Relay, &stage), run, async || {}).await
+    {
+        let per = |(ms, claimed): (f64, usize)| {
+            format!("{ms:.1} ms a claim ({claimed} messages in {DEEP_CLAIMS} claims)")
+        };
+        println!("| {stage}, the store's claim | {} |", per(store));
+        println!(
+            "| {stage}, one statement over every open message | {} |",
+            per(every)
+        );
+        println!(
+            "| ratio of their times a claim (every open message / store) | {:.0} |",
+            every.0 / store.0
+        );
     }
     let polling = format!("polling every {} ms (default)", POLL.as_millis());
     for (name, notify) in [("NOTIFY wake", true), (polling.as_str(), false)] {

@@ -432,6 +432,72 @@ async fn messages_without_an_aggregate_never_wait() {
     assert_eq!(db.count("true").await, 2);
 }
 
+/// A claim reads at most four batches' worth of open messages in id order; the heads of
+/// aggregates past them come from a skip scan of the head index. Behind one aggregate's
+/// deep backlog, every other aggregate's due head is still claimed, in id order, never a
+/// message behind a head, never a head that is not due, and never more than the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
+async fn a_claim_takes_the_heads_past_a_deep_backlog_of_one_aggregate() {
+    let db = outbox("reach").await;
+    let hot: Vec<NewMessage> = (0..1000).map(|n| message_of("hot", n)).collect();
+    let hot: Vec<i64> = db
+        .enqueue_committed(&hot)
+        .await
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let later = [
+        message_of("a", 1),
+        message_of("b", 1),
+        claim_contract::loose_message(1),
+        message_of("c", 1),
+        message_of("a", 2),
+        claim_contract::loose_message(2),
+        message_of("c", 2),
+        message_of("a", 3),
+        message_of("b", 2),
+    ];
+    let ids: Vec<i64> = db
+        .enqueue_committed(&later)
+        .await
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let [a1, b1, n1, c1, a2, n2, c2, _a3, _b2] = ids[..] else {
+        unreachable!()
+    };
+    // b's head failed and waits an hour for its retry: b is blocked.
+    db.db
+        .client()
+        .await
+        .execute(
+            "update public.outbox set status = 3, attempts = 1, \
+             next_retry_at = now() + interval '1 hour' where id = $1",
+            &[&b1],
+        )
+        .await
+        .unwrap();
+    let mut store = db.store();
+    let timeout = Duration::from_secs(60);
+    let claim = async |store: &mut PostgresOutboxStore, n: u32| -> (Vec<i64>, _) {
+        let batch = store.claim_batch(n, timeout).await.unwrap();
+        let token = batch.first().map(Claimed::claim_token);
+        (batch.iter().map(Claimed::id).collect(), token)
+    };
+
+    // The first 40 open messages are all hot's: only its head is due among them.
+    let (first, token) = claim(&mut store, 10).await;
+    assert_eq!(first, [hot[0], a1, n1, c1, n2]);
+    // Every head is claimed or blocked now, and nothing behind them is taken.
+    assert_eq!(claim(&mut store, 10).await.0, Vec::<i64>::new());
+    assert_eq!(store.mark_done(&first, token.unwrap()).await.unwrap(), 5);
+    // The batch size holds across both statements: the lowest ids first.
+    let (second, _) = claim(&mut store, 2).await;
+    assert_eq!(second, [hot[1], a2]);
+    assert_eq!(claim(&mut store, 10).await.0, [c2]);
+}
+
 // ------------------------------------------------------------------------------------------
 // 4. The notify wake
 // ------------------------------------------------------------------------------------------

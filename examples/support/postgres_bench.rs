@@ -108,6 +108,21 @@ impl BenchDb {
         self.execute(&analyze, "analyze").await;
     }
 
+    /// Enqueues `messages` messages over `aggregates` aggregates (`a0`, `a1`, … in turn) in
+    /// one statement on the server, and refreshes the outbox's statistics: a backlog of
+    /// hundreds of thousands in seconds. The outbox's trigger orders each row as it does for
+    /// [`enqueue`].
+    pub async fn fill_on_server(&self, messages: usize, aggregates: usize) {
+        let sql = format!(
+            "insert into {0} (message_id, topic, aggregate_type, aggregate_id, payload) \
+             select gen_random_uuid()::text, 'bench', 'bench', 'a' || (n % {aggregates}), \
+             json_build_object('n', n) from generate_series(0, {1}) as n; analyze {0}",
+            self.table,
+            messages.saturating_sub(1)
+        );
+        self.execute(&sql, "fill on the server").await;
+    }
+
     /// Empties the outbox and refreshes its statistics, so every run starts alike.
     pub async fn reset(&self) {
         let sql = format!("truncate table {0}; analyze {0}", self.table);
@@ -241,6 +256,33 @@ pub async fn client_loop_throughput(db: &BenchDb, messages: usize) -> Result<f64
             .map_err(why("acknowledge"))?;
     }
     Ok(stats::throughput(messages as u64, started.elapsed()).unwrap_or(0.0))
+}
+
+/// Milliseconds each of `claims` claims of [`BATCH`](relay_bench::BATCH) took through
+/// [`CLIENT_CLAIM`] (the claim over every open message), each acknowledged, and the
+/// messages they claimed in all.
+pub async fn client_claims(db: &BenchDb, claims: usize) -> Result<(Vec<f64>, usize), String> {
+    let client = client(&db.config).await;
+    let why = |what: &'static str| move |e| format!("{what}: {}", changefeed::Error::from(e));
+    let claim = client.prepare(CLIENT_CLAIM).await.map_err(why("prepare"))?;
+    let ack = client.prepare(CLIENT_ACK).await.map_err(why("prepare"))?;
+    let (mut times, mut claimed) = (Vec::with_capacity(claims), 0);
+    for _ in 0..claims {
+        let token = uuid::Uuid::new_v4();
+        let started = std::time::Instant::now();
+        let rows = client
+            .query(&claim, &[&token])
+            .await
+            .map_err(why("claim"))?;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+        claimed += rows.len();
+        let ids: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
+        client
+            .execute(&ack, &[&ids, &token])
+            .await
+            .map_err(why("acknowledge"))?;
+    }
+    Ok((times, claimed))
 }
 
 /// [`BARE_LOOP`]'s claim, the token a parameter.

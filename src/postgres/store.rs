@@ -8,8 +8,9 @@
 //! [`PostgresOutboxStore::claim_batch`], and why an aggregate's messages cannot overtake
 //! each other in ARCHITECTURE.md ("The claim outbox on PostgreSQL").
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Config, GenericClient, Row};
@@ -167,7 +168,6 @@ pub struct PostgresOutboxStore {
 }
 
 /// What a store and its [concurrent handles](ClaimStore::concurrent_handle) share.
-#[derive(Default)]
 struct Shared {
     /// The connection and the statements prepared on it (see [`Call`]); the lock is held
     /// only to look at it or open a new one (so that the handles open one, not one each),
@@ -176,6 +176,10 @@ struct Shared {
     /// Whether the database is `SQL_ASCII`, so a claim reads text as bytes (see
     /// [`claimed_columns`]); learned by the first claim.
     sql_ascii: OnceLock<bool>,
+    /// Whether the next claim stops at its reach ([`Call::ClaimNear`]) instead of
+    /// reading every open message ([`Call::Claim`]); see
+    /// [`claim_batch`](PostgresOutboxStore::claim_batch). The first claim does.
+    near: AtomicBool,
 }
 
 /// The store's statements. Each is prepared on its first use on a connection and kept
@@ -184,8 +188,16 @@ struct Shared {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum Call {
     Encoding,
-    /// The claim of up to this many messages.
+    /// The claim of up to this many messages: every open message is a candidate.
     Claim(u32),
+    /// The claim of up to this many messages among the first [`CLAIM_REACH`] × that many
+    /// open ones.
+    ClaimNear(u32),
+    /// The claim of the heads of aggregates past that reach (up to `$3` of them; the batch
+    /// size sets the reach), run when the claim near came back short.
+    ClaimHeads(u32),
+    /// Whether more messages are open than the reach of a claim near of this many.
+    PastReach(u32),
     MarkDone,
     MarkFailed,
     Requeue,
@@ -202,6 +214,9 @@ impl Call {
     fn slot(self) -> Call {
         match self {
             Call::Claim(_) => Call::Claim(0),
+            Call::ClaimNear(_) => Call::ClaimNear(0),
+            Call::ClaimHeads(_) => Call::ClaimHeads(0),
+            Call::PastReach(_) => Call::PastReach(0),
             other => other,
         }
     }
@@ -220,23 +235,66 @@ impl Call {
             Call::Claim(limit) => format!(
                 "with due as ( \
                  select t.id from {t} as t \
-                 where t.status in (0, 1, 3) \
-                 and (t.status = 0 \
-                 or (t.status = 3 and t.next_retry_at <= now()) \
-                 or (t.status = 1 and coalesce(t.claim_expires_at, \
-                 t.claimed_at + $1::bigint * interval '1 microsecond') < now())) \
+                 where t.status in (0, 1, 3) and ({due}) \
                  and not exists (select 1 from {t} as e \
                  where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id) \
                  order by t.id limit {limit} \
                  for update skip locked) \
-                 update {t} as t set attempts = t.attempts + (t.status = 1)::int, status = 1, \
-                 claimed_at = now(), \
-                 claim_expires_at = now() + $1::bigint * interval '1 microsecond', \
-                 claim_token = $2 \
-                 from due where t.id = due.id \
-                 returning {}",
-                claimed_columns(raw)
+                 {update}",
+                due = due_condition("t"),
+                update = claim_update(t, "due", raw),
             ),
+            // The subquery stops at the reach; each row it yields is read again by id, so
+            // that the lock and the recheck fall on the table's row (a `FOR UPDATE` on the
+            // subquery would lock every row it reads, before the filter).
+            Call::ClaimNear(limit) => format!(
+                "with due as ( \
+                 select t.id from (select r.id from {t} as r where r.status in (0, 1, 3) \
+                 order by r.id limit {reach}) as near \
+                 join {t} as t on t.id = near.id \
+                 where t.status in (0, 1, 3) and ({due}) \
+                 and not exists (select 1 from {t} as e \
+                 where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id) \
+                 order by t.id limit {limit} \
+                 for update of t skip locked) \
+                 {update}",
+                reach = u64::from(limit) * u64::from(CLAIM_REACH),
+                due = due_condition("t"),
+                update = claim_update(t, "due", raw),
+            ),
+            Call::ClaimHeads(limit) => format!(
+                "with recursive reach as ({reach}), \
+                 heads (aggregate_id, id) as ( \
+                 (select e.aggregate_id, e.id from {t} as e \
+                 where e.status in (0, 1, 3) and e.aggregate_id is not null \
+                 and exists (select from reach) \
+                 order by e.aggregate_id, e.id limit 1) \
+                 union all \
+                 select n.aggregate_id, n.id from heads as h cross join lateral ( \
+                 select e.aggregate_id, e.id from {t} as e \
+                 where e.status in (0, 1, 3) and e.aggregate_id > h.aggregate_id \
+                 order by e.aggregate_id, e.id limit 1) as n), \
+                 candidates as ( \
+                 select t.id from {t} as t \
+                 where t.id in (select h.id from heads as h \
+                 union all \
+                 (select e.id from {t} as e \
+                 where e.aggregate_id is null and e.status in (0, 1, 3) and ({due_e}) \
+                 and exists (select from reach) \
+                 order by e.aggregate_id, e.id limit {limit})) \
+                 and t.status in (0, 1, 3) and ({due}) \
+                 and not exists (select 1 from {t} as e \
+                 where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id) \
+                 order by t.id limit {limit} \
+                 for update skip locked), \
+                 due as (select c.id from candidates as c order by c.id limit $3) \
+                 {update}",
+                reach = reach_end(t, limit),
+                due = due_condition("t"),
+                due_e = due_condition("e"),
+                update = claim_update(t, "due", raw),
+            ),
+            Call::PastReach(limit) => format!("select exists ({})", reach_end(t, limit)),
             Call::MarkDone => format!(
                 "update {t} set status = 2, processed_at = now(), last_error = null \
                  where id = any($1) and status = 1 and claim_token = $2"
@@ -270,7 +328,11 @@ impl PostgresOutboxStore {
             quoted: table.quoted(),
             table,
             config,
-            shared: Arc::default(),
+            shared: Arc::new(Shared {
+                session: tokio::sync::Mutex::default(),
+                sql_ascii: OnceLock::new(),
+                near: AtomicBool::new(true),
+            }),
         }
     }
 
@@ -346,7 +408,7 @@ impl PostgresOutboxStore {
     ///     order by t.id limit <batch_size>
     ///     for update skip locked)
     /// update <outbox> as t set status = 1, … from due where t.id = due.id returning …
-    /// ```
+    ///     /// ```
     ///
     /// * `FOR UPDATE SKIP LOCKED` passes over rows another claimer holds, so claimers never
     ///   wait for each other; PostgreSQL locks below the `LIMIT`, so a skipped row does
@@ -364,6 +426,22 @@ impl PostgresOutboxStore {
     ///   SERIALIZABLE, a row changed by another claimer would fail the whole claim with a
     ///   serialization error instead.
     /// * The claim times are `now()`, the server's clock at the statement's start.
+    /// * What a claim reads. That statement reads open messages in id order until it has
+    ///   the batch, so one that finds fewer due heads than `batch_size` (the messages
+    ///   waiting fall on few aggregates, or their heads are in flight or waiting for a
+    ///   retry) reads every open message behind them: its cost grows with the backlog, and
+    ///   a large enough backlog would make every claim outlast the statement timeout
+    ///   (BENCHMARKS.md). So after a claim that took long (100 ms, or 100 µs a message)
+    ///   or failed, and for the first claim, the store claims in two steps instead: the
+    ///   same statement over only the first `batch_size` × 4 open messages; and, when that
+    ///   comes back short, a second statement (its own transaction, the same token) that
+    ///   finds the head of every aggregate with open messages on the head index (a
+    ///   recursive skip scan: one index descent per aggregate), adds the due messages
+    ///   without an aggregate, and claims the due ones in id order by the same probe and
+    ///   `SKIP LOCKED`. It never reads the messages behind a head. Once the first step
+    ///   fills a batch, or fewer messages than its reach are open, the one statement reads
+    ///   no further, and the store goes back to it (the two steps cost more a message:
+    ///   the first reads each row twice, and a short claim takes more round trips).
     pub async fn claim_batch(
         &mut self,
         batch_size: u32,
@@ -380,10 +458,58 @@ impl PostgresOutboxStore {
             let _ = self.shared.sql_ascii.set(encoding == "SQL_ASCII");
         }
         let params: [&(dyn ToSql + Sync); 2] = [&timeout_us, token.as_uuid()];
-        let rows = self
-            .run("the claim", Call::Claim(batch_size), &params)
-            .await?
-            .rows;
+        let near = self.shared.near.load(Ordering::Relaxed);
+        let started = Instant::now();
+        let first = if near {
+            Call::ClaimNear(batch_size)
+        } else {
+            Call::Claim(batch_size)
+        };
+        let answer = self.run("the claim", first, &params).await;
+        if !near && (answer.is_err() || started.elapsed() > slow_claim(batch_size)) {
+            // It read far, or did not finish: the next claims stop at the reach.
+            self.shared.near.store(true, Ordering::Relaxed);
+        }
+        let mut rows = answer?.rows;
+        if near && rows.len() == batch_size as usize {
+            // The first open messages held a whole batch of due heads, so a claim over
+            // every open message reads no further than this one did.
+            self.shared.near.store(false, Ordering::Relaxed);
+        } else if near {
+            // Its own transaction, under the same token: what the first one claimed is
+            // committed, so if this one fails the batch is what the first one claimed
+            // (an error would leave those rows to expire), and the next claim looks again.
+            let more = i64::from(batch_size) - rows.len() as i64;
+            let params: [&(dyn ToSql + Sync); 3] = [&timeout_us, token.as_uuid(), &more];
+            match self
+                .run(
+                    "the claim past its reach",
+                    Call::ClaimHeads(batch_size),
+                    &params,
+                )
+                .await
+            {
+                Ok(answer) if answer.rows.is_empty() => {
+                    // Nothing past the reach: when that is because fewer messages than the
+                    // reach are open, a claim over every open message reads no more than
+                    // this one did, in one statement instead of three.
+                    let within = self
+                        .row("the claim's reach", Call::PastReach(batch_size), &[])
+                        .await
+                        .and_then(|row| column::<bool>(&row, 0, "past reach"));
+                    if let Ok(false) = within {
+                        self.shared.near.store(false, Ordering::Relaxed);
+                    }
+                }
+                Ok(answer) => rows.extend(answer.rows),
+                Err(error) if rows.is_empty() => return Err(error),
+                Err(error) => tracing::warn!(
+                    %error,
+                    claimed = rows.len(),
+                    "the claim past its reach failed; the batch is what the first statement claimed"
+                ),
+            }
+        }
         // A row that does not decode is handed over undecodable, never an error: the rows
         // are committed as claimed, so an error would leave them to expire, and the next
         // claim would take the same batch and fail again.
@@ -499,6 +625,54 @@ fn hand_back(t: &str, condition: &str) -> String {
         "update {t} set status = 3, \
          next_retry_at = now() + $1::bigint * interval '1 microsecond', \
          processed_at = null where id = $2 and {condition}"
+    )
+}
+
+/// How many open messages, in id order, a claim near of `n` ([`Call::ClaimNear`]) reads at
+/// most (`n` × this); heads past them are found by [`Call::ClaimHeads`].
+const CLAIM_REACH: u32 = 4;
+
+/// How long a claim of `n` over every open message may take before the next claims stop
+/// at their reach: 100 ms, or 100 µs a message for a larger batch (a claim of 100 due
+/// heads near the front takes a few milliseconds; one that read 50 000 open messages
+/// behind blocked heads, half a second).
+fn slow_claim(n: u32) -> Duration {
+    Duration::from_micros(u64::from(n) * 100).max(Duration::from_millis(100))
+}
+
+/// The last open message within the reach of a claim of `n` (none when fewer are open):
+/// the first `n` × [`CLAIM_REACH`] entries of the open-messages index.
+fn reach_end(t: &str, n: u32) -> String {
+    format!(
+        "select r.id from {t} as r where r.status in (0, 1, 3) \
+         order by r.id offset {} limit 1",
+        u64::from(n) * u64::from(CLAIM_REACH) - 1
+    )
+}
+
+/// Whether the open message `a` is due: pending, failed and due for its retry, or claimed
+/// and expired (`$1`: the claim timeout in microseconds, for rows claimed before
+/// `claim_expires_at` existed).
+fn due_condition(a: &str) -> String {
+    format!(
+        "{a}.status = 0 \
+         or ({a}.status = 3 and {a}.next_retry_at <= now()) \
+         or ({a}.status = 1 and coalesce({a}.claim_expires_at, \
+         {a}.claimed_at + $1::bigint * interval '1 microsecond') < now())"
+    )
+}
+
+/// The update that claims the ids of `due` (a query of the statement) under token `$2`
+/// for `$1` microseconds, returning [`claimed_columns`].
+fn claim_update(t: &str, due: &str, raw: bool) -> String {
+    format!(
+        "update {t} as t set attempts = t.attempts + (t.status = 1)::int, status = 1, \
+         claimed_at = now(), \
+         claim_expires_at = now() + $1::bigint * interval '1 microsecond', \
+         claim_token = $2 \
+         from {due} where t.id = {due}.id \
+         returning {}",
+        claimed_columns(raw)
     )
 }
 
