@@ -457,6 +457,7 @@ async fn a_claim_takes_the_heads_past_a_deep_backlog_of_one_aggregate() {
         message_of("c", 2),
         message_of("a", 3),
         message_of("b", 2),
+        message_of("a", 4),
     ];
     let ids: Vec<i64> = db
         .enqueue_committed(&later)
@@ -464,7 +465,7 @@ async fn a_claim_takes_the_heads_past_a_deep_backlog_of_one_aggregate() {
         .iter()
         .map(|e| e.id)
         .collect();
-    let [a1, b1, n1, c1, a2, n2, c2, _a3, _b2] = ids[..] else {
+    let [a1, b1, n1, c1, a2, n2, c2, a3, _b2, a4] = ids[..] else {
         unreachable!()
     };
     // b's head failed and waits an hour for its retry: b is blocked.
@@ -493,9 +494,16 @@ async fn a_claim_takes_the_heads_past_a_deep_backlog_of_one_aggregate() {
     assert_eq!(claim(&mut store, 10).await.0, Vec::<i64>::new());
     assert_eq!(store.mark_done(&first, token.unwrap()).await.unwrap(), 5);
     // The batch size holds across both statements: the lowest ids first.
-    let (second, _) = claim(&mut store, 2).await;
+    let (second, token) = claim(&mut store, 2).await;
     assert_eq!(second, [hot[1], a2]);
-    assert_eq!(claim(&mut store, 10).await.0, [c2]);
+    assert_eq!(store.mark_done(&second, token.unwrap()).await.unwrap(), 2);
+    let (third, token) = claim(&mut store, 10).await;
+    assert_eq!(third, [hot[2], c2, a3]);
+    assert_eq!(store.mark_done(&third, token.unwrap()).await.unwrap(), 3);
+    // A claim that fills its batch near the front sends the store back to the one
+    // statement over every open message, which takes what the two steps would have.
+    assert_eq!(claim(&mut store, 1).await.0, [hot[3]]);
+    assert_eq!(claim(&mut store, 10).await.0, [a4]);
 }
 
 // ------------------------------------------------------------------------------------------
