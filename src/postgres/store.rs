@@ -262,21 +262,25 @@ impl Call {
                 due = due_condition("t"),
                 update = claim_update(t, "due", raw),
             ),
+            // The skip scan reads each head's row with its status, so only the due heads
+            // with the lowest ids (a batch of them: more when some turn out locked) are
+            // read again, probed and locked.
             Call::ClaimHeads(limit) => format!(
                 "with recursive reach as ({reach}), \
-                 heads (aggregate_id, id) as ( \
-                 (select e.aggregate_id, e.id from {t} as e \
+                 heads (aggregate_id, id, due) as ( \
+                 (select e.aggregate_id, e.id, ({due_e}) from {t} as e \
                  where e.status in (0, 1, 3) and e.aggregate_id is not null \
                  and exists (select from reach) \
                  order by e.aggregate_id, e.id limit 1) \
                  union all \
-                 select n.aggregate_id, n.id from heads as h cross join lateral ( \
-                 select e.aggregate_id, e.id from {t} as e \
+                 select n.aggregate_id, n.id, n.due from heads as h cross join lateral ( \
+                 select e.aggregate_id, e.id, ({due_e}) as due from {t} as e \
                  where e.status in (0, 1, 3) and e.aggregate_id > h.aggregate_id \
                  order by e.aggregate_id, e.id limit 1) as n), \
                  candidates as ( \
                  select t.id from {t} as t \
-                 where t.id in (select h.id from heads as h \
+                 where t.id in ( \
+                 (select h.id from heads as h where h.due order by h.id limit {limit}) \
                  union all \
                  (select e.id from {t} as e \
                  where e.aggregate_id is null and e.status in (0, 1, 3) and ({due_e}) \
@@ -433,7 +437,7 @@ impl PostgresOutboxStore {
     ///   a large enough backlog would make every claim outlast the statement timeout
     ///   (BENCHMARKS.md). So after a claim that took long (100 ms, or 100 µs a message)
     ///   or failed, and for the first claim, the store claims in two steps instead: the
-    ///   same statement over only the first `batch_size` × 4 open messages; and, when that
+    ///   same statement over only the first `batch_size` × 16 open messages; and, when that
     ///   comes back short, a second statement (its own transaction, the same token) that
     ///   finds the head of every aggregate with open messages on the head index (a
     ///   recursive skip scan: one index descent per aggregate), adds the due messages
@@ -630,7 +634,7 @@ fn hand_back(t: &str, condition: &str) -> String {
 
 /// How many open messages, in id order, a claim near of `n` ([`Call::ClaimNear`]) reads at
 /// most (`n` × this); heads past them are found by [`Call::ClaimHeads`].
-const CLAIM_REACH: u32 = 4;
+const CLAIM_REACH: u32 = 16;
 
 /// How long a claim of `n` over every open message may take before the next claims stop
 /// at their reach: 100 ms, or 100 µs a message for a larger batch (a claim of 100 due
