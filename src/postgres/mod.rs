@@ -19,6 +19,7 @@
 //! [`Relay`]: crate::relay::Relay
 
 mod backlog;
+mod claim;
 mod connection;
 mod migrations;
 mod prepared;

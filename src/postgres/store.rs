@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Config, GenericClient, Row};
 
+use super::claim::{self, slow_claim};
 use super::connection::{CALL_TIMEOUT, SERVER, connect};
 use super::prepared::{Answer, Session};
 use super::table::OutboxTable;
@@ -30,33 +31,6 @@ use crate::outbox_backend::{
     bounded, decode_body, headers_json, message_id, purge_in_batches, utf8_column,
 };
 use crate::outbox_store::check_payload;
-
-/// The columns a claim returns, in the order [`claimed`] reads them. With `raw`, every text
-/// column comes as its bytes (`convert_to` the database's own encoding, `SQL_ASCII`, which
-/// converts nothing): an `SQL_ASCII` database stores whatever bytes it is given, and the
-/// server refuses to send text that is not valid in the client's UTF-8 (22021), which
-/// would fail the whole claim, every time, for one row. As bytes, such a row is handed over
-/// undecodable instead ([`claimed`]). Other encodings convert to UTF-8 on the server.
-fn claimed_columns(raw: bool) -> String {
-    let text = |expr: &str| {
-        if raw {
-            format!("convert_to({expr}, 'SQL_ASCII')")
-        } else {
-            expr.to_owned()
-        }
-    };
-    format!(
-        "t.id, {}, {}, {}, {}, {}, {}, {}, {}, t.attempts",
-        text("t.message_id"),
-        text("t.topic"),
-        text("t.aggregate_type"),
-        text("t.aggregate_id"),
-        text("coalesce(t.partition_key, t.aggregate_id)"),
-        text("t.payload::text"),
-        text("t.headers::text"),
-        text("t.trace_id"),
-    )
-}
 
 /// Enqueues `message` into `table` through `client`: pass the
 /// [`Transaction`](tokio_postgres::Transaction) of your business change, so the message
@@ -174,7 +148,7 @@ struct Shared {
     /// never for a call.
     session: tokio::sync::Mutex<Option<Arc<Session<Call>>>>,
     /// Whether the database is `SQL_ASCII`, so a claim reads text as bytes (see
-    /// [`claimed_columns`]); learned by the first claim.
+    /// [`claimed_columns`](claim::claimed_columns)); learned by the first claim.
     sql_ascii: OnceLock<bool>,
     /// Whether the next claim stops at its reach ([`Call::ClaimNear`]) instead of
     /// reading every open message ([`Call::Claim`]); see
@@ -190,13 +164,13 @@ enum Call {
     Encoding,
     /// The claim of up to this many messages: every open message is a candidate.
     Claim(u32),
-    /// The claim of up to this many messages among the first [`CLAIM_REACH`] × that many
-    /// open ones.
+    /// The claim of up to this many messages among the first
+    /// [`CLAIM_REACH`](claim::CLAIM_REACH) × that many open ones.
     ClaimNear(u32),
     /// The claim of the heads of aggregates past that reach (up to `$3` of them; the batch
     /// size sets the reach), run when the claim near came back short.
     ClaimHeads(u32),
-    /// Whether more messages are open than the reach of a claim near of this many.
+    /// Whether the reach of a claim near of this many is full (as many messages open).
     PastReach(u32),
     MarkDone,
     MarkFailed,
@@ -222,7 +196,7 @@ impl Call {
     }
 
     /// The statement over the quoted outbox table `t`; `raw`: the claim reads its text
-    /// columns as bytes (see [`claimed_columns`]).
+    /// columns as bytes (see [`claimed_columns`](claim::claimed_columns)).
     ///
     /// The claim's batch size is written into its text, not passed: with `limit $1` the
     /// plan depends on the value (a generic plan expects a tenth of the table and reads it
@@ -232,73 +206,10 @@ impl Call {
     fn sql(self, t: &str, raw: bool) -> String {
         match self {
             Call::Encoding => "select getdatabaseencoding()".to_owned(),
-            Call::Claim(limit) => format!(
-                "with due as ( \
-                 select t.id from {t} as t \
-                 where t.status in (0, 1, 3) and ({due}) \
-                 and not exists (select 1 from {t} as e \
-                 where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id) \
-                 order by t.id limit {limit} \
-                 for update skip locked) \
-                 {update}",
-                due = due_condition("t"),
-                update = claim_update(t, "due", raw),
-            ),
-            // The subquery stops at the reach; each row it yields is read again by id, so
-            // that the lock and the recheck fall on the table's row (a `FOR UPDATE` on the
-            // subquery would lock every row it reads, before the filter).
-            Call::ClaimNear(limit) => format!(
-                "with due as ( \
-                 select t.id from (select r.id from {t} as r where r.status in (0, 1, 3) \
-                 order by r.id limit {reach}) as near \
-                 join {t} as t on t.id = near.id \
-                 where t.status in (0, 1, 3) and ({due}) \
-                 and not exists (select 1 from {t} as e \
-                 where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id) \
-                 order by t.id limit {limit} \
-                 for update of t skip locked) \
-                 {update}",
-                reach = u64::from(limit) * u64::from(CLAIM_REACH),
-                due = due_condition("t"),
-                update = claim_update(t, "due", raw),
-            ),
-            // The skip scan reads each head's row with its status, so only the due heads
-            // with the lowest ids (a batch of them: more when some turn out locked) are
-            // read again, probed and locked.
-            Call::ClaimHeads(limit) => format!(
-                "with recursive reach as ({reach}), \
-                 heads (aggregate_id, id, due) as ( \
-                 (select e.aggregate_id, e.id, ({due_e}) from {t} as e \
-                 where e.status in (0, 1, 3) and e.aggregate_id is not null \
-                 and exists (select from reach) \
-                 order by e.aggregate_id, e.id limit 1) \
-                 union all \
-                 select n.aggregate_id, n.id, n.due from heads as h cross join lateral ( \
-                 select e.aggregate_id, e.id, ({due_e}) as due from {t} as e \
-                 where e.status in (0, 1, 3) and e.aggregate_id > h.aggregate_id \
-                 order by e.aggregate_id, e.id limit 1) as n), \
-                 candidates as ( \
-                 select t.id from {t} as t \
-                 where t.id in ( \
-                 (select h.id from heads as h where h.due order by h.id limit {limit}) \
-                 union all \
-                 (select e.id from {t} as e \
-                 where e.aggregate_id is null and e.status in (0, 1, 3) and ({due_e}) \
-                 and exists (select from reach) \
-                 order by e.aggregate_id, e.id limit {limit})) \
-                 and t.status in (0, 1, 3) and ({due}) \
-                 and not exists (select 1 from {t} as e \
-                 where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id) \
-                 order by t.id limit {limit} \
-                 for update skip locked), \
-                 due as (select c.id from candidates as c order by c.id limit $3) \
-                 {update}",
-                reach = reach_end(t, limit),
-                due = due_condition("t"),
-                due_e = due_condition("e"),
-                update = claim_update(t, "due", raw),
-            ),
-            Call::PastReach(limit) => format!("select exists ({})", reach_end(t, limit)),
+            Call::Claim(limit) => claim::every_open(t, limit, raw),
+            Call::ClaimNear(limit) => claim::near(t, limit, raw),
+            Call::ClaimHeads(limit) => claim::heads(t, limit, raw),
+            Call::PastReach(limit) => claim::past_reach(t, limit),
             Call::MarkDone => format!(
                 "update {t} set status = 2, processed_at = now(), last_error = null \
                  where id = any($1) and status = 1 and claim_token = $2"
@@ -412,7 +323,7 @@ impl PostgresOutboxStore {
     ///     order by t.id limit <batch_size>
     ///     for update skip locked)
     /// update <outbox> as t set status = 1, … from due where t.id = due.id returning …
-    ///     /// ```
+    /// ```
     ///
     /// * `FOR UPDATE SKIP LOCKED` passes over rows another claimer holds, so claimers never
     ///   wait for each other; PostgreSQL locks below the `LIMIT`, so a skipped row does
@@ -632,54 +543,6 @@ fn hand_back(t: &str, condition: &str) -> String {
     )
 }
 
-/// How many open messages, in id order, a claim near of `n` ([`Call::ClaimNear`]) reads at
-/// most (`n` × this); heads past them are found by [`Call::ClaimHeads`].
-const CLAIM_REACH: u32 = 16;
-
-/// How long a claim of `n` over every open message may take before the next claims stop
-/// at their reach: 100 ms, or 100 µs a message for a larger batch (a claim of 100 due
-/// heads near the front takes a few milliseconds; one that read 50 000 open messages
-/// behind blocked heads, half a second).
-fn slow_claim(n: u32) -> Duration {
-    Duration::from_micros(u64::from(n) * 100).max(Duration::from_millis(100))
-}
-
-/// The last open message within the reach of a claim of `n` (none when fewer are open):
-/// the first `n` × [`CLAIM_REACH`] entries of the open-messages index.
-fn reach_end(t: &str, n: u32) -> String {
-    format!(
-        "select r.id from {t} as r where r.status in (0, 1, 3) \
-         order by r.id offset {} limit 1",
-        u64::from(n) * u64::from(CLAIM_REACH) - 1
-    )
-}
-
-/// Whether the open message `a` is due: pending, failed and due for its retry, or claimed
-/// and expired (`$1`: the claim timeout in microseconds, for rows claimed before
-/// `claim_expires_at` existed).
-fn due_condition(a: &str) -> String {
-    format!(
-        "{a}.status = 0 \
-         or ({a}.status = 3 and {a}.next_retry_at <= now()) \
-         or ({a}.status = 1 and coalesce({a}.claim_expires_at, \
-         {a}.claimed_at + $1::bigint * interval '1 microsecond') < now())"
-    )
-}
-
-/// The update that claims the ids of `due` (a query of the statement) under token `$2`
-/// for `$1` microseconds, returning [`claimed_columns`].
-fn claim_update(t: &str, due: &str, raw: bool) -> String {
-    format!(
-        "update {t} as t set attempts = t.attempts + (t.status = 1)::int, status = 1, \
-         claimed_at = now(), \
-         claim_expires_at = now() + $1::bigint * interval '1 microsecond', \
-         claim_token = $2 \
-         from {due} where t.id = {due}.id \
-         returning {}",
-        claimed_columns(raw)
-    )
-}
-
 /// A column of a row, decoded; the error names the column.
 fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
     row: &'a Row,
@@ -690,7 +553,7 @@ fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
 }
 
 /// A text column of a claimed row, read as text or (from an `SQL_ASCII` database, see
-/// [`claimed_columns`]) as bytes; an error names the column.
+/// [`claimed_columns`](claim::claimed_columns)) as bytes; an error names the column.
 fn text(row: &Row, index: usize, name: &str) -> Result<Option<String>> {
     if row.columns()[index].type_() == &tokio_postgres::types::Type::BYTEA {
         utf8_column(&column(row, index, name)?, name)
