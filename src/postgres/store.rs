@@ -34,7 +34,7 @@ use crate::outbox_store::check_payload;
 
 /// Enqueues `message` into `table` through `client`: pass the
 /// [`Transaction`](tokio_postgres::Transaction) of your business change, so the message
-/// commits or rolls back with it (a plain [`Client`] commits the message on its own). A
+/// commits or rolls back with it (a plain [`Client`](tokio_postgres::Client) commits the message on its own). A
 /// `message_id` already in the outbox is not enqueued twice: the existing row comes back.
 /// Without a `message_id`, a random UUID is made.
 ///
