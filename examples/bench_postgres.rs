@@ -1,7 +1,9 @@
 //! The PostgreSQL benchmark of the claim outbox (feature `postgres`): relay throughput with
 //! 1 and 4 relays and a no-op publisher next to a bare claim-and-ack loop in SQL measured in
-//! the same run, and commit-to-publish latency with the NOTIFY wake and with polling at the
-//! relay's default interval. Nothing is asserted; it prints one table.
+//! the same run, claims behind a deep backlog on 10 aggregates (10 × the message count)
+//! next to the one claim statement over every open message, and commit-to-publish latency
+//! with the NOTIFY wake and with polling at the relay's default interval. Nothing is
+//! asserted; it prints one table.
 //!
 //! ```sh
 //! cargo run --release --features postgres --example bench_postgres            # private server

@@ -440,13 +440,12 @@ async fn messages_without_an_aggregate_never_wait() {
 #[ignore = "needs PostgreSQL: .ci/run installs it; or set CHANGEFEED_TEST_POSTGRES"]
 async fn a_claim_takes_the_heads_past_a_deep_backlog_of_one_aggregate() {
     let db = outbox("reach").await;
+    let ids_of = async |messages: &[NewMessage]| -> Vec<i64> {
+        let enqueued = db.enqueue_committed(messages).await;
+        enqueued.iter().map(|e| e.id).collect()
+    };
     let hot: Vec<NewMessage> = (0..1000).map(|n| message_of("hot", n)).collect();
-    let hot: Vec<i64> = db
-        .enqueue_committed(&hot)
-        .await
-        .iter()
-        .map(|e| e.id)
-        .collect();
+    let hot = ids_of(&hot).await;
     let later = [
         message_of("a", 1),
         message_of("b", 1),
@@ -459,12 +458,7 @@ async fn a_claim_takes_the_heads_past_a_deep_backlog_of_one_aggregate() {
         message_of("b", 2),
         message_of("a", 4),
     ];
-    let ids: Vec<i64> = db
-        .enqueue_committed(&later)
-        .await
-        .iter()
-        .map(|e| e.id)
-        .collect();
+    let ids = ids_of(&later).await;
     let [a1, b1, n1, c1, a2, n2, c2, a3, _b2, a4] = ids[..] else {
         unreachable!()
     };
