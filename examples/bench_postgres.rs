@@ -67,31 +67,29 @@ async fn relay_throughput(
 /// `mark_done` of the batch) with no relay around them: it splits the relay's distance from
 /// the bare loop into the store's round trips and decoding, and the relay's own work.
 async fn store_throughput(db: &BenchDb, messages: usize) -> f64 {
-    use changefeed::outbox::ClaimStore;
     db.reset().await;
     db.fill(messages).await;
     let mut store = PostgresOutboxStore::new(db.table.clone(), db.config.clone());
     let started = Instant::now();
     let mut done = 0usize;
     while done < messages {
-        let batch = store
-            .claim_batch(BATCH, Duration::from_secs(60))
+        done += claim_and_done(&mut store)
             .await
-            .unwrap_or_else(|e| fail("claim", e));
-        if batch.is_empty() {
-            continue;
-        }
-        let ids: Vec<i64> = batch.iter().map(changefeed::outbox::Claimed::id).collect();
-        let token = batch[0].claim_token();
-        done += usize::try_from(
-            store
-                .mark_done(&ids, token)
-                .await
-                .unwrap_or_else(|e| fail("mark_done", e)),
-        )
-        .unwrap_or(0);
+            .unwrap_or_else(|e| fail("claim and mark_done", e));
     }
     stats::throughput(messages as u64, started.elapsed()).unwrap_or(0.0)
+}
+
+/// One `claim_batch` of [`BATCH`] and the `mark_done` of what it took: how many were done.
+async fn claim_and_done(store: &mut PostgresOutboxStore) -> changefeed::Result<usize> {
+    use changefeed::outbox::{ClaimStore, Claimed};
+    let batch = store.claim_batch(BATCH, Duration::from_secs(60)).await?;
+    let Some(first) = batch.first() else {
+        return Ok(0);
+    };
+    let ids: Vec<i64> = batch.iter().map(Claimed::id).collect();
+    let done = store.mark_done(&ids, first.claim_token()).await?;
+    Ok(usize::try_from(done).unwrap_or(0))
 }
 
 /// Aggregates of the deep backlog: fewer than a batch, so no claim fills one.
@@ -100,12 +98,11 @@ const DEEP_AGGREGATES: usize = 10;
 /// Claims timed over the deep backlog, each way.
 const DEEP_CLAIMS: usize = 5;
 
-/// Claims of [`BATCH`] over a backlog of `backlog` messages on [`DEEP_AGGREGATES`]
+/// Claims of [`BATCH`] (each with its acknowledgement) over a backlog of `backlog` messages on [`DEEP_AGGREGATES`]
 /// aggregates, each acknowledged, [`DEEP_CLAIMS`] of them: milliseconds a claim (median) and
 /// messages claimed in all, through the store and through the claim over every open message
 /// (the store's statement before it stopped at a reach), each on a fresh backlog.
 async fn deep_backlog(db: &BenchDb, backlog: usize) -> Result<[(f64, usize); 2], String> {
-    use changefeed::outbox::ClaimStore;
     let median = |times: &[f64]| stats::percentile(times, 50.0).unwrap_or(f64::NAN);
     db.reset().await;
     db.fill_on_server(backlog, DEEP_AGGREGATES).await;
@@ -113,19 +110,10 @@ async fn deep_backlog(db: &BenchDb, backlog: usize) -> Result<[(f64, usize); 2],
     let (mut times, mut claimed) = (Vec::new(), 0);
     for _ in 0..DEEP_CLAIMS {
         let started = Instant::now();
-        let batch = store
-            .claim_batch(BATCH, Duration::from_secs(60))
+        claimed += claim_and_done(&mut store)
             .await
-            .map_err(|e| format!("claim: {e}"))?;
+            .map_err(|e| format!("claim and mark_done: {e}"))?;
         times.push(started.elapsed().as_secs_f64() * 1000.0);
-        claimed += batch.len();
-        if let Some(first) = batch.first() {
-            let ids: Vec<i64> = batch.iter().map(changefeed::outbox::Claimed::id).collect();
-            store
-                .mark_done(&ids, first.claim_token())
-                .await
-                .map_err(|e| format!("mark_done: {e}"))?;
-        }
     }
     let through_store = (median(&times), claimed);
     db.reset().await;

@@ -223,6 +223,45 @@ impl BenchDb {
     }
 }
 
+/// A connection with the bare loop's claim and acknowledgement prepared on it.
+struct ClientStatements {
+    client: Client,
+    claim: tokio_postgres::Statement,
+    ack: tokio_postgres::Statement,
+}
+
+/// A failure of the client's statements, as text naming `what`.
+fn why(what: &'static str) -> impl Fn(tokio_postgres::Error) -> String {
+    move |e| format!("{what}: {}", changefeed::Error::from(e))
+}
+
+impl ClientStatements {
+    async fn prepare(db: &BenchDb) -> Result<Self, String> {
+        let client = client(&db.config).await;
+        let claim = client.prepare(CLIENT_CLAIM).await.map_err(why("prepare"))?;
+        let ack = client.prepare(CLIENT_ACK).await.map_err(why("prepare"))?;
+        Ok(ClientStatements { client, claim, ack })
+    }
+
+    /// One claim, acknowledged when it took anything: how many it took.
+    async fn claim_and_ack(&self) -> Result<usize, String> {
+        let token = uuid::Uuid::new_v4();
+        let rows = self
+            .client
+            .query(&self.claim, &[&token])
+            .await
+            .map_err(why("claim"))?;
+        if !rows.is_empty() {
+            let ids: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
+            self.client
+                .execute(&self.ack, &[&ids, &token])
+                .await
+                .map_err(why("acknowledge"))?;
+        }
+        Ok(rows.len())
+    }
+}
+
 /// Messages per second through one loop, in the client, of the bare loop's two statements
 /// (prepared once; the claim returns only the ids): the bare loop with a round trip per
 /// statement added, and none of the store's decoding. Between it and the bare loop lie the
@@ -231,56 +270,29 @@ impl BenchDb {
 pub async fn client_loop_throughput(db: &BenchDb, messages: usize) -> Result<f64, String> {
     db.reset().await;
     db.fill(messages).await;
-    let client = client(&db.config).await;
-    let why = |what: &'static str| move |e| format!("{what}: {}", changefeed::Error::from(e));
-    let claim = client.prepare(CLIENT_CLAIM).await.map_err(why("prepare"))?;
-    let ack = client.prepare(CLIENT_ACK).await.map_err(why("prepare"))?;
+    let statements = ClientStatements::prepare(db).await?;
     let started = std::time::Instant::now();
     loop {
-        let token = uuid::Uuid::new_v4();
-        let rows = client
-            .query(&claim, &[&token])
-            .await
-            .map_err(why("claim"))?;
-        if rows.is_empty() {
-            if db.drained(&client).await {
+        if statements.claim_and_ack().await? == 0 {
+            if db.drained(&statements.client).await {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
-            continue;
         }
-        let ids: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
-        client
-            .execute(&ack, &[&ids, &token])
-            .await
-            .map_err(why("acknowledge"))?;
     }
     Ok(stats::throughput(messages as u64, started.elapsed()).unwrap_or(0.0))
 }
 
 /// Milliseconds each of `claims` claims of [`BATCH`](relay_bench::BATCH) took through
-/// [`CLIENT_CLAIM`] (the claim over every open message), each acknowledged, and the
+/// [`CLIENT_CLAIM`] (the claim over every open message) with its acknowledgement, and the
 /// messages they claimed in all.
 pub async fn client_claims(db: &BenchDb, claims: usize) -> Result<(Vec<f64>, usize), String> {
-    let client = client(&db.config).await;
-    let why = |what: &'static str| move |e| format!("{what}: {}", changefeed::Error::from(e));
-    let claim = client.prepare(CLIENT_CLAIM).await.map_err(why("prepare"))?;
-    let ack = client.prepare(CLIENT_ACK).await.map_err(why("prepare"))?;
+    let statements = ClientStatements::prepare(db).await?;
     let (mut times, mut claimed) = (Vec::with_capacity(claims), 0);
     for _ in 0..claims {
-        let token = uuid::Uuid::new_v4();
         let started = std::time::Instant::now();
-        let rows = client
-            .query(&claim, &[&token])
-            .await
-            .map_err(why("claim"))?;
+        claimed += statements.claim_and_ack().await?;
         times.push(started.elapsed().as_secs_f64() * 1000.0);
-        claimed += rows.len();
-        let ids: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
-        client
-            .execute(&ack, &[&ids, &token])
-            .await
-            .map_err(why("acknowledge"))?;
     }
     Ok((times, claimed))
 }

@@ -39,12 +39,12 @@ pub(super) fn every_open(t: &str, limit: u32, raw: bool) -> String {
         "with due as ( \
          select t.id from {t} as t \
          where t.status in (0, 1, 3) and ({due}) \
-         and not exists (select 1 from {t} as e \
-         where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id) \
+         and {head} \
          order by t.id limit {limit} \
          for update skip locked) \
          {update}",
         due = due_condition("t"),
+        head = head_probe(t),
         update = claim_update(t, "due", raw),
     )
 }
@@ -62,13 +62,13 @@ pub(super) fn near(t: &str, limit: u32, raw: bool) -> String {
          order by r.id limit {reach}) as near \
          join {t} as t on t.id = near.id \
          where t.status in (0, 1, 3) and ({due}) \
-         and not exists (select 1 from {t} as e \
-         where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id) \
+         and {head} \
          order by t.id limit {limit} \
          for update of t skip locked) \
          {update}",
         reach = u64::from(limit) * u64::from(CLAIM_REACH),
         due = due_condition("t"),
+        head = head_probe(t),
         update = claim_update(t, "due", raw),
     )
 }
@@ -104,8 +104,7 @@ pub(super) fn heads(t: &str, limit: u32, raw: bool) -> String {
          and exists (select from reach) \
          order by e.aggregate_id, e.id limit {limit})) \
          and t.status in (0, 1, 3) and ({due}) \
-         and not exists (select 1 from {t} as e \
-         where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id) \
+         and {head} \
          order by t.id limit {limit} \
          for update skip locked), \
          due as (select c.id from candidates as c order by c.id limit $3) \
@@ -113,6 +112,7 @@ pub(super) fn heads(t: &str, limit: u32, raw: bool) -> String {
         reach = reach_end(t, limit),
         due = due_condition("t"),
         due_e = due_condition("e"),
+        head = head_probe(t),
         update = claim_update(t, "due", raw),
     )
 }
@@ -141,6 +141,15 @@ fn reach_end(t: &str, n: u32) -> String {
         "select r.id from {t} as r where r.status in (0, 1, 3) \
          order by r.id offset {} limit 1",
         u64::from(n) * u64::from(CLAIM_REACH) - 1
+    )
+}
+
+/// Whether the candidate `t` is its aggregate's head in the statement's snapshot: no
+/// earlier open message of its aggregate (a message without an aggregate always is).
+fn head_probe(t: &str) -> String {
+    format!(
+        "not exists (select 1 from {t} as e \
+         where e.aggregate_id = t.aggregate_id and e.status in (0, 1, 3) and e.id < t.id)"
     )
 }
 
