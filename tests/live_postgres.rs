@@ -498,6 +498,35 @@ async fn a_claim_takes_the_heads_past_a_deep_backlog_of_one_aggregate() {
     // statement over every open message, which takes what the two steps would have.
     assert_eq!(claim(&mut store, 1).await.0, [hot[3]]);
     assert_eq!(claim(&mut store, 10).await.0, [a4]);
+    // A claim that fails sends the store back to the two steps: with every head held, the
+    // next claim takes nothing and ends by asking whether the reach is full, which only
+    // the two steps ask.
+    let admin = db.db.client().await;
+    let rename =
+        |from: &str, to: &str| format!("alter table public.outbox rename column {from} to {to}");
+    admin
+        .batch_execute(&rename("payload", "moved"))
+        .await
+        .unwrap();
+    assert!(store.claim_batch(10, timeout).await.is_err());
+    admin
+        .batch_execute(&rename("moved", "payload"))
+        .await
+        .unwrap();
+    assert_eq!(claim(&mut store, 10).await.0, Vec::<i64>::new());
+    let asked: i64 = admin
+        .query_one(
+            "select count(*) from pg_stat_activity where datname = current_database() \
+             and pid <> pg_backend_pid() and query like 'select exists (select r.id %'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        asked, 1,
+        "the claim after the failure did not take the two steps"
+    );
 }
 
 // ------------------------------------------------------------------------------------------
