@@ -18,6 +18,20 @@ pub(crate) const MAX_PURGE_WINDOW: Duration = Duration::from_secs(3_155_760_000)
 /// The largest purge batch (below SQL Server's lock escalation).
 pub(crate) const MAX_PURGE_BATCH: u32 = 4000;
 
+/// How many open messages, in id order, a claim of `n` that stops at its reach reads at
+/// most (`n` × this) before it looks for heads past them by the aggregate index (on
+/// PostgreSQL and MariaDB/MySQL: a claim over every open message reads every message behind
+/// heads it cannot take).
+pub(crate) const CLAIM_REACH: u32 = 16;
+
+/// How long a claim of `n` over every open message may take before the next claims stop
+/// at their reach: 100 ms, or 100 µs a message for a larger batch (a claim of 100 due
+/// heads near the front takes a few milliseconds; one that read 50 000 open messages
+/// behind blocked heads, half a second).
+pub(crate) fn slow_claim(n: u32) -> Duration {
+    Duration::from_micros(u64::from(n) * 100).max(Duration::from_millis(100))
+}
+
 /// A claim's batch size (1..=10000) and timeout (1 ms..=24 h).
 pub(crate) fn check_claim(batch_size: u32, claim_timeout: Duration) -> Result<()> {
     if !(1..=MAX_BATCH).contains(&batch_size) {

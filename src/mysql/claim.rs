@@ -9,7 +9,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row, Value};
 
 use super::table::OutboxTable;
-use crate::claim_limits::MAX_BATCH;
+use crate::claim_limits::{CLAIM_REACH, MAX_BATCH};
 use crate::error::{Error, Result, decode_error};
 use crate::outbox::{ClaimToken, Claimed, ClaimedMessage, UndecodableMessage};
 use crate::outbox_backend::{decode_body, utf8_column};
@@ -73,6 +73,35 @@ struct Candidate {
     aggregate_id: std::result::Result<Option<String>, String>,
 }
 
+/// Where the store's claims look for heads (step 1 of
+/// [`MysqlOutboxStore::claim_batch`](super::MysqlOutboxStore::claim_batch)).
+pub(super) struct Reach {
+    /// Whether the next claim stops its scan in id order at the first batch ×
+    /// [`CLAIM_REACH`] open messages and walks the index `open_heads` for the heads past
+    /// them, instead of scanning every open message (which reads every message behind a
+    /// head it cannot take).
+    pub(super) near: bool,
+    /// Whether the table has the index `open_heads` (the bundle's V5 and
+    /// `changefeed_setup_outbox`); looked up on each new connection. Without it every
+    /// claim scans every open message.
+    pub(super) heads_index: Option<bool>,
+    /// The aggregate the last walk stopped after, when it stopped before the end: the next
+    /// walk goes on from there, so that every aggregate is reached in turn.
+    walked_to: Option<Value>,
+}
+
+impl Default for Reach {
+    /// A new store's: its first claim stops at the reach (a relay that starts into a deep
+    /// backlog does not begin with a claim that reads all of it).
+    fn default() -> Self {
+        Reach {
+            near: true,
+            heads_index: None,
+            walked_to: None,
+        }
+    }
+}
+
 /// The claim's steps (see [`MysqlOutboxStore::claim_batch`]) on `conn`.
 pub(super) async fn claim_in(
     conn: &mut Conn,
@@ -80,10 +109,21 @@ pub(super) async fn claim_in(
     batch_size: u32,
     timeout_us: u128,
     packet_limit: usize,
+    reach: &mut Reach,
 ) -> Result<Vec<Claimed>> {
     let t = table.quoted();
     let wanted = batch_size as usize;
+    if reach.heads_index.is_none() {
+        reach.heads_index = Some(has_open_heads(conn, table).await?);
+    }
+    let near = reach.near && reach.heads_index == Some(true);
     conn.query_drop("start transaction").await?;
+    // The last open message within the reach (none when fewer are open): the scan stops
+    // there.
+    let bound = match near {
+        true => reach_end(conn, &t, batch_size).await?,
+        false => None,
+    };
     let mut kept: Vec<Candidate> = Vec::with_capacity(wanted);
     let mut after: Option<i64> = None;
     for round in 0..MAX_ROUNDS {
@@ -93,7 +133,14 @@ pub(super) async fn claim_in(
         let limit = (wanted - kept.len())
             .max(wanted.saturating_mul(1 << round))
             .min(MAX_BATCH as usize);
-        let candidates = candidates(conn, &t, after, limit, timeout_us).await?;
+        let mut range = String::from("t.is_open = 1");
+        if let Some(id) = after {
+            let _ = write!(range, " and t.id > {id}");
+        }
+        if let Some(id) = bound {
+            let _ = write!(range, " and t.id <= {id}");
+        }
+        let candidates = candidates(conn, &t, "open_messages", &range, limit, timeout_us).await?;
         let scanned = candidates.len();
         if let Some(last) = candidates.last() {
             after = Some(last.id);
@@ -103,6 +150,17 @@ pub(super) async fn claim_in(
             kept.truncate(wanted);
             break;
         }
+    }
+    match bound {
+        Some(bound) if kept.len() < wanted => {
+            let past = heads_past(conn, &t, bound, wanted - kept.len(), timeout_us, reach).await?;
+            kept.extend(keep_heads(conn, &t, past).await?);
+            kept.truncate(wanted);
+        }
+        // The first open messages held a whole batch of due heads, or fewer messages than
+        // the reach are open: a scan of every open message reads no further than this one.
+        _ if near => reach.near = false,
+        _ => {}
     }
     if kept.is_empty() {
         conn.query_drop("commit").await?;
@@ -126,11 +184,14 @@ pub(super) async fn claim_in(
         .collect())
 }
 
-/// Step 1: up to `limit` due heads after id `after`, locked, without payload and headers.
+/// Step 1: up to `limit` due heads among the rows of `range` (SQL over `t` holding only
+/// literals the claim made: ids), read through `index` in id order, locked, without
+/// payload and headers.
 async fn candidates(
     conn: &mut Conn,
     t: &str,
-    after: Option<i64>,
+    index: &str,
+    range: &str,
     limit: usize,
     timeout_us: u128,
 ) -> Result<Vec<Candidate>> {
@@ -138,14 +199,13 @@ async fn candidates(
         .query(format!(
             "select t.id, t.message_id, t.topic, t.aggregate_type, t.aggregate_id, \
              coalesce(t.partition_key, t.aggregate_id), t.trace_id \
-             from {t} as t force index (open_messages) \
-             where t.is_open = 1 {after} and {due} \
+             from {t} as t force index ({index}) \
+             where {range} and {due} \
              and not exists (select 1 from {t} as e force index (head_of_aggregate) \
              where e.aggregate_id = t.aggregate_id and e.is_open = 1 and e.id < t.id) \
              order by t.id limit {limit} \
              for update skip locked",
             due = due("t", timeout_us),
-            after = after.map_or(String::new(), |id| format!("and t.id > {id}"))
         ))
         .await?;
     rows.into_iter()
@@ -158,6 +218,119 @@ async fn candidates(
             })
         })
         .collect()
+}
+
+/// Whether `table` has the index `open_heads` (the bundle's V5).
+async fn has_open_heads(conn: &mut Conn, table: &OutboxTable) -> Result<bool> {
+    let found: Option<i64> = conn
+        .exec_first(
+            "select count(*) from information_schema.statistics where table_schema = \
+             database() and table_name = ? and index_name = 'open_heads'",
+            (table.name(),),
+        )
+        .await?;
+    Ok(found.unwrap_or(0) > 0)
+}
+
+/// The id of the last open message within the reach of a claim of `n` (none when fewer
+/// are open): the (`n` × [`CLAIM_REACH`])th entry of `open_messages`, a consistent read of
+/// the index alone.
+async fn reach_end(conn: &mut Conn, t: &str, n: u32) -> Result<Option<i64>> {
+    let reach = u64::from(n) * u64::from(CLAIM_REACH);
+    Ok(conn
+        .query_first(format!(
+            "select r.id from {t} as r force index (open_messages) where r.is_open = 1 \
+             order by r.is_open, r.id limit 1 offset {}",
+            reach - 1
+        ))
+        .await?)
+}
+
+/// Step 1 past the reach: up to `more` due heads with ids above `bound`, lowest ids first,
+/// locked as in [`candidates`]. Walks `open_heads (is_open, aggregate_id, id)` one index
+/// descent per aggregate with open messages (the first entry after the last aggregate is
+/// the next aggregate's head), at most `more` × [`CLAIM_REACH`] aggregates, going on where
+/// the last walk stopped; messages without an aggregate, each its own head, come from the
+/// same index.
+async fn heads_past(
+    conn: &mut Conn,
+    t: &str,
+    bound: i64,
+    more: usize,
+    timeout_us: u128,
+    reach: &mut Reach,
+) -> Result<Vec<Candidate>> {
+    let mut steps = more.saturating_mul(CLAIM_REACH as usize);
+    let mut heads: Vec<i64> = Vec::new();
+    let start = reach.walked_to.take();
+    // From where the last walk stopped to the last aggregate; then, if it began past the
+    // first, from the first aggregate round to where it began.
+    let mut passes = vec![(start.clone(), None)];
+    if start.is_some() {
+        passes.push((None, start));
+    }
+    'walk: for (from, upto) in passes {
+        let mut after = from;
+        while let Some((aggregate, id)) = next_head(conn, t, after.as_ref(), upto.as_ref()).await? {
+            if id > bound {
+                heads.push(id);
+            }
+            after = Some(aggregate);
+            steps -= 1;
+            if steps == 0 {
+                reach.walked_to = after;
+                break 'walk;
+            }
+        }
+    }
+    let mut past = Vec::new();
+    if !heads.is_empty() {
+        let range = format!("t.id in ({})", id_list(&heads));
+        past = candidates(conn, t, "primary", &range, more, timeout_us).await?;
+    }
+    let range = format!("t.is_open = 1 and t.aggregate_id is null and t.id > {bound}");
+    past.extend(candidates(conn, t, "open_heads", &range, more, timeout_us).await?);
+    past.sort_by_key(|c| c.id);
+    past.truncate(more);
+    Ok(past)
+}
+
+/// The head of the first aggregate with open messages after `after` (from the first
+/// aggregate when `None`) and not after `upto`: its aggregate id (as the server sent it,
+/// to be sent back) and its id. One descent of `open_heads`.
+async fn next_head(
+    conn: &mut Conn,
+    t: &str,
+    after: Option<&Value>,
+    upto: Option<&Value>,
+) -> Result<Option<(Value, i64)>> {
+    let mut params: Vec<Value> = Vec::with_capacity(2);
+    let mut range = String::from("e.is_open = 1");
+    match after {
+        Some(aggregate) => {
+            range.push_str(" and e.aggregate_id > ?");
+            params.push(aggregate.clone());
+        }
+        None => range.push_str(" and e.aggregate_id is not null"),
+    }
+    if let Some(aggregate) = upto {
+        range.push_str(" and e.aggregate_id <= ?");
+        params.push(aggregate.clone());
+    }
+    let row: Option<Row> = conn
+        .exec_first(
+            format!(
+                "select e.aggregate_id, e.id from {t} as e force index (open_heads) \
+                 where {range} order by e.is_open, e.aggregate_id, e.id limit 1"
+            ),
+            params,
+        )
+        .await?;
+    row.map(|mut row| {
+        let aggregate = row.take::<Value, usize>(0).unwrap_or(Value::NULL);
+        Ok((aggregate, column(&row, 1, "id")?))
+    })
+    .transpose()
 }
 
 /// Step 4: the guarded update of `kept` to this claim; a row whose update breaks a CHECK

@@ -8,17 +8,17 @@
 //! time is the server's UTC clock. How the claim keeps them under InnoDB's locking is
 //! explained on [`MysqlOutboxStore::claim_batch`].
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Value};
 
-use super::claim::{MAX_PACKET, claim_in, id_list, token_literal};
+use super::claim::{MAX_PACKET, Reach, claim_in, id_list, token_literal};
 use super::connection;
 use super::enqueue::before_v4;
 use super::table::OutboxTable;
 use crate::claim_limits::{
-    MAX_CLAIM_TIMEOUT, MAX_RETRY, check_claim, check_purge, failure_retry_us, micros,
+    MAX_CLAIM_TIMEOUT, MAX_RETRY, check_claim, check_purge, failure_retry_us, micros, slow_claim,
 };
 use crate::error::{Error, Result};
 use crate::outbox::{BACKLOG_COUNT_LIMIT, ClaimStore, ClaimToken, Claimed, Failed, OutboxBacklog};
@@ -48,6 +48,8 @@ pub struct MysqlOutboxStore {
     connect_timeout: Duration,
     /// The bound on each call: the last claim's timeout (see [`Self::claim_batch`]).
     call_timeout: Duration,
+    /// Where the next claim looks for heads (see [`Self::claim_batch`]).
+    reach: Reach,
 }
 
 impl MysqlOutboxStore {
@@ -59,6 +61,7 @@ impl MysqlOutboxStore {
             conn: None,
             connect_timeout: connection::DEFAULT_CONNECT_TIMEOUT,
             call_timeout: crate::relay::RelayConfig::DEFAULT_CLAIM_TIMEOUT,
+            reach: Reach::default(),
         }
     }
 
@@ -130,6 +133,22 @@ impl MysqlOutboxStore {
     ///    twice as far as the one before (up to 10 000 rows), until the batch is full or the
     ///    scan runs out: candidates dropped in step 2 do not use up the batch, so an open
     ///    transaction delays only its own aggregates.
+    ///
+    ///    That scan reads every open message behind heads it cannot take (in flight,
+    ///    waiting for a retry): with a deep backlog on a few aggregates each claim would
+    ///    take as long as the backlog is long, and past a few million messages longer than
+    ///    the claim's time bound, so that nothing would be delivered. So the store's first
+    ///    claim, and every claim after one that took over 100 ms (or 100 µs a message of
+    ///    the batch) or failed, stops its scan at the first batch × 16 open messages
+    ///    (the id at that offset of `open_messages`), and if the batch is not full there
+    ///    walks the index `open_heads (is_open, aggregate_id, id)`: one descent per
+    ///    aggregate with open messages finds its head, at most batch × 16 aggregates a
+    ///    claim, each walk going on where the last stopped; the due heads past the scan
+    ///    (and due messages without an aggregate) are taken as in steps 1 and 2, lowest
+    ///    ids first. The store goes back to the one scan once a scan fills its batch
+    ///    within that reach or fewer messages than the reach are open. A table without
+    ///    `open_heads` (an outbox made before the bundle's V5, until
+    ///    `changefeed_setup_outbox` runs again) is always scanned whole.
     /// 4. `UPDATE … SET status = 1, attempts = attempts + (status = 1), claimed_at,
     ///    claim_expires_at, claim_token = <fresh token> WHERE id IN (…) AND <due>`. The
     ///    `<due>` guard matters when the transaction did not survive step 2: with
@@ -157,22 +176,42 @@ impl MysqlOutboxStore {
         self.call_timeout = claim_timeout.max(connection::MIN_CALL_BOUND);
         let timeout_us = claim_timeout.as_micros();
         let packet_limit = self.opts.max_allowed_packet().unwrap_or(MAX_PACKET);
-        self.with_conn("claim", self.call_timeout, async |table, conn| {
-            let result = claim_in(conn, table, batch_size, timeout_us, packet_limit)
+        let mut reach = std::mem::take(&mut self.reach);
+        let started = Instant::now();
+        let result = self
+            .with_conn("claim", self.call_timeout, async |table, conn| {
+                let result = claim_in(
+                    conn,
+                    table,
+                    batch_size,
+                    timeout_us,
+                    packet_limit,
+                    &mut reach,
+                )
                 .await
                 .map_err(|error| before_v4(error, table));
-            if let Err(error) = &result
+                if let Err(error) = &result
                 // The transaction may still be open (an error after START TRANSACTION).
                 && let Err(rollback) = conn.query_drop("rollback").await
-            {
-                // Reported as a connection failure, so that with_conn drops the connection.
-                return Err(Error::Connection(format!(
-                    "{error}; then the rollback failed too ({rollback})"
-                )));
-            }
-            result
-        })
-        .await
+                {
+                    // Reported as a connection failure, so that with_conn drops the connection.
+                    return Err(Error::Connection(format!(
+                        "{error}; then the rollback failed too ({rollback})"
+                    )));
+                }
+                result
+            })
+            .await;
+        if !reach.near && (result.is_err() || started.elapsed() > slow_claim(batch_size)) {
+            // It read far, or did not finish: the next claims stop at the reach.
+            reach.near = true;
+        }
+        if self.conn.is_none() {
+            // A new connection looks for the index again (setup_outbox may have added it).
+            reach.heads_index = None;
+        }
+        self.reach = reach;
+        result
     }
 
     /// The outbox's backlog: pending, processing, failed and dead counts (each stopping at

@@ -3,7 +3,7 @@
 //! chooses between them): the one statement over every open message, the claim near the
 //! front of the open messages and the claim of the heads past it, and what they share.
 
-use std::time::Duration;
+use crate::claim_limits::CLAIM_REACH;
 
 /// The columns a claim returns, in the order the store's `claimed` reads them. With `raw`,
 /// every text column comes as its bytes (`convert_to` the database's own encoding,
@@ -120,18 +120,6 @@ pub(super) fn heads(t: &str, limit: u32, raw: bool) -> String {
 /// Whether the reach of a claim near of `limit` is full (as many messages open).
 pub(super) fn past_reach(t: &str, limit: u32) -> String {
     format!("select exists ({})", reach_end(t, limit))
-}
-
-/// How many open messages, in id order, a claim near of `n` ([`near`]) reads at
-/// most (`n` × this); heads past them are found by [`heads`].
-pub(super) const CLAIM_REACH: u32 = 16;
-
-/// How long a claim of `n` over every open message may take before the next claims stop
-/// at their reach: 100 ms, or 100 µs a message for a larger batch (a claim of 100 due
-/// heads near the front takes a few milliseconds; one that read 50 000 open messages
-/// behind blocked heads, half a second).
-pub(super) fn slow_claim(n: u32) -> Duration {
-    Duration::from_micros(u64::from(n) * 100).max(Duration::from_millis(100))
 }
 
 /// The last open message within the reach of a claim of `n` (none when fewer are open):

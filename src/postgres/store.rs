@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Config, GenericClient, Row};
 
-use super::claim::{self, slow_claim};
+use super::claim;
 use super::connection::{CALL_TIMEOUT, SERVER, connect};
 use super::prepared::{Answer, Session};
 use super::table::OutboxTable;
 use crate::claim_limits::{
-    MAX_CLAIM_TIMEOUT, MAX_RETRY, check_claim, check_purge, failure_retry_us, micros,
+    MAX_CLAIM_TIMEOUT, MAX_RETRY, check_claim, check_purge, failure_retry_us, micros, slow_claim,
 };
 use crate::error::{Error, Result, decode_error};
 use crate::outbox::{
@@ -165,7 +165,7 @@ enum Call {
     /// The claim of up to this many messages: every open message is a candidate.
     Claim(u32),
     /// The claim of up to this many messages among the first
-    /// [`CLAIM_REACH`](claim::CLAIM_REACH) × that many open ones.
+    /// [`CLAIM_REACH`](crate::claim_limits::CLAIM_REACH) × that many open ones.
     ClaimNear(u32),
     /// The claim of the heads of aggregates past that reach (up to `$3` of them; the batch
     /// size sets the reach), run when the claim near came back short.
