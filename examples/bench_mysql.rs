@@ -1,6 +1,8 @@
 //! The MariaDB/MySQL benchmark of the claim outbox (feature `mysql`): relay throughput with
 //! 1 and 4 relays and a no-op publisher next to a bare claim-and-ack loop in SQL measured in
-//! the same run, and commit-to-publish latency with the binlog wake and with polling.
+//! the same run, claims behind a deep backlog on 10 aggregates (10 × the message count)
+//! with and without the index `open_heads`, and commit-to-publish latency with the binlog
+//! wake and with polling.
 //! Nothing is asserted; it prints one table.
 //!
 //! ```sh
@@ -40,6 +42,7 @@ use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, MysqlOutboxStore, WakerS
 use mysql_bench::BenchDb;
 use relay_bench::{AGGREGATES, BATCH, Stage, fail};
 use stats::Summary;
+use store_bench::DEEP_AGGREGATES;
 
 /// The polling relay's interval in the latency comparison.
 const POLL: Duration = Duration::from_millis(100);
@@ -53,6 +56,28 @@ async fn relay_throughput(db: &BenchDb, messages: usize, relays: usize) -> Optio
     let store = || MysqlOutboxStore::new(db.table.clone(), db.opts.clone());
     let run = relay_bench::relay_throughput(messages, relays, store, None);
     relay_bench::bounded((Stage::Relay, &stage), async { Ok(run.await) }, async || {}).await
+}
+
+/// Claims behind a backlog of `backlog` messages on [`DEEP_AGGREGATES`] aggregates (see
+/// [`store_bench::deep_claims`]) through the store, and through a store on the same table
+/// without the index `open_heads` (an outbox of the bundle's V4, whose every claim scans
+/// every open message), each on a fresh backlog.
+async fn deep_backlog(db: &BenchDb, backlog: usize) -> Result<[(f64, usize); 2], String> {
+    let store = || MysqlOutboxStore::new(db.table.clone(), db.opts.clone());
+    db.reset().await;
+    db.fill_on_server(backlog, DEEP_AGGREGATES).await;
+    let through_store = store_bench::deep_claims(&mut store()).await?;
+    db.reset().await;
+    db.fill_on_server(backlog, DEEP_AGGREGATES).await;
+    let t = db.table.quoted();
+    db.run(&format!("alter table {t} drop index open_heads"))
+        .await;
+    let whole = store_bench::deep_claims(&mut store()).await;
+    db.run(&format!(
+        "alter table {t} add index open_heads (is_open, aggregate_id, id)"
+    ))
+    .await;
+    Ok([through_store, whole?])
 }
 
 /// Commit-to-publish latencies (ms) of single-message commits, woken by the binlog or by
@@ -95,6 +120,12 @@ async fn main() {
         .await;
         store_bench::print_relay_and_bare("MariaDB", relays, &rounds);
     }
+    let backlog = messages * 10;
+    let stage = format!("claims over {backlog} messages on {DEEP_AGGREGATES} aggregates");
+    let run = deep_backlog(&db, backlog);
+    let rates = relay_bench::bounded((Stage::Relay, &stage), run, async || {}).await;
+    let baseline = "every open message scanned (no open_heads)";
+    store_bench::print_deep_backlog("MariaDB", &stage, baseline, rates);
     for (name, binlog) in [("binlog wake", true), ("polling every 100 ms", false)] {
         let stage = format!("commit to publish, {name}");
         let summary = relay_bench::bounded(

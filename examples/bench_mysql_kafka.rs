@@ -25,6 +25,7 @@ mod figures;
 #[path = "support/kafka_bench.rs"]
 mod kafka_bench;
 #[path = "support/mysql_bench.rs"]
+#[allow(dead_code)]
 mod mysql_bench;
 #[path = "support/relay_bench.rs"]
 #[allow(dead_code)]

@@ -43,6 +43,7 @@ use changefeed::relay::RelayConfig;
 use postgres_bench::BenchDb;
 use relay_bench::{AGGREGATES, BATCH, Stage, fail};
 use stats::Summary;
+use store_bench::{DEEP_AGGREGATES, DEEP_CLAIMS};
 
 /// The polling relay's interval in the latency comparison: the relay's default.
 const POLL: Duration = RelayConfig::DEFAULT_POLL_INTERVAL;
@@ -73,53 +74,25 @@ async fn store_throughput(db: &BenchDb, messages: usize) -> f64 {
     let started = Instant::now();
     let mut done = 0usize;
     while done < messages {
-        done += claim_and_done(&mut store)
+        done += store_bench::claim_and_done(&mut store)
             .await
             .unwrap_or_else(|e| fail("claim and mark_done", e));
     }
     stats::throughput(messages as u64, started.elapsed()).unwrap_or(0.0)
 }
 
-/// One `claim_batch` of [`BATCH`] and the `mark_done` of what it took: how many were done.
-async fn claim_and_done(store: &mut PostgresOutboxStore) -> changefeed::Result<usize> {
-    use changefeed::outbox::{ClaimStore, Claimed};
-    let batch = store.claim_batch(BATCH, Duration::from_secs(60)).await?;
-    let Some(first) = batch.first() else {
-        return Ok(0);
-    };
-    let ids: Vec<i64> = batch.iter().map(Claimed::id).collect();
-    let done = store.mark_done(&ids, first.claim_token()).await?;
-    Ok(usize::try_from(done).unwrap_or(0))
-}
-
-/// Aggregates of the deep backlog: fewer than a batch, so no claim fills one.
-const DEEP_AGGREGATES: usize = 10;
-
-/// Claims timed over the deep backlog, each way.
-const DEEP_CLAIMS: usize = 5;
-
-/// Claims of [`BATCH`] (each with its acknowledgement) over a backlog of `backlog` messages on [`DEEP_AGGREGATES`]
-/// aggregates, each acknowledged, [`DEEP_CLAIMS`] of them: milliseconds a claim (median) and
-/// messages claimed in all, through the store and through the claim over every open message
-/// (the store's statement before it stopped at a reach), each on a fresh backlog.
+/// Claims behind a backlog of `backlog` messages on [`DEEP_AGGREGATES`] aggregates (see
+/// [`store_bench::deep_claims`]) through the store and through the claim over every open
+/// message (the store's statement before it stopped at a reach), each on a fresh backlog.
 async fn deep_backlog(db: &BenchDb, backlog: usize) -> Result<[(f64, usize); 2], String> {
-    let median = |times: &[f64]| stats::percentile(times, 50.0).unwrap_or(f64::NAN);
     db.reset().await;
     db.fill_on_server(backlog, DEEP_AGGREGATES).await;
     let mut store = PostgresOutboxStore::new(db.table.clone(), db.config.clone());
-    let (mut times, mut claimed) = (Vec::new(), 0);
-    for _ in 0..DEEP_CLAIMS {
-        let started = Instant::now();
-        claimed += claim_and_done(&mut store)
-            .await
-            .map_err(|e| format!("claim and mark_done: {e}"))?;
-        times.push(started.elapsed().as_secs_f64() * 1000.0);
-    }
-    let through_store = (median(&times), claimed);
+    let through_store = store_bench::deep_claims(&mut store).await?;
     db.reset().await;
     db.fill_on_server(backlog, DEEP_AGGREGATES).await;
     let (times, claimed) = postgres_bench::client_claims(db, DEEP_CLAIMS).await?;
-    Ok([through_store, (median(&times), claimed)])
+    Ok([through_store, (store_bench::median(&times), claimed)])
 }
 
 /// Commit-to-publish latencies of single-message commits, woken by NOTIFY (relay poll 60 s)
@@ -210,29 +183,8 @@ async fn main() {
     let stage = format!("claims over {backlog} messages on {DEEP_AGGREGATES} aggregates");
     let run = deep_backlog(&db, backlog);
     let rates = relay_bench::bounded((Stage::Relay, &stage), run, async || {}).await;
-    // Messages claimed a second of claiming: each claim takes the 10 heads either way.
-    let rate = |(ms, claimed): (f64, usize)| claimed as f64 / (ms * DEEP_CLAIMS as f64 / 1000.0);
-    let cell = |(ms, claimed): (f64, usize)| {
-        format!(
-            "{:.0} msg/s ({ms:.1} ms a claim of {})",
-            rate((ms, claimed)),
-            claimed / DEEP_CLAIMS
-        )
-    };
-    let (store, every, ratio) = match rates {
-        Some([store, every]) => (cell(store), cell(every), Some(rate(store) / rate(every))),
-        None => ("error".to_owned(), "error".to_owned(), None),
-    };
-    println!("| {stage}, the store's claim | {store} |");
-    println!("| {stage}, one statement over every open message | {every} |");
-    let ratio_cell = ratio.map_or_else(|| "–".to_owned(), |r| format!("{r:.0}"));
-    println!("| ratio store / one statement | {ratio_cell} |");
-    figures::record(
-        &format!("PostgreSQL outbox: {stage}"),
-        &store,
-        &format!("{every} (one statement over every open message)"),
-        ratio,
-    );
+    let baseline = "one statement over every open message";
+    store_bench::print_deep_backlog("PostgreSQL", &stage, baseline, rates);
     let polling = format!("polling every {} ms (default)", POLL.as_millis());
     for (name, notify) in [("NOTIFY wake", true), (polling.as_str(), false)] {
         let stage = format!("commit to publish, {name}");

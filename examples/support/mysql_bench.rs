@@ -96,6 +96,29 @@ impl BenchDb {
         }
     }
 
+    /// Inserts `messages` messages over `aggregates` aggregates in one statement on the
+    /// server (MariaDB's `seq` engine), for a backlog too deep to enqueue one by one.
+    pub async fn fill_on_server(&self, messages: usize, aggregates: usize) {
+        self.run(&format!(
+            "insert into {} (message_id, topic, aggregate_type, aggregate_id, payload, \
+             created_at) select uuid(), 'bench', 'bench', concat('a', seq % {aggregates}), \
+             json_object('n', seq), utc_timestamp(3) from seq_0_to_{}",
+            self.table.quoted(),
+            messages.saturating_sub(1)
+        ))
+        .await;
+    }
+
+    /// Runs `sql` on a connection of the pool; fails the benchmark on an error.
+    pub async fn run(&self, sql: &str) {
+        let mut conn = self
+            .pool
+            .get_conn()
+            .await
+            .unwrap_or_else(|e| fail("connect", e));
+        conn.query_drop(sql).await.unwrap_or_else(|e| fail(sql, e));
+    }
+
     /// Enqueues `message` alone in a transaction of its own on `conn` and commits it;
     /// returns the message's id.
     pub async fn commit_one(&self, conn: &mut mysql_async::Conn, message: &NewMessage) -> i64 {

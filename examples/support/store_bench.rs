@@ -1,11 +1,11 @@
 //! What the two store benchmarks (bench_mysql, bench_postgres) run alike around their own
 //! store, waker and commits: the commit-to-publish latency of a relay woken by the store's
-//! waker or polling, and the rows (and `bench_all`'s figures) comparing a relay fleet with
-//! the bare SQL loop.
+//! waker or polling, the rows (and `bench_all`'s figures) comparing a relay fleet with the
+//! bare SQL loop, and claims timed behind a deep backlog on a few aggregates.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use changefeed::outbox::{ClaimStore, NewMessage};
 use changefeed::relay::{Relay, RelayConfig, RelayHandle};
@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::figures;
-use crate::relay_bench::{self, Clock, LATENCY_SAMPLES, Rounds, fail};
+use crate::relay_bench::{self, BATCH, Clock, LATENCY_SAMPLES, Rounds, fail};
 use crate::stats::Summary;
 
 /// The relay's own poll when a waker wakes it: longer than a latency run.
@@ -125,4 +125,74 @@ pub fn print_latency(store: &str, stage: &str, summary: Option<Option<Summary>>)
         None => cell,
     };
     figures::record(&format!("{store} outbox: {stage}"), &value, "", None);
+}
+
+/// One claim of [`BATCH`] and the `mark_done` of what it took: how many were done.
+pub async fn claim_and_done<S: ClaimStore>(store: &mut S) -> changefeed::Result<usize> {
+    use changefeed::outbox::Claimed;
+    let batch = store.claim(BATCH, Duration::from_secs(60)).await?;
+    let Some(first) = batch.first() else {
+        return Ok(0);
+    };
+    let ids: Vec<i64> = batch.iter().map(Claimed::id).collect();
+    let done = store.mark_done(&ids, first.claim_token()).await?;
+    Ok(usize::try_from(done).unwrap_or(0))
+}
+
+/// Aggregates of the deep backlog: fewer than a batch, so no claim fills one.
+pub const DEEP_AGGREGATES: usize = 10;
+
+/// Claims timed over the deep backlog, each way.
+pub const DEEP_CLAIMS: usize = 5;
+
+/// [`DEEP_CLAIMS`] claims of [`BATCH`] through `store`, each with its acknowledgement:
+/// milliseconds a claim (median) and messages claimed in all.
+pub async fn deep_claims<S: ClaimStore>(store: &mut S) -> Result<(f64, usize), String> {
+    let (mut times, mut claimed) = (Vec::new(), 0);
+    for _ in 0..DEEP_CLAIMS {
+        let started = Instant::now();
+        claimed += claim_and_done(store)
+            .await
+            .map_err(|e| format!("claim and mark_done: {e}"))?;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok((median(&times), claimed))
+}
+
+/// The median of `times`.
+pub fn median(times: &[f64]) -> f64 {
+    crate::stats::percentile(times, 50.0).unwrap_or(f64::NAN)
+}
+
+/// The rows (and `bench_all`'s figure) of claims behind a deep backlog on `store`: `rates`
+/// holds the store's claims and the `baseline`'s, each as [`deep_claims`] gives them.
+pub fn print_deep_backlog(
+    store: &str,
+    stage: &str,
+    baseline: &str,
+    rates: Option<[(f64, usize); 2]>,
+) {
+    // Messages claimed a second of claiming: each claim takes the heads either way.
+    let rate = |(ms, claimed): (f64, usize)| claimed as f64 / (ms * DEEP_CLAIMS as f64 / 1000.0);
+    let cell = |(ms, claimed): (f64, usize)| {
+        format!(
+            "{:.0} msg/s ({ms:.1} ms a claim of {})",
+            rate((ms, claimed)),
+            claimed / DEEP_CLAIMS
+        )
+    };
+    let (ours, theirs, ratio) = match rates {
+        Some([ours, theirs]) => (cell(ours), cell(theirs), Some(rate(ours) / rate(theirs))),
+        None => ("error".to_owned(), "error".to_owned(), None),
+    };
+    println!("| {stage}, the store's claim | {ours} |");
+    println!("| {stage}, {baseline} | {theirs} |");
+    let ratio_cell = ratio.map_or_else(|| "–".to_owned(), |r| format!("{r:.0}"));
+    println!("| ratio store / {baseline} | {ratio_cell} |");
+    figures::record(
+        &format!("{store} outbox: {stage}"),
+        &ours,
+        &format!("{theirs} ({baseline})"),
+        ratio,
+    );
 }
