@@ -109,15 +109,15 @@ impl MysqlOutboxStore {
     /// Claims up to `batch_size` due messages (1..=10000) for `claim_timeout`
     /// (1 ms..=24 h), head of aggregate only, ordered by id, in one transaction:
     ///
-    /// 1. `SELECT … FORCE INDEX (open_messages) WHERE is_open = 1 AND <due> AND NOT EXISTS
-    ///    (<earlier open row of the aggregate>) AND id > <last candidate> ORDER BY id LIMIT n
-    ///    FOR UPDATE SKIP LOCKED`, without the payload and headers. The index `(is_open, id)`
-    ///    yields candidates in id order, so the LIMIT stops the scan early and only the rows
+    /// 1. `SELECT … FORCE INDEX (open_messages) WHERE is_open = 1 AND <due> AND <no earlier
+    ///    open row of the aggregate> AND id > <last candidate> ORDER BY id LIMIT n FOR UPDATE
+    ///    SKIP LOCKED`, without the payload and headers. The index `(is_open, id)` yields
+    ///    candidates in id order, so the LIMIT stops the scan early and only the rows
     ///    returned are locked (a filesort would lock every candidate). SKIP LOCKED passes
     ///    over rows another claimer or an uncommitted enqueue holds, so an open business
-    ///    transaction never stalls the claim. The `NOT EXISTS` probe is a subquery, which
-    ///    InnoDB reads as a consistent (non-locking) read of committed rows: it never waits
-    ///    either. Due: pending; failed and due again; or processing past its claim's own
+    ///    transaction never stalls the claim. The head probe (the aggregate's first open id,
+    ///    no lower than the candidate's) is a subquery, which InnoDB reads as a consistent
+    ///    (non-locking) read of committed rows: it never waits either. Due: pending; failed and due again; or processing past its claim's own
     ///    expiry (`claim_expires_at`, set by the claimer from its timeout; for a row claimed
     ///    before the bundle's V4, `claimed_at` plus this claim's timeout).
     /// 2. That probe cannot see an *uncommitted* earlier row of the same aggregate. Rows
