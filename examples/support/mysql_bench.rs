@@ -274,7 +274,8 @@ pub async fn until_drained(db: &BenchDb) {
 ///
 /// Written as the relay's claim is, so that it is a ceiling and not a different race:
 /// * the heads are read by a plain `select … for update skip locked` (a cursor), whose
-///   `not exists` reads the outbox without locks. An `insert … select` would take shared
+///   head probe (the aggregate's first open id, as the store's) reads the outbox without
+///   locks. An `insert … select` would take shared
 ///   locks on the rows its subquery reads (MariaDB does, even in READ COMMITTED), so loops
 ///   waited on each other's claims and deadlocked with each other's acknowledgements;
 /// * a deadlock or lock-wait victim rolls its claim back and claims again, and an
@@ -298,8 +299,9 @@ begin
         select t.id from bench_outbox as t force index (open_messages)
         where t.is_open = 1
             and (t.status = 0 or (t.status = 1 and t.claimed_at < utc_timestamp(3) - interval 5 second))
-            and not exists (select 1 from bench_outbox as e force index (head_of_aggregate)
-                where e.aggregate_id = t.aggregate_id and e.is_open = 1 and e.id < t.id)
+            and coalesce((select e.id from bench_outbox as e force index (head_of_aggregate)
+                where e.aggregate_id = t.aggregate_id and e.is_open = 1 order by e.id limit 1),
+                t.id) >= t.id
         order by t.id limit 100 for update skip locked;
     declare continue handler for not found set done = true;
     declare continue handler for 1205, 1213 set failed = true;

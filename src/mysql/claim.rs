@@ -134,7 +134,17 @@ pub(super) async fn claim_in(
     let t = table.quoted();
     let wanted = batch_size as usize;
     if reach.heads_index.is_none() {
-        reach.heads_index = Some(has_open_heads(conn, table).await?);
+        let found = has_open_heads(conn, table).await?;
+        if !found {
+            tracing::warn!(
+                outbox = table.name(),
+                "the outbox has no index open_heads (bundle V5), so a claim behind held heads \
+                 reads every open message behind them; run CALL changefeed_setup_outbox('{}') \
+                 (or changefeed setup-outbox) to add it",
+                table.name()
+            );
+        }
+        reach.heads_index = Some(found);
     }
     let near = reach.near && reach.heads_index == Some(true);
     conn.query_drop("start transaction").await?;
