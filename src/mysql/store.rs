@@ -117,9 +117,10 @@ impl MysqlOutboxStore {
     ///    over rows another claimer or an uncommitted enqueue holds, so an open business
     ///    transaction never stalls the claim. The head probe (the aggregate's first open id,
     ///    no lower than the candidate's) is a subquery, which InnoDB reads as a consistent
-    ///    (non-locking) read of committed rows: it never waits either. Due: pending; failed and due again; or processing past its claim's own
-    ///    expiry (`claim_expires_at`, set by the claimer from its timeout; for a row claimed
-    ///    before the bundle's V4, `claimed_at` plus this claim's timeout).
+    ///    (non-locking) read of committed rows: it never waits either. Due: pending; failed
+    ///    and due again; or processing past its claim's own expiry (`claim_expires_at`, set
+    ///    by the claimer from its timeout; for a row claimed before the bundle's V4,
+    ///    `claimed_at` plus this claim's timeout).
     /// 2. That probe cannot see an *uncommitted* earlier row of the same aggregate. Rows
     ///    [`enqueue`](super::enqueue) writes cannot be in that state (it takes the
     ///    aggregate's lock before the row gets its id, so a later row of the aggregate
@@ -142,8 +143,8 @@ impl MysqlOutboxStore {
     ///    the batch) or failed, stops its scan at the first batch × 16 open messages
     ///    (the id at that offset of `open_messages`), and if the batch is not full there
     ///    walks the index `open_heads (is_open, aggregate_id, id)`: one descent per
-    ///    aggregate with open messages finds its head, at most batch × 16 aggregates a
-    ///    claim, each walk going on where the last stopped; the due heads past the scan
+    ///    aggregate with open messages finds its head, at most batch × 16 aggregates (and
+    ///    2048) a claim, each walk going on where the last stopped; the due heads past the scan
     ///    (and due messages without an aggregate) are taken as in steps 1 and 2, lowest
     ///    ids first. The store goes back to the one scan once a scan fills its batch
     ///    within that reach or fewer messages than the reach are open. A table without
