@@ -254,6 +254,7 @@ macro_rules! contract_tests {
             $run,
             enqueue_is_transactional_and_idempotent,
             head_of_aggregate_with_refill,
+            heads_past_a_deep_backlog,
             six_claimers_share_thirty_aggregates,
             fifty_claimers_on_one_aggregate,
             reaper_and_fenced_acknowledgements,
@@ -280,6 +281,62 @@ pub(crate) use contract_tests;
 // ------------------------------------------------------------------------------------------
 // The scenarios
 // ------------------------------------------------------------------------------------------
+
+/// 1000 messages of one aggregate in front, then others: every claim takes the due heads
+/// in id order past the backlog of the aggregate whose head is held, never a message behind
+/// a head or a head that is not due, and the batch size holds. (PostgreSQL's and MariaDB's
+/// stores claim past the first 16 batches of open messages by another statement than the
+/// one before them; their own tests show which way each claim went.)
+pub async fn heads_past_a_deep_backlog<D: ContractDb>(db: &D) {
+    let mut store = db.store();
+    let ids_of = async |messages: &[NewMessage]| -> Vec<i64> {
+        let enqueued = db.enqueue_committed(messages).await;
+        enqueued.iter().map(|e| e.id).collect()
+    };
+    let hot: Vec<NewMessage> = (0..1000).map(|n| message_of("hot", n)).collect();
+    let hot = ids_of(&hot).await;
+    let later = [
+        message_of("a", 1),
+        message_of("b", 1),
+        loose_message(1),
+        message_of("c", 1),
+        message_of("a", 2),
+        loose_message(2),
+        message_of("c", 2),
+        message_of("a", 3),
+        message_of("b", 2),
+        message_of("a", 4),
+    ];
+    let [a1, b1, n1, c1, a2, n2, c2, a3, _b2, a4] = ids_of(&later).await[..] else {
+        unreachable!()
+    };
+    let first = claim(&mut store, 10, HELD).await;
+    assert_eq!(ids(&first), [hot[0], a1, b1, n1, c1, n2]);
+    // b's head fails and waits an hour for its retry: b is blocked.
+    let token = token_of(&first);
+    assert_eq!(store.requeue(b1, token, HELD).await.unwrap(), 1);
+    // Every head is claimed or blocked now, and nothing behind them is taken.
+    assert_eq!(claim(&mut store, 10, HELD).await.len(), 0);
+    let taken = [hot[0], a1, n1, c1, n2];
+    assert_eq!(store.mark_done(&taken, token).await.unwrap(), 5);
+    let mut done = async |n: u32| -> Vec<i64> {
+        let batch = claim(&mut store, n, HELD).await;
+        let done = store.mark_done(&ids(&batch), token_of(&batch)).await;
+        assert_eq!(done.unwrap(), batch.len() as u64);
+        ids(&batch)
+    };
+    // The batch size holds: the lowest ids first.
+    assert_eq!(done(2).await, [hot[1], a2]);
+    assert_eq!(done(10).await, [hot[2], c2, a3]);
+    assert_eq!(ids(&claim(&mut store, 1, HELD).await), [hot[3]]);
+    assert_eq!(ids(&claim(&mut store, 10, HELD).await), [a4]);
+    assert_eq!(db.count("status = 1").await, 2, "hot[3] and a4 held");
+    assert_eq!(
+        db.state(b1).await,
+        (FAILED, 0),
+        "b still waits for its retry"
+    );
+}
 
 /// A rolled-back enqueue leaves nothing (no row, nothing to claim, its message_id still
 /// free); a committed one is claimable; a message_id already there returns the existing row
