@@ -826,6 +826,47 @@ async fn a_claim_behind_a_deep_backlog_walks_the_heads_only_after_a_slow_or_fail
     );
 }
 
+/// A claim that reads far (here 200 000 messages behind a held head: about 0.4 s, where the
+/// switch is at 100 ms) sends the store to the reach: the next claim walks the heads past it
+/// (the aggregates' names sort against their ids, so the walk takes another head than the
+/// scan would).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MariaDB: .ci/run installs it; or set CHANGEFEED_TEST_MYSQL"]
+async fn a_slow_claim_sends_the_store_to_the_reach() {
+    let db = database("slow_reach").await;
+    let mut store = db.outbox("outbox_slow").await;
+    let head = db
+        .enqueue_committed("outbox_slow", &[message_of("hot", 0)])
+        .await;
+    db.sql(
+        "insert into outbox_slow (message_id, topic, aggregate_type, aggregate_id, payload, \
+         created_at) select concat('hot-', seq), 'orders', 'order', 'hot', '{}', \
+         utc_timestamp(3) from seq_1_to_200000",
+    )
+    .await;
+    // Filled near the front: the store scans every open message from now on.
+    assert_eq!(ids(&claim(&mut store, 1, HELD).await), [head[0].id]);
+    let names: Vec<String> = (0..20).rev().map(|n| format!("z{n:02}")).collect();
+    let zs: Vec<NewMessage> = names.iter().map(|name| message_of(name, 1)).collect();
+    let z: Vec<i64> = db
+        .enqueue_committed("outbox_slow", &zs)
+        .await
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let z_of = |n: usize| z[19 - n];
+    // The scan reads every message of hot behind its held head: slow.
+    let started = Instant::now();
+    assert_eq!(ids(&claim(&mut store, 1, HELD).await), [z_of(19)]);
+    assert!(
+        started.elapsed() > Duration::from_millis(100),
+        "the scan was not slow ({:?}): the test proves nothing",
+        started.elapsed()
+    );
+    // So the next claim walks 16 aggregates (hot, z00 … z14) and takes z14's head.
+    assert_eq!(ids(&claim(&mut store, 1, HELD).await), [z_of(14)]);
+}
+
 /// A payload that is not JSON, inserted with MariaDB's checks off, fails every UPDATE of its
 /// row with error 4025. Before the fix every claim failed and nothing flowed; now the row is
 /// marked dead with the error and the 21 others are published.
