@@ -24,12 +24,13 @@ pub(crate) const MAX_PURGE_BATCH: u32 = 4000;
 /// heads it cannot take).
 pub(crate) const CLAIM_REACH: u32 = 16;
 
-/// How long a claim of `n` over every open message may take before the next claims stop
-/// at their reach: 100 ms, or 100 µs a message for a larger batch (a claim of 100 due
-/// heads near the front takes a few milliseconds; one that read 50 000 open messages
-/// behind blocked heads, half a second).
-pub(crate) fn slow_claim(n: u32) -> Duration {
-    Duration::from_micros(u64::from(n) * 100).max(Duration::from_millis(100))
+/// Whether the next claims should stop at their reach after a claim of `n` over every open
+/// message that `failed` or took `took`: it failed (perhaps past its time bound), or took
+/// over 100 ms, or 100 µs a message for a larger batch (a claim of 100 due heads near the
+/// front takes a few milliseconds; one that read 50 000 open messages behind blocked heads,
+/// half a second).
+pub(crate) fn read_far(failed: bool, took: Duration, n: u32) -> bool {
+    failed || took > Duration::from_micros(u64::from(n) * 100).max(Duration::from_millis(100))
 }
 
 /// A claim's batch size (1..=10000) and timeout (1 ms..=24 h).

@@ -767,6 +767,18 @@ async fn the_claim_fills_its_batch_past_an_open_transaction() {
     }
 }
 
+/// Enqueues one message of each aggregate z19, z18 … z00, in that order, so that their
+/// names sort against their ids: a scan in id order and a walk in aggregate order take
+/// different heads. Returns the ids by the aggregates' numbers, `[z00, z01, …, z19]`.
+async fn aggregates_named_against_ids(db: &TestDb, outbox: &str) -> Vec<i64> {
+    let messages: Vec<NewMessage> = (0..20)
+        .rev()
+        .map(|n| message_of(&format!("z{n:02}"), 1))
+        .collect();
+    let enqueued = db.enqueue_committed(outbox, &messages).await;
+    enqueued.iter().rev().map(|e| e.id).collect()
+}
+
 /// Which way each claim goes behind a deep backlog (the results are the contract's,
 /// `heads_past_a_deep_backlog`): the first claim stops at the first batch × 16 open
 /// messages, and one that fills its batch there sends the store to the scan of every open
@@ -789,11 +801,7 @@ async fn a_claim_behind_a_deep_backlog_walks_the_heads_only_after_a_slow_or_fail
     // Its head fills the first claim's batch near the front: the store scans every open
     // message from now on, and hot is blocked behind its held head.
     assert_eq!(ids(&claim(&mut store, 1, HELD).await), [hot[0]]);
-    // z19 first, z00 last.
-    let names: Vec<String> = (0..20).rev().map(|n| format!("z{n:02}")).collect();
-    let zs: Vec<NewMessage> = names.iter().map(|name| message_of(name, 1)).collect();
-    let z = ids_of(&zs).await;
-    let z_of = |n: usize| z[19 - n];
+    let z = aggregates_named_against_ids(&db, "outbox_reach").await;
     let taken = async |store: &mut MysqlOutboxStore, n: u32| -> Vec<i64> {
         let batch = claim(store, n, HELD).await;
         let done = store.mark_done(&ids(&batch), token_of(&batch)).await;
@@ -801,7 +809,7 @@ async fn a_claim_behind_a_deep_backlog_walks_the_heads_only_after_a_slow_or_fail
         ids(&batch)
     };
     // The scan of every open message takes the lowest due head.
-    assert_eq!(taken(&mut store, 1).await, [z_of(19)]);
+    assert_eq!(taken(&mut store, 1).await, [z[19]]);
     // A claim that fails sends the store back to the reach: the next claim of 1 walks 16
     // aggregates (hot, z00 … z14) and takes the lowest due head among them, z14's.
     db.sql("alter table outbox_reach rename column trace_id to moved")
@@ -809,16 +817,16 @@ async fn a_claim_behind_a_deep_backlog_walks_the_heads_only_after_a_slow_or_fail
     assert!(store.claim(1, HELD).await.is_err());
     db.sql("alter table outbox_reach rename column moved to trace_id")
         .await;
-    assert_eq!(taken(&mut store, 1).await, [z_of(14)]);
+    assert_eq!(taken(&mut store, 1).await, [z[14]]);
     // The next walk goes on where that one stopped: z15 … z18, then round from hot.
-    assert_eq!(taken(&mut store, 1).await, [z_of(18)]);
+    assert_eq!(taken(&mut store, 1).await, [z[18]]);
 
     // Without open_heads (an outbox of the bundle's V4) even a new store's first claim
     // scans every open message: it takes the lowest due head, z17's.
     db.sql("alter table outbox_reach drop index open_heads")
         .await;
     let mut old = db.store("outbox_reach");
-    assert_eq!(taken(&mut old, 1).await, [z_of(17)]);
+    assert_eq!(taken(&mut old, 1).await, [z[17]]);
     assert_eq!(
         db.count("outbox_reach", "status = 1").await,
         1,
@@ -846,25 +854,17 @@ async fn a_slow_claim_sends_the_store_to_the_reach() {
     .await;
     // Filled near the front: the store scans every open message from now on.
     assert_eq!(ids(&claim(&mut store, 1, HELD).await), [head[0].id]);
-    let names: Vec<String> = (0..20).rev().map(|n| format!("z{n:02}")).collect();
-    let zs: Vec<NewMessage> = names.iter().map(|name| message_of(name, 1)).collect();
-    let z: Vec<i64> = db
-        .enqueue_committed("outbox_slow", &zs)
-        .await
-        .iter()
-        .map(|e| e.id)
-        .collect();
-    let z_of = |n: usize| z[19 - n];
+    let z = aggregates_named_against_ids(&db, "outbox_slow").await;
     // The scan reads every message of hot behind its held head: slow.
     let started = Instant::now();
-    assert_eq!(ids(&claim(&mut store, 1, HELD).await), [z_of(19)]);
+    assert_eq!(ids(&claim(&mut store, 1, HELD).await), [z[19]]);
     assert!(
         started.elapsed() > Duration::from_millis(100),
         "the scan was not slow ({:?}): the test proves nothing",
         started.elapsed()
     );
     // So the next claim walks 16 aggregates (hot, z00 … z14) and takes z14's head.
-    assert_eq!(ids(&claim(&mut store, 1, HELD).await), [z_of(14)]);
+    assert_eq!(ids(&claim(&mut store, 1, HELD).await), [z[14]]);
 }
 
 /// A payload that is not JSON, inserted with MariaDB's checks off, fails every UPDATE of its

@@ -18,7 +18,7 @@ use super::connection;
 use super::enqueue::before_v4;
 use super::table::OutboxTable;
 use crate::claim_limits::{
-    MAX_CLAIM_TIMEOUT, MAX_RETRY, check_claim, check_purge, failure_retry_us, micros, slow_claim,
+    MAX_CLAIM_TIMEOUT, MAX_RETRY, check_claim, check_purge, failure_retry_us, micros, read_far,
 };
 use crate::error::{Error, Result};
 use crate::outbox::{BACKLOG_COUNT_LIMIT, ClaimStore, ClaimToken, Claimed, Failed, OutboxBacklog};
@@ -203,7 +203,7 @@ impl MysqlOutboxStore {
                 result
             })
             .await;
-        if !reach.near && (result.is_err() || started.elapsed() > slow_claim(batch_size)) {
+        if !reach.near && read_far(result.is_err(), started.elapsed(), batch_size) {
             // It read far, or did not finish: the next claims stop at the reach.
             reach.near = true;
         }

@@ -20,7 +20,7 @@ use super::connection::{CALL_TIMEOUT, SERVER, connect};
 use super::prepared::{Answer, Session};
 use super::table::OutboxTable;
 use crate::claim_limits::{
-    MAX_CLAIM_TIMEOUT, MAX_RETRY, check_claim, check_purge, failure_retry_us, micros, slow_claim,
+    MAX_CLAIM_TIMEOUT, MAX_RETRY, check_claim, check_purge, failure_retry_us, micros, read_far,
 };
 use crate::error::{Error, Result, decode_error};
 use crate::outbox::{
@@ -381,7 +381,7 @@ impl PostgresOutboxStore {
             Call::Claim(batch_size)
         };
         let answer = self.run("the claim", first, &params).await;
-        if !near && (answer.is_err() || started.elapsed() > slow_claim(batch_size)) {
+        if !near && read_far(answer.is_err(), started.elapsed(), batch_size) {
             // It read far, or did not finish: the next claims stop at the reach.
             self.shared.near.store(true, Ordering::Relaxed);
         }
