@@ -15,15 +15,16 @@ mod common_process;
 mod common_relay;
 mod common_server;
 
-use std::collections::{BTreeMap, BTreeSet};
+use common_relay::{Errors, Recording};
+
+use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use changefeed::Error;
 use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, WakerState};
-use changefeed::outbox::{ClaimedMessage, NewMessage};
-use changefeed::relay::{Hooks, PublishOutcome, Publisher, Relay, RelayConfig};
+use changefeed::outbox::NewMessage;
+use changefeed::relay::{Relay, RelayConfig};
 use common_mysql::TestDb;
 use common_mysql::owned::{OwnedServer, send_signal};
 use common_process::{signal, stderr_lines, wait_for_exit};
@@ -58,58 +59,6 @@ fn messages(count: usize, size: usize, aggregates: usize) -> Vec<NewMessage> {
                 .aggregate("order", (n % aggregates).to_string())
         })
         .collect()
-}
-
-/// A publisher that records each batch; the first one (when `freeze` is set) freezes the
-/// server right after it is published, so its acknowledgement meets a frozen server.
-#[derive(Default)]
-struct Recording {
-    batches: Mutex<Vec<Vec<i64>>>,
-    freeze: Mutex<Option<libc::pid_t>>,
-}
-
-impl Publisher for Recording {
-    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
-        self.batches
-            .lock()
-            .unwrap()
-            .push(batch.iter().map(|m| m.id).collect());
-        if let Some(pid) = self.freeze.lock().unwrap().take() {
-            send_signal(pid, libc::SIGSTOP);
-        }
-        vec![Ok(()); batch.len()]
-    }
-}
-
-impl Recording {
-    fn batches(&self) -> Vec<Vec<i64>> {
-        self.batches.lock().unwrap().clone()
-    }
-
-    /// How often each id was published.
-    fn counts(&self) -> BTreeMap<i64, usize> {
-        let mut counts = BTreeMap::new();
-        for id in self.batches().concat() {
-            *counts.entry(id).or_default() += 1;
-        }
-        counts
-    }
-}
-
-/// The relay's loop errors, counted.
-#[derive(Default)]
-struct Errors(Mutex<Vec<String>>);
-
-impl Hooks for Errors {
-    fn on_loop_error(&self, error: &Error) {
-        self.0.lock().unwrap().push(error.to_string());
-    }
-}
-
-impl Errors {
-    fn count(&self) -> usize {
-        self.0.lock().unwrap().len()
-    }
 }
 
 /// A running library relay (and binlog waker, when asked for) over `outbox`.
@@ -253,7 +202,10 @@ async fn frozen_after_the_first_batch(
     db.outbox(outbox).await;
     db.enqueue_committed(outbox, &messages(count, 10, 5)).await;
     let running = start(&db, outbox, Duration::from_millis(100), None, max_in_flight);
-    *running.publisher.freeze.lock().unwrap() = Some(server.pid());
+    let pid = server.pid();
+    running
+        .publisher
+        .after_the_first_batch(move || send_signal(pid, libc::SIGSTOP));
     wait_until("the first batch", secs(30), async || {
         !running.publisher.batches().is_empty()
     })

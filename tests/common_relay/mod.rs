@@ -1,8 +1,16 @@
 //! What the relay tests share: a relay test at one batch in flight and at several (the
-//! relay's fault behaviour must not depend on `max_in_flight`), and the check that a relay
-//! was stopped by a publisher's fatal error.
+//! relay's fault behaviour must not depend on `max_in_flight`), the check that a relay
+//! was stopped by a publisher's fatal error, and the fault suites' publisher that records
+//! what it published and the hooks that count the relay's errors.
 
 #![allow(dead_code)] // each test file uses part of it
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use changefeed::Error;
+use changefeed::outbox::ClaimedMessage;
+use changefeed::relay::{Hooks, PublishOutcome, Publisher};
 
 /// For an `async fn name(max_in_flight: u32)` of the same file, two tests that call it:
 /// `name::one_batch_in_flight` (1) and `name::four_batches_in_flight` (4), each on a
@@ -33,5 +41,69 @@ pub fn fatal_publisher_text(run: changefeed::Result<()>) -> String {
     match run.expect_err("a fatal error stops the relay") {
         changefeed::Error::Publisher(text) => text,
         other => panic!("expected a publisher error, got {other:?}"),
+    }
+}
+
+/// What a publisher runs once, right after its first batch is published: a fault test's
+/// freeze of the server, so that the batch's acknowledgement meets it.
+type AfterFirstBatch = Box<dyn FnOnce() + Send>;
+
+/// A publisher that records each batch (every message succeeds) and runs what
+/// [`after_the_first_batch`](Self::after_the_first_batch) gave it after the first.
+#[derive(Default)]
+pub struct Recording {
+    batches: Mutex<Vec<Vec<i64>>>,
+    after_first: Mutex<Option<AfterFirstBatch>>,
+}
+
+impl Publisher for Recording {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> Vec<PublishOutcome> {
+        self.batches
+            .lock()
+            .unwrap()
+            .push(batch.iter().map(|m| m.id).collect());
+        let after_first = self.after_first.lock().unwrap().take();
+        if let Some(fault) = after_first {
+            fault();
+        }
+        vec![Ok(()); batch.len()]
+    }
+}
+
+impl Recording {
+    /// Runs `fault` right after the next batch is published.
+    pub fn after_the_first_batch(&self, fault: impl FnOnce() + Send + 'static) {
+        *self.after_first.lock().unwrap() = Some(Box::new(fault));
+    }
+
+    /// The ids of each batch published, in order.
+    pub fn batches(&self) -> Vec<Vec<i64>> {
+        self.batches.lock().unwrap().clone()
+    }
+
+    /// How often each id was published.
+    pub fn counts(&self) -> BTreeMap<i64, usize> {
+        let mut counts = BTreeMap::new();
+        for id in self.batches().concat() {
+            *counts.entry(id).or_default() += 1;
+        }
+        counts
+    }
+}
+
+/// The relay's loop errors, counted.
+#[derive(Default)]
+pub struct Errors(Mutex<Vec<String>>);
+
+impl Hooks for Errors {
+    fn on_loop_error(&self, error: &Error) {
+        self.0.lock().unwrap().push(error.to_string());
+    }
+}
+
+impl Errors {
+    /// How many errors the relay's loop met so far.
+    pub fn count(&self) -> usize {
+        self.0.lock().unwrap().len()
     }
 }
