@@ -33,6 +33,19 @@ pub(crate) fn read_far(failed: bool, took: Duration, n: u32) -> bool {
     failed || took > Duration::from_micros(u64::from(n) * 100).max(Duration::from_millis(100))
 }
 
+/// The least time a store call gets, whatever the claim timeout: a claim timeout shorter
+/// than a round trip must not make every call time out (and drop its connection) forever.
+pub(crate) const MIN_CALL_BOUND: Duration = Duration::from_secs(1);
+
+/// How long a store's call may take once its relay claims for `claim_timeout`: the claim
+/// timeout (at least [`MIN_CALL_BOUND`], at most `most`, the store's own bound). An
+/// acknowledgement that has not answered when the claim expires is worth nothing more than
+/// a retry on a fresh connection, and a call to a server gone silent must neither hold the
+/// relay, nor its shutdown, past the claim it serves.
+pub(crate) fn call_bound(claim_timeout: Duration, most: Duration) -> Duration {
+    claim_timeout.max(MIN_CALL_BOUND).min(most)
+}
+
 /// A claim's batch size (1..=10000) and timeout (1 ms..=24 h).
 pub(crate) fn check_claim(batch_size: u32, claim_timeout: Duration) -> Result<()> {
     if !(1..=MAX_BATCH).contains(&batch_size) {
@@ -99,6 +112,14 @@ pub(crate) fn failure_retry_us(retry_after: Option<Duration>, dead: bool) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_is_bounded_by_the_claim_timeout_within_the_least_and_the_stores_most() {
+        let most = Duration::from_secs(35);
+        assert_eq!(call_bound(Duration::from_millis(5), most), MIN_CALL_BOUND);
+        assert_eq!(call_bound(Duration::from_secs(3), most), Duration::from_secs(3));
+        assert_eq!(call_bound(Duration::from_secs(600), most), most);
+    }
 
     #[test]
     fn arguments_are_checked_with_the_sql_server_ranges() {

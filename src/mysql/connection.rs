@@ -72,10 +72,6 @@ pub async fn connect_within(opts: &Opts, limit: Duration) -> Result<Conn> {
     .await
 }
 
-/// The least time a store call gets, whatever the claim timeout: a claim timeout shorter than
-/// a round trip must not make every call time out (and drop its connection) forever.
-pub(crate) const MIN_CALL_BOUND: Duration = Duration::from_secs(1);
-
 /// `opts` with TCP keepalive on (the server's own options are kept).
 pub(crate) fn with_keepalive(opts: &Opts) -> OptsBuilder {
     OptsBuilder::from_opts(opts.clone()).tcp_keepalive(Some(TCP_KEEPALIVE))

@@ -18,7 +18,8 @@ use super::connection;
 use super::enqueue::before_v4;
 use super::table::OutboxTable;
 use crate::claim_limits::{
-    MAX_CLAIM_TIMEOUT, MAX_RETRY, check_claim, check_purge, failure_retry_us, micros, read_far,
+    MAX_CLAIM_TIMEOUT, MAX_RETRY, call_bound, check_claim, check_purge, failure_retry_us, micros,
+    read_far,
 };
 use crate::error::{Error, Result};
 use crate::outbox::{BACKLOG_COUNT_LIMIT, ClaimStore, ClaimToken, Claimed, Failed, OutboxBacklog};
@@ -174,7 +175,7 @@ impl MysqlOutboxStore {
         claim_timeout: Duration,
     ) -> Result<Vec<Claimed>> {
         check_claim(batch_size, claim_timeout)?;
-        self.call_timeout = claim_timeout.max(connection::MIN_CALL_BOUND);
+        self.call_timeout = call_bound(claim_timeout, MAX_CLAIM_TIMEOUT);
         let timeout_us = claim_timeout.as_micros();
         let packet_limit = self.opts.max_allowed_packet().unwrap_or(MAX_PACKET);
         let mut reach = std::mem::take(&mut self.reach);

@@ -8,7 +8,7 @@
 //! [`PostgresOutboxStore::claim_batch`], and why an aggregate's messages cannot overtake
 //! each other in ARCHITECTURE.md ("The claim outbox on PostgreSQL").
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,8 @@ use super::connection::{CALL_TIMEOUT, SERVER, connect};
 use super::prepared::{Answer, Session};
 use super::table::OutboxTable;
 use crate::claim_limits::{
-    MAX_CLAIM_TIMEOUT, MAX_RETRY, check_claim, check_purge, failure_retry_us, micros, read_far,
+    MAX_CLAIM_TIMEOUT, MAX_RETRY, call_bound, check_claim, check_purge, failure_retry_us, micros,
+    read_far,
 };
 use crate::error::{Error, Result, decode_error};
 use crate::outbox::{
@@ -110,8 +111,11 @@ pub async fn enqueue(
 /// The claim outbox `table` over PostgreSQL, for a [`Relay`](crate::relay::Relay): it owns
 /// one connection, opened on first use and again after a connection-level failure, and
 /// prepares each of its statements once on it. Every call is bounded: the server ends a
-/// statement after [`STATEMENT_TIMEOUT`](super::STATEMENT_TIMEOUT), the store gives up on an
-/// answer after [`CALL_TIMEOUT`](super::CALL_TIMEOUT) and then opens a new connection.
+/// statement after [`STATEMENT_TIMEOUT`](super::STATEMENT_TIMEOUT), and the store gives up
+/// on an answer after the claim timeout of its last claim (at least 1 s; before any claim,
+/// and at most, [`CALL_TIMEOUT`](super::CALL_TIMEOUT)) and then opens a new connection. So
+/// a relay whose server went silent (frozen, or cut off without a reset) gets an error
+/// within its claim timeout, not the statement timeout, and its shutdown is not held longer.
 ///
 /// Its [concurrent handles](ClaimStore::concurrent_handle) share that connection: a relay
 /// acknowledges through one while its next claim runs, and both go out on the connection
@@ -154,6 +158,9 @@ struct Shared {
     /// reading every open message ([`Call::Claim`]); see
     /// [`claim_batch`](PostgresOutboxStore::claim_batch). The first claim does.
     near: AtomicBool,
+    /// How long a call may take, in milliseconds: set by each claim from its timeout
+    /// ([`call_bound`]), [`CALL_TIMEOUT`] until the first.
+    call_bound_ms: AtomicU64,
 }
 
 /// The store's statements. Each is prepared on its first use on a connection and kept
@@ -247,6 +254,7 @@ impl PostgresOutboxStore {
                 session: tokio::sync::Mutex::default(),
                 sql_ascii: OnceLock::new(),
                 near: AtomicBool::new(true),
+                call_bound_ms: AtomicU64::new(millis(CALL_TIMEOUT)),
             }),
         }
     }
@@ -263,15 +271,16 @@ impl PostgresOutboxStore {
     }
 
     /// Runs the statement `key` with `params` (see [`Session::run`]) on the store's
-    /// connection, opening it first if needed, within [`CALL_TIMEOUT`]; a connection-level
-    /// failure (or no answer in time) drops the connection, and its statements, so that
-    /// the next call opens a fresh one and prepares them again.
+    /// connection, opening it first if needed, within the store's call bound (see the
+    /// type); a connection-level failure (or no answer in time) drops the connection, and
+    /// its statements, so that the next call opens a fresh one and prepares them again.
     async fn run(&self, what: &str, key: Call, params: &[&(dyn ToSql + Sync)]) -> Result<Answer> {
         let session = self.session().await?;
         let raw = self.shared.sql_ascii.get() == Some(&true);
         let sql = key.sql(&self.quoted, raw);
         let run = session.run(key.slot(), &sql, params);
-        let result = bounded(SERVER, CALL_TIMEOUT, what, run).await;
+        let limit = Duration::from_millis(self.shared.call_bound_ms.load(Ordering::Relaxed));
+        let result = bounded(SERVER, limit, what, run).await;
         if let Err(Error::Connection(_)) = &result {
             // Unless a concurrent handle has already put a new one in its place.
             let mut slot = self.shared.session.lock().await;
@@ -364,6 +373,10 @@ impl PostgresOutboxStore {
     ) -> Result<Vec<Claimed>> {
         check_claim(batch_size, claim_timeout)?;
         let timeout_us = micros("claim_timeout", claim_timeout, MAX_CLAIM_TIMEOUT)?;
+        let bound = call_bound(claim_timeout, CALL_TIMEOUT);
+        self.shared
+            .call_bound_ms
+            .store(millis(bound), Ordering::Relaxed);
         let token = ClaimToken::new(uuid::Uuid::new_v4());
         if self.shared.sql_ascii.get().is_none() {
             let row = self
@@ -531,6 +544,11 @@ impl ClaimStore for PostgresOutboxStore {
             shared: Arc::clone(&self.shared),
         })
     }
+}
+
+/// `limit` in whole milliseconds.
+fn millis(limit: Duration) -> u64 {
+    u64::try_from(limit.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The statement that hands message `$2` of `t` back as failed, due `$1` microseconds from

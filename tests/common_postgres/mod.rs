@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod owned;
 pub mod server;
 
 use changefeed::outbox::{Enqueued, NewMessage};
@@ -28,9 +29,14 @@ pub async fn database(name: &str) -> TestDb {
 /// [`database`], created with `options` after `create database <name>` (e.g.
 /// `encoding 'SQL_ASCII' template template0`).
 pub async fn database_with(name: &str, options: &str) -> TestDb {
-    let name = format!("cf_{name}");
     let server = server::server();
-    let admin = connect_to(&server.url_for("postgres")).await;
+    database_on(name, options, |database| server.url_for(database)).await
+}
+
+/// [`database_with`] on the server whose URLs `url_for` makes from a database's name.
+pub async fn database_on(name: &str, options: &str, url_for: impl Fn(&str) -> String) -> TestDb {
+    let name = format!("cf_{name}");
+    let admin = connect_to(&url_for("postgres")).await;
     // Two statements: CREATE DATABASE cannot run in the implicit transaction of a batch.
     for statement in [
         format!("drop database if exists {name} with (force)"),
@@ -42,7 +48,7 @@ pub async fn database_with(name: &str, options: &str) -> TestDb {
             .map_err(changefeed::Error::from)
             .unwrap_or_else(|e| panic!("{statement}: {e}"));
     }
-    let url = server.url_for(&name);
+    let url = url_for(&name);
     let config = changefeed::postgres::config(&url).expect("a valid URL");
     let mut client = connect_to(&url).await;
     migrate(&mut client)

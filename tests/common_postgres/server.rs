@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use crate::common_server;
 
-// The private server's recipe, shared with the quick start.
+// The private server's recipe, shared with the quick start (and owned.rs).
 #[path = "../../examples/support/private_postgres.rs"]
-mod private_postgres;
+pub mod private_postgres;
 use private_postgres::PrivatePostgres;
 
 /// The environment variable naming an existing server instead of a private one.
@@ -52,20 +52,31 @@ pub fn server() -> &'static Server {
 /// it (fast shutdown) and removes the directory when this process ends.
 fn start_private() -> Server {
     let dir = common_server::temp_dir("postgres");
-    let postgres = PrivatePostgres::init(&dir).unwrap_or_else(|e| panic!("{e}. {MISSING}"));
+    let postgres = init(&dir);
     postgres
-        .start_watched(
-            "-c max_connections=300 -c fsync=off -c synchronous_commit=off \
-             -c full_page_writes=off",
-        )
+        .start_watched(SETTINGS)
         .unwrap_or_else(|e| panic!("{e}"));
+    wait_until_ready(&postgres, &dir);
+    Server {
+        template: postgres.url_template(),
+    }
+}
+
+/// The private server's settings, tuned for tests.
+const SETTINGS: &str =
+    "-c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off";
+
+/// A new cluster in `dir`, or a panic that says how to get PostgreSQL.
+pub fn init(dir: &std::path::Path) -> PrivatePostgres {
+    PrivatePostgres::init(dir).unwrap_or_else(|e| panic!("{e}. {MISSING}"))
+}
+
+/// Waits (a minute at most) until the server in `dir` accepts connections.
+pub fn wait_until_ready(postgres: &PrivatePostgres, dir: &std::path::Path) {
     common_server::wait_until(
         "postgres",
         Duration::from_secs(60),
         &dir.join("server.log"),
         || postgres.is_ready(),
     );
-    Server {
-        template: postgres.url_template(),
-    }
 }
