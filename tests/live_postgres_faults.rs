@@ -312,6 +312,61 @@ async fn a_killed_and_restarted_server_loses_nothing_and_the_notify_wake_comes_b
     assert!(counts.values().all(|n| *n == 1), "{counts:?}");
 }
 
+/// A frozen server: the waker's heartbeat gets no answer, so it says it polls (its
+/// `LISTEN` connection is silent, not closed), and once the server thaws it listens again
+/// and NOTIFY wakes the relay, whose own poll is a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: .ci/run installs it"]
+async fn a_frozen_server_sends_the_waker_to_polling_and_it_listens_again_after_the_thaw() {
+    let (server, db) = OwnedServer::with_database("waker_frozen").await;
+    db.outbox("public.outbox_waker").await;
+    let heartbeat = Duration::from_secs(1);
+    let settings = PostgresWakerConfig {
+        fallback_poll: Duration::from_secs(60),
+        reconnect_delay: Duration::from_millis(300),
+        heartbeat,
+    };
+    let running = start(&db, "public.outbox_waker", secs(60), Some(settings), 1);
+    let mut state = running.waker.clone().expect("a waker");
+    let listening = |s: &WakerState| matches!(s, WakerState::Listening { .. });
+    tokio::time::timeout(secs(30), state.wait_for(listening))
+        .await
+        .expect("the waker listens")
+        .unwrap();
+
+    server.freeze();
+    let frozen_at = Instant::now();
+    // The next beat comes within a heartbeat and gets no answer within another.
+    tokio::time::timeout(
+        heartbeat * 2 + secs(3),
+        state.wait_for(|s| matches!(s, WakerState::Polling { .. })),
+    )
+    .await
+    .expect("the waker notices the silent server")
+    .unwrap();
+    tokio::time::sleep(FROZEN.saturating_sub(frozen_at.elapsed())).await;
+    server.thaw();
+    tokio::time::timeout(secs(30), state.wait_for(listening))
+        .await
+        .expect("the waker listens again after the thaw")
+        .unwrap();
+    // The relay's own poll is a minute: NOTIFY brings it these.
+    let later = db
+        .enqueue_committed("public.outbox_waker", &messages(5, 5))
+        .await;
+    wait_until("the five enqueued after the thaw", secs(10), async || {
+        db.count("public.outbox_waker", "status = 2").await == 5
+    })
+    .await;
+    let publisher = Arc::clone(&running.publisher);
+    running.stop(secs(30)).await;
+    let counts = publisher.counts();
+    assert!(
+        later.iter().all(|m| counts.get(&m.id) == Some(&1)),
+        "{counts:?}"
+    );
+}
+
 /// `app.orders` (an order number as its key), as an outbox-mode feed.
 async fn orders_feed(db: &TestDb) -> Feed {
     db.sql(
