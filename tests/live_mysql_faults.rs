@@ -15,8 +15,6 @@ mod common_process;
 mod common_relay;
 mod common_server;
 
-use common_relay::{Errors, Recording};
-
 use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -24,10 +22,11 @@ use std::time::{Duration, Instant};
 
 use changefeed::mysql::{BinlogWaker, BinlogWakerConfig, WakerState};
 use changefeed::outbox::NewMessage;
-use changefeed::relay::{Relay, RelayConfig};
+use changefeed::relay::RelayConfig;
 use common_mysql::TestDb;
 use common_mysql::owned::{OwnedServer, send_signal};
 use common_process::{signal, stderr_lines, wait_for_exit};
+use common_relay::{Running, StartWaker, start_relay, stopped, wait_until};
 use serde_json::json;
 use tokio::sync::watch;
 
@@ -42,14 +41,6 @@ fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
-/// Polls `condition` every 50 ms until it holds; fails the test after `limit`.
-async fn wait_until(what: &str, limit: Duration, condition: impl AsyncFnMut() -> bool) {
-    assert!(
-        common_mysql::poll_until(limit, condition).await,
-        "not within {limit:?}: {what}"
-    );
-}
-
 /// `count` messages of `aggregates` aggregates, each with a payload of `size` bytes. A
 /// claim takes one message per aggregate.
 fn messages(count: usize, size: usize, aggregates: usize) -> Vec<NewMessage> {
@@ -61,13 +52,13 @@ fn messages(count: usize, size: usize, aggregates: usize) -> Vec<NewMessage> {
         .collect()
 }
 
-/// A running library relay (and binlog waker, when asked for) over `outbox`.
-struct Running {
-    publisher: Arc<Recording>,
-    errors: Arc<Errors>,
-    waker: Option<watch::Receiver<WakerState>>,
-    stop: watch::Sender<bool>,
-    relay: tokio::task::JoinHandle<changefeed::Result<()>>,
+/// The relay's settings here: batches of 10, a claim timeout of `CLAIM_TIMEOUT`.
+fn relay_config(poll: Duration, max_in_flight: u32) -> RelayConfig {
+    RelayConfig::default()
+        .batch_size(10)
+        .max_in_flight(max_in_flight)
+        .poll_interval(poll)
+        .claim_timeout(CLAIM_TIMEOUT)
 }
 
 /// The waker's settings here: the default, connects bounded by `CONNECT_TIMEOUT`.
@@ -78,74 +69,35 @@ fn waker_config() -> BinlogWakerConfig {
     }
 }
 
+/// A library relay (and binlog waker, when asked for) over `outbox`.
 fn start(
     db: &TestDb,
     outbox: &str,
     poll: Duration,
     waker: Option<BinlogWakerConfig>,
     max_in_flight: u32,
-) -> Running {
-    let publisher = Arc::new(Recording::default());
-    let errors = Arc::new(Errors::default());
-    let config = RelayConfig::default()
-        .batch_size(10)
-        .max_in_flight(max_in_flight)
-        .poll_interval(poll)
-        .claim_timeout(CLAIM_TIMEOUT);
+) -> Running<WakerState> {
     let store = db.store(outbox).connect_timeout(CONNECT_TIMEOUT);
-    let relay = Relay::new(store, Arc::clone(&publisher), config)
-        .unwrap()
-        .with_hooks(Arc::clone(&errors));
-    let (stop, stopped) = watch::channel(false);
     let waker = waker.map(|config| {
-        let waker = BinlogWaker::new(
-            db.opts.clone(),
-            outbox.parse().unwrap(),
-            relay.handle(),
-            config,
-        );
-        let state = waker.state();
-        let mut stopped = stopped.clone();
-        tokio::spawn(waker.run(async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }));
-        state
+        let (opts, table) = (db.opts.clone(), outbox.parse().unwrap());
+        Box::new(move |handle, stop| {
+            let waker = BinlogWaker::new(opts, table, handle, config);
+            let state = waker.state();
+            tokio::spawn(waker.run(stopped(stop)));
+            state
+        }) as StartWaker<WakerState>
     });
-    let mut stopped = stopped.clone();
-    let relay = tokio::spawn(relay.run(async move {
-        let _ = stopped.wait_for(|s| *s).await;
-    }));
-    Running {
-        publisher,
-        errors,
-        waker,
-        stop,
-        relay,
-    }
+    start_relay(store, relay_config(poll, max_in_flight), waker)
 }
 
-impl Running {
-    /// The waker's state, once it follows the binlog (30 s at most).
-    async fn following(&self) -> watch::Receiver<WakerState> {
-        let mut state = self.waker.clone().expect("a waker");
-        tokio::time::timeout(secs(30), state.wait_for(following))
-            .await
-            .expect("the waker follows the binlog")
-            .unwrap();
-        state
-    }
-
-    /// Asks the relay to stop and waits up to `limit` for it: how long it took.
-    async fn stop(self, limit: Duration) -> Duration {
-        let asked = Instant::now();
-        self.stop.send_replace(true);
-        tokio::time::timeout(limit, self.relay)
-            .await
-            .unwrap_or_else(|_| panic!("the relay did not stop within {limit:?}"))
-            .expect("the relay task")
-            .expect("the relay ends without an error");
-        asked.elapsed()
-    }
+/// The waker's state, once it follows the binlog (30 s at most).
+async fn following_state(running: &Running<WakerState>) -> watch::Receiver<WakerState> {
+    let mut state = running.waker.clone().expect("a waker");
+    tokio::time::timeout(secs(30), state.wait_for(following))
+        .await
+        .expect("the waker follows the binlog")
+        .unwrap();
+    state
 }
 
 fn following(state: &WakerState) -> bool {
@@ -197,7 +149,7 @@ async fn frozen_after_the_first_batch(
     outbox: &str,
     count: usize,
     max_in_flight: u32,
-) -> (OwnedServer, TestDb, Running) {
+) -> (OwnedServer, TestDb, Running<WakerState>) {
     let (server, db) = OwnedServer::with_database(name).await;
     db.outbox(outbox).await;
     db.enqueue_committed(outbox, &messages(count, 10, 5)).await;
@@ -313,7 +265,7 @@ async fn a_killed_and_restarted_server_loses_nothing_and_the_binlog_wake_comes_b
         Some(waker_config()),
         max_in_flight,
     );
-    let mut state = running.following().await;
+    let mut state = following_state(&running).await;
     db.enqueue_committed("outbox_restart", &messages(10, 10, 5))
         .await;
     wait_until("the first ten", secs(10), async || {
@@ -376,7 +328,7 @@ async fn a_purged_resume_file_falls_back_to_the_current_position() {
         ..waker_config()
     };
     let running = start(&db, "outbox_purged", secs(60), Some(config), 1);
-    let mut state = running.following().await;
+    let mut state = following_state(&running).await;
     // Cut the stream, and before the waker reconnects move to a new file and purge the one
     // it was reading.
     cut_the_binlog_stream(&db, &mut state).await;
@@ -403,7 +355,7 @@ async fn compressed_binlog_events_still_wake_the_relay() {
     db.sql("set global log_bin_compress = on, global log_bin_compress_min_len = 10")
         .await;
     let running = start(&db, "outbox_compressed", secs(60), Some(waker_config()), 1);
-    let state = running.following().await;
+    let state = following_state(&running).await;
     // The relay's first claim (at start) is over once it sleeps; give it a moment.
     tokio::time::sleep(Duration::from_millis(500)).await;
     for round in 1..=3 {

@@ -20,16 +20,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use changefeed::outbox::NewMessage;
-use changefeed::postgres::{PostgresWaker, PostgresWakerConfig, WakerState};
+use changefeed::postgres::{PostgresOutboxStore, PostgresWaker, PostgresWakerConfig, WakerState};
 use changefeed::reader::{FeedReader, FeedReaderOptions, ReadRetryPolicy, Wait};
-use changefeed::relay::{Relay, RelayConfig};
+use changefeed::relay::RelayConfig;
 use changefeed::{Cursor, Feed};
 use common_postgres::TestDb;
 use common_postgres::owned::OwnedServer;
-use common_relay::{Errors, Recording};
+use common_relay::{Running, StartWaker, start_relay, stopped, wait_until};
 use futures::StreamExt;
 use serde_json::json;
-use tokio::sync::watch;
 
 /// How long each test keeps its server frozen.
 const FROZEN: Duration = Duration::from_secs(20);
@@ -40,15 +39,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
-}
-
-/// Polls `condition` every 50 ms until it holds; fails the test after `limit`.
-async fn wait_until(what: &str, limit: Duration, mut condition: impl AsyncFnMut() -> bool) {
-    let started = Instant::now();
-    while !condition().await {
-        assert!(started.elapsed() < limit, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// `count` messages over `aggregates` aggregates; a claim takes one message per aggregate.
@@ -68,73 +58,31 @@ fn config(db: &TestDb) -> tokio_postgres::Config {
     config
 }
 
-/// A running library relay (and NOTIFY waker, when asked for) over `outbox`.
-struct Running {
-    publisher: Arc<Recording>,
-    errors: Arc<Errors>,
-    waker: Option<watch::Receiver<WakerState>>,
-    stop: watch::Sender<bool>,
-    relay: tokio::task::JoinHandle<changefeed::Result<()>>,
-}
-
+/// A library relay (and NOTIFY waker, when asked for) over `outbox`: batches of 10, a
+/// claim timeout of `CLAIM_TIMEOUT`.
 fn start(
     db: &TestDb,
     outbox: &str,
     poll: Duration,
     waker: Option<PostgresWakerConfig>,
     max_in_flight: u32,
-) -> Running {
-    let publisher = Arc::new(Recording::default());
-    let errors = Arc::new(Errors::default());
+) -> Running<WakerState> {
+    let store = PostgresOutboxStore::new(outbox.parse().unwrap(), config(db));
     let relay_config = RelayConfig::default()
         .batch_size(10)
         .max_in_flight(max_in_flight)
         .poll_interval(poll)
         .claim_timeout(CLAIM_TIMEOUT);
-    let store = changefeed::postgres::PostgresOutboxStore::new(outbox.parse().unwrap(), config(db));
-    let relay = Relay::new(store, Arc::clone(&publisher), relay_config)
-        .unwrap()
-        .with_hooks(Arc::clone(&errors));
-    let (stop, stopped) = watch::channel(false);
     let waker = waker.map(|settings| {
-        let waker = PostgresWaker::new(
-            config(db),
-            outbox.parse().unwrap(),
-            relay.handle(),
-            settings,
-        );
-        let state = waker.state();
-        let mut stopped = stopped.clone();
-        tokio::spawn(waker.run(async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }));
-        state
+        let (config, table) = (config(db), outbox.parse().unwrap());
+        Box::new(move |handle, stop| {
+            let waker = PostgresWaker::new(config, table, handle, settings);
+            let state = waker.state();
+            tokio::spawn(waker.run(stopped(stop)));
+            state
+        }) as StartWaker<WakerState>
     });
-    let mut stopped = stopped.clone();
-    let relay = tokio::spawn(relay.run(async move {
-        let _ = stopped.wait_for(|s| *s).await;
-    }));
-    Running {
-        publisher,
-        errors,
-        waker,
-        stop,
-        relay,
-    }
-}
-
-impl Running {
-    /// Asks the relay to stop and waits up to `limit` for it: how long it took.
-    async fn stop(self, limit: Duration) -> Duration {
-        let asked = Instant::now();
-        self.stop.send_replace(true);
-        tokio::time::timeout(limit, self.relay)
-            .await
-            .unwrap_or_else(|_| panic!("the relay did not stop within {limit:?}"))
-            .expect("the relay task")
-            .expect("the relay ends without an error");
-        asked.elapsed()
-    }
+    start_relay(store, relay_config, waker)
 }
 
 /// A private server (`name`) with `outbox` holding `count` messages, and a relay on it
@@ -145,7 +93,7 @@ async fn frozen_after_the_first_batch(
     outbox: &str,
     count: usize,
     max_in_flight: u32,
-) -> (OwnedServer, TestDb, Running) {
+) -> (OwnedServer, TestDb, Running<WakerState>) {
     let (server, db) = OwnedServer::with_database(name).await;
     db.outbox(outbox).await;
     db.enqueue_committed(outbox, &messages(count, 5)).await;
