@@ -15,7 +15,6 @@ mod common_process;
 mod common_relay;
 mod common_server;
 
-use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,15 +25,12 @@ use changefeed::relay::RelayConfig;
 use common_mysql::TestDb;
 use common_mysql::owned::{OwnedServer, send_signal};
 use common_process::{signal, stderr_lines, wait_for_exit};
+use common_relay::faults::{self, CLAIM_TIMEOUT, FROZEN, FaultTarget};
 use common_relay::{Running, StartWaker, start_relay, stopped, wait_until};
 use serde_json::json;
 use tokio::sync::watch;
 
-/// How long each test keeps its server frozen.
-const FROZEN: Duration = Duration::from_secs(20);
-/// The claim timeout of the library relays here: every store call is bounded by it.
-const CLAIM_TIMEOUT: Duration = Duration::from_secs(3);
-/// Their connect timeout.
+/// The connect timeout of the library relays here.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 fn secs(n: u64) -> Duration {
@@ -50,6 +46,34 @@ fn messages(count: usize, size: usize, aggregates: usize) -> Vec<NewMessage> {
                 .aggregate("order", (n % aggregates).to_string())
         })
         .collect()
+}
+
+/// What the shared fault scenarios need of the server and the database here.
+struct Target<'a> {
+    server: &'a OwnedServer,
+    db: &'a TestDb,
+}
+
+impl FaultTarget for Target<'_> {
+    fn freeze(&self) {
+        self.server.freeze();
+    }
+
+    fn thaw(&self) {
+        self.server.thaw();
+    }
+
+    async fn enqueue(&self, outbox: &str, count: usize) -> Vec<i64> {
+        let enqueued = self
+            .db
+            .enqueue_committed(outbox, &messages(count, 10, 5))
+            .await;
+        enqueued.iter().map(|e| e.id).collect()
+    }
+
+    async fn done(&self, outbox: &str) -> i64 {
+        self.db.count(outbox, "status = 2").await
+    }
 }
 
 /// The relay's settings here: batches of 10, a claim timeout of `CLAIM_TIMEOUT`.
@@ -169,80 +193,37 @@ in_flight_variants!(
     #[ignore = "needs MariaDB: .ci/run installs it"]
     a_frozen_server_neither_hangs_the_relay_nor_loses_a_message
 );
-/// A server frozen right after a batch was published (its `mark_done` meets the frozen
-/// server) and, later, while the relay idles (its claim meets it): the calls come back as
-/// errors while it is frozen instead of hanging, the relay resumes after it, every message
-/// is published, and only the batch whose acknowledgement never succeeded is published
-/// again.
+/// The scenario (common_relay/faults.rs) on MariaDB.
 async fn a_frozen_server_neither_hangs_the_relay_nor_loses_a_message(max_in_flight: u32) {
-    // Mid-acknowledgement: the first batch froze the server.
     let (server, db, running) =
         frozen_after_the_first_batch("frozen", "outbox_frozen", 20, max_in_flight).await;
-    let frozen_at = Instant::now();
-    // Its mark_done gives up at the claim timeout, the next claim's connect at the connect
-    // timeout: errors, not a hang.
-    wait_until("two store errors while frozen", FROZEN, async || {
-        running.errors.count() >= 2
-    })
-    .await;
-    assert!(!running.relay.is_finished(), "the relay keeps going");
-    tokio::time::sleep(FROZEN.saturating_sub(frozen_at.elapsed())).await;
-    server.thaw();
-    wait_until("every message done after the thaw", secs(60), async || {
-        db.count("outbox_frozen", "status = 2").await == 20
-    })
-    .await;
-
-    // Mid-claim: frozen while the relay polls.
-    let before = running.errors.count();
-    server.freeze();
-    let frozen_at = Instant::now();
-    wait_until("a claim error while frozen", FROZEN, async || {
-        running.errors.count() > before
-    })
-    .await;
-    tokio::time::sleep(FROZEN.saturating_sub(frozen_at.elapsed())).await;
-    server.thaw();
-    let more = db
-        .enqueue_committed("outbox_frozen", &messages(5, 10, 5))
-        .await;
-    wait_until(
-        "the messages enqueued after the thaw",
-        secs(30),
-        async || db.count("outbox_frozen", "status = 2").await == 25,
+    let target = Target {
+        server: &server,
+        db: &db,
+    };
+    faults::a_frozen_server_neither_hangs_the_relay_nor_loses_a_message(
+        &target,
+        "outbox_frozen",
+        20,
+        running,
     )
     .await;
-    let publisher = Arc::clone(&running.publisher);
-    running.stop(secs(30)).await;
-
-    let counts = publisher.counts();
-    assert_eq!(counts.len(), 25, "every message published: {counts:?}");
-    assert!(more.iter().all(|m| counts.contains_key(&m.id)));
-    let first: BTreeSet<i64> = publisher.batches()[0].iter().copied().collect();
-    for (id, times) in &counts {
-        assert!(
-            *times == 1 || first.contains(id),
-            "message {id} was published {times} times, but only the frozen batch's \
-             acknowledgement failed"
-        );
-    }
 }
 
 in_flight_variants!(
     #[ignore = "needs MariaDB: .ci/run installs it"]
     shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded
 );
-/// Shutdown while the server is frozen under an acknowledgement: `run` returns within the
-/// claim timeout (the bound of the hanging call), not when the server comes back.
+/// The scenario (common_relay/faults.rs) on MariaDB.
 async fn shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded(max_in_flight: u32) {
-    let (server, _db, running) =
+    let (server, db, running) =
         frozen_after_the_first_batch("frozen_shutdown", "outbox_shutdown", 3, max_in_flight).await;
-    let took = running.stop(FROZEN).await;
-    assert!(
-        took < CLAIM_TIMEOUT + secs(5),
-        "shutdown took {took:?} with the server frozen"
-    );
-    server.thaw();
+    let target = Target {
+        server: &server,
+        db: &db,
+    };
+    faults::shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded(&target, running)
+        .await;
 }
 
 in_flight_variants!(

@@ -15,7 +15,6 @@ mod common_postgres;
 mod common_relay;
 mod common_server;
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,15 +25,12 @@ use changefeed::relay::RelayConfig;
 use changefeed::{Cursor, Feed};
 use common_postgres::TestDb;
 use common_postgres::owned::OwnedServer;
+use common_relay::faults::{self, CLAIM_TIMEOUT, FROZEN, FaultTarget};
 use common_relay::{Running, StartWaker, start_relay, stopped, wait_until};
 use futures::StreamExt;
 use serde_json::json;
 
-/// How long each test keeps its server frozen.
-const FROZEN: Duration = Duration::from_secs(20);
-/// The claim timeout of the relays here: every store call is bounded by it.
-const CLAIM_TIMEOUT: Duration = Duration::from_secs(3);
-/// Their connect timeout.
+/// The connect timeout of the relays and readers here.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 fn secs(n: u64) -> Duration {
@@ -56,6 +52,31 @@ fn config(db: &TestDb) -> tokio_postgres::Config {
     let mut config = db.config.clone();
     config.connect_timeout(CONNECT_TIMEOUT);
     config
+}
+
+/// What the shared fault scenarios need of the server and the database here.
+struct Target<'a> {
+    server: &'a OwnedServer,
+    db: &'a TestDb,
+}
+
+impl FaultTarget for Target<'_> {
+    fn freeze(&self) {
+        self.server.freeze();
+    }
+
+    fn thaw(&self) {
+        self.server.thaw();
+    }
+
+    async fn enqueue(&self, outbox: &str, count: usize) -> Vec<i64> {
+        let enqueued = self.db.enqueue_committed(outbox, &messages(count, 5)).await;
+        enqueued.iter().map(|e| e.id).collect()
+    }
+
+    async fn done(&self, outbox: &str) -> i64 {
+        self.db.count(outbox, "status = 2").await
+    }
 }
 
 /// A library relay (and NOTIFY waker, when asked for) over `outbox`: batches of 10, a
@@ -110,88 +131,39 @@ in_flight_variants!(
     #[ignore = "needs PostgreSQL: .ci/run installs it"]
     a_frozen_server_neither_hangs_the_relay_nor_loses_a_message
 );
-/// A server frozen right after a batch was published (its `mark_done` meets the frozen
-/// server) and, later, while the relay idles (its claim meets it): the calls come back as
-/// errors while it is frozen instead of hanging, the relay resumes after it, every message
-/// is published, and only the batch whose acknowledgement never succeeded is published
-/// again.
+/// The scenario (common_relay/faults.rs) on PostgreSQL. On the 35 s bound every store
+/// call had before it was bounded by the claim timeout, no error came while the server was
+/// frozen.
 async fn a_frozen_server_neither_hangs_the_relay_nor_loses_a_message(max_in_flight: u32) {
-    // Mid-acknowledgement: the first batch froze the server.
+    let outbox = "public.outbox_frozen";
     let (server, db, running) =
-        frozen_after_the_first_batch("frozen", "public.outbox_frozen", 20, max_in_flight).await;
-    let frozen_at = Instant::now();
-    // Its mark_done gives up at the claim timeout, the next claim's connect at the connect
-    // timeout: errors, not a hang (on the statement timeout's bound, 35 s, there would be
-    // none while the server is frozen).
-    wait_until("two store errors while frozen", FROZEN, async || {
-        running.errors.count() >= 2
-    })
-    .await;
-    assert!(!running.relay.is_finished(), "the relay keeps going");
-    tokio::time::sleep(FROZEN.saturating_sub(frozen_at.elapsed())).await;
-    server.thaw();
-    wait_until("every message done after the thaw", secs(60), async || {
-        db.count("public.outbox_frozen", "status = 2").await == 20
-    })
-    .await;
-
-    // Mid-claim: frozen while the relay polls.
-    let before = running.errors.count();
-    server.freeze();
-    let frozen_at = Instant::now();
-    wait_until("a claim error while frozen", FROZEN, async || {
-        running.errors.count() > before
-    })
-    .await;
-    tokio::time::sleep(FROZEN.saturating_sub(frozen_at.elapsed())).await;
-    server.thaw();
-    let more = db
-        .enqueue_committed("public.outbox_frozen", &messages(5, 5))
-        .await;
-    wait_until(
-        "the messages enqueued after the thaw",
-        secs(30),
-        async || db.count("public.outbox_frozen", "status = 2").await == 25,
+        frozen_after_the_first_batch("frozen", outbox, 20, max_in_flight).await;
+    let target = Target {
+        server: &server,
+        db: &db,
+    };
+    faults::a_frozen_server_neither_hangs_the_relay_nor_loses_a_message(
+        &target, outbox, 20, running,
     )
     .await;
-    let publisher = Arc::clone(&running.publisher);
-    running.stop(secs(30)).await;
-
-    let counts = publisher.counts();
-    assert_eq!(counts.len(), 25, "every message published: {counts:?}");
-    assert!(more.iter().all(|m| counts.contains_key(&m.id)));
-    let first: BTreeSet<i64> = publisher.batches()[0].iter().copied().collect();
-    for (id, times) in &counts {
-        assert!(
-            *times == 1 || first.contains(id),
-            "message {id} was published {times} times, but only the frozen batch's \
-             acknowledgement failed"
-        );
-    }
 }
 
 in_flight_variants!(
     #[ignore = "needs PostgreSQL: .ci/run installs it"]
     shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded
 );
-/// Shutdown while the server is frozen under an acknowledgement: `run` returns within the
-/// claim timeout (the bound of the hanging call), not when the server comes back. (Before
-/// the store's calls were bounded by the claim timeout, this took the 35 s of
-/// `CALL_TIMEOUT`.)
+/// The scenario (common_relay/faults.rs) on PostgreSQL. On the 35 s bound every store
+/// call had before it was bounded by the claim timeout, shutdown took that long.
 async fn shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded(max_in_flight: u32) {
-    let (server, _db, running) = frozen_after_the_first_batch(
-        "frozen_shutdown",
-        "public.outbox_shutdown",
-        3,
-        max_in_flight,
-    )
-    .await;
-    let took = running.stop(FROZEN).await;
-    assert!(
-        took < CLAIM_TIMEOUT + secs(5),
-        "shutdown took {took:?} with the server frozen"
-    );
-    server.thaw();
+    let outbox = "public.outbox_shutdown";
+    let (server, db, running) =
+        frozen_after_the_first_batch("frozen_shutdown", outbox, 3, max_in_flight).await;
+    let target = Target {
+        server: &server,
+        db: &db,
+    };
+    faults::shutdown_during_an_acknowledgement_to_a_frozen_server_is_bounded(&target, running)
+        .await;
 }
 
 in_flight_variants!(

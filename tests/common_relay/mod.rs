@@ -6,6 +6,8 @@
 
 #![allow(dead_code)] // each test file uses part of it
 
+pub mod faults;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
