@@ -117,7 +117,10 @@ mod tests {
     fn a_call_is_bounded_by_the_claim_timeout_within_the_least_and_the_stores_most() {
         let most = Duration::from_secs(35);
         assert_eq!(call_bound(Duration::from_millis(5), most), MIN_CALL_BOUND);
-        assert_eq!(call_bound(Duration::from_secs(3), most), Duration::from_secs(3));
+        assert_eq!(
+            call_bound(Duration::from_secs(3), most),
+            Duration::from_secs(3)
+        );
         assert_eq!(call_bound(Duration::from_secs(600), most), most);
     }
 
