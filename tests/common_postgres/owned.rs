@@ -126,11 +126,13 @@ fn signal(pids: &[libc::pid_t], signal: libc::c_int) {
 }
 
 /// The postmaster's pid (from `postmaster.pid`), then its children's (from `/proc`);
-/// nothing when the server never ran.
+/// nothing when the server is not running. A lock file left by a killed server names a
+/// pid that another process may have by now: only a `postgres` process counts.
 fn server_pids(dir: &Path) -> Vec<libc::pid_t> {
     let Some(postmaster) = std::fs::read_to_string(dir.join("data/postmaster.pid"))
         .ok()
         .and_then(|text| text.lines().next()?.trim().parse::<libc::pid_t>().ok())
+        .filter(|pid| is_postgres(*pid))
     else {
         return Vec::new();
     };
@@ -151,6 +153,11 @@ fn parent_of(pid: libc::pid_t) -> Option<libc::pid_t> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after_name = &stat[stat.rfind(')')? + 1..];
     after_name.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Whether `pid` is a process of the PostgreSQL server (its command name).
+fn is_postgres(pid: libc::pid_t) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "postgres")
 }
 
 /// Whether `pid` is still there: running, or a zombie not yet reaped, which a new postmaster
