@@ -15,6 +15,7 @@ mod common_postgres;
 mod common_relay;
 mod common_server;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -193,7 +194,6 @@ async fn a_killed_and_restarted_server_loses_nothing_and_the_notify_wake_comes_b
         max_in_flight,
     );
     let mut state = running.waker.clone().expect("a waker");
-    let listening = |s: &WakerState| matches!(s, WakerState::Listening { .. });
     tokio::time::timeout(secs(30), state.wait_for(listening))
         .await
         .expect("the waker listens")
@@ -211,23 +211,10 @@ async fn a_killed_and_restarted_server_loses_nothing_and_the_notify_wake_comes_b
         .expect("the waker notices the server is gone")
         .unwrap();
     server.restart();
-    tokio::time::timeout(secs(30), state.wait_for(listening))
-        .await
-        .expect("the waker listens again after the restart")
-        .unwrap();
-    let later = db
-        .enqueue_committed("public.outbox_restart", &messages(10, 5))
-        .await;
-    wait_until("the ten enqueued after the restart", secs(20), async || {
-        db.count("public.outbox_restart", "status = 2").await == 20
-    })
-    .await;
-
-    let publisher = Arc::clone(&running.publisher);
-    running.stop(secs(30)).await;
-    let counts = publisher.counts();
+    let (later, counts) =
+        listening_again_it_delivers(&db, "public.outbox_restart", 10, 10, running).await;
     assert_eq!(counts.len(), 20, "{counts:?}");
-    assert!(later.iter().all(|m| counts.contains_key(&m.id)));
+    assert!(later.iter().all(|id| counts.contains_key(id)));
     // The kill came while everything was acknowledged: nothing to publish twice.
     assert!(counts.values().all(|n| *n == 1), "{counts:?}");
 }
@@ -248,7 +235,6 @@ async fn a_frozen_server_sends_the_waker_to_polling_and_it_listens_again_after_t
     };
     let running = start(&db, "public.outbox_waker", secs(60), Some(settings), 1);
     let mut state = running.waker.clone().expect("a waker");
-    let listening = |s: &WakerState| matches!(s, WakerState::Listening { .. });
     tokio::time::timeout(secs(30), state.wait_for(listening))
         .await
         .expect("the waker listens")
@@ -266,25 +252,45 @@ async fn a_frozen_server_sends_the_waker_to_polling_and_it_listens_again_after_t
     .unwrap();
     tokio::time::sleep(FROZEN.saturating_sub(frozen_at.elapsed())).await;
     server.thaw();
+    let (later, counts) =
+        listening_again_it_delivers(&db, "public.outbox_waker", 0, 5, running).await;
+    assert!(
+        later.iter().all(|id| counts.get(id) == Some(&1)),
+        "{counts:?}"
+    );
+}
+
+/// After a fault: waits (30 s at most) until `running`'s waker listens again, enqueues
+/// `count` messages into `outbox` (where `done` are done already), waits until they are
+/// done too (20 s at most; the relay's own poll is a minute, so NOTIFY brings them), stops
+/// the relay, and returns their ids and how often each message was published.
+async fn listening_again_it_delivers(
+    db: &TestDb,
+    outbox: &str,
+    done: i64,
+    count: usize,
+    running: Running<WakerState>,
+) -> (Vec<i64>, BTreeMap<i64, usize>) {
+    let mut state = running.waker.clone().expect("a waker");
     tokio::time::timeout(secs(30), state.wait_for(listening))
         .await
-        .expect("the waker listens again after the thaw")
+        .expect("the waker listens again")
         .unwrap();
-    // The relay's own poll is a minute: NOTIFY brings it these.
-    let later = db
-        .enqueue_committed("public.outbox_waker", &messages(5, 5))
-        .await;
-    wait_until("the five enqueued after the thaw", secs(10), async || {
-        db.count("public.outbox_waker", "status = 2").await == 5
-    })
+    let later = db.enqueue_committed(outbox, &messages(count, 5)).await;
+    let all = done + i64::try_from(count).unwrap();
+    wait_until(
+        "the messages enqueued after the fault",
+        secs(20),
+        async || db.count(outbox, "status = 2").await == all,
+    )
     .await;
     let publisher = Arc::clone(&running.publisher);
     running.stop(secs(30)).await;
-    let counts = publisher.counts();
-    assert!(
-        later.iter().all(|m| counts.get(&m.id) == Some(&1)),
-        "{counts:?}"
-    );
+    (later.iter().map(|m| m.id).collect(), publisher.counts())
+}
+
+fn listening(state: &WakerState) -> bool {
+    matches!(state, WakerState::Listening { .. })
 }
 
 /// `app.orders` (an order number as its key), as an outbox-mode feed.
